@@ -1,0 +1,24 @@
+"""gptflow: raw text -> Megatron shards -> a trained GPT-NeoX checkpoint, cached and resumable.
+
+    snakemake --profile profiles/local            # this machine
+    snakemake --profile profiles/slurm train      # a Slurm cluster
+    snakemake -n                                  # the plan, with a reason for every job
+"""
+
+from snakemake.utils import min_version
+
+min_version("9.19")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/tokenize.smk"
+include: "rules/train.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        get_final_outputs(),

@@ -1,0 +1,47 @@
+"""Training stage: the resolved run config, then DeepSpeed training that resumes itself.
+
+Checkpoints live in results/runs/{run}/checkpoints/ and are deliberately not outputs:
+Snakemake deletes the outputs of failed jobs. DONE.json is written last, by the trainer.
+"""
+
+
+rule train:
+    input:
+        f"{run_dir()}/DONE.json",
+
+
+rule render_run_config:
+    input:
+        tokenizer=tokenizer_json(),
+        shards=get_blend_shard_files,
+    output:
+        "results/runs/{run}/run.yaml",
+    log:
+        "logs/render_run_config/{run}.log",
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        settings=get_run_settings,
+        shards=get_blend_prefixes,
+        run_dir="results/runs/{run}",
+    script:
+        "../workflow/scripts/render_run_config.py"
+
+
+rule train_gpt:
+    input:
+        config="results/runs/{run}/run.yaml",
+        shards=get_blend_shard_files,
+    output:
+        "results/runs/{run}/DONE.json",
+    log:
+        "logs/train_gpt/{run}.log",
+    conda:
+        "../envs/gptflow.yaml"
+    threads: workflow.cores
+    resources:
+        mpi=get_train_launcher,
+    params:
+        hyperparameters=get_train_hyperparameters,
+    shell:
+        "{resources.mpi} gptflow train --config {input.config} --threads {threads} >> {log} 2>&1"

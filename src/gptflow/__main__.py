@@ -1,0 +1,5 @@
+import sys
+
+from gptflow.cli import main
+
+sys.exit(main())

@@ -1,0 +1,285 @@
+"""Checkpoints that survive anything, and a lock so that one run has one live trainer.
+
+Layout of a run directory::
+
+    results/runs/{run}/
+      train.lock                   held by the live trainer (host, pid, Slurm job, heartbeat)
+      checkpoints/{series}/        one series per trajectory fingerprint (RunConfig.series)
+        fingerprint.json           what the series is (checked on every resume)
+        step00000100/              DeepSpeed's files for one step, + COMPLETE written last
+        latest                     name of the newest complete step, replaced atomically
+
+DeepSpeed writes its own ``latest`` with a plain ``open().write()`` before the other ranks
+have finished: we save with ``save_latest=False``, wait for every rank, mark the step
+``COMPLETE`` and only then point ``latest`` at it (temp file, fsync, rename). Resume trusts
+nothing else: a step directory without ``COMPLETE`` is an interrupted save and is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from gptflow.errors import GptflowError
+from gptflow.fsutil import atomic_write, fsync_dir, sha256_file, write_json
+
+TAG_RE = re.compile(r"^step(\d{8})$")
+COMPLETE = "COMPLETE"
+
+
+def tag_for(step: int) -> str:
+    return f"step{step:08d}"
+
+
+class CheckpointSeries:
+    """Checkpoints of one trajectory fingerprint inside a run directory."""
+
+    def __init__(self, directory: str | os.PathLike, fingerprint: dict, keep_last: int) -> None:
+        self.dir = Path(directory)
+        self.fingerprint = fingerprint
+        self.keep_last = keep_last
+
+    # -- reading -------------------------------------------------------------------
+    def complete_steps(self) -> list[int]:
+        if not self.dir.is_dir():
+            return []
+        steps = []
+        for p in self.dir.iterdir():
+            m = TAG_RE.match(p.name)
+            if m and (p / COMPLETE).is_file():
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def latest_step(self) -> int | None:
+        """Newest complete step: the ``latest`` pointer if it is sound, else a scan."""
+        pointer = self.dir / "latest"
+        if pointer.is_file():
+            m = TAG_RE.match(pointer.read_text().strip())
+            if m and (self.dir / m.group(0) / COMPLETE).is_file():
+                return int(m.group(1))
+        steps = self.complete_steps()
+        return steps[-1] if steps else None
+
+    def check_fingerprint(self) -> None:
+        path = self.dir / "fingerprint.json"
+        if not path.is_file():
+            return
+        with open(path) as f:
+            saved = json.load(f)
+        if saved != self.fingerprint:
+            changed = sorted(_diff_keys(saved, self.fingerprint))
+            raise GptflowError(
+                f"{path}: these checkpoints belong to another configuration (differs in "
+                f"{', '.join(changed) or 'unknown keys'}); they were copied or edited by hand. "
+                f"Move {self.dir} away or pick a new run name"
+            )
+
+    # -- writing (call on every rank; rank 0 does the bookkeeping) ------------------
+    def save(self, engine, step: int, client_state: dict, rank: int, barrier) -> Path:
+        tag = tag_for(step)
+        path = self.dir / tag
+        if rank == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if not (self.dir / "fingerprint.json").is_file():
+                write_json(self.dir / "fingerprint.json", self.fingerprint)
+            if path.exists() and not (path / COMPLETE).is_file():
+                shutil.rmtree(path)  # debris of an interrupted save of the same step
+        barrier()
+        engine.save_checkpoint(str(self.dir), tag=tag, client_state=client_state, save_latest=False)
+        barrier()  # every rank's shards are on disk
+        if rank == 0:
+            for f in path.rglob("*"):
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            write_json(path / COMPLETE, {"step": step, "time": time.time()})
+            fsync_dir(path)
+            with atomic_write(self.dir / "latest") as f:
+                f.write(tag)
+            self.prune(keep=step)
+        barrier()
+        return path
+
+    def prune(self, keep: int) -> None:
+        """Delete all but the newest `keep_last` complete steps, and incomplete debris."""
+        steps = self.complete_steps()
+        doomed = [s for s in steps[: -self.keep_last] if s != keep]
+        for s in doomed:
+            shutil.rmtree(self.dir / tag_for(s), ignore_errors=True)
+        for p in self.dir.iterdir():
+            m = TAG_RE.match(p.name)
+            if m and int(m.group(1)) < keep and not (p / COMPLETE).is_file():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _diff_keys(a, b, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def checkpoint_digest(path: str | os.PathLike) -> str:
+    """sha256 over a checkpoint directory: every file's relative name and sha256, sorted."""
+    import hashlib
+
+    h = hashlib.sha256()
+    root = Path(path)
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(sha256_file(f).encode())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _proc_start(pid: int) -> str | None:
+    """Kernel start time of a process (guards against a recycled pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _slurm_job_running(job_id: str) -> bool | None:
+    """True/False from squeue, or None when Slurm cannot be asked."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return False if "Invalid job id" in out.stderr else None
+    return out.stdout.strip() in {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "CONFIGURING"}
+
+
+class RunLock:
+    """An exclusive, self-describing lock file for the live trainer of a run.
+
+    Created with O_EXCL; it records host, pid, process start time and Slurm job id, and a
+    background thread refreshes its mtime every `heartbeat_s`. A lock is stale -- and is taken
+    over with a log line -- when its process is gone (same host), its Slurm job is no longer
+    running, or its heartbeat is older than `stale_s` (other host, no Slurm).
+    """
+
+    def __init__(self, path: str | os.PathLike, heartbeat_s: float = 30.0, stale_s: float = 300.0):
+        self.path = Path(path)
+        self.heartbeat_s = heartbeat_s
+        self.stale_s = stale_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.took_over: dict | None = None
+
+    def _record(self) -> dict:
+        pid = os.getpid()
+        return {
+            "host": socket.gethostname(),
+            "pid": pid,
+            "proc_start": _proc_start(pid),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "started": time.time(),
+        }
+
+    def holder(self) -> dict | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}
+
+    def stale_reason(self, info: dict) -> str | None:
+        """Why the recorded holder is dead, or None if it may be alive."""
+        if not info:
+            age = time.time() - self.path.stat().st_mtime
+            return "unreadable lock file" if age > 10 else None
+        if info.get("host") == socket.gethostname() and info.get("pid"):
+            pid = int(info["pid"])
+            if not _pid_alive(pid):
+                return f"process {pid} on {info['host']} is gone"
+            if info.get("proc_start") and _proc_start(pid) != info["proc_start"]:
+                return f"pid {pid} was reused by another process"
+            return None
+        if info.get("slurm_job_id"):
+            running = _slurm_job_running(str(info["slurm_job_id"]))
+            if running is False:
+                return f"Slurm job {info['slurm_job_id']} is no longer running"
+            if running is True:
+                return None
+        age = time.time() - self.path.stat().st_mtime
+        if age > self.stale_s:
+            return f"no heartbeat for {age:.0f} s"
+        return None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                info = self.holder()
+                if info is None:
+                    continue
+                reason = self.stale_reason(info)
+                if reason is None:
+                    raise GptflowError(
+                        f"{self.path}: another trainer is running this run (host "
+                        f"{info.get('host')}, pid {info.get('pid')}, Slurm job "
+                        f"{info.get('slurm_job_id') or '-'}); wait for it or stop it. If it is "
+                        f"certainly dead, delete {self.path}"
+                    ) from None
+                self.took_over = {**info, "reason": reason}
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._record(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            self._thread = threading.Thread(target=self._beat, daemon=True, name="lock-heartbeat")
+            self._thread.start()
+            return
+        raise GptflowError(f"{self.path}: could not take the run lock (contended); retry")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def release(self) -> None:
+        self._stop.set()
+        info = self.holder()
+        if info and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

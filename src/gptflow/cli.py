@@ -1,0 +1,207 @@
+"""``gptflow <subcommand>``: one function per subcommand, each a thin call into the package.
+
+Bad input exits with status 1 and one line on stderr: what is wrong, where, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from gptflow.errors import GptflowError
+
+
+def cmd_train_tokenizer(a: argparse.Namespace) -> int:
+    from gptflow.data.tokenizer import sample_texts, train_bpe
+
+    for p in a.input:
+        if not Path(p).is_file():
+            raise GptflowError(f"{p}: input file does not exist")
+    if a.eod_token not in a.special_tokens:
+        raise GptflowError(
+            f"--eod-token {a.eod_token!r} is not one of --special-tokens {a.special_tokens}"
+        )
+    texts = sample_texts(a.input, a.json_key, int(a.sample_mb * 1e6))
+    summary = train_bpe(
+        texts,
+        a.out,
+        vocab_size=a.vocab_size,
+        special_tokens=a.special_tokens,
+        min_frequency=a.min_frequency,
+    )
+    print(
+        f"trained a ByteLevel BPE of {summary['vocab_size']} tokens on {summary['documents']} "
+        f"documents ({summary['bytes'] / 1e6:.1f} MB) -> {a.out}"
+    )
+    return 0
+
+
+def cmd_tokenize(a: argparse.Namespace) -> int:
+    if a.engine == "gigatoken":
+        raise GptflowError("--engine gigatoken is not available in this version; use --engine hf")
+    os.environ.setdefault("RAYON_NUM_THREADS", str(a.workers))
+    from gptflow.data.tokenize import tokenize_to_shard
+
+    m = tokenize_to_shard(
+        a.input,
+        a.tokenizer,
+        a.output_prefix,
+        json_key=a.json_key,
+        append_eod=a.append_eod,
+        eod_token=a.eod_token,
+        workers=a.workers,
+    )
+    print(
+        f"{a.output_prefix}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}), "
+        f"{m['seconds']:.2f} s, {m['mb_per_s']} MB/s; dropped {m['dropped'] or 'none'}"
+    )
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from gptflow.data.indexed import IndexedDataset
+    from gptflow.data.tokenizer import load_tokenizer
+
+    ds = IndexedDataset(a.prefix)
+    print(f"prefix:    {a.prefix}")
+    print(f"dtype:     {ds.dtype.name}")
+    print(f"sequences: {len(ds)}")
+    print(f"documents: {ds.num_documents}")
+    print(f"tokens:    {ds.num_tokens}")
+    tok_path = a.tokenizer
+    manifest = Path(f"{a.prefix}.json")
+    if tok_path is None and manifest.is_file():
+        tok_path = json.loads(manifest.read_text())["tokenizer"]["path"]
+    if len(ds):
+        ids = ds[0].tolist()
+        if tok_path:
+            text = load_tokenizer(tok_path).decode(ids, skip_special_tokens=False)
+            limit = a.max_chars
+            print(f"first document ({len(ids)} tokens, decoded with {tok_path}):")
+            print(
+                text
+                if len(text) <= limit
+                else text[:limit] + f"... [{len(text) - limit} more chars]"
+            )
+        else:
+            print(f"first document ({len(ids)} tokens): {ids[:64]}")
+    return 0
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from gptflow.train import train
+
+    return train(a.config, threads=a.threads)
+
+
+def cmd_summary(a: argparse.Namespace) -> int:
+    runs = sorted(Path(a.results).glob("runs/*/DONE.json"))
+    if not runs:
+        raise GptflowError(
+            f"no finished runs under {a.results}/runs/ (no DONE.json); run `make run`"
+        )
+    for done_path in runs:
+        done = json.loads(done_path.read_text())
+        run = done["run"]
+        print(f"run {run}: step {done['final_step']}, {done['tokens']:,} tokens")
+        if done.get("initial_val_loss") is not None:
+            print(
+                f"  validation loss: {done['initial_val_loss']:.4f} at step 0 -> "
+                f"{done['final_val_loss']:.4f} at step {done['final_step']}"
+            )
+        print(f"  checkpoint: {done['checkpoint']}")
+        print(f"  metrics:    {done['metrics']}")
+        print(f"  run config: {done['run_config']}")
+        print(f"  logs:       logs/ (training: logs/train_gpt/{run}.log)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gptflow", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser(
+        "train-tokenizer", help="train a ByteLevel BPE tokenizer.json on JSONL documents"
+    )
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="JSONL files")
+    s.add_argument("--vocab-size", type=int, required=True, help="tokens, special tokens included")
+    s.add_argument("--out", required=True, help="tokenizer.json to write")
+    s.add_argument("--json-key", default="text", help="JSON key of the document text")
+    s.add_argument(
+        "--special-tokens",
+        nargs="+",
+        default=["<|endoftext|>", "<|padding|>"],
+        help="special tokens, ids 0.. in this order",
+    )
+    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
+    s.add_argument("--min-frequency", type=int, default=2, help="minimum count of a merge")
+    s.add_argument("--sample-mb", type=float, default=64.0, help="MB of text to train on, at most")
+    s.set_defaults(func=cmd_train_tokenizer)
+
+    s = sub.add_parser("tokenize", help="tokenize JSONL into a Megatron .bin/.idx shard + manifest")
+    s.add_argument(
+        "--input", nargs="+", required=True, metavar="FILE", help="JSONL files, in order"
+    )
+    s.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    s.add_argument(
+        "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
+    )
+    s.add_argument("--json-key", default="text", help="JSON key of the document text")
+    s.add_argument(
+        "--append-eod", action="store_true", help="append EOD to every non-empty document"
+    )
+    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
+    s.add_argument("--workers", type=int, default=1, help="encoding processes")
+    s.add_argument(
+        "--engine",
+        choices=["auto", "gigatoken", "hf"],
+        default="auto",
+        help="tokenization engine (this version: hf)",
+    )
+    s.set_defaults(func=cmd_tokenize)
+
+    s = sub.add_parser("inspect", help="describe a .bin/.idx shard and decode its first document")
+    s.add_argument("prefix", help="shard prefix (without .bin/.idx)")
+    s.add_argument("--tokenizer", help="tokenizer.json (default: the one in PREFIX.json)")
+    s.add_argument(
+        "--max-chars", type=int, default=2000, help="characters of the document to print"
+    )
+    s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("train", help="train or resume the run described by a run.yaml")
+    s.add_argument("--config", required=True, help="results/runs/{run}/run.yaml")
+    s.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per rank (default: cores / local ranks)",
+    )
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("summary", help="where the finished runs' checkpoints, metrics and logs are")
+    s.add_argument("--results", default="results", help="results directory")
+    s.set_defaults(func=cmd_summary)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    try:
+        return a.func(a)
+    except GptflowError as e:
+        print(f"gptflow {a.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,655 @@
+"""The config tree: validated against the JSON schema, defaults filled, cross-field rules checked.
+
+Two documents:
+
+* the **workflow config** (``config/config.yaml``, merged with ``--configfile``/``--config``):
+  what to train. :func:`load_workflow_config` validates it before Snakemake builds any job.
+* the **run config** (``results/runs/{run}/run.yaml``): the resolved, self-contained input of
+  ``gptflow train`` -- model with the preset applied, tokenizer facts, shard prefixes with their
+  checksums, hyperparameters. :class:`RunConfig` reads it back and derives the numbers training
+  needs (gradient accumulation, tokens per step, ...), checked once.
+
+Errors name the key, the value and the fix, in this config's own terms.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import os
+import re
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptflow.errors import GptflowError
+
+# ----------------------------------------------------------------------------- YAML + schema
+
+
+def load_yaml(path: str | os.PathLike) -> Any:
+    """Parse a YAML file; a syntax error names the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise GptflowError(f"{path}: no such file")
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise GptflowError(f"{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    """Follow a local ``$ref`` ("#/$defs/x"), merging the referring schema's own keys over it."""
+    ref = schema.get("$ref")
+    if not ref:
+        return schema
+    target: Any = root
+    for part in ref.lstrip("#/").split("/"):
+        target = target[part]
+    merged = dict(_resolve(target, root))
+    merged.update({k: v for k, v in schema.items() if k != "$ref"})
+    merged["properties"] = {**target.get("properties", {}), **schema.get("properties", {})}
+    return merged
+
+
+def fill_defaults(instance: Any, schema: dict, root: dict | None = None) -> Any:
+    """Insert schema ``default`` values for absent keys (recursively, only under present parents)."""
+    root = root or schema
+    schema = _resolve(schema, root)
+    if isinstance(instance, dict):
+        props = schema.get("properties", {})
+        for key, sub in props.items():
+            sub = _resolve(sub, root)
+            if key not in instance and "default" in sub:
+                instance[key] = copy.deepcopy(sub["default"])
+            if key in instance:
+                fill_defaults(instance[key], sub, root)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in instance:
+                if key not in props:
+                    fill_defaults(instance[key], extra, root)
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        for item in instance:
+            fill_defaults(item, schema["items"], root)
+    return instance
+
+
+def _dotted(path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+_JSON_TYPE_NAMES = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true/false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return "null" if value is None else type(value).__name__
+
+
+def _describe_error(err, root: dict, what: str) -> str:
+    """One line for a jsonschema ValidationError."""
+    path = list(err.absolute_path)
+    key = _dotted(path)
+    v = err.validator
+    if v in ("additionalProperties", "unevaluatedProperties"):
+        allowed = set(_resolve(err.schema, root).get("properties", {}))
+        unknown = sorted(k for k in err.instance if k not in allowed)
+        parts = []
+        for k in unknown:
+            full = _dotted([*path, k])
+            close = difflib.get_close_matches(k, sorted(allowed), n=1)
+            hint = f" (did you mean '{_dotted([*path, close[0]])}'?)" if close else ""
+            parts.append(f"unknown key '{full}'{hint}")
+        known = ", ".join(sorted(allowed)) or "none"
+        return f"{'; '.join(parts)}; keys allowed there: {known}"
+    if v == "required":
+        missing = re.findall(r"'([^']+)' is a required property", err.message)
+        name = _dotted([*path, missing[0]]) if missing else key
+        return f"missing required key '{name}'"
+    if v == "type":
+        expected = err.validator_value
+        expected = expected if isinstance(expected, list) else [expected]
+        names = " or ".join(_JSON_TYPE_NAMES.get(t, t) for t in expected)
+        return f"'{key}' is {err.instance!r} ({_type_name(err.instance)}); expected {names}"
+    if v in ("enum", "const"):
+        choices = err.validator_value if v == "enum" else [err.validator_value]
+        return f"'{key}' is {err.instance!r}; expected one of {choices}"
+    if v == "pattern":
+        return f"'{key}' is {err.instance!r}, which does not match {err.validator_value!r}"
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
+        return f"'{key}' is {err.instance!r}; it must be {op} {err.validator_value}"
+    if v in ("minItems", "minProperties"):
+        return f"'{key}' must not be empty"
+    return f"'{key}': {err.message}"
+
+
+def validate(instance: Any, schema: dict, *, source: str, root: dict | None = None) -> None:
+    """Raise one GptflowError listing every schema violation (one clause each), naming `source`."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import validator_for  # noqa: F401 - keeps the import local
+
+    root = root or schema
+    if root is not schema:
+        schema = {**schema, "$defs": root.get("$defs", {})}
+    validator = Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = sorted({_describe_error(e, root, source) for e in errors})
+        raise GptflowError(f"{source}: {'; '.join(lines)}. Fix {source}.")
+
+
+# ----------------------------------------------------------------------------- model and train
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """GPT-NeoX architecture. Field names follow Hugging Face ``GPTNeoXConfig`` where one exists."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int = 0  # padded embedding rows; set from the tokenizer by the run config
+    intermediate_size: int | None = None  # None = 4 x hidden_size
+    rotary_pct: float = 0.25
+    rotary_emb_base: float = 10000.0
+    parallel_residual: bool = True
+    layer_norm_eps: float = 1e-5
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    max_position_embeddings: int = 2048
+    make_vocab_size_divisible_by: int = 128
+    init_std: float | None = None  # None = sqrt(2 / (5 x hidden_size))
+    activation_checkpointing: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise GptflowError(
+                f"model.hidden_size {self.hidden_size} is not a multiple of "
+                f"model.num_attention_heads {self.num_attention_heads}; change one of them"
+            )
+        if self.rotary_ndims % 2:
+            raise GptflowError(
+                f"model.rotary_pct {self.rotary_pct} gives {self.rotary_ndims} rotary dimensions per "
+                f"head (head size {self.head_dim}); it must be even - adjust model.rotary_pct"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_ndims(self) -> int:
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+    def num_parameters(self) -> int:
+        """Parameter count (embedding and untied output head included)."""
+        d, f, v, n = self.hidden_size, self.ffn_size, self.vocab_size, self.num_layers
+        per_layer = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+        return v * d + n * per_layer + 2 * d + v * d
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and schedule (keys of ``train:``); see the schema for units."""
+
+    train_iters: int
+    seed: int = 1234
+    seq_length: int = 256
+    micro_batch_size: int = 8
+    global_batch_size: int = 16
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    lr_decay_style: str = "cosine"
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    precision: str = "fp32"
+    zero_stage: int = 0
+    log_interval: int = 10
+    eval_interval: int = 100
+    eval_iters: int = 10
+    save_interval: int = 100
+    keep_last: int = 2
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size % self.micro_batch_size:
+            raise GptflowError(
+                f"train.global_batch_size {self.global_batch_size} is not a multiple of "
+                f"train.micro_batch_size {self.micro_batch_size}; change one of them"
+            )
+        if self.min_lr > self.lr:
+            raise GptflowError(f"train.min_lr {self.min_lr} is above train.lr {self.lr}; lower it")
+        if self.lr_warmup_iters >= self.decay_iters and self.lr_decay_style != "constant":
+            raise GptflowError(
+                f"train.lr_warmup_iters {self.lr_warmup_iters} must be below the decay length "
+                f"{self.decay_iters} (train.lr_decay_iters, or train.train_iters when unset)"
+            )
+
+    @property
+    def decay_iters(self) -> int:
+        return self.lr_decay_iters or self.train_iters
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on each rank: global / (micro x data-parallel ranks)."""
+        per_pass = self.micro_batch_size * world_size
+        if self.global_batch_size % per_pass:
+            raise GptflowError(
+                f"train.global_batch_size {self.global_batch_size} is not a multiple of "
+                f"train.micro_batch_size {self.micro_batch_size} x {world_size} ranks = {per_pass}; "
+                f"change the batch sizes or the number of ranks"
+            )
+        return self.global_batch_size // per_pass
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr."""
+        if self.lr_warmup_iters and step < self.lr_warmup_iters:
+            return self.lr * (step + 1) / self.lr_warmup_iters
+        if self.lr_decay_style == "constant":
+            return self.lr
+        progress = (step - self.lr_warmup_iters) / max(1, self.decay_iters - self.lr_warmup_iters)
+        progress = min(1.0, max(0.0, progress))
+        if self.lr_decay_style == "linear":
+            coeff = 1.0 - progress
+        else:
+            coeff = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr + coeff * (self.lr - self.min_lr)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+
+# ----------------------------------------------------------------------------- run config
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What a shard or a run needs to know about the tokenizer it was made with."""
+
+    path: str
+    sha256: str
+    vocab_size: int
+    eod_id: int
+    eod_token: str
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    prefix: str
+    idx_sha256: str
+    bin_sha256: str
+    documents: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class DatasetBlend:
+    name: str
+    weight: float
+    shards: tuple[ShardInfo, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The resolved input of ``gptflow train`` (``results/runs/{run}/run.yaml``)."""
+
+    run: str
+    run_dir: str
+    tokenizer: TokenizerInfo
+    datasets: tuple[DatasetBlend, ...]
+    split: str
+    model: ModelConfig
+    train: TrainConfig
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.train.seq_length > self.model.max_position_embeddings:
+            raise GptflowError(
+                f"train.seq_length {self.train.seq_length} exceeds model.max_position_embeddings "
+                f"{self.model.max_position_embeddings}; raise the latter or shorten the sequences"
+            )
+        if self.model.vocab_size < self.tokenizer.vocab_size:
+            raise GptflowError(
+                f"model vocab {self.model.vocab_size} is smaller than the tokenizer's "
+                f"{self.tokenizer.vocab_size} ids; re-render the run config"
+            )
+
+    # paths inside the run directory -------------------------------------------------
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.run_dir) / "checkpoints"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Checkpoints of this configuration: one series per trajectory fingerprint."""
+        return self.checkpoint_root / self.series
+
+    @property
+    def metrics_path(self) -> Path:
+        return Path(self.run_dir) / "metrics.jsonl"
+
+    @property
+    def done_path(self) -> Path:
+        return Path(self.run_dir) / "DONE.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return Path(self.run_dir) / "train.lock"
+
+    @property
+    def index_cache_dir(self) -> Path:
+        return Path(self.run_dir) / "data-index"
+
+    # identity -------------------------------------------------------------------
+    def fingerprint(self) -> dict:
+        """Everything that determines the training trajectory, and nothing that does not.
+
+        Two configs with the same fingerprint produce the same sequence of parameters step
+        by step, so their checkpoints are interchangeable: one resumes the other. Logging,
+        evaluation and checkpoint intervals, ``train_iters`` (when the decay length is fixed
+        by ``lr_decay_iters``) and the micro-batch size are not part of it.
+        """
+        t = self.train
+        model = dataclasses.asdict(self.model)
+        for k in ("description", "activation_checkpointing", "max_position_embeddings"):
+            model.pop(k)
+        return {
+            "model": model,
+            "tokenizer_sha256": self.tokenizer.sha256,
+            "eod_id": self.tokenizer.eod_id,
+            "data": [
+                {"name": d.name, "weight": d.weight, "shards": [s.bin_sha256 for s in d.shards]}
+                for d in self.datasets
+            ],
+            "split": self.split,
+            "seed": t.seed,
+            "seq_length": t.seq_length,
+            "global_batch_size": t.global_batch_size,
+            "optimizer": {
+                "lr": t.lr,
+                "min_lr": t.min_lr,
+                "warmup": t.lr_warmup_iters,
+                "decay_iters": t.decay_iters,
+                "decay_style": t.lr_decay_style,
+                "weight_decay": t.weight_decay,
+                "betas": [t.adam_beta1, t.adam_beta2],
+                "eps": t.adam_eps,
+                "clip_grad": t.clip_grad,
+                "precision": t.precision,
+            },
+        }
+
+    @property
+    def series(self) -> str:
+        blob = json.dumps(self.fingerprint(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    # (de)serialisation ----------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "run": self.run,
+            "run_dir": self.run_dir,
+            "tokenizer": dataclasses.asdict(self.tokenizer),
+            "data": {
+                "split": self.split,
+                "datasets": [
+                    {
+                        "name": d.name,
+                        "weight": d.weight,
+                        "shards": [dataclasses.asdict(s) for s in d.shards],
+                    }
+                    for d in self.datasets
+                ],
+            },
+            "model": dataclasses.asdict(self.model),
+            "train": dataclasses.asdict(self.train),
+            **({"derived": self.extra} if self.extra else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "run.yaml") -> RunConfig:
+        try:
+            return cls(
+                run=d["run"],
+                run_dir=d["run_dir"],
+                tokenizer=TokenizerInfo(**d["tokenizer"]),
+                datasets=tuple(
+                    DatasetBlend(
+                        name=b["name"],
+                        weight=float(b["weight"]),
+                        shards=tuple(ShardInfo(**s) for s in b["shards"]),
+                    )
+                    for b in d["data"]["datasets"]
+                ),
+                split=d["data"]["split"],
+                model=ModelConfig(**d["model"]),
+                train=TrainConfig(**d["train"]),
+                extra=d.get("derived", {}),
+            )
+        except (KeyError, TypeError) as e:
+            raise GptflowError(
+                f"{source}: not a gptflow run config ({e}); re-create it with the workflow "
+                f"(rule render_run_config)"
+            ) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> RunConfig:
+        data = load_yaml(path)
+        if not isinstance(data, dict):
+            raise GptflowError(f"{path}: not a gptflow run config (expected a mapping)")
+        return cls.from_dict(data, source=str(path))
+
+
+# ----------------------------------------------------------------------------- workflow config
+
+
+def expand_root(root: str) -> Path:
+    """Expand ``{python_stdlib}``, ``~`` and ``$VARS`` in a dataset root."""
+    root = root.replace("{python_stdlib}", sysconfig.get_paths()["stdlib"])
+    return Path(os.path.expandvars(os.path.expanduser(root)))
+
+
+def load_workflow_config(
+    config: dict, *, schema_path: str | os.PathLike, models_dir: str | os.PathLike, source: str
+) -> dict:
+    """Validate the merged workflow config, fill defaults, resolve the model preset.
+
+    Returns a new dict; ``model`` then holds every architecture key. Raises GptflowError with
+    one line naming the key, the value and the file to fix.
+    """
+    schema = load_yaml(schema_path)
+    cfg = copy.deepcopy(config)
+    if not isinstance(cfg, dict) or not cfg:
+        raise GptflowError(f"{source}: empty config; start from config/config.yaml")
+    validate(cfg, schema, source=source)
+    fill_defaults(cfg, schema)
+
+    names = set(cfg["datasets"])
+    for i, item in enumerate(cfg["data"]["blend"]):
+        if item["dataset"] not in names:
+            raise GptflowError(
+                f"{source}: data.blend[{i}].dataset is '{item['dataset']}', which is not in "
+                f"datasets ({', '.join(sorted(names))}). Fix {source}."
+            )
+    tok = cfg["tokenizer"]
+    if tok["source"] == "train":
+        train = tok.setdefault("train", {})
+        fill_defaults(train, schema["properties"]["tokenizer"]["properties"]["train"], schema)
+        if "datasets" not in train:
+            train["datasets"] = [b["dataset"] for b in cfg["data"]["blend"]]
+        for name in train["datasets"]:
+            if name not in names:
+                raise GptflowError(
+                    f"{source}: tokenizer.train.datasets names '{name}', which is not in datasets "
+                    f"({', '.join(sorted(names))}). Fix {source}."
+                )
+        if tok["eod_token"] not in tok["special_tokens"]:
+            raise GptflowError(
+                f"{source}: tokenizer.eod_token '{tok['eod_token']}' is not in "
+                f"tokenizer.special_tokens {tok['special_tokens']}. Fix {source}."
+            )
+    else:
+        if "path" not in tok:
+            raise GptflowError(
+                f"{source}: tokenizer.source is 'file' but tokenizer.path is not set. Fix {source}."
+            )
+        if not Path(tok["path"]).is_file():
+            raise GptflowError(
+                f"{source}: tokenizer.path '{tok['path']}' does not exist (relative to "
+                f"{Path.cwd()}). Fix tokenizer.path in {source}."
+            )
+
+    cfg["model"] = resolve_model(cfg["model"], schema, Path(models_dir), source)
+    train = TrainConfig(**cfg["train"])
+    ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
+    if train.seq_length > cfg["model"]["max_position_embeddings"]:
+        raise GptflowError(
+            f"{source}: train.seq_length {train.seq_length} exceeds "
+            f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
+        )
+    return cfg
+
+
+def resolve_model(model: dict, schema: dict, models_dir: Path, source: str) -> dict:
+    """The preset file with the config's overrides applied (every key present)."""
+    preset = model["preset"]
+    path = models_dir / f"{preset}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in models_dir.glob("*.yaml"))
+        raise GptflowError(
+            f"{source}: model.preset is '{preset}', but {path} does not exist (presets: "
+            f"{', '.join(have)}). Fix model.preset in {source}."
+        )
+    data = load_yaml(path) or {}
+    validate(data, schema["$defs"]["model_preset"], source=str(path), root=schema)
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"
+    }
+    resolved = {k: v for k, v in defaults.items() if not isinstance(v, type(dataclasses.MISSING))}
+    resolved.update(data)
+    resolved.update({k: v for k, v in model.items() if k != "preset"})
+    resolved["preset"] = preset
+    return resolved
+
+
+def render_run_config(
+    cfg: dict, *, tokenizer_path: str, shards: dict[str, list[str]], run_dir: str
+) -> RunConfig:
+    """The run config of a validated workflow config: model resolved, tokenizer and shards checked.
+
+    `shards` maps each blended dataset to its shard prefixes. Shards tokenized with another
+    tokenizer than the run's are refused (their manifests record the tokenizer's sha256).
+    """
+    from gptflow.data.tokenize import read_manifest
+    from gptflow.data.tokenizer import tokenizer_info
+
+    tok = tokenizer_info(tokenizer_path, cfg["tokenizer"]["eod_token"])
+    blends = []
+    for item in cfg["data"]["blend"]:
+        name = item["dataset"]
+        infos = []
+        for prefix in shards[name]:
+            m = read_manifest(prefix)
+            if m["tokenizer"]["sha256"] != tok.sha256:
+                raise GptflowError(
+                    f"{prefix}.json: shard was tokenized with tokenizer {m['tokenizer']['path']} "
+                    f"(sha256 {m['tokenizer']['sha256'][:12]}), but the run uses {tokenizer_path} "
+                    f"(sha256 {tok.sha256[:12]}); delete the shard so the workflow re-tokenizes it"
+                )
+            infos.append(
+                ShardInfo(
+                    prefix=prefix,
+                    idx_sha256=m["idx_sha256"],
+                    bin_sha256=m["bin_sha256"],
+                    documents=m["documents"],
+                    tokens=m["tokens"],
+                )
+            )
+        blends.append(DatasetBlend(name=name, weight=float(item["weight"]), shards=tuple(infos)))
+    model_keys = {k: v for k, v in cfg["model"].items() if k != "preset"}
+    model_keys["vocab_size"] = padded_vocab_size(
+        tok.vocab_size, model_keys["make_vocab_size_divisible_by"]
+    )
+    model = ModelConfig(**model_keys)
+    train = TrainConfig(**cfg["train"])
+    data_tokens = sum(b.tokens for b in blends)
+    total = train.train_iters * train.tokens_per_step
+    derived = {
+        "preset": cfg["model"]["preset"],
+        "parameters": model.num_parameters(),
+        "tokens_per_step": train.tokens_per_step,
+        "total_tokens": total,
+        "data_tokens": data_tokens,
+        "epochs": round(total / data_tokens, 4) if data_tokens else None,
+        "training_flops_6nd": 6 * model.num_parameters() * total,
+        "token_dtype": "uint16" if tok.vocab_size < 65500 else "int32",
+    }
+    return RunConfig(
+        run=cfg["run"],
+        run_dir=run_dir,
+        tokenizer=tok,
+        datasets=tuple(blends),
+        split=cfg["data"]["split"],
+        model=model,
+        train=train,
+        extra=derived,
+    )
+
+
+def write_run_config(run: RunConfig, path: str | os.PathLike) -> None:
+    from gptflow.fsutil import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(f"# Resolved run config of '{run.run}' (written by the workflow; do not edit).\n")
+        yaml.safe_dump(run.to_dict(), f, sort_keys=False, default_flow_style=False)

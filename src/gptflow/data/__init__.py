@@ -1,0 +1,1 @@
+"""Data stages: sources, readers, tokenizer, tokenization into shards, the training dataset."""

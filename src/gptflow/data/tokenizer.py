@@ -1,0 +1,124 @@
+"""Tokenizers: load a Hugging Face ``tokenizer.json``, train a GPT-2-style ByteLevel BPE, find EOD.
+
+The token stream is the one Megatron-LM's ``HuggingFaceTokenizer`` produces from the same
+``tokenizer.json`` (``tokenizers`` encode with the file's own post-processor), so shards made
+here and shards made by Megatron's tools agree token for token.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from gptflow.config import TokenizerInfo
+from gptflow.errors import GptflowError
+from gptflow.fsutil import atomic_write, sha256_file
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """A ``tokenizers.Tokenizer`` from a tokenizer.json; errors name the file."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise GptflowError(f"{path}: tokenizer file does not exist; check the path (--tokenizer)")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+        raise GptflowError(f"{path}: not a Hugging Face tokenizer.json ({e})") from None
+
+
+def eod_id(tokenizer, eod_token: str, path: str | os.PathLike = "tokenizer") -> int:
+    """Id of the end-of-document token; an error when the vocabulary does not have it."""
+    token_id = tokenizer.token_to_id(eod_token)
+    if token_id is None:
+        raise GptflowError(
+            f"{path}: EOD token {eod_token!r} is not in the vocabulary; set tokenizer.eod_token "
+            f"(--eod-token) to one of its special tokens"
+        )
+    return int(token_id)
+
+
+def tokenizer_info(path: str | os.PathLike, eod_token: str = "<|endoftext|>") -> TokenizerInfo:
+    """sha256, vocabulary size (added tokens included, as Megatron counts) and EOD id."""
+    tok = load_tokenizer(path)
+    return TokenizerInfo(
+        path=str(path),
+        sha256=sha256_file(path),
+        vocab_size=tok.get_vocab_size(with_added_tokens=True),
+        eod_id=eod_id(tok, eod_token, path),
+        eod_token=eod_token,
+    )
+
+
+def train_bpe(
+    texts: Iterable[str],
+    out: str | os.PathLike,
+    *,
+    vocab_size: int,
+    special_tokens: list[str],
+    min_frequency: int = 2,
+) -> dict:
+    """Train a GPT-2-style ByteLevel BPE (no prefix space, byte fallback alphabet) on `texts`.
+
+    Special tokens get ids 0.. in the order given (GPT-NeoX convention: ``<|endoftext|>`` = 0).
+    Writes `out` atomically; returns a summary.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    counted = _Counted(texts)
+    tok.train_from_iterator(counted, trainer=trainer)
+    if counted.documents == 0:
+        raise GptflowError("no documents to train the tokenizer on; the corpus is empty")
+    with atomic_write(out) as f:
+        f.write(tok.to_str(pretty=True))
+    return {
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        "documents": counted.documents,
+        "bytes": counted.bytes,
+    }
+
+
+class _Counted:
+    """Iterate texts while counting documents and UTF-8 bytes."""
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._texts = texts
+        self.documents = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for text in self._texts:
+            self.documents += 1
+            self.bytes += len(text.encode("utf-8"))
+            yield text
+
+
+def sample_texts(inputs: list[str], key: str, max_bytes: int) -> Iterator[str]:
+    """Up to `max_bytes` of document text, an equal budget from each JSONL input, in file order."""
+    from gptflow.data.readers import iter_jsonl_batches, parse_jsonl_batch
+
+    budget = max(1, max_bytes // max(1, len(inputs)))
+    for path in inputs:
+        used = 0
+        for first, lines in iter_jsonl_batches(path):
+            texts, _ = parse_jsonl_batch(str(path), first, lines, key)
+            for text in texts:
+                yield text
+                used += len(text)
+                if used >= budget:
+                    break
+            if used >= budget:
+                break

@@ -1,0 +1,112 @@
+"""Who am I? Rank, world size, local rank and master address from srun, torchrun, or nothing.
+
+``srun`` sets ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` and the node list, not the
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` that torch.distributed reads; torchrun sets the latter;
+a plain ``python`` sets neither. :func:`resolve` turns any of the three into one answer, and
+:func:`export` writes it into the environment before the process group is created.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+from gptflow.errors import GptflowError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "slurm", "torchrun" or "single"
+
+
+def first_host(nodelist: str) -> str:
+    """First hostname of a Slurm node list: 'gpu[07-09,12],cpu1' -> 'gpu07'."""
+    nodelist = nodelist.strip()
+    m = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m:
+        raise GptflowError(f"SLURM_JOB_NODELIST '{nodelist}' is not a Slurm node list")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return f"{prefix}{first}"
+
+
+def _int(env: dict, key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise GptflowError(f"environment variable {key}={env[key]!r} is not an integer") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve(env: dict | None = None) -> DistEnv:
+    """The process's place in the job, from the launcher's environment.
+
+    torchrun (``RANK`` + ``WORLD_SIZE`` set) wins; then srun (``SLURM_PROCID`` with
+    ``SLURM_NTASKS`` > 0 inside a step); otherwise a single process on this host.
+    """
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(
+            rank=_int(env, "RANK"),
+            world_size=_int(env, "WORLD_SIZE"),
+            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1,
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        job_id = _int(env, "SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0
+        tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get(
+            "SLURM_TASKS_PER_NODE", "1"
+        )
+        local_world = int(re.match(r"\d+", tasks_per_node).group(0)) if tasks_per_node else 1
+        return DistEnv(
+            rank=_int(env, "SLURM_PROCID"),
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+            local_world_size=local_world,
+            master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
+            # one port per job, so two jobs sharing a node do not collide
+            master_port=_int(env, "MASTER_PORT")
+            if "MASTER_PORT" in env
+            else 20000 + job_id % 20000,
+            launcher="slurm",
+        )
+    return DistEnv(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        master_addr="127.0.0.1",
+        master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else _free_port(),
+        launcher="single",
+    )
+
+
+def export(d: DistEnv) -> None:
+    """Set the torch.distributed environment variables for `d`."""
+    os.environ.update(
+        RANK=str(d.rank),
+        WORLD_SIZE=str(d.world_size),
+        LOCAL_RANK=str(d.local_rank),
+        LOCAL_WORLD_SIZE=str(d.local_world_size),
+        MASTER_ADDR=d.master_addr,
+        MASTER_PORT=str(d.master_port),
+    )

@@ -1,0 +1,160 @@
+"""GPT-NeoX: pre-LayerNorm decoder with partial rotary embeddings and a parallel residual.
+
+Parameter names and layouts are those of Hugging Face ``GPTNeoXForCausalLM`` (``gpt_neox.*``,
+fused ``query_key_value`` with rows grouped per head as ``[q_h; k_h; v_h]``, untied
+``embed_out``), so export is a rename of one key at most. No DeepSpeed or distributed code here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from gptflow.config import ModelConfig
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for the first `dim` dimensions of each head (NeoX ``rotate_half`` form)."""
+
+    def __init__(self, dim: int, base: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        t = torch.arange(seq_len, device=device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq.to(device))  # (T, dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, dim)
+        return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of x (B, H, T, hd); pass the rest through."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    x_rot = x_rot * cos.to(x.dtype) + rotate_half(x_rot) * sin.to(x.dtype)
+    return torch.cat((x_rot, x_pass), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = cfg.head_dim
+        self.query_key_value = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout = cfg.attention_dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        qkv = self.query_key_value(x).view(B, T, self.num_heads, 3 * self.head_dim)
+        q, k, v = qkv.permute(0, 2, 1, 3).chunk(3, dim=-1)  # each (B, H, T, hd)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, H, T, hd)
+        return self.dense(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.ffn_size)
+        self.dense_4h_to_h = nn.Linear(cfg.ffn_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))  # exact (erf) GELU, as NeoX
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.attention = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.parallel_residual = cfg.parallel_residual
+        self.drop = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        attn = self.drop(self.attention(self.input_layernorm(x), cos, sin))
+        if self.parallel_residual:  # x + attn(ln1(x)) + mlp(ln2(x))
+            return x + attn + self.drop(self.mlp(self.post_attention_layernorm(x)))
+        h = x + attn  # sequential (GPT-2 style)
+        return h + self.drop(self.mlp(self.post_attention_layernorm(h)))
+
+
+class Backbone(nn.Module):
+    """``gpt_neox.*`` of the Hugging Face layout."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_in = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.emb_dropout = nn.Dropout(cfg.hidden_dropout)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+        self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base)
+
+
+class GPTNeoX(nn.Module):
+    """Causal LM: token ids (B, T) -> logits (B, T, vocab), or the mean loss given labels."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError("ModelConfig.vocab_size must be set (padded tokenizer vocabulary)")
+        self.cfg = cfg
+        self.gpt_neox = Backbone(cfg)
+        self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """NeoX init: 'small_init' N(0, sqrt(2/5d)) everywhere, 'wang_init' N(0, 2/(L sqrt d))
+        on the two output projections of each layer; zero biases, unit LayerNorm."""
+        d, n = self.cfg.hidden_size, self.cfg.num_layers
+        std = self.cfg.init_std or math.sqrt(2.0 / (5.0 * d))
+        out_std = 2.0 / (n * math.sqrt(d))
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                is_out = name.endswith("attention.dense") or name.endswith("mlp.dense_4h_to_h")
+                nn.init.normal_(module.weight, 0.0, out_std if is_out else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        T = input_ids.shape[1]
+        cos, sin = self.gpt_neox.rotary(T, input_ids.device)  # (T, rot)
+        x = self.gpt_neox.emb_dropout(self.gpt_neox.embed_in(input_ids))  # (B, T, C)
+        for layer in self.gpt_neox.layers:
+            if self.cfg.activation_checkpointing and self.training:
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
+        logits = self.embed_out(self.gpt_neox.final_layer_norm(x))  # (B, T, V)
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: decay on matrices, none on biases and LayerNorms."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]

@@ -1,0 +1,108 @@
+"""Shared fixtures: the repository, the tiny config, a tiny corpus and tokenizer built once."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the .venv's bin: gptflow, snakemake, torchrun
+
+# megatron-core warns about Transformer Engine / Apex at import; irrelevant on CPU.
+warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
+warnings.filterwarnings("ignore", message=".*Apex.*")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ['PATH']}"
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> dict:
+    """The tests' hermetic workflow config, as a fresh dict per use (copy before editing)."""
+    with open(REPO / "tests" / "config" / "config.yaml") as f:
+        return yaml.safe_load(f)
+
+
+@pytest.fixture
+def edit_config(tiny_config):
+    def make(**sections) -> dict:
+        cfg = copy.deepcopy(tiny_config)
+        for key, value in sections.items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key].update(value)
+            else:
+                cfg[key] = value
+        return cfg
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def corpus_jsonl(tmp_path_factory, tiny_config) -> list[Path]:
+    """Two JSONL shards of real text (the tiny config's stdlib slice)."""
+    from gptflow.config import expand_root
+    from gptflow.data.readers import collect_local_documents
+    from gptflow.data.sources import local_shards
+
+    spec = tiny_config["datasets"]["stdlib"]
+    out = tmp_path_factory.mktemp("corpus")
+    paths = []
+    for i, files in enumerate(local_shards("stdlib", spec)):
+        path = out / f"{i:05d}.jsonl"
+        collect_local_documents(files, expand_root(spec["root"]), path)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tokenizer_json(tmp_path_factory, corpus_jsonl) -> Path:
+    """A 512-token ByteLevel BPE trained on the corpus."""
+    from gptflow.data.tokenizer import sample_texts, train_bpe
+
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    train_bpe(
+        sample_texts([str(p) for p in corpus_jsonl], "text", 2_000_000),
+        path,
+        vocab_size=512,
+        special_tokens=["<|endoftext|>", "<|padding|>"],
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory, corpus_jsonl, tokenizer_json) -> list[str]:
+    """The corpus tokenized into two shard prefixes."""
+    from gptflow.data.tokenize import tokenize_to_shard
+
+    out = tmp_path_factory.mktemp("tokens")
+    prefixes = []
+    for path in corpus_jsonl:
+        prefix = str(out / path.stem)
+        tokenize_to_shard([str(path)], str(tokenizer_json), prefix)
+        prefixes.append(prefix)
+    return prefixes
+
+
+@pytest.fixture
+def write_jsonl():
+    """write_jsonl(path, records): dicts become JSON lines, strings are written verbatim."""
+
+    def write(path: Path, records: list) -> Path:
+        with open(path, "w") as f:
+            for r in records:
+                f.write(r if isinstance(r, str) else json.dumps(r))
+                f.write("\n")
+        return path
+
+    return write

@@ -1,0 +1,70 @@
+"""Run lock and checkpoint bookkeeping (without DeepSpeed; training tests use the real thing)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gptflow.checkpoint import COMPLETE, CheckpointSeries, RunLock
+from gptflow.errors import GptflowError
+
+
+def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    path = tmp_path / "train.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path.write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+        with pytest.raises(
+            GptflowError, match=rf"another trainer is running this run \(host .*, pid {holder.pid}"
+        ):
+            RunLock(path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = RunLock(path)
+    lock.acquire()
+    assert lock.took_over["reason"] == f"process {holder.pid} on {socket.gethostname()} is gone"
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    with pytest.raises(GptflowError, match="another trainer"):
+        RunLock(path).acquire()  # we hold it now
+    lock.release()
+    assert not path.exists()
+
+
+def test_lock_of_another_host_goes_stale_without_heartbeat(tmp_path):
+    path = tmp_path / "train.lock"
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+    with pytest.raises(GptflowError):
+        RunLock(path, stale_s=600).acquire()
+    old = path.stat().st_mtime - 700
+    os.utime(path, (old, old))
+    lock = RunLock(path, stale_s=600)
+    lock.acquire()
+    assert "no heartbeat" in lock.took_over["reason"]
+    lock.release()
+
+
+def test_latest_ignores_incomplete_saves(tmp_path):
+    series = CheckpointSeries(tmp_path, {"a": 1}, keep_last=2)
+    for step, complete in [(10, True), (20, True), (30, False)]:
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        if complete:
+            (d / COMPLETE).write_text("{}")
+    (tmp_path / "latest").write_text("step00000030")  # what DeepSpeed's non-atomic pointer can say
+    assert series.latest_step() == 20
+    (tmp_path / "latest").write_text("step00000010")
+    assert series.latest_step() == 10
+
+
+def test_fingerprint_mismatch_is_explained(tmp_path):
+    (tmp_path / "fingerprint.json").write_text(
+        json.dumps({"model": {"hidden_size": 64}, "seed": 1})
+    )
+    with pytest.raises(GptflowError, match=r"differs in model\.hidden_size"):
+        CheckpointSeries(
+            tmp_path, {"model": {"hidden_size": 128}, "seed": 1}, 1
+        ).check_fingerprint()

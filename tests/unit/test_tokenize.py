@@ -1,0 +1,90 @@
+"""Tokenization: Megatron's --append-eod token stream, manifests, workers, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+from gptflow.data.indexed import IndexedDataset
+from gptflow.data.tokenize import reference_tokens, tokenize_to_shard
+from gptflow.errors import GptflowError
+
+TEXTS = ["def f(x):\n    return x + 1\n", "", "import os\nprint(os.getcwd())", "ünïcödé ✓ " * 20]
+
+
+def test_same_tokens_as_megatron_per_document_encode(tmp_path, tokenizer_json, write_jsonl):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t, "id": i} for i, t in enumerate(TEXTS)])
+    m = tokenize_to_shard([str(src)], str(tokenizer_json), str(tmp_path / "out"))
+    ds = IndexedDataset(tmp_path / "out")
+    expected = reference_tokens(TEXTS, str(tokenizer_json), "<|endoftext|>")
+    nonempty = [e for e in expected if e]
+    assert [ds[i].tolist() for i in range(len(ds))] == nonempty
+    assert all(e[-1] == 0 for e in nonempty)  # EOD <|endoftext|> = id 0 ends every document
+    assert ds.document_indices.tolist() == [0, 1, 1, 2, 3]  # the empty text is an empty document
+    assert m["documents"] == 4 and m["sequences"] == 3 and m["empty_documents"] == 1
+    assert m["tokens"] == sum(len(e) for e in expected)
+    assert m["dtype"] == "uint16" and m["tokenizer"]["vocab_size"] == 512
+    on_disk = json.loads((tmp_path / "out.json").read_text())
+    assert on_disk["bin_sha256"] == m["bin_sha256"]
+    assert on_disk["sources"][0]["path"] == str(src)
+
+
+def test_workers_give_identical_bytes(tmp_path, corpus_jsonl, tokenizer_json):
+    inputs = [str(p) for p in corpus_jsonl]
+    tokenize_to_shard(inputs, str(tokenizer_json), str(tmp_path / "one"), batch_bytes=50_000)
+    tokenize_to_shard(
+        inputs, str(tokenizer_json), str(tmp_path / "two"), workers=2, batch_bytes=50_000
+    )
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"one{ext}").read_bytes() == (tmp_path / f"two{ext}").read_bytes()
+
+
+def test_without_eod(tmp_path, tokenizer_json, write_jsonl):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "abc def"}])
+    tokenize_to_shard([str(src)], str(tokenizer_json), str(tmp_path / "o"), append_eod=False)
+    ids = IndexedDataset(tmp_path / "o")[0].tolist()
+    assert ids == reference_tokens(["abc def"], str(tokenizer_json), "<|endoftext|>")[0][:-1]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"content": "x"}', r"in\.jsonl:2: no key 'text' \(found \['content'\]\)"),
+        ('{"text": "x"', r"in\.jsonl:2: invalid JSON"),
+        ('{"text": 5}', r"in\.jsonl:2: 'text' is int"),
+    ],
+)
+def test_bad_lines_are_named_and_nothing_is_published(
+    tmp_path, tokenizer_json, write_jsonl, line, message
+):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "ok"}, line])
+    with pytest.raises(GptflowError, match=message):
+        tokenize_to_shard([str(src)], str(tokenizer_json), str(tmp_path / "out"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_blank_lines_are_counted(tmp_path, tokenizer_json, write_jsonl):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}, "", {"text": "b"}])
+    m = tokenize_to_shard([str(src)], str(tokenizer_json), str(tmp_path / "o"))
+    assert m["documents"] == 2 and m["dropped"] == {"blank_line": 1}
+
+
+def test_missing_tokenizer_is_named(tmp_path, write_jsonl):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    with pytest.raises(GptflowError, match=r"nope\.json: tokenizer file does not exist"):
+        tokenize_to_shard([str(src)], str(tmp_path / "nope.json"), str(tmp_path / "o"))
+
+
+def test_unknown_eod_token_is_named(tmp_path, tokenizer_json, write_jsonl):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    with pytest.raises(GptflowError, match=r"EOD token '</s>' is not in the vocabulary"):
+        tokenize_to_shard([str(src)], str(tokenizer_json), str(tmp_path / "o"), eod_token="</s>")
+
+
+def test_shard_tokens_read_back_by_megatron(shards):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
+
+    for prefix in shards:
+        ours, theirs = IndexedDataset(prefix), MegatronIndexed(prefix)
+        assert len(ours) == len(theirs) > 0
+        assert np.array_equal(ours[len(ours) - 1], theirs[len(theirs) - 1])

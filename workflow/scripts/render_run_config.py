@@ -1,0 +1,17 @@
+"""Snakemake adapter: the validated workflow config + tokenizer + shards -> run.yaml."""
+
+import sys
+
+from gptflow.config import render_run_config, write_run_config
+from gptflow.errors import report_errors
+
+sm = snakemake  # noqa: F821 - injected by Snakemake
+with report_errors(sm.log[0]):
+    run = render_run_config(
+        sm.params.settings,
+        tokenizer_path=sm.input.tokenizer,
+        shards=sm.params.shards,
+        run_dir=sm.params.run_dir,
+    )
+    write_run_config(run, sm.output[0])
+    print(f"run {run.run}: series {run.series}, {run.extra}", file=sys.stderr)
