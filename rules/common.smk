@@ -1,6 +1,7 @@
 """Config validation and the helpers rules call; every rule-level computation lives here."""
 
-import functools
+import os
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -10,6 +11,9 @@ from gptflow.data import sources
 from gptflow.errors import GptflowError
 
 REPO = Path(workflow.basedir)
+# Jobs call `gptflow` from the environment Snakemake runs in, activated or not (a conda env
+# activated for a rule still comes first on its PATH).
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 CONFIG_SOURCE = " + ".join(str(p) for p in workflow.configfiles) or "--config"
 
 try:
@@ -44,14 +48,21 @@ def needed_datasets():
     return names
 
 
-@functools.cache
-def local_shards(dataset):
-    """{shard name: [files]} of a local dataset, from the config's globs (evaluated once)."""
-    try:
-        shards = sources.local_shards(dataset, CFG["datasets"][dataset], CONFIG_SOURCE)
-    except GptflowError as e:
-        raise WorkflowError(f"gptflow config: {e}") from None
+def list_shards(dataset):
+    """{shard name: [files]} of a local dataset, from the config's globs."""
+    shards = sources.local_shards(dataset, CFG["datasets"][dataset], CONFIG_SOURCE)
     return dict(zip(sources.shard_names(len(shards)), shards))
+
+
+# Globs are resolved once, here, so that one matching nothing stops the workflow at once.
+try:
+    SHARDS = {name: list_shards(name) for name in needed_datasets()}
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config: {e}") from None
+
+
+def local_shards(dataset):
+    return SHARDS[dataset]
 
 
 def shard_names(dataset):

@@ -95,7 +95,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 def cmd_train(a: argparse.Namespace) -> int:
     from gptflow.train import train
 
-    return train(a.config, threads=a.threads)
+    return train(a.config, threads=a.threads, exit_interval=a.exit_interval)
 
 
 def cmd_summary(a: argparse.Namespace) -> int:
@@ -179,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="torch threads per rank (default: cores / local ranks)",
+    )
+    s.add_argument(
+        "--exit-interval",
+        type=int,
+        default=None,
+        help="save and exit (code 75) after every step that is a multiple of this",
     )
     s.set_defaults(func=cmd_train)
 

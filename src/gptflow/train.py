@@ -168,8 +168,14 @@ def _grad_norm(model: torch.nn.Module) -> float:
 # ----------------------------------------------------------------------------- main loop
 
 
-def train(config_path: str | os.PathLike, threads: int | None = None) -> int:
-    """Train (or resume) the run described by `config_path`; returns the process exit code."""
+def train(
+    config_path: str | os.PathLike, threads: int | None = None, exit_interval: int | None = None
+) -> int:
+    """Train (or resume) the run described by `config_path`; returns the process exit code.
+
+    `exit_interval` (Megatron's ``--exit-interval``): save and exit with EXIT_PREEMPTED after a
+    step that is a multiple of it, for time-boxed allocations.
+    """
     cfg = RunConfig.load(config_path)
     t = cfg.train
     env = distributed.resolve()
@@ -200,13 +206,13 @@ def train(config_path: str | os.PathLike, threads: int | None = None) -> int:
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, _on_signal)
     try:
-        return _train(cfg, env, gas, lock, ds, dist, GPTNeoX, decay_groups)
+        return _train(cfg, env, gas, ds, dist, GPTNeoX, decay_groups, exit_interval)
     finally:
         if rank == 0:
             lock.release()
 
 
-def _train(cfg: RunConfig, env, gas: int, lock, ds, dist, GPTNeoX, decay_groups) -> int:
+def _train(cfg: RunConfig, env, gas: int, ds, dist, GPTNeoX, decay_groups, exit_interval) -> int:
     t = cfg.train
     rank, world = env.rank, env.world_size
     series = CheckpointSeries(cfg.checkpoint_dir, cfg.fingerprint(), t.keep_last)
@@ -392,15 +398,20 @@ def _train(cfg: RunConfig, env, gas: int, lock, ds, dist, GPTNeoX, decay_groups)
             interval_t = time.perf_counter()
 
         preempted = _any_rank(bool(_signal_received), world)
-        if step % t.save_interval == 0 or step == t.train_iters or preempted:
+        stop = preempted or bool(exit_interval and step % exit_interval == 0 and step < t.train_iters)
+        if step % t.save_interval == 0 or step == t.train_iters or stop:
             save(step)
             interval_t = time.perf_counter()
-        if preempted:
+        if stop:
             if rank == 0:
+                why = (
+                    f"received signal {_signal_received[0] if _signal_received else 'on another rank'}"
+                    if preempted
+                    else f"exit interval {exit_interval}"
+                )
                 log.warning(
-                    "received signal %s: saved step %d; exiting with code %d so the workflow "
-                    "retries and resumes",
-                    _signal_received[0] if _signal_received else "on another rank",
+                    "%s: saved step %d; exiting with code %d so the workflow retries and resumes",
+                    why,
                     step,
                     EXIT_PREEMPTED,
                 )

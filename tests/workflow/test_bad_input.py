@@ -1,0 +1,90 @@
+"""Bad input stops before any job runs (or at the failing job) with one line that names the key
+or file and the fix; nothing is left half-written under a final name."""
+
+import copy
+import json
+
+import pytest
+
+from .conftest import REPO
+
+
+def tiny():
+    import yaml
+
+    return yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
+
+
+def without(cfg, section):
+    cfg = copy.deepcopy(cfg)
+    del cfg[section]
+    return cfg
+
+
+def edited(path, value):
+    cfg = tiny()
+    node = cfg
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[k]
+    node[keys[-1]] = value
+    return cfg
+
+
+CASES = {
+    "missing key": (without(tiny(), "train"), "missing required key 'train'"),
+    "wrong type": (
+        edited("tokenizer.train.vocab_size", "big"),
+        "'tokenizer.train.vocab_size' is 'big' (a string); expected an integer",
+    ),
+    "unknown key": (edited("train.warmup", 10), "unknown key 'train.warmup'"),
+    "glob matches nothing": (
+        edited("datasets.stdlib.include", ["no_such_package/*.py"]),
+        "datasets.stdlib.include ['no_such_package/*.py'] matched no files under",
+    ),
+    "tokenizer path missing": (
+        edited("tokenizer", {"name": "t", "source": "file", "path": "nowhere/tokenizer.json"}),
+        "tokenizer.path 'nowhere/tokenizer.json' does not exist",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_config_errors_stop_before_any_job(case, tmp_path, snakemake, write_config):
+    cfg, message = CASES[case]
+    config = write_config(tmp_path / "bad.yaml", cfg)
+    out = snakemake(tmp_path / "wd", config, "-n")
+    assert out.returncode != 0
+    lines = [line for line in out.out.splitlines() if line.startswith("gptflow config:")]
+    assert len(lines) == 1, out.out
+    assert message in lines[0]
+    assert str(config) in lines[0]  # names the file to fix
+    assert not (tmp_path / "wd" / "results").exists()
+
+
+def test_empty_corpus_stops_before_any_job(tmp_path, snakemake, write_config):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.py", "b.py"):
+        (corpus / name).write_text("")
+    cfg = edited("datasets.stdlib", {"type": "local", "root": str(corpus), "include": ["*.py"]})
+    out = snakemake(tmp_path / "wd", write_config(tmp_path / "c.yaml", cfg), "-n")
+    assert out.returncode != 0
+    assert "datasets.stdlib matched 2 files under" in out.out and "all empty" in out.out
+
+
+def test_a_broken_tokenizer_fails_its_job_and_publishes_no_shard(tmp_path, snakemake, write_config):
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text('{"version": "1.0", "model": ')
+    cfg = edited("tokenizer", {"name": "broken", "source": "file", "path": str(broken)})
+    wd = tmp_path / "wd"
+    out = snakemake(wd, write_config(tmp_path / "c.yaml", cfg), "data")
+    assert out.returncode != 0
+    assert "Error in rule tokenize_shard" in out.out
+    log = (wd / "logs/tokenize_shard/broken/stdlib/00000.log").read_text()
+    assert log.startswith(
+        "gptflow tokenize: error: results/tokenizers/broken/tokenizer.json: not a Hugging Face tokenizer.json"
+    )
+    tokens = wd / "results/tokens/broken/stdlib"
+    assert not list(tokens.glob("*.bin")) and not list(tokens.glob("*.idx"))
+    assert not [p for p in tokens.glob("*") if p.suffix == ".json" and json.loads(p.read_text())]

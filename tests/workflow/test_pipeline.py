@@ -1,0 +1,164 @@
+"""The whole DAG through Snakemake on the tiny config: plan, run, no-op rerun, targeted rerun,
+and a trainer killed with SIGKILL that resumes from its last checkpoint on the next run."""
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import BIN, REPO, job_counts, snakemake_cmd
+
+EVERY_STAGE = {
+    "collect_local_documents": 2,
+    "train_tokenizer": 1,
+    "tokenize_shard": 2,
+    "render_run_config": 1,
+    "train_gpt": 1,
+    "all": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, snakemake, write_config, tiny):
+    """Plan, then run, the tiny pipeline once for this module."""
+    wd = tmp_path_factory.mktemp("workflow")
+    config = write_config(wd / "config.yaml", tiny)
+    plan = snakemake(wd, config, "-n")
+    run = snakemake(wd, config)
+    assert run.returncode == 0, run.out[-5000:]
+    return wd, config, plan, run
+
+
+def test_dry_run_plans_every_stage(pipeline):
+    _, _, plan, _ = pipeline
+    assert plan.returncode == 0, plan.out
+    assert job_counts(plan.out) == EVERY_STAGE
+
+
+def test_end_to_end_trains_and_writes_real_shards(pipeline):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    wd, _, _, run = pipeline
+    done = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
+    assert done["final_step"] == 40
+    assert done["final_val_loss"] < done["initial_val_loss"] - 0.5
+    assert Path(wd / done["checkpoint"], "COMPLETE").is_file()
+    for shard in ("00000", "00001"):
+        prefix = wd / "results/tokens/tiny-bpe/stdlib" / shard
+        manifest = json.loads(prefix.with_suffix(".json").read_text())
+        ds = IndexedDataset(str(prefix))
+        assert len(ds) == manifest["sequences"] > 0
+        assert int(ds.sequence_lengths.sum()) == manifest["tokens"]
+    for rule in EVERY_STAGE:
+        if rule != "all":
+            assert list((wd / "logs" / rule).rglob("*.log")), f"no log for {rule}"
+    train_log = (wd / "logs/train_gpt/tiny.log").read_text()
+    assert " iteration       40/      40 | consumed samples:          320 |" in train_log
+    metrics = [json.loads(line) for line in (wd / "results/runs/tiny/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m["kind"] == "train"] == list(range(5, 45, 5))
+
+
+def test_inspect_decodes_a_shard(pipeline):
+    wd, _, _, _ = pipeline
+    out = subprocess.run(
+        [str(BIN / "gptflow"), "inspect", "results/tokens/tiny-bpe/stdlib/00000", "--max-chars", "200"],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "dtype:     uint16" in out.stdout
+    assert "decoded with results/tokenizers/tiny-bpe/tokenizer.json" in out.stdout
+    assert "A package for parsing, handling, and generating email messages" in out.stdout
+
+
+def test_second_run_does_nothing(pipeline, snakemake):
+    wd, config, _, _ = pipeline
+    again = snakemake(wd, config)
+    assert again.returncode == 0
+    assert "Nothing to be done" in again.out
+
+
+def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, write_config, tiny):
+    wd, _, _, _ = pipeline
+    shard = wd / "results/tokens/tiny-bpe/stdlib/00000.bin"
+    before = shard.stat().st_mtime_ns
+    old = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
+    changed = copy.deepcopy(tiny)
+    changed["train"]["lr"] = 2.0e-3
+    config = write_config(wd / "changed.yaml", changed)
+    plan = snakemake(wd, config, "-n")
+    assert job_counts(plan.out) == {"render_run_config": 1, "train_gpt": 1, "all": 1}
+    assert "Params have changed since last execution" in plan.out
+    run = snakemake(wd, config)
+    assert run.returncode == 0, run.out[-3000:]
+    new = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
+    assert new["series"] != old["series"]  # a new trajectory, trained from step 0...
+    assert "starting at step 0" in (wd / "logs/train_gpt/tiny.log").read_text().split("series " + new["series"])[1]
+    assert Path(wd / old["checkpoint"]).is_dir()  # ...next to the old one, which is kept
+    assert shard.stat().st_mtime_ns == before  # tokenization did not rerun
+
+
+def test_sigkilled_trainer_resumes_from_its_last_checkpoint(pipeline, write_config, tiny, snakemake):
+    wd, _, _, _ = pipeline
+    long = copy.deepcopy(tiny)
+    long["run"] = "tiny-kill"
+    long["train"].update(train_iters=300, save_interval=5, log_interval=5, eval_interval=100)
+    config = write_config(wd / "kill.yaml", long)
+    run_dir = wd / "results/runs/tiny-kill"
+    proc = subprocess.Popen(
+        snakemake_cmd(wd, config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.time() + 300
+        latest = None
+        while time.time() < deadline:
+            found = list(run_dir.glob("checkpoints/*/latest"))
+            if found and int(found[0].read_text()[4:]) >= 10:
+                latest = found[0]
+                break
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        assert latest is not None, "no checkpoint within 300 s"
+        trainer = json.loads((run_dir / "train.lock").read_text())["pid"]
+        os.kill(trainer, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "Error in rule train_gpt" in out
+    assert not (run_dir / "DONE.json").exists()
+    killed_at = int(latest.read_text()[4:])
+
+    rerun = snakemake(wd, config)
+    assert rerun.returncode == 0, rerun.out[-3000:]
+    log = (wd / "logs/train_gpt/tiny-kill.log").read_text()
+    resumed = int(log.split("resuming from step ")[1].split(";")[0])
+    assert resumed >= killed_at >= 10  # the step counter continued; it did not start at 0
+    assert f"took over a stale lock: process {trainer}" in log
+    done = json.loads((run_dir / "DONE.json").read_text())
+    assert done["final_step"] == 300
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert train_steps == list(range(5, 305, 5)), "metrics.jsonl must hold one trajectory"
+
+
+def test_snakemake_lint_is_clean(repo):
+    out = subprocess.run(
+        [str(BIN / "snakemake"), "--lint", "--snakefile", str(repo / "Snakefile")],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
