@@ -1,8 +1,8 @@
 """gptflow: raw text -> Megatron shards -> a trained GPT-NeoX checkpoint, cached and resumable.
 
-    snakemake --profile profiles/local            # this machine
-    snakemake --profile profiles/slurm train      # a Slurm cluster
-    snakemake -n                                  # the plan, with a reason for every job
+snakemake --profile profiles/local            # this machine
+snakemake --profile profiles/slurm train      # a Slurm cluster
+snakemake -n                                  # the plan, with a reason for every job
 """
 
 from snakemake.utils import min_version

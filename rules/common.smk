@@ -1,19 +1,16 @@
 """Config validation and the helpers rules call; every rule-level computation lives here."""
 
-import os
-import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
 from gptflow.config import load_workflow_config
 from gptflow.data import sources
+from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 
 REPO = Path(workflow.basedir)
-# Jobs call `gptflow` from the environment Snakemake runs in, activated or not (a conda env
-# activated for a rule still comes first on its PATH).
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+put_interpreter_bin_first()  # jobs run the `gptflow` installed beside this Snakemake
 CONFIG_SOURCE = " + ".join(str(p) for p in workflow.configfiles) or "--config"
 
 try:

@@ -15,11 +15,11 @@ rule collect_local_documents:
         manifest="results/documents/{dataset}/{shard}.manifest.json",
     log:
         "logs/collect_local_documents/{dataset}/{shard}.log",
+    conda:
+        "../envs/gptflow.yaml"
     params:
         root=get_local_root,
         json_key=CFG["tokenize"]["json_key"],
-    conda:
-        "../envs/gptflow.yaml"
     script:
         "../workflow/scripts/collect_local_documents.py"
 

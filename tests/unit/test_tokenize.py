@@ -88,3 +88,31 @@ def test_shard_tokens_read_back_by_megatron(shards):
         ours, theirs = IndexedDataset(prefix), MegatronIndexed(prefix)
         assert len(ours) == len(theirs) > 0
         assert np.array_equal(ours[len(ours) - 1], theirs[len(theirs) - 1])
+
+
+def test_trained_bpe_has_special_tokens_first_and_round_trips(tmp_path, corpus_jsonl):
+    from gptflow.data.tokenizer import load_tokenizer, sample_texts, tokenizer_info, train_bpe
+
+    path = tmp_path / "t.json"
+    summary = train_bpe(
+        sample_texts([str(p) for p in corpus_jsonl], "text", 300_000),
+        path,
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|padding|>"],
+    )
+    assert summary["vocab_size"] == 400 and summary["documents"] > 0
+    info = tokenizer_info(path)
+    assert (info.eod_id, info.vocab_size) == (0, 400)
+    tok = load_tokenizer(path)
+    assert tok.token_to_id("<|padding|>") == 1
+    text = "naïve café — 日本語 🙂\n\tdef x(): pass"
+    assert tok.decode(tok.encode(text).ids) == text  # byte-level: nothing is unknown
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically
+
+
+def test_empty_tokenizer_corpus_is_an_error(tmp_path):
+    from gptflow.data.tokenizer import train_bpe
+
+    with pytest.raises(GptflowError, match="no documents to train the tokenizer on"):
+        train_bpe(iter(()), tmp_path / "t.json", vocab_size=300, special_tokens=["<|endoftext|>"])
+    assert not (tmp_path / "t.json").exists()
