@@ -114,7 +114,7 @@ def test_sigkilled_trainer_resumes_from_its_last_checkpoint(pipeline, write_conf
     wd, _, _, _ = pipeline
     long = copy.deepcopy(tiny)
     long["run"] = "tiny-kill"
-    long["train"].update(train_iters=300, save_interval=5, log_interval=5, eval_interval=100)
+    long["train"].update(train_iters=150, save_interval=5, log_interval=5, eval_interval=100)
     config = write_config(wd / "kill.yaml", long)
     run_dir = wd / "results/runs/tiny-kill"
     proc = subprocess.Popen(
@@ -148,10 +148,10 @@ def test_sigkilled_trainer_resumes_from_its_last_checkpoint(pipeline, write_conf
     assert resumed >= killed_at >= 10  # the step counter continued; it did not start at 0
     assert f"took over a stale lock: process {trainer}" in log
     done = json.loads((run_dir / "DONE.json").read_text())
-    assert done["final_step"] == 300
+    assert done["final_step"] == 150
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if r["kind"] == "train"]
-    assert train_steps == list(range(5, 305, 5)), "metrics.jsonl must hold one trajectory"
+    assert train_steps == list(range(5, 155, 5)), "metrics.jsonl must hold one trajectory"
 
 
 def test_snakemake_lint_is_clean(repo):
