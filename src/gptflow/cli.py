@@ -121,7 +121,11 @@ def cmd_summary(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gptflow", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="gptflow",
+        description="Raw text to a trained GPT checkpoint: tokenizers, Megatron .bin/.idx shards, "
+        "DeepSpeed GPT-NeoX training. The Snakemake workflow calls these; so can you.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser(

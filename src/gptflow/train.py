@@ -61,8 +61,8 @@ class MetricsLog:
             first = json.loads(lines[0]) if lines else {}
             if first.get("series") not in (None, series):
                 archive = series_dir.parent / first["series"] / "metrics.jsonl"
-                if archive.parent.is_dir():
-                    os.replace(path, archive)
+                archive.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, archive)
                 lines = []
                 restore = series_dir / "metrics.jsonl"
                 if restore.is_file():
@@ -398,7 +398,9 @@ def _train(cfg: RunConfig, env, gas: int, ds, dist, GPTNeoX, decay_groups, exit_
             interval_t = time.perf_counter()
 
         preempted = _any_rank(bool(_signal_received), world)
-        stop = preempted or bool(exit_interval and step % exit_interval == 0 and step < t.train_iters)
+        stop = preempted or bool(
+            exit_interval and step % exit_interval == 0 and step < t.train_iters
+        )
         if step % t.save_interval == 0 or step == t.train_iters or stop:
             save(step)
             interval_t = time.perf_counter()

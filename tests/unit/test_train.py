@@ -40,7 +40,15 @@ def make_run(repo, tiny_config, tokenizer_json, shards, tmp_path):
 
 
 def gptflow_train(run_dir: Path, *extra: str, **popen):
-    cmd = [str(BIN / "gptflow"), "train", "--config", str(run_dir / "run.yaml"), "--threads", "1", *extra]
+    cmd = [
+        str(BIN / "gptflow"),
+        "train",
+        "--config",
+        str(run_dir / "run.yaml"),
+        "--threads",
+        "1",
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **popen)
 
 
@@ -56,7 +64,9 @@ def records(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run):
-    settings = dict(train_iters=12, log_interval=1, eval_interval=6, eval_iters=1, save_interval=100)
+    settings = dict(
+        train_iters=12, log_interval=1, eval_interval=6, eval_iters=1, save_interval=100
+    )
     straight = make_run("straight", **settings)
     assert gptflow_train(straight).returncode == 0
 
@@ -121,7 +131,9 @@ def test_killed_trainer_leaves_a_stale_lock_that_is_taken_over(make_run):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert (run_dir / "train.lock").exists()
-    rerun = gptflow_train(run_dir, "--exit-interval", "2")  # resume, then stop at the next even step
+    rerun = gptflow_train(
+        run_dir, "--exit-interval", "2"
+    )  # resume, then stop at the next even step
     assert f"took over a stale lock: process {proc.pid}" in rerun.stderr
     assert "resuming from step" in rerun.stderr and "resuming from step 0" not in rerun.stderr
 
@@ -129,7 +141,9 @@ def test_killed_trainer_leaves_a_stale_lock_that_is_taken_over(make_run):
 @pytest.mark.parametrize("zero_stage", [0, 2])
 def test_two_ranks_match_one(make_run, zero_stage):
     """torchrun with 2 gloo ranks (ZeRO 0 and 2) follows the single-process loss curve."""
-    settings = dict(train_iters=6, log_interval=1, eval_iters=1, eval_interval=6, global_batch_size=8)
+    settings = dict(
+        train_iters=6, log_interval=1, eval_iters=1, eval_interval=6, global_batch_size=8
+    )
     one = make_run("one", **settings)
     assert gptflow_train(one).returncode == 0
     two = make_run("two", zero_stage=zero_stage, **settings)
@@ -140,7 +154,9 @@ def test_two_ranks_match_one(make_run, zero_stage):
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "2 ranks (torchrun), micro batch 4 x grad accum 1 x 2 ranks = global batch 8" in out.stderr
+    assert (
+        "2 ranks (torchrun), micro batch 4 x grad accum 1 x 2 ranks = global batch 8" in out.stderr
+    )
     a = [r["loss"] for r in records(one, "train")]
     b = [r["loss"] for r in records(two, "train")]
     assert len(a) == len(b) == 6

@@ -49,7 +49,7 @@ def test_dry_run_plans_every_stage(pipeline):
 def test_end_to_end_trains_and_writes_real_shards(pipeline):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    wd, _, _, run = pipeline
+    wd, _, _, _ = pipeline
     done = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
     assert done["final_step"] == 40
     assert done["final_val_loss"] < done["initial_val_loss"] - 0.5
@@ -65,14 +65,23 @@ def test_end_to_end_trains_and_writes_real_shards(pipeline):
             assert list((wd / "logs" / rule).rglob("*.log")), f"no log for {rule}"
     train_log = (wd / "logs/train_gpt/tiny.log").read_text()
     assert " iteration       40/      40 | consumed samples:          320 |" in train_log
-    metrics = [json.loads(line) for line in (wd / "results/runs/tiny/metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        json.loads(line)
+        for line in (wd / "results/runs/tiny/metrics.jsonl").read_text().splitlines()
+    ]
     assert [m["step"] for m in metrics if m["kind"] == "train"] == list(range(5, 45, 5))
 
 
 def test_inspect_decodes_a_shard(pipeline):
     wd, _, _, _ = pipeline
     out = subprocess.run(
-        [str(BIN / "gptflow"), "inspect", "results/tokens/tiny-bpe/stdlib/00000", "--max-chars", "200"],
+        [
+            str(BIN / "gptflow"),
+            "inspect",
+            "results/tokens/tiny-bpe/stdlib/00000",
+            "--max-chars",
+            "200",
+        ],
         cwd=wd,
         capture_output=True,
         text=True,
@@ -105,12 +114,20 @@ def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, wri
     assert run.returncode == 0, run.out[-3000:]
     new = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
     assert new["series"] != old["series"]  # a new trajectory, trained from step 0...
-    assert "starting at step 0" in (wd / "logs/train_gpt/tiny.log").read_text().split("series " + new["series"])[1]
+    assert (
+        "starting at step 0"
+        in (wd / "logs/train_gpt/tiny.log").read_text().split("series " + new["series"])[1]
+    )
     assert Path(wd / old["checkpoint"]).is_dir()  # ...next to the old one, which is kept
+    metrics = (wd / "results/runs/tiny/metrics.jsonl").read_text().splitlines()
+    assert {json.loads(line)["series"] for line in metrics} == {new["series"]}
+    assert (wd / "results/runs/tiny/checkpoints" / old["series"] / "metrics.jsonl").is_file()
     assert shard.stat().st_mtime_ns == before  # tokenization did not rerun
 
 
-def test_sigkilled_trainer_resumes_from_its_last_checkpoint(pipeline, write_config, tiny, snakemake):
+def test_sigkilled_trainer_resumes_from_its_last_checkpoint(
+    pipeline, write_config, tiny, snakemake
+):
     wd, _, _, _ = pipeline
     long = copy.deepcopy(tiny)
     long["run"] = "tiny-kill"
