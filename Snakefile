@@ -14,6 +14,7 @@ configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
+include: "rules/download.smk"
 include: "rules/tokenize.smk"
 include: "rules/train.smk"
 

@@ -1,22 +1,25 @@
 """Config validation and the helpers rules call; every rule-level computation lives here."""
 
+import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from gptflow.config import load_workflow_config
+from gptflow.config import load_workflow_config, load_yaml
 from gptflow.data import sources
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 
 REPO = Path(workflow.basedir)
+SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
+CATALOG = REPO / "config" / "datasets.yaml"
 put_interpreter_bin_first()  # jobs run the `gptflow` installed beside this Snakemake
 CONFIG_SOURCE = " + ".join(str(p) for p in workflow.configfiles) or "--config"
 
 try:
     CFG = load_workflow_config(
         config,
-        schema_path=REPO / "config" / "schema" / "config.schema.yaml",
+        schema_path=SCHEMA,
         models_dir=REPO / "config" / "models",
         source=CONFIG_SOURCE,
     )
@@ -26,98 +29,96 @@ except GptflowError as e:
 RUN = CFG["run"]
 TOKENIZER = CFG["tokenizer"]["name"]
 BLENDED = [item["dataset"] for item in CFG["data"]["blend"]]
+TOKENIZER_SOURCE = CFG["tokenizer"]["source"]
+
+
+def needed_datasets():
+    names = list(BLENDED)
+    if TOKENIZER_SOURCE == "train":
+        names += [n for n in CFG["tokenizer"]["train"]["datasets"] if n not in names]
+    return names
+
+
+# Datasets are resolved once, here (catalog, globs, URL templates), so that a glob matching
+# nothing or an unknown catalog entry stops the workflow before any job.
+try:
+    DATASETS = sources.resolve_datasets(
+        CFG,
+        needed_datasets(),
+        catalog_path=CATALOG,
+        schema=load_yaml(SCHEMA),
+        source=CONFIG_SOURCE,
+    )
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config: {e}") from None
 
 
 wildcard_constraints:
-    dataset="[A-Za-z0-9][A-Za-z0-9_-]*",
+    dataset="|".join(DATASETS) or "-",
     shard=r"\d{5}",
     run=RUN,
     tokenizer=TOKENIZER,
+    file=r"[^/]+(?<!\.sha256)(?<!\.part)(?<!\.lock)",
 
 
 # --------------------------------------------------------------------------- datasets
 
 
-def needed_datasets():
-    names = list(BLENDED)
-    if CFG["tokenizer"]["source"] == "train":
-        names += [n for n in CFG["tokenizer"]["train"]["datasets"] if n not in names]
-    return names
+def shard_of(wildcards):
+    return DATASETS[wildcards.dataset].shard(wildcards.shard)
 
 
-def list_shards(dataset):
-    """{shard name: [files]} of a local dataset, from the config's globs."""
-    shards = sources.local_shards(dataset, CFG["datasets"][dataset], CONFIG_SOURCE)
-    return dict(zip(sources.shard_names(len(shards)), shards))
-
-
-# Globs are resolved once, here, so that one matching nothing stops the workflow at once.
-try:
-    SHARDS = {name: list_shards(name) for name in needed_datasets()}
-except GptflowError as e:
-    raise WorkflowError(f"gptflow config: {e}") from None
-
-
-def local_shards(dataset):
-    return SHARDS[dataset]
-
-
-def shard_names(dataset):
-    return list(local_shards(dataset))
+def datasets_of_kind(kind):
+    return [name for name, d in DATASETS.items() if d.kind == kind]
 
 
 def get_local_shard_files(wildcards):
-    return [str(p) for p in local_shards(wildcards.dataset)[wildcards.shard]]
+    return list(shard_of(wildcards).files)
 
 
 def get_local_root(wildcards):
-    return CFG["datasets"][wildcards.dataset]["root"]
+    return DATASETS[wildcards.dataset].root
 
 
-def documents_path(dataset, shard):
-    return f"results/documents/{dataset}/{shard}.jsonl"
+def get_remote_file(wildcards):
+    """The catalog/url entry of resources/raw/{dataset}/{file}."""
+    remote = DATASETS[wildcards.dataset].remote_files.get(wildcards.file)
+    if remote is None:
+        raise WorkflowError(f"{wildcards.file} is not a file of dataset {wildcards.dataset}")
+    return remote
 
 
-# --------------------------------------------------------------------------- tokenizer
+def get_download_args(wildcards):
+    """Mirrors, checksum and token options of one dataset file for `gptflow download`."""
+    remote = get_remote_file(wildcards)
+    d = DATASETS[wildcards.dataset]
+    args = [f"--mirror {shlex.quote(m)}" for m in remote.urls[1:]]
+    if remote.sha256:
+        args.append(f"--sha256 {remote.sha256}")
+    if d.token_env:
+        args.append(f"--token-env {d.token_env}")
+        args += [f"--token-host {h}" for h in d.token_hosts]
+    return " ".join(args)
 
 
-def tokenizer_json():
-    return f"results/tokenizers/{TOKENIZER}/tokenizer.json"
+def get_download_url(wildcards):
+    return get_remote_file(wildcards).urls[0]
 
 
-def get_tokenizer_documents(wildcards):
-    return [
-        documents_path(name, shard)
-        for name in CFG["tokenizer"]["train"]["datasets"]
-        for shard in shard_names(name)
-    ]
+def get_shard_input(wildcards):
+    return shard_of(wildcards).input
 
 
-def get_tokenizer_file(wildcards):
-    return CFG["tokenizer"]["path"]
-
-
-def get_eod_token(wildcards):
-    return CFG["tokenizer"]["eod_token"]
-
-
-# --------------------------------------------------------------------------- shards
+def get_reader_args(wildcards):
+    return " ".join(shard_of(wildcards).reader_args())
 
 
 def shard_prefix(dataset, shard):
     return f"results/tokens/{TOKENIZER}/{dataset}/{shard}"
 
 
-def get_shard_documents(wildcards):
-    return documents_path(wildcards.dataset, wildcards.shard)
-
-
-def get_append_eod_flag(wildcards):
-    return "--append-eod" if CFG["tokenize"]["append_eod"] else ""
-
-
 def dataset_prefixes(dataset):
-    return [shard_prefix(dataset, s) for s in shard_names(dataset)]
+    return [shard_prefix(dataset, s.name) for s in DATASETS[dataset].shards]
 
 
 def get_blend_prefixes(wildcards):
@@ -131,6 +132,73 @@ def get_blend_shard_files(wildcards):
         for prefix in dataset_prefixes(name)
         for ext in (".bin", ".idx", ".json")
     ]
+
+
+def get_append_eod_flag(wildcards):
+    return "--append-eod" if CFG["tokenize"]["append_eod"] else ""
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def tokenizer_json():
+    return f"results/tokenizers/{TOKENIZER}/tokenizer.json"
+
+
+def get_eod_token(wildcards):
+    return CFG["tokenizer"]["eod_token"]
+
+
+def get_sample_inputs(wildcards):
+    return [s.input for s in DATASETS[wildcards.dataset].shards]
+
+
+def get_sample_reader_args(wildcards):
+    """Reader options for sampling a dataset (its shards share one reader setting)."""
+    return " ".join(DATASETS[wildcards.dataset].shards[0].reader_args())
+
+
+def get_sample_mb(wildcards):
+    return CFG["tokenizer"]["train"]["sample_mb"] / len(CFG["tokenizer"]["train"]["datasets"])
+
+
+def get_tokenizer_samples(wildcards):
+    return [
+        f"results/tokenizers/{TOKENIZER}/samples/{name}.jsonl"
+        for name in CFG["tokenizer"]["train"]["datasets"]
+    ]
+
+
+def tokenizer_remote(key):
+    """tokenizer.url / .vocab / .merges: (stored file name, spec)."""
+    spec = CFG["tokenizer"][key]
+    name = spec.get("name") or (
+        sources._url_name(spec["url"]) if spec.get("url") else Path(spec["path"]).name
+    )
+    return name, spec
+
+
+def tokenizer_asset(key):
+    """Where tokenizer file `key` comes from: downloaded into resources/, or a path on disk."""
+    name, spec = tokenizer_remote(key)
+    if spec.get("url"):
+        return f"resources/tokenizers/{TOKENIZER}/{key}/{name}"
+    return spec["path"]
+
+
+def get_tokenizer_download(wildcards):
+    _, spec = tokenizer_remote(wildcards.key)
+    args = [shlex.quote(spec["url"])]
+    args += [f"--mirror {shlex.quote(m)}" for m in spec.get("mirrors", [])]
+    if spec.get("sha256"):
+        args.append(f"--sha256 {spec['sha256']}")
+    return " ".join(args)
+
+
+def get_tokenizer_file(wildcards):
+    if TOKENIZER_SOURCE == "url":
+        return tokenizer_asset("url")
+    return CFG["tokenizer"]["path"]
 
 
 # --------------------------------------------------------------------------- training

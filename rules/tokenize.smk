@@ -15,20 +15,38 @@ rule collect_local_documents:
         manifest="results/documents/{dataset}/{shard}.manifest.json",
     log:
         "logs/collect_local_documents/{dataset}/{shard}.log",
+    wildcard_constraints:
+        dataset="|".join(datasets_of_kind("collect")) or "-",
     conda:
         "../envs/gptflow.yaml"
     params:
         root=get_local_root,
-        json_key=CFG["tokenize"]["json_key"],
+        json_key="text",
     script:
         "../workflow/scripts/collect_local_documents.py"
 
 
-if CFG["tokenizer"]["source"] == "train":
+if TOKENIZER_SOURCE == "train":
+
+    rule sample_documents:
+        input:
+            get_sample_inputs,
+        output:
+            "results/tokenizers/{tokenizer}/samples/{dataset}.jsonl",
+        log:
+            "logs/sample_documents/{tokenizer}/{dataset}.log",
+        conda:
+            "../envs/gptflow.yaml"
+        params:
+            reader=get_sample_reader_args,
+            max_mb=get_sample_mb,
+        shell:
+            "gptflow sample-documents --input {input} {params.reader}"
+            " --max-mb {params.max_mb} --out {output} > {log} 2>&1"
 
     rule train_tokenizer:
         input:
-            get_tokenizer_documents,
+            get_tokenizer_samples,
         output:
             "results/tokenizers/{tokenizer}/tokenizer.json",
         log:
@@ -42,12 +60,26 @@ if CFG["tokenizer"]["source"] == "train":
             sample_mb=CFG["tokenizer"]["train"]["sample_mb"],
             special_tokens=CFG["tokenizer"]["special_tokens"],
             eod_token=get_eod_token,
-            json_key=CFG["tokenize"]["json_key"],
         shell:
             "RAYON_NUM_THREADS={threads} gptflow train-tokenizer --input {input}"
             " --vocab-size {params.vocab_size} --min-frequency {params.min_frequency}"
             " --sample-mb {params.sample_mb} --special-tokens {params.special_tokens:q}"
-            " --eod-token {params.eod_token:q} --json-key {params.json_key:q}"
+            " --eod-token {params.eod_token:q} --out {output} > {log} 2>&1"
+
+elif TOKENIZER_SOURCE == "gpt2":
+
+    rule convert_gpt2_tokenizer:
+        input:
+            vocab=tokenizer_asset("vocab"),
+            merges=tokenizer_asset("merges"),
+        output:
+            "results/tokenizers/{tokenizer}/tokenizer.json",
+        log:
+            "logs/convert_gpt2_tokenizer/{tokenizer}.log",
+        conda:
+            "../envs/gptflow.yaml"
+        shell:
+            "gptflow convert-tokenizer --vocab {input.vocab} --merges {input.merges}"
             " --out {output} > {log} 2>&1"
 
 else:
@@ -67,7 +99,7 @@ else:
 
 rule tokenize_shard:
     input:
-        documents=get_shard_documents,
+        documents=get_shard_input,
         tokenizer="results/tokenizers/{tokenizer}/tokenizer.json",
     output:
         multiext("results/tokens/{tokenizer}/{dataset}/{shard}", ".bin", ".idx", ".json"),
@@ -78,10 +110,10 @@ rule tokenize_shard:
     threads: CFG["tokenize"]["workers"]
     params:
         prefix="results/tokens/{tokenizer}/{dataset}/{shard}",
-        json_key=CFG["tokenize"]["json_key"],
+        reader=get_reader_args,
         append_eod=get_append_eod_flag,
         eod_token=get_eod_token,
     shell:
         "gptflow tokenize --input {input.documents} --tokenizer {input.tokenizer}"
-        " --output-prefix {params.prefix} --json-key {params.json_key:q} {params.append_eod}"
+        " --output-prefix {params.prefix} {params.reader} {params.append_eod}"
         " --eod-token {params.eod_token:q} --workers {threads} --engine hf > {log} 2>&1"

@@ -106,3 +106,22 @@ def write_jsonl():
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def nginx(tmp_path_factory):
+    """A real nginx on loopback serving fixture corpora in every catalog format.
+
+    Yields (server, {relative path: documents}). Installs Debian's nginx when missing (root).
+    """
+    from tests.support.corpora import documents, write_all
+    from tests.support.nginx import Nginx, ensure_nginx
+
+    binary, why = ensure_nginx()
+    if binary is None:
+        pytest.skip(f"no nginx: {why}")
+    root = tmp_path_factory.mktemp("www")
+    made = write_all(root, documents())
+    server = Nginx(binary, root, tmp_path_factory.mktemp("nginx"))
+    yield server, made
+    server.stop()

@@ -54,11 +54,69 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
         append_eod=a.append_eod,
         eod_token=a.eod_token,
         workers=a.workers,
+        fmt=None if a.format == "auto" else a.format,
+        member=a.member,
+        member_format=a.member_format,
     )
     print(
         f"{a.output_prefix}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}), "
         f"{m['seconds']:.2f} s, {m['mb_per_s']} MB/s; dropped {m['dropped'] or 'none'}"
     )
+    return 0
+
+
+def cmd_download(a: argparse.Namespace) -> int:
+    from gptflow.data.download import Policy, download
+
+    try:
+        r = download(
+            [a.url, *a.mirror],
+            a.out,
+            sha256=a.sha256,
+            sha256sums=a.sha256sums,
+            token_env=a.token_env,
+            token_hosts=a.token_host or None,
+            policy=Policy(attempts=a.attempts),
+        )
+    except GptflowError as e:
+        raise GptflowError(f"dataset {a.dataset}: {e}" if a.dataset else str(e)) from None
+    resumed = f", resumed at byte {r.resumed_from}" if r.resumed_from else ""
+    print(f"{a.out}: {r.bytes} bytes, sha256 {r.sha256} ({r.checksum_source}){resumed}")
+    return 0
+
+
+def cmd_sample_documents(a: argparse.Namespace) -> int:
+    from gptflow.data.tokenizer import sample_texts, write_sample
+
+    texts = sample_texts(
+        a.input,
+        a.json_key,
+        int(a.max_mb * 1e6),
+        fmt=None if a.format == "auto" else a.format,
+        member=a.member,
+        member_format=a.member_format,
+    )
+    summary = write_sample(texts, a.out)
+    print(f"{a.out}: {summary['documents']} documents, {summary['chars'] / 1e6:.1f} M characters")
+    return 0
+
+
+def cmd_convert_tokenizer(a: argparse.Namespace) -> int:
+    from gptflow.data.tokenizer import gpt2_tokenizer
+
+    summary = gpt2_tokenizer(a.vocab, a.merges, a.out)
+    print(f"{a.out}: GPT-2 BPE, {summary['vocab_size']} tokens")
+    return 0
+
+
+def cmd_catalog(a: argparse.Namespace) -> int:
+    from gptflow.config import load_yaml
+
+    catalog = load_yaml(a.catalog) or {}
+    for name, entry in catalog.items():
+        size = f"{entry['size_gb']:g} GB" if "size_gb" in entry else "?"
+        gated = ", gated" if entry.get("gated") else ""
+        print(f"{name:14s} {size:>9s}{gated}  {entry.get('description', '').split('. ')[0]}")
     return 0
 
 
@@ -120,6 +178,20 @@ def cmd_summary(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_reader_args(s: argparse.ArgumentParser) -> None:
+    from gptflow.data.readers import FORMATS
+
+    s.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", *sorted(FORMATS)],
+        help="input format (auto: from the file name)",
+    )
+    s.add_argument("--json-key", default="text", help="JSON key (or parquet column) of the text")
+    s.add_argument("--member", default="*", help="glob of archive members to read (zip, tar)")
+    s.add_argument("--member-format", choices=sorted(FORMATS), help="format of archive members")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptflow",
@@ -146,15 +218,55 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample-mb", type=float, default=64.0, help="MB of text to train on, at most")
     s.set_defaults(func=cmd_train_tokenizer)
 
-    s = sub.add_parser("tokenize", help="tokenize JSONL into a Megatron .bin/.idx shard + manifest")
+    s = sub.add_parser("download", help="resumable, verified download with mirror failover")
+    s.add_argument("url", help="primary URL")
     s.add_argument(
-        "--input", nargs="+", required=True, metavar="FILE", help="JSONL files, in order"
+        "--out", required=True, help="final path (written only when complete and verified)"
     )
+    s.add_argument("--sha256", help="expected sha256 of the file")
+    s.add_argument(
+        "--mirror", action="append", default=[], metavar="URL", help="further URLs, in order"
+    )
+    s.add_argument(
+        "--sha256sums", help="lock file: record the first verified sha256, check later ones"
+    )
+    s.add_argument(
+        "--token-env", help="environment variable holding a bearer token (never printed)"
+    )
+    s.add_argument("--token-host", action="append", default=[], metavar="HOST",
+                   help="hosts the token is sent to (default: the primary URL's host)")  # fmt: skip
+    s.add_argument("--attempts", type=int, default=8, help="attempts per URL that make no progress")
+    s.add_argument("--dataset", help="name of the dataset the file belongs to (for messages)")
+    s.set_defaults(func=cmd_download)
+
+    s = sub.add_parser("sample-documents", help="the first documents of each input, as JSONL")
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
+    add_reader_args(s)
+    s.add_argument(
+        "--max-mb", type=float, required=True, help="MB of text in all, split over the inputs"
+    )
+    s.add_argument("--out", required=True, help="JSONL to write")
+    s.set_defaults(func=cmd_sample_documents)
+
+    s = sub.add_parser("convert-tokenizer", help="GPT-2 vocab.json + merges.txt -> tokenizer.json")
+    s.add_argument("--vocab", required=True, help="vocab.json")
+    s.add_argument("--merges", required=True, help="merges.txt")
+    s.add_argument("--out", required=True, help="tokenizer.json to write")
+    s.set_defaults(func=cmd_convert_tokenizer)
+
+    s = sub.add_parser("catalog", help="list the datasets of the catalog")
+    s.add_argument("--catalog", default="config/datasets.yaml", help="catalog file")
+    s.set_defaults(func=cmd_catalog)
+
+    s = sub.add_parser(
+        "tokenize", help="tokenize documents into a Megatron .bin/.idx shard + manifest"
+    )
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
     s.add_argument("--tokenizer", required=True, help="tokenizer.json")
     s.add_argument(
         "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
     )
-    s.add_argument("--json-key", default="text", help="JSON key of the document text")
+    add_reader_args(s)
     s.add_argument(
         "--append-eod", action="store_true", help="append EOD to every non-empty document"
     )

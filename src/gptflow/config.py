@@ -67,6 +67,10 @@ def fill_defaults(instance: Any, schema: dict, root: dict | None = None) -> Any:
     root = root or schema
     schema = _resolve(schema, root)
     if isinstance(instance, dict):
+        for branch in schema.get("allOf", []):  # if/then on a discriminating const
+            cond = branch.get("if", {}).get("properties", {})
+            if cond and all(instance.get(k) == v.get("const") for k, v in cond.items()):
+                fill_defaults(instance, branch["then"], root)
         props = schema.get("properties", {})
         for key, sub in props.items():
             sub = _resolve(sub, root)
@@ -539,16 +543,27 @@ def load_workflow_config(
                 f"{source}: tokenizer.eod_token '{tok['eod_token']}' is not in "
                 f"tokenizer.special_tokens {tok['special_tokens']}. Fix {source}."
             )
-    else:
+    elif tok["source"] == "file":
         if "path" not in tok:
             raise GptflowError(
                 f"{source}: tokenizer.source is 'file' but tokenizer.path is not set. Fix {source}."
             )
-        if not Path(tok["path"]).is_file():
+        _check_path(tok["path"], "tokenizer.path", source)
+    elif tok["source"] == "url":
+        if not tok.get("url", {}).get("url"):
             raise GptflowError(
-                f"{source}: tokenizer.path '{tok['path']}' does not exist (relative to "
-                f"{Path.cwd()}). Fix tokenizer.path in {source}."
+                f"{source}: tokenizer.source is 'url' but tokenizer.url.url is not set. Fix {source}."
             )
+    else:  # gpt2
+        for key in ("vocab", "merges"):
+            spec = tok.get(key)
+            if not spec or not (spec.get("url") or spec.get("path")):
+                raise GptflowError(
+                    f"{source}: tokenizer.source is 'gpt2' but tokenizer.{key} has neither url nor "
+                    f"path. Fix {source}."
+                )
+            if spec.get("path") and not spec.get("url"):
+                _check_path(spec["path"], f"tokenizer.{key}.path", source)
 
     cfg["model"] = resolve_model(cfg["model"], schema, Path(models_dir), source)
     train = TrainConfig(**cfg["train"])
@@ -559,6 +574,14 @@ def load_workflow_config(
             f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
         )
     return cfg
+
+
+def _check_path(path: str, key: str, source: str) -> None:
+    if not Path(path).is_file():
+        raise GptflowError(
+            f"{source}: {key} '{path}' does not exist (relative to {Path.cwd()}). "
+            f"Fix {key} in {source}."
+        )
 
 
 def resolve_model(model: dict, schema: dict, models_dir: Path, source: str) -> dict:

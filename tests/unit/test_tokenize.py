@@ -116,3 +116,34 @@ def test_empty_tokenizer_corpus_is_an_error(tmp_path):
     with pytest.raises(GptflowError, match="no documents to train the tokenizer on"):
         train_bpe(iter(()), tmp_path / "t.json", vocab_size=300, special_tokens=["<|endoftext|>"])
     assert not (tmp_path / "t.json").exists()
+
+
+def test_long_documents_are_encoded_piecewise_with_identical_tokens(tokenizer_json, corpus_jsonl):
+    """A document is cut only where the tokenizer provably does not merge across the cut."""
+    from gptflow.data.readers import iter_texts
+    from gptflow.data.tokenize import encode_long
+    from gptflow.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_json)
+    text = "".join(iter_texts(corpus_jsonl[0]))[:200_000]
+    assert encode_long(tok, text, piece_chars=3_000) == tok.encode(text).ids
+
+
+def test_gpt2_vocab_and_merges_become_an_equivalent_tokenizer(tmp_path, tokenizer_json, corpus_jsonl):
+    """Megatron's GPT2BPETokenizer reads vocab.json + merges.txt; ours converts them."""
+    import json
+
+    from gptflow.data.readers import iter_texts
+    from gptflow.data.tokenizer import gpt2_tokenizer, load_tokenizer
+
+    original = load_tokenizer(tokenizer_json)
+    model = json.loads(original.to_str())["model"]
+    (tmp_path / "vocab.json").write_text(json.dumps(model["vocab"]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    summary = gpt2_tokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt", tmp_path / "t.json")
+    converted = load_tokenizer(tmp_path / "t.json")
+    assert summary["vocab_size"] == original.get_vocab_size()
+    for text in list(iter_texts(corpus_jsonl[1]))[:5]:
+        assert converted.encode(text).ids == original.encode(text).ids
+    assert converted.token_to_id("<|endoftext|>") == 0

@@ -16,6 +16,7 @@ from .conftest import BIN, REPO, job_counts, snakemake_cmd
 
 EVERY_STAGE = {
     "collect_local_documents": 2,
+    "sample_documents": 1,
     "train_tokenizer": 1,
     "tokenize_shard": 2,
     "render_run_config": 1,

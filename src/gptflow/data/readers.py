@@ -1,21 +1,36 @@
 """Documents in, documents out: small functions over iterators, in bounded memory.
 
-* :func:`collect_local_documents` turns files (one document each) into a JSONL shard, the one
-  input format of tokenization (as for Megatron's ``preprocess_data.py``).
-* :func:`iter_jsonl_batches` streams a JSONL file as batches of raw lines with their line
-  numbers, so parsing can happen in worker processes and errors can name the line.
-* :func:`parse_jsonl_batch` turns such a batch into texts, or names the bad line.
+Every corpus format of the catalog is read here, streaming:
 
-Dropped documents are counted by reason, never silently lost.
+=============  ======================================================================
+format         documents
+=============  ======================================================================
+jsonl          one per line, text under a JSON key (also .jsonl.zst/.xz/.gz, .json.gz)
+txt            one per file (also .txt.zst/.xz/.gz), as GPT-NeoX's reader does
+zip, tar       one per member matching a glob, each member read as its own format
+               (.tar.gz/.tgz/.tar.xz/.tar.zst streamed, never extracted to disk)
+parquet        one per row, text in a column, read in row batches
+=============  ======================================================================
+
+:func:`iter_batches` yields :class:`Batch` es -- raw JSON lines (parsed later, in worker
+processes, so that errors can still name the line) or texts. :func:`collect_local_documents`
+turns files on disk, one document each, into a JSONL shard. Dropped documents are counted by
+reason, never silently lost.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import io
 import json
 import os
+import tarfile
+import zipfile
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
@@ -55,24 +70,235 @@ def collect_local_documents(
     }
 
 
+# ----------------------------------------------------------------------------- formats
+
+# format -> (kind, compression); kind is how a stream turns into documents
+FORMATS: dict[str, tuple[str, str | None]] = {
+    "jsonl": ("jsonl", None),
+    "jsonl.zst": ("jsonl", "zst"),
+    "jsonl.xz": ("jsonl", "xz"),
+    "jsonl.gz": ("jsonl", "gz"),
+    "json.gz": ("jsonl", "gz"),  # C4 and friends: JSON lines, gzipped
+    "txt": ("txt", None),
+    "txt.zst": ("txt", "zst"),
+    "txt.xz": ("txt", "xz"),
+    "txt.gz": ("txt", "gz"),
+    "zip": ("zip", None),
+    "tar": ("tar", None),
+    "tar.gz": ("tar", None),
+    "tgz": ("tar", None),
+    "tar.xz": ("tar", None),
+    "tar.zst": ("tar", "zst"),
+    "parquet": ("parquet", None),
+}
+SUFFIXES = sorted(FORMATS, key=len, reverse=True)
+
+
+def infer_format(name: str, default: str | None = None) -> str:
+    """The format of a file from its name (longest known suffix wins)."""
+    lower = name.lower()
+    for suffix in SUFFIXES:
+        if lower.endswith("." + suffix):
+            return suffix
+    if default is not None:
+        return default
+    raise GptflowError(
+        f"{name}: cannot tell the format from the name; set the format explicitly "
+        f"(one of {', '.join(sorted(FORMATS))})"
+    )
+
+
+def check_format(fmt: str, where: str) -> str:
+    if fmt not in FORMATS:
+        raise GptflowError(
+            f"{where}: format '{fmt}' is not supported; use one of {', '.join(sorted(FORMATS))}"
+        )
+    return fmt
+
+
+def open_decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
+    """A streaming, decompressing binary reader over `raw`."""
+    if compression is None:
+        return raw
+    if compression == "gz":
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if compression == "xz":
+        import lzma
+
+        return lzma.LZMAFile(raw, mode="rb")
+    if compression == "zst":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor(max_window_size=2**31).stream_reader(
+            raw, read_across_frames=True
+        )
+        return io.BufferedReader(reader, buffer_size=1 << 20)
+    raise AssertionError(compression)
+
+
+@dataclass
+class Batch:
+    """Documents of one input, in order: raw JSON lines ("jsonl") or texts ("text")."""
+
+    origin: str  # file, or file!member
+    first_line: int  # line number of items[0] in a JSONL stream (1 for texts)
+    kind: str
+    items: list
+
+
+def iter_batches(
+    path: str | os.PathLike,
+    fmt: str | None = None,
+    *,
+    member: str = "*",
+    member_format: str | None = None,
+    json_key: str = "text",
+    batch_bytes: int = 1 << 20,
+) -> Iterator[Batch]:
+    """Stream the documents of `path` (format inferred from the name unless given)."""
+    path = str(path)
+    fmt = check_format(fmt or infer_format(path), path)
+    kind, compression = FORMATS[fmt]
+    if kind == "parquet":
+        yield from _parquet_batches(path, json_key)
+        return
+    with open(path, "rb") as raw:
+        if kind == "zip":
+            yield from _zip_batches(path, raw, member, member_format, json_key, batch_bytes)
+        elif kind == "tar":
+            stream = open_decompressed(raw, compression)
+            yield from _tar_batches(path, stream, member, member_format, json_key, batch_bytes)
+        else:
+            stream = open_decompressed(raw, compression)
+            yield from _stream_batches(path, stream, kind, batch_bytes)
+
+
+def _stream_batches(origin: str, stream: IO[bytes], kind: str, batch_bytes: int) -> Iterator[Batch]:
+    if kind == "txt":
+        yield Batch(origin, 1, "text", [_decode(stream.read(), origin)])
+        return
+    batch: list[bytes] = []
+    size, first = 0, 1
+    for lineno, line in enumerate(stream, start=1):
+        if not batch:
+            first = lineno
+        batch.append(line)
+        size += len(line)
+        if size >= batch_bytes:
+            yield Batch(origin, first, "jsonl", batch)
+            batch, size = [], 0
+    if batch:
+        yield Batch(origin, first, "jsonl", batch)
+
+
+def _decode(data: bytes, origin: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        # e.g. enwik8 is the first 10^8 bytes of a dump and may cut a character in two
+        return data.decode("utf-8", errors="replace")
+
+
+def _member_kind(name: str, member_format: str | None, origin: str) -> tuple[str, str | None]:
+    fmt = member_format or infer_format(name, default="txt")
+    check_format(fmt, origin)
+    kind, compression = FORMATS[fmt]
+    if kind not in ("jsonl", "txt"):
+        raise GptflowError(f"{origin}: member format '{fmt}' is not supported inside an archive")
+    return kind, compression
+
+
+def _zip_batches(path, raw, member, member_format, json_key, batch_bytes) -> Iterator[Batch]:
+    try:
+        zf = zipfile.ZipFile(raw)
+    except zipfile.BadZipFile as e:
+        raise GptflowError(
+            f"{path}: not a zip archive ({e}); delete it to download it again"
+        ) from None
+    names = [
+        i.filename
+        for i in zf.infolist()
+        if not i.is_dir() and fnmatch.fnmatchcase(i.filename, member)
+    ]
+    if not names:
+        raise GptflowError(f"{path}: no member matches '{member}' (members: {zf.namelist()[:10]})")
+    for name in names:
+        kind, compression = _member_kind(name, member_format, f"{path}!{name}")
+        with zf.open(name) as fh:
+            yield from _stream_batches(
+                f"{path}!{name}", open_decompressed(fh, compression), kind, batch_bytes
+            )
+
+
+def _tar_batches(path, stream, member, member_format, json_key, batch_bytes) -> Iterator[Batch]:
+    matched = 0
+    try:
+        with tarfile.open(fileobj=stream, mode="r|*") as tf:
+            for info in tf:
+                if not info.isfile() or not fnmatch.fnmatchcase(info.name, member):
+                    continue
+                matched += 1
+                kind, compression = _member_kind(info.name, member_format, f"{path}!{info.name}")
+                fh = tf.extractfile(info)
+                yield from _stream_batches(
+                    f"{path}!{info.name}", open_decompressed(fh, compression), kind, batch_bytes
+                )
+    except tarfile.TarError as e:
+        raise GptflowError(
+            f"{path}: not a readable tar archive ({e}); delete it to download it again"
+        ) from None
+    if not matched:
+        raise GptflowError(f"{path}: no member matches '{member}'")
+
+
+def _parquet_batches(path: str, column: str) -> Iterator[Batch]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid and friends
+        raise GptflowError(f"{path}: not a readable parquet file ({e})") from None
+    if column not in pf.schema_arrow.names:
+        raise GptflowError(
+            f"{path}: no column '{column}' (columns: {pf.schema_arrow.names}); set the JSON key "
+            f"(--json-key / json_key) to the column holding the text"
+        )
+    for rb in pf.iter_batches(columns=[column], batch_size=2048):
+        yield Batch(path, 1, "text", rb.column(0).to_pylist())
+
+
+def batch_texts(batch: Batch, key: str) -> tuple[list[str], Counter[str]]:
+    """The document texts of a batch (parsing JSON lines), with drops counted by reason."""
+    if batch.kind == "jsonl":
+        return parse_jsonl_batch(batch.origin, batch.first_line, batch.items, key)
+    texts, dropped = [], Counter()
+    for t in batch.items:
+        if t is None:
+            dropped["null_text"] += 1
+        elif not isinstance(t, str):
+            raise GptflowError(f"{batch.origin}: '{key}' holds {type(t).__name__}, not text")
+        else:
+            texts.append(t)
+    return texts, dropped
+
+
+def iter_texts(path, fmt=None, *, member="*", member_format=None, json_key="text") -> Iterator[str]:
+    """Every document text of `path`, in order."""
+    for batch in iter_batches(
+        path, fmt, member=member, member_format=member_format, json_key=json_key
+    ):
+        texts, _ = batch_texts(batch, json_key)
+        yield from texts
+
+
 def iter_jsonl_batches(
     path: str | os.PathLike, batch_bytes: int = 1 << 20
 ) -> Iterator[tuple[int, list[bytes]]]:
-    """Yield ``(first_line_number, [raw lines])`` batches of about `batch_bytes` each."""
-    batch: list[bytes] = []
-    size = 0
-    first = 1
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not batch:
-                first = lineno
-            batch.append(line)
-            size += len(line)
-            if size >= batch_bytes:
-                yield first, batch
-                batch, size = [], 0
-    if batch:
-        yield first, batch
+    """Yield ``(first_line_number, [raw lines])`` batches of a plain JSONL file."""
+    for b in iter_batches(path, "jsonl", batch_bytes=batch_bytes):
+        yield b.first_line, b.items
 
 
 def parse_jsonl_batch(

@@ -1,19 +1,94 @@
-"""Where a dataset's documents come from.
+"""Where a dataset's documents come from: the config's dataset entries resolved into shards.
 
-For now one type: ``local`` -- files on disk matched by globs under a root, one document per
-file (the embedded default corpus is the running Python's standard library this way). A
-dataset is split into a fixed number of shards, decided by config, so the DAG is static and
-each shard is its own tokenization job.
+Three kinds of entries (``datasets.<name>.type``):
+
+``local``
+    Files on disk matched by globs under a root. With ``format: document_per_file`` (the
+    default; the embedded corpus is the Python standard library this way) every file is one
+    document and the files are split into a fixed number of shards, each collected into JSONL.
+    With a data format (``jsonl.zst``, ``parquet``, ...) every file is a shard of documents.
+``url``
+    Files to download (URL + mirrors + sha256, or a URL template over ``parts``); one shard
+    per file, stored under ``resources/raw/{dataset}/{file}``.
+``catalog``
+    An entry of ``config/datasets.yaml`` (a ``url`` dataset with provenance), optionally
+    narrowed with ``parts``/``vars``.
+
+The shard list is static -- decided by the config, not by the data -- so the whole DAG,
+downloads included, is known to ``snakemake -n``.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import string
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-from gptflow.config import expand_root
+from gptflow.config import expand_root, fill_defaults, load_yaml, validate
+from gptflow.data.readers import FORMATS, infer_format
 from gptflow.errors import GptflowError
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a url dataset: where to get it (primary URL first) and what it must hash to."""
+
+    name: str
+    urls: tuple[str, ...]
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One tokenization job: the file it reads and how to read it."""
+
+    name: str  # "00000", ...
+    input: str  # the file tokenization reads
+    fmt: str
+    member: str = "*"
+    member_format: str | None = None
+    json_key: str = "text"
+    remote: RemoteFile | None = None  # url datasets: downloaded into `input`
+    files: tuple[str, ...] = ()  # document_per_file: the files collected into `input`
+
+    def reader_args(self) -> list[str]:
+        """The `gptflow tokenize` / `sample-documents` options that read this shard."""
+        args = ["--format", self.fmt, "--json-key", self.json_key]
+        if self.member != "*":
+            args += ["--member", self.member]
+        if self.member_format:
+            args += ["--member-format", self.member_format]
+        return args
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    kind: str  # "collect" (local, one document per file), "files" (local data files), "url"
+    shards: tuple[Shard, ...]
+    root: str = ""  # local datasets: the root as written in the config
+    token_env: str | None = None
+    token_hosts: tuple[str, ...] = ()
+
+    def shard(self, name: str) -> Shard:
+        for s in self.shards:
+            if s.name == name:
+                return s
+        raise KeyError(f"{self.name} has no shard {name}")
+
+    @property
+    def remote_files(self) -> dict[str, RemoteFile]:
+        return {Path(s.input).name: s.remote for s in self.shards if s.remote is not None}
+
+
+def shard_names(num_shards: int) -> list[str]:
+    return [f"{i:05d}" for i in range(num_shards)]
+
+
+# ----------------------------------------------------------------------------- local
 
 
 def _matches(rel: str, patterns: list[str]) -> bool:
@@ -57,10 +132,6 @@ def list_local_files(name: str, spec: dict, source: str = "config") -> list[Path
     return files
 
 
-def shard_names(num_shards: int) -> list[str]:
-    return [f"{i:05d}" for i in range(num_shards)]
-
-
 def split_into_shards(files: list[Path], num_shards: int) -> list[list[Path]]:
     """Contiguous, nearly equal slices of the sorted file list (stable when files change)."""
     n = len(files)
@@ -70,13 +141,8 @@ def split_into_shards(files: list[Path], num_shards: int) -> list[list[Path]]:
     return [files[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
 
 
-def shard_files(name: str, spec: dict, shard: str, source: str = "config") -> list[Path]:
-    """The files of one shard of a ``local`` dataset."""
-    return local_shards(name, spec, source)[int(shard)]
-
-
 def local_shards(name: str, spec: dict, source: str = "config") -> list[list[Path]]:
-    """All shards of a ``local`` dataset, each a list of files."""
+    """The file groups of a ``local`` document_per_file dataset."""
     files = list_local_files(name, spec, source)
     num = spec.get("shards", 1)
     if num > len(files):
@@ -85,3 +151,191 @@ def local_shards(name: str, spec: dict, source: str = "config") -> list[list[Pat
             f"lower datasets.{name}.shards to at most {len(files)}. Fix {source}."
         )
     return split_into_shards(files, num)
+
+
+def _local_dataset(name: str, spec: dict, source: str) -> Dataset:
+    fmt = spec.get("format", "document_per_file")
+    if fmt == "document_per_file":
+        groups = local_shards(name, spec, source)
+        shards = tuple(
+            Shard(
+                name=shard,
+                input=f"results/documents/{name}/{shard}.jsonl",
+                fmt="jsonl",
+                json_key="text",
+                files=tuple(str(p) for p in group),
+            )
+            for shard, group in zip(shard_names(len(groups)), groups, strict=True)
+        )
+        return Dataset(name, "collect", shards, root=spec["root"])
+    files = list_local_files(name, spec, source)
+    shards = tuple(
+        Shard(
+            name=shard,
+            input=str(path),
+            fmt=fmt,
+            member=spec.get("member", "*"),
+            member_format=spec.get("member_format"),
+            json_key=spec.get("json_key", "text"),
+        )
+        for shard, path in zip(shard_names(len(files)), files, strict=True)
+    )
+    return Dataset(name, "files", shards, root=spec["root"])
+
+
+# ----------------------------------------------------------------------------- url + catalog
+
+
+def load_catalog(path: str | os.PathLike, schema: dict) -> dict:
+    """config/datasets.yaml, every entry validated (errors name the catalog file)."""
+    catalog = load_yaml(path) or {}
+    if not isinstance(catalog, dict):
+        raise GptflowError(f"{path}: expected a mapping of dataset names to entries")
+    for entry_name, entry in catalog.items():
+        validate(
+            entry,
+            schema["$defs"]["catalog_entry"],
+            source=f"{path} (entry {entry_name})",
+            root=schema,
+        )
+        fill_defaults(entry, schema["$defs"]["catalog_entry"], schema)
+    return catalog
+
+
+def _template(template: str, values: dict, where: str) -> str:
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as e:
+        names = sorted({f for _, f, _, _ in string.Formatter().parse(template) if f})
+        raise GptflowError(
+            f"{where}: cannot fill the URL template {template!r} ({type(e).__name__}: {e}); it "
+            f"needs {names} - set them with vars (and parts)"
+        ) from None
+
+
+def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
+    """The remote files of a url dataset spec (explicit list or expanded template)."""
+    if bool(spec.get("files")) == bool(spec.get("url_template")):
+        raise GptflowError(
+            f"{where}: a url dataset needs either files or url_template (with parts), not both"
+        )
+    files: list[RemoteFile] = []
+    if spec.get("files"):
+        for i, f in enumerate(spec["files"]):
+            if "url" not in f:
+                raise GptflowError(f"{where}: files[{i}] has no url")
+            urls = (f["url"], *f.get("mirrors", []))
+            files.append(
+                RemoteFile(
+                    f.get("name") or _url_name(f["url"]),
+                    urls,
+                    (f.get("sha256") or "").lower() or None,
+                )
+            )
+    else:
+        if "parts" not in spec:
+            raise GptflowError(f"{where}: url_template needs parts: [first, last]")
+        first, last = spec["parts"]
+        if last < first:
+            raise GptflowError(f"{where}: parts [{first}, {last}] is empty (last < first)")
+        for part in range(first, last + 1):
+            values = {**spec.get("vars", {}), "part": part}
+            url = _template(spec["url_template"], values, where)
+            mirrors = [_template(m, values, where) for m in spec.get("mirror_templates", [])]
+            files.append(RemoteFile(_url_name(url), (url, *mirrors), None))
+    names = [f.name for f in files]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise GptflowError(
+            f"{where}: several files would be stored as {dupes}; give them distinct names"
+        )
+    return files
+
+
+def _url_name(url: str) -> str:
+    name = unquote(Path(urlsplit(url).path).name)
+    if not name:
+        raise GptflowError(f"{url}: the URL has no file name; set name: for this file")
+    return name
+
+
+def _url_dataset(name: str, spec: dict, where: str) -> Dataset:
+    files = url_files(name, spec, where)
+    shards = []
+    for shard, f in zip(shard_names(len(files)), files, strict=True):
+        fmt = spec.get("format") or _format_of(f.name, where)
+        if fmt not in FORMATS:
+            raise GptflowError(
+                f"{where}: format '{fmt}' is not supported; use one of {', '.join(sorted(FORMATS))}"
+            )
+        shards.append(
+            Shard(
+                name=shard,
+                input=f"resources/raw/{name}/{f.name}",
+                fmt=fmt,
+                member=spec.get("member", "*"),
+                member_format=spec.get("member_format"),
+                json_key=spec.get("json_key", "text"),
+                remote=f,
+            )
+        )
+    auth = spec.get("auth") or {}
+    hosts = tuple(auth.get("hosts") or sorted({urlsplit(f.urls[0]).hostname or "" for f in files}))
+    return Dataset(name, "url", tuple(shards), token_env=auth.get("token_env"), token_hosts=hosts)
+
+
+def _format_of(file_name: str, where: str) -> str:
+    try:
+        return infer_format(file_name)
+    except GptflowError:
+        raise GptflowError(
+            f"{where}: cannot tell the format of '{file_name}' from its name; set format "
+            f"(one of {', '.join(sorted(FORMATS))})"
+        ) from None
+
+
+def resolve_dataset(
+    name: str, spec: dict, *, catalog: dict, catalog_path: str, source: str
+) -> Dataset:
+    """One config dataset entry -> its shards (errors name the dataset and the file to fix)."""
+    kind = spec["type"]
+    if kind == "local":
+        return _local_dataset(name, spec, source)
+    if kind == "url":
+        return _url_dataset(name, spec, f"{source}: datasets.{name}")
+    entry_name = spec["name"]
+    if entry_name not in catalog:
+        raise GptflowError(
+            f"{source}: datasets.{name}.name '{entry_name}' is not in the catalog {catalog_path} "
+            f"(entries: {', '.join(sorted(catalog))}). Fix datasets.{name} in {source}."
+        )
+    entry = {
+        k: v
+        for k, v in catalog[entry_name].items()
+        if k not in ("description", "homepage", "license", "gated", "size_gb")
+    }
+    if "parts" in spec:
+        if "url_template" not in entry:
+            raise GptflowError(
+                f"{source}: datasets.{name}.parts: catalog entry '{entry_name}' has no parts"
+            )
+        entry["parts"] = spec["parts"]
+    if "vars" in spec:
+        entry["vars"] = {**entry.get("vars", {}), **spec["vars"]}
+    return _url_dataset(name, entry, f"{source}: datasets.{name} (catalog entry '{entry_name}')")
+
+
+def resolve_datasets(
+    cfg: dict, names: list[str], *, catalog_path: str | os.PathLike, schema: dict, source: str
+) -> dict[str, Dataset]:
+    """The datasets `names` of a validated workflow config, resolved (catalog, globs, templates)."""
+    catalog = None
+    out = {}
+    for name in names:
+        spec = cfg["datasets"][name]
+        if spec["type"] == "catalog" and catalog is None:
+            catalog = load_catalog(catalog_path, schema)
+        out[name] = resolve_dataset(
+            name, spec, catalog=catalog or {}, catalog_path=str(catalog_path), source=source
+        )
+    return out

@@ -106,19 +106,65 @@ class _Counted:
             yield text
 
 
-def sample_texts(inputs: list[str], key: str, max_bytes: int) -> Iterator[str]:
-    """Up to `max_bytes` of document text, an equal budget from each JSONL input, in file order."""
-    from gptflow.data.readers import iter_jsonl_batches, parse_jsonl_batch
+def sample_texts(
+    inputs: list[str],
+    key: str,
+    max_bytes: int,
+    *,
+    fmt: str | None = "jsonl",
+    member: str = "*",
+    member_format: str | None = None,
+) -> Iterator[str]:
+    """Up to `max_bytes` of document text, an equal budget from each input, in file order."""
+    from gptflow.data.readers import iter_texts
 
     budget = max(1, max_bytes // max(1, len(inputs)))
     for path in inputs:
         used = 0
-        for first, lines in iter_jsonl_batches(path):
-            texts, _ = parse_jsonl_batch(str(path), first, lines, key)
-            for text in texts:
-                yield text
-                used += len(text)
-                if used >= budget:
-                    break
+        for text in iter_texts(path, fmt, member=member, member_format=member_format, json_key=key):
+            yield text
+            used += len(text)
             if used >= budget:
                 break
+
+
+def write_sample(texts: Iterator[str], out: str | os.PathLike) -> dict:
+    """Write texts as JSONL ``{"text": ...}`` (atomically); returns counts."""
+    import json
+
+    documents = size = 0
+    with atomic_write(out) as f:
+        for text in texts:
+            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            documents += 1
+            size += len(text)
+    if documents == 0:
+        raise GptflowError(f"{out}: no documents in the inputs; nothing to sample")
+    return {"documents": documents, "chars": size}
+
+
+def gpt2_tokenizer(
+    vocab: str | os.PathLike, merges: str | os.PathLike, out: str | os.PathLike
+) -> dict:
+    """A tokenizer.json equivalent to Megatron's GPT2BPETokenizer from GPT-2 vocab + merges.
+
+    Byte-level BPE with GPT-2's pre-tokenizer regex and no prefix space; ``<|endoftext|>`` is
+    looked up in the vocabulary but not made a special token, so a literal "<|endoftext|>" in
+    a text is tokenized as text, exactly as Megatron's tokenizer does.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    for p in (vocab, merges):
+        if not Path(p).is_file():
+            raise GptflowError(f"{p}: no such file")
+    try:
+        model = models.BPE.from_file(str(vocab), str(merges))
+    except Exception as e:  # tokenizers raises bare Exceptions on malformed files
+        raise GptflowError(f"{vocab} / {merges}: not GPT-2 vocab.json + merges.txt ({e})") from None
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    with atomic_write(out) as f:
+        f.write(tok.to_str(pretty=True))
+    return {"vocab_size": tok.get_vocab_size(with_added_tokens=True)}

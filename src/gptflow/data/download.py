@@ -1,0 +1,568 @@
+"""Resumable, verified HTTP downloads: nothing reaches its final name unless it is complete.
+
+``download(urls, out)`` fetches the first URL that works (mirrors are tried in order) into
+``out.part``, resuming with an HTTP ``Range`` request after any interruption -- a dropped
+connection, a short body, a killed process -- and checks the sha256 before the atomic rename
+to ``out``. Details that matter:
+
+* retries with exponential backoff (and jitter) on connection errors, timeouts, 5xx and 429,
+  honouring ``Retry-After``; attempts that made progress do not count against the budget;
+* a server that ignores ``Range`` (200 instead of 206) or whose file changed (``If-Range``
+  with the recorded ETag/Last-Modified fails) restarts the file from byte 0, never appends;
+* the expected sha256 comes from the catalog, else from the lock file ``SHA256SUMS`` beside
+  the data (recorded by the first verified download, checked by every later one), else from
+  the host itself when it publishes one (Hugging Face's ``X-Linked-Etag``);
+* a bearer token for gated hosts is read from an environment variable, sent only to the
+  hosts it is meant for, and never printed;
+* one downloader per file: the ``.part`` file is locked while written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import queue
+import random
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gptflow.errors import GptflowError
+from gptflow.fsutil import atomic_write, fsync_dir
+
+log = logging.getLogger("gptflow.download")
+
+CHUNK = 1 << 20  # bytes per read
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass
+class Policy:
+    """How hard to try. Times in seconds."""
+
+    connect_timeout: float = 15.0
+    read_timeout: float = 60.0
+    attempts: int = 8  # per URL, counting only attempts that made no progress
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    retry_after_max: float = 300.0
+    report_every: float = 10.0  # seconds between progress lines when not on a terminal
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+
+
+class _Retry(Exception):
+    def __init__(self, why: str, wait: float | None = None):
+        super().__init__(why)
+        self.wait = wait
+
+
+class _NextUrl(Exception):
+    pass
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    with contextlib.suppress(TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def _published_sha256(headers) -> str | None:
+    """A sha256 the server states for the body (Hugging Face: X-Linked-Etag of LFS files)."""
+    for name in ("X-Linked-Etag", "X-Linked-ETag"):
+        value = headers.get(name, "").strip('"').lower()
+        if HEX64.match(value):
+            return value
+    return None
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).hostname or ""
+
+
+def _safe(url: str) -> str:
+    """The URL without credentials or query string, for messages."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
+# ----------------------------------------------------------------------------- checksum lock
+
+
+def read_sha256sums(path: Path) -> dict[str, str]:
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and HEX64.match(parts[0]):
+                out[parts[1].lstrip("*")] = parts[0]
+    return out
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def record_sha256(path: Path, name: str, digest: str) -> None:
+    """Add ``digest  name`` to a SHA256SUMS lock file (atomic, safe under parallel jobs)."""
+    with _locked(path):
+        sums = read_sha256sums(path)
+        if sums.get(name) == digest:
+            return
+        if name in sums:
+            raise GptflowError(
+                f"{path}: records sha256 {sums[name]} for {name}, the download has {digest}; "
+                f"the upstream file changed. If the new one is right, delete that line"
+            )
+        sums[name] = digest
+        with atomic_write(path) as f:
+            f.writelines(f"{d}  {n}\n" for n, d in sorted(sums.items()))
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    def __init__(self, name: str, total: int | None, start: int, every: float) -> None:
+        self.name, self.total, self.done, self.every = name, total, start, every
+        self.t0 = self.last = time.monotonic()
+        self.start = start
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total, initial=start, unit="B", unit_scale=True, desc=name, leave=False
+            )
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            rate = (self.done - self.start) / max(1e-9, now - self.t0)
+            pct = f" ({100 * self.done / self.total:.1f}%)" if self.total else ""
+            log.info("%s: %.1f MB%s at %.1f MB/s", self.name, self.done / 1e6, pct, rate / 1e6)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------- download
+
+
+@dataclass
+class Result:
+    path: str
+    url: str
+    sha256: str
+    bytes: int
+    seconds: float
+    resumed_from: int
+    attempts: int
+    checksum_source: str
+    tried: list[str]
+
+
+def download(
+    urls: list[str],
+    out: str | os.PathLike,
+    *,
+    sha256: str | None = None,
+    sha256sums: str | os.PathLike | None = None,
+    token_env: str | None = None,
+    token_hosts: list[str] | None = None,
+    policy: Policy | None = None,
+    session=None,
+) -> Result:
+    """Download the first of `urls` that works to `out`; see the module docstring."""
+    import requests
+
+    policy = policy or Policy()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sums_path = Path(sha256sums) if sha256sums else None
+    expected = sha256.lower() if sha256 else None
+    source = "given" if expected else None
+    if expected and not HEX64.match(expected):
+        raise GptflowError(f"--sha256 {sha256!r} is not a sha256 (64 hex digits)")
+    if not expected and sums_path:
+        recorded = read_sha256sums(sums_path).get(out.name)
+        if recorded:
+            expected, source = recorded, f"recorded in {sums_path}"
+
+    if out.exists():
+        digest = _sha256_of(out)
+        if expected and digest != expected:
+            raise GptflowError(
+                f"{out}: exists but its sha256 is {digest}, expected {expected} ({source}); "
+                f"delete it to download it again"
+            )
+        _finish(out, digest, sums_path)
+        return Result(str(out), "", digest, out.stat().st_size, 0.0, 0, 0, source or "none", [])
+
+    token = None
+    if token_env:
+        token = os.environ.get(token_env)
+    hosts = set(token_hosts or ([_host(urls[0])] if urls else []))
+
+    session = session or requests.Session()
+    part = Path(f"{out}.part")
+    meta_path = Path(f"{out}.part.json")
+    errors: list[str] = []
+    t0 = time.monotonic()
+    with open(part, "ab") as lock_fh:
+        try:
+            fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GptflowError(
+                f"{part}: another download of this file is running; wait for it"
+            ) from None
+        for url in urls:
+            try:
+                result = _fetch_one(
+                    session, url, part, meta_path, expected, source, token if _host(url) in hosts else None,
+                    token_env if _host(url) in hosts else None, policy, out.name,
+                )  # fmt: skip
+            except _NextUrl as e:
+                errors.append(f"{_safe(url)}: {e}")
+                log.warning("%s: %s; trying the next URL", _safe(url), e)
+                continue
+            digest, resumed_from, attempts, checksum_source = result
+            with open(part, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(part, out)
+            fsync_dir(out.parent)
+            meta_path.unlink(missing_ok=True)
+            _finish(out, digest, sums_path)
+            seconds = time.monotonic() - t0
+            size = out.stat().st_size
+            log.info(
+                "%s: %.1f MB from %s in %.1f s (%.1f MB/s), sha256 %s (%s)",
+                out.name, size / 1e6, _safe(url), seconds, size / 1e6 / max(seconds, 1e-9),
+                digest, checksum_source,
+            )  # fmt: skip
+            return Result(str(out), _safe(url), digest, size, seconds, resumed_from, attempts, checksum_source,
+                          [*errors, f"{_safe(url)}: ok"])  # fmt: skip
+        if part.exists() and part.stat().st_size == 0:  # nothing to resume from: leave no trace
+            part.unlink()
+            meta_path.unlink(missing_ok=True)
+    tried = "; ".join(errors) or "no URLs given"
+    raise GptflowError(
+        f"{out.name}: every URL failed ({tried}). Check the URLs, mirrors and network"
+    )
+
+
+def _finish(out: Path, digest: str, sums_path: Path | None) -> None:
+    with atomic_write(f"{out}.sha256") as f:
+        f.write(f"{digest}  {out.name}\n")
+    if sums_path:
+        record_sha256(sums_path, out.name, digest)
+
+
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK * 4):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _RunningHash:
+    """sha256 of the ``.part`` file, updated by a background thread as the bytes arrive.
+
+    hashlib releases the GIL on large buffers, so hashing overlaps the network and the disk
+    instead of costing a second pass over the file after the download.
+    """
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self.n = 0
+        self._q: queue.Queue = queue.Queue(maxsize=32)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="sha256")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                self._q.task_done()
+                return
+            self._h.update(item)
+            self.n += len(item)
+            self._q.task_done()
+
+    def feed(self, chunk: bytes) -> None:
+        self._q.put(chunk)
+
+    def sync_to(self, part: Path, offset: int) -> None:
+        """Make the hash cover exactly bytes [0, offset) of `part`."""
+        self._q.join()
+        if self.n == offset:
+            return
+        self._h, self.n = hashlib.sha256(), 0
+        if offset:
+            with open(part, "rb") as f:
+                remaining = offset
+                while remaining and (block := f.read(min(CHUNK * 4, remaining))):
+                    self._h.update(block)
+                    self.n += len(block)
+                    remaining -= len(block)
+
+    def hexdigest(self) -> str:
+        self._q.join()
+        return self._h.hexdigest()
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+
+class _Flusher:
+    """Writes the file back to disk in the background (every FLUSH_BYTES) while it downloads,
+    so the fsync before publishing finds little left to do."""
+
+    FLUSH_BYTES = 128 << 20
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending = 0
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="flush")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop:
+                return
+            with contextlib.suppress(OSError):
+                os.fdatasync(self.fd)
+
+    def wrote(self, n: int) -> None:
+        self.pending += n
+        if self.pending >= self.FLUSH_BYTES:
+            self.pending = 0
+            self._wake.set()
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+
+
+def _fetch_one(session, url, part, meta_path, expected, source, token, token_env, policy, name):
+    """Download `url` into `part` until complete and verified. Returns (sha256, resumed_from,
+    attempts, checksum source); raises _NextUrl when this URL cannot deliver."""
+
+    resumed_from = part.stat().st_size if part.exists() else 0
+    hasher = _RunningHash()
+    try:
+        return _fetch_loop(session, url, part, meta_path, expected, source, token, policy, name, hasher,
+                           resumed_from)  # fmt: skip
+    finally:
+        hasher.close()
+
+
+def _fetch_loop(
+    session, url, part, meta_path, expected, source, token, policy, name, hasher, resumed_from
+):
+    import requests
+
+    failures = 0
+    attempts = 0
+    while True:
+        attempts += 1
+        offset = part.stat().st_size if part.exists() else 0
+        before = offset
+        try:
+            outcome = _attempt(session, url, part, meta_path, offset, token, policy, name, hasher)
+        except _Retry as e:
+            progressed = (part.stat().st_size if part.exists() else 0) > before
+            failures = 0 if progressed else failures + 1
+            if failures >= policy.attempts:
+                raise _NextUrl(f"gave up after {attempts} attempts ({e})") from None
+            wait = e.wait
+            if wait is None:
+                wait = min(policy.backoff_max, policy.backoff_base * 2 ** max(0, failures - 1))
+                wait *= 0.5 + random.random() / 2
+            wait = min(wait, policy.retry_after_max)
+            log.warning("%s: %s; retrying in %.1f s", _safe(url), e, wait)
+            policy.sleep(wait)
+            continue
+        except requests.exceptions.InvalidURL as e:
+            raise _NextUrl(f"invalid URL ({e})") from None
+        published = outcome
+        hasher.sync_to(part, part.stat().st_size)
+        digest = hasher.hexdigest()
+        want, why = expected, source
+        if want is None and published:
+            want, why = published, f"published by {_host(url)}"
+        if want is not None and digest != want:
+            part.unlink(missing_ok=True)
+            meta_path.unlink(missing_ok=True)
+            raise _NextUrl(
+                f"sha256 mismatch: got {digest}, expected {want} ({why}); the partial file was removed"
+            )
+        return digest, resumed_from, attempts, why or "none published; recorded now"
+
+
+def _attempt(session, url, part, meta_path, offset, token, policy, name, hasher) -> str | None:
+    """One HTTP request. Returns the server-published sha256 (or None) when the body is complete."""
+    import requests
+
+    headers = {"Accept-Encoding": "identity", "User-Agent": "gptflow-download"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    validator = None
+    if offset > 0:
+        headers["Range"] = f"bytes={offset}-"
+        meta = _read_meta(meta_path)
+        if meta.get("url") == url:
+            validator = meta.get("etag") or meta.get("last_modified")
+            if validator:
+                headers["If-Range"] = validator
+    try:
+        resp = session.get(
+            url, headers=headers, stream=True, timeout=(policy.connect_timeout, policy.read_timeout)
+        )
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as e:
+        raise _Retry(f"connection failed ({type(e).__name__})") from None
+    with resp:
+        status = resp.status_code
+        if status == 429 or status >= 500:
+            raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
+        if status in (401, 403):
+            hint = (
+                " (gated: set the token environment variable)"
+                if not token
+                else " (is the token valid?)"
+            )
+            raise _NextUrl(f"HTTP {status}{hint}")
+        if status == 416 and offset > 0:
+            total = _content_range_total(resp.headers.get("Content-Range"))
+            if total == offset:
+                return _published_sha256(resp.headers)  # the part file was already complete
+            _truncate(part)
+            raise _Retry("HTTP 416 for a stale partial file; restarting from byte 0", 0)
+        if status not in (200, 206):
+            raise _NextUrl(f"HTTP {status}")
+        if status == 206:
+            start = _content_range_start(resp.headers.get("Content-Range"))
+            if start != offset:
+                _truncate(part)
+                raise _Retry(
+                    f"server resumed at byte {start}, not {offset}; restarting from byte 0", 0
+                )
+            mode = "ab"
+            total = _content_range_total(resp.headers.get("Content-Range"))
+        else:  # 200: the whole body, whatever we asked for (Range ignored or If-Range failed)
+            if offset:
+                log.info(
+                    "%s: server sent the whole file (Range not honoured); restarting from byte 0",
+                    name,
+                )
+            offset = 0
+            mode = "wb"
+            total = (
+                int(resp.headers["Content-Length"]) if "Content-Length" in resp.headers else None
+            )
+        _write_meta(meta_path, url, resp.headers)
+        expected_body = (total - offset) if total is not None else None
+        received = 0
+        progress = _Progress(name, total, offset, policy.report_every)
+        # Read the raw stream ourselves: urllib3 would raise on a short body and drop the bytes
+        # of the read in progress; we keep every byte that arrived and check the length after.
+        resp.raw.enforce_content_length = False
+        hasher.sync_to(part, offset)
+        try:
+            with open(part, mode) as fh:
+                flusher = _Flusher(fh.fileno())
+                try:
+                    while chunk := resp.raw.read(CHUNK, decode_content=False):
+                        fh.write(chunk)
+                        hasher.feed(chunk)
+                        received += len(chunk)
+                        flusher.wrote(len(chunk))
+                        progress.update(len(chunk))
+                except (requests.exceptions.RequestException, OSError, *_urllib3_errors()) as e:
+                    raise _Retry(
+                        f"connection lost after {received} bytes ({type(e).__name__})"
+                    ) from None
+                finally:
+                    flusher.close()
+        finally:
+            progress.close()
+        if expected_body is not None and received < expected_body:
+            raise _Retry(f"body ended after {received} of {expected_body} bytes")
+        if expected_body is not None and received > expected_body:
+            _truncate(part)
+            raise _Retry(
+                f"body longer than announced ({received} > {expected_body}); restarting", 0
+            )
+        return _published_sha256(resp.headers)
+
+
+def _urllib3_errors() -> tuple[type[BaseException], ...]:
+    import urllib3.exceptions as u
+
+    return (u.ProtocolError, u.ReadTimeoutError, u.HTTPError)
+
+
+def _content_range_start(value: str | None) -> int | None:
+    m = re.match(r"bytes (\d+)-\d+/(\d+|\*)", value or "")
+    return int(m.group(1)) if m else None
+
+
+def _content_range_total(value: str | None) -> int | None:
+    m = re.match(r"bytes (?:\d+-\d+|\*)/(\d+)", value or "")
+    return int(m.group(1)) if m else None
+
+
+def _truncate(part: Path) -> None:
+    with open(part, "wb"):
+        pass
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_meta(path: Path, url: str, headers) -> None:
+    meta = {"url": url, "etag": headers.get("ETag"), "last_modified": headers.get("Last-Modified")}
+    with atomic_write(path) as f:
+        json.dump(meta, f)

@@ -1,0 +1,145 @@
+"""Real downloads through Snakemake: nginx on loopback serves corpora in every catalog format;
+download_dataset fetches them (verified, SHA256SUMS recorded) and tokenize_shard reads them."""
+
+import copy
+import hashlib
+import json
+
+import pytest
+import yaml
+
+from gptflow.data.indexed import IndexedDataset
+from gptflow.data.tokenize import reference_tokens
+
+from .conftest import REPO, job_counts
+
+
+@pytest.fixture(scope="module")
+def url_config(nginx):
+    server, _ = nginx
+    cfg = yaml.safe_load((REPO / "tests/config/config.yaml").read_text())
+    cfg["run"] = "urls"
+    sha = hashlib.sha256((server.root / "oscar-1GB.jsonl.xz").read_bytes()).hexdigest()
+    cfg["datasets"] = {
+        "enwik8": {"type": "url", "format": "zip", "member": "enwik8", "member_format": "txt",
+                   "files": [{"url": server.url("enwik8.zip")}]},
+        "pile": {"type": "url", "url_template": server.url("train/{part:02d}.jsonl.zst"), "parts": [0, 1]},
+        "oscar": {"type": "url", "files": [{"url": "http://127.0.0.1:9/dead/oscar-1GB.jsonl.xz",
+                  "mirrors": [server.url("oscar-1GB.jsonl.xz")], "sha256": sha}]},
+        "c4": {"type": "url", "files": [{"url": server.url("c4-train.00000-of-00001.json.gz")}]},
+        "docs": {"type": "url", "member": "docs/*", "files": [{"url": server.url("docs.tar.gz")}]},
+        "pq": {"type": "url", "files": [{"url": server.url("data.parquet")}]},
+    }  # fmt: skip
+    cfg["download"] = {"attempts": 2}
+    cfg["tokenizer"]["train"]["datasets"] = ["pile", "oscar"]
+    cfg["data"]["blend"] = [{"dataset": d} for d in cfg["datasets"]]
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def fetched(tmp_path_factory, snakemake, write_config, url_config):
+    wd = tmp_path_factory.mktemp("urls")
+    config = write_config(wd / "config.yaml", url_config)
+    plan = snakemake(wd, config, "-n", "data")
+    run = snakemake(wd, config, "data")
+    assert run.returncode == 0, run.out[-6000:]
+    return wd, config, plan
+
+
+def test_plan_downloads_every_file(fetched):
+    _, _, plan = fetched
+    counts = job_counts(plan.out)
+    assert counts["download_dataset"] == 7  # 2 pile parts + one file for each other dataset
+    assert counts["tokenize_shard"] == 7
+    assert counts["sample_documents"] == 2
+
+
+def test_every_format_is_fetched_verified_and_tokenized(fetched, nginx):
+    wd, _, _ = fetched
+    server, made = nginx
+    tok = str(wd / "results/tokenizers/tiny-bpe/tokenizer.json")
+    layout = {
+        "enwik8": ["enwik8.zip"],
+        "pile": ["train/00.jsonl.zst", "train/01.jsonl.zst"],
+        "oscar": ["oscar-1GB.jsonl.xz"],
+        "c4": ["c4-train.00000-of-00001.json.gz"],
+        "docs": ["docs.tar.gz"],
+        "pq": ["data.parquet"],
+    }
+    for dataset, files in layout.items():
+        sums = (wd / "resources/raw" / dataset / "SHA256SUMS").read_text()
+        for i, rel in enumerate(files):
+            raw = wd / "resources/raw" / dataset / rel.split("/")[-1]
+            digest = hashlib.sha256((server.root / rel).read_bytes()).hexdigest()
+            assert hashlib.sha256(raw.read_bytes()).hexdigest() == digest
+            assert f"{digest}  {raw.name}" in sums
+            prefix = wd / f"results/tokens/tiny-bpe/{dataset}/{i:05d}"
+            ds = IndexedDataset(prefix)
+            expected = [t for t in reference_tokens(made[rel], tok, "<|endoftext|>") if t]
+            assert [ds[j].tolist() for j in range(len(ds))] == expected, f"{dataset} {rel}"
+            manifest = json.loads(prefix.with_suffix(".json").read_text())
+            assert manifest["sources"][0]["sha256"] == digest
+
+
+def test_dead_primary_fell_over_to_the_mirror(fetched):
+    wd, _, _ = fetched
+    log = (wd / "logs/download_dataset/oscar/oscar-1GB.jsonl.xz.log").read_text()
+    assert "http://127.0.0.1:9/dead/oscar-1GB.jsonl.xz: gave up after 2 attempts" in log
+    assert "(given)" in log  # verified against the configured sha256
+
+
+def test_second_run_downloads_nothing(fetched, snakemake, nginx):
+    wd, config, _ = fetched
+    server, _ = nginx
+    before = len(server.log_lines())
+    again = snakemake(wd, config, "data")
+    assert "Nothing to be done" in again.out
+    assert len(server.log_lines()) == before
+
+
+def test_unreachable_urls_fail_with_one_line_naming_dataset_and_urls(
+    tmp_path, snakemake, write_config, url_config
+):
+    cfg = copy.deepcopy(url_config)
+    cfg["datasets"] = {"gone": {"type": "url", "files": [{"url": "http://127.0.0.1:9/a/x.jsonl.zst",
+                                "mirrors": ["http://127.0.0.1:7/b/x.jsonl.zst"]}]}}  # fmt: skip
+    cfg["tokenizer"]["train"]["datasets"] = ["gone"]
+    cfg["data"]["blend"] = [{"dataset": "gone"}]
+    wd = tmp_path / "wd"
+    out = snakemake(wd, write_config(tmp_path / "c.yaml", cfg), "data")
+    assert out.returncode != 0
+    log = (wd / "logs/download_dataset/gone/x.jsonl.zst.log").read_text().splitlines()
+    errors = [line for line in log if line.startswith("gptflow download: error:")]
+    assert len(errors) == 1
+    assert (
+        "dataset gone: x.jsonl.zst: every URL failed (http://127.0.0.1:9/a/x.jsonl.zst: gave up"
+        in errors[0]
+    )
+    assert "http://127.0.0.1:7/b/x.jsonl.zst: gave up" in errors[0]
+    assert not (wd / "resources/raw/gone/x.jsonl.zst").exists()
+
+
+@pytest.mark.parametrize(
+    ("dataset", "message"),
+    [
+        ({"type": "catalog", "name": "the_pile"},
+         "datasets.d.name 'the_pile' is not in the catalog"),
+        ({"type": "url", "format": "rar", "files": [{"url": "http://h/x.rar"}]},
+         "'datasets.d.format' is 'rar'; expected one of"),
+        ({"type": "url", "files": [{"url": "http://h/corpus.bin"}]},
+         "datasets.d: cannot tell the format of 'corpus.bin' from its name; set format"),
+        ({"type": "catalog", "name": "pile", "parts": [5, 2]},
+         "datasets.d (catalog entry 'pile'): parts [5, 2] is empty (last < first)"),
+    ],
+)  # fmt: skip
+def test_bad_dataset_entries_stop_before_any_job(
+    tmp_path, snakemake, write_config, url_config, dataset, message
+):
+    cfg = copy.deepcopy(url_config)
+    cfg["datasets"] = {"d": dataset}
+    cfg["tokenizer"]["train"]["datasets"] = ["d"]
+    cfg["data"]["blend"] = [{"dataset": "d"}]
+    out = snakemake(tmp_path / "wd", write_config(tmp_path / "c.yaml", cfg), "-n")
+    assert out.returncode != 0
+    lines = [line for line in out.out.splitlines() if line.startswith("gptflow config:")]
+    assert len(lines) == 1 and message in lines[0], out.out[-3000:]
