@@ -46,6 +46,7 @@ format: setup
 
 bench: setup
 	python bench/run.py
+	python bench/download.py
 
 clean:
 	rm -rf results logs .snakemake

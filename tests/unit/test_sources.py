@@ -18,11 +18,15 @@ def catalog(repo, schema):
 
 
 def resolve(name, spec, catalog):
-    return resolve_dataset(name, spec, catalog=catalog, catalog_path="config/datasets.yaml", source="my.yaml")
+    return resolve_dataset(
+        name, spec, catalog=catalog, catalog_path="config/datasets.yaml", source="my.yaml"
+    )
 
 
 def test_catalog_has_the_promised_corpora(catalog):
-    assert {"enwik8", "pile", "pile_subset", "pile_val", "pile_test", "oscar_1gb", "oscar"} <= set(catalog)
+    assert {"enwik8", "pile", "pile_subset", "pile_val", "pile_test", "oscar_1gb", "oscar"} <= set(
+        catalog
+    )
     assert all(entry.get("license") and entry.get("description") for entry in catalog.values())
 
 
@@ -30,15 +34,25 @@ def test_pile_expands_to_30_shards_with_mirrors(catalog):
     pile = resolve("pile", {"type": "catalog", "name": "pile"}, catalog)
     assert len(pile.shards) == 30
     first, last = pile.shards[0], pile.shards[-1]
-    assert first.input == "resources/raw/pile/00.jsonl.zst" and last.input == "resources/raw/pile/29.jsonl.zst"
+    assert (
+        first.input == "resources/raw/pile/00.jsonl.zst"
+        and last.input == "resources/raw/pile/29.jsonl.zst"
+    )
     assert first.remote.urls[0].endswith("/train/00.jsonl.zst") and len(first.remote.urls) == 2
     assert (first.fmt, first.json_key, first.name) == ("jsonl.zst", "text", "00000")
 
 
 def test_overrides_narrow_a_catalog_entry(catalog):
     pile = resolve("pile", {"type": "catalog", "name": "pile", "parts": [3, 4]}, catalog)
-    assert [s.input for s in pile.shards] == ["resources/raw/pile/03.jsonl.zst", "resources/raw/pile/04.jsonl.zst"]
-    oscar = resolve("oscar", {"type": "catalog", "name": "oscar", "vars": {"lang": "de"}, "parts": [1, 2]}, catalog)
+    assert [s.input for s in pile.shards] == [
+        "resources/raw/pile/03.jsonl.zst",
+        "resources/raw/pile/04.jsonl.zst",
+    ]
+    oscar = resolve(
+        "oscar",
+        {"type": "catalog", "name": "oscar", "vars": {"lang": "de"}, "parts": [1, 2]},
+        catalog,
+    )
     assert oscar.shards[1].remote.urls[0].endswith("/de_meta/de_meta_part_2.jsonl.zst")
     assert oscar.shards[0].json_key == "content"
     assert (oscar.token_env, oscar.token_hosts) == ("HF_TOKEN", ("huggingface.co",))
@@ -48,11 +62,23 @@ def test_enwik8_is_a_zip_member_read_as_one_document(catalog):
     e = resolve("enwik8", {"type": "catalog", "name": "enwik8"}, catalog)
     (shard,) = e.shards
     assert (shard.fmt, shard.member, shard.member_format) == ("zip", "enwik8", "txt")
-    assert shard.reader_args() == ["--format", "zip", "--json-key", "text", "--member", "enwik8", "--member-format", "txt"]
+    assert shard.reader_args() == [
+        "--format",
+        "zip",
+        "--json-key",
+        "text",
+        "--member",
+        "enwik8",
+        "--member-format",
+        "txt",
+    ]
 
 
 def test_errors_name_the_dataset_and_the_fix(catalog):
-    with pytest.raises(GptflowError, match=r"datasets\.x\.name 'pyle' is not in the catalog .*entries: enwik8, oscar"):
+    with pytest.raises(
+        GptflowError,
+        match=r"datasets\.x\.name 'pyle' is not in the catalog .*entries: enwik8, oscar",
+    ):
         resolve("x", {"type": "catalog", "name": "pyle"}, catalog)
     with pytest.raises(GptflowError, match=r"catalog entry 'enwik8' has no parts"):
         resolve("x", {"type": "catalog", "name": "enwik8", "parts": [0, 1]}, catalog)
@@ -67,5 +93,8 @@ def test_errors_name_the_dataset_and_the_fix(catalog):
 def test_a_broken_catalog_entry_names_the_catalog(tmp_path, schema):
     bad = tmp_path / "datasets.yaml"
     bad.write_text("mine:\n  files: [{url: 'http://h/a.jsonl'}]\n  licence: typo\n")
-    with pytest.raises(GptflowError, match=r"datasets\.yaml \(entry mine\): unknown key 'licence' \(did you mean 'license'\?\)"):
+    with pytest.raises(
+        GptflowError,
+        match=r"datasets\.yaml \(entry mine\): unknown key 'licence' \(did you mean 'license'\?\)",
+    ):
         load_catalog(bad, schema)

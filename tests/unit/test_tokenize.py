@@ -129,7 +129,9 @@ def test_long_documents_are_encoded_piecewise_with_identical_tokens(tokenizer_js
     assert encode_long(tok, text, piece_chars=3_000) == tok.encode(text).ids
 
 
-def test_gpt2_vocab_and_merges_become_an_equivalent_tokenizer(tmp_path, tokenizer_json, corpus_jsonl):
+def test_gpt2_vocab_and_merges_become_an_equivalent_tokenizer(
+    tmp_path, tokenizer_json, corpus_jsonl
+):
     """Megatron's GPT2BPETokenizer reads vocab.json + merges.txt; ours converts them."""
     import json
 
