@@ -173,7 +173,7 @@ def tokenizer_remote(key):
     """tokenizer.url / .vocab / .merges: (stored file name, spec)."""
     spec = CFG["tokenizer"][key]
     name = spec.get("name") or (
-        sources._url_name(spec["url"]) if spec.get("url") else Path(spec["path"]).name
+        sources.url_file_name(spec["url"]) if spec.get("url") else Path(spec["path"]).name
     )
     return name, spec
 

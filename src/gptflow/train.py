@@ -22,14 +22,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from gptflow import distributed
+from gptflow import engine as ds
 from gptflow.checkpoint import CheckpointSeries, RunLock, checkpoint_digest, tag_for
 from gptflow.config import RunConfig
 from gptflow.data.dataset import build_split_datasets
 from gptflow.data.indexed import idx_path
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, sha256_file, write_json
+from gptflow.model import GPTNeoX, decay_groups
 
 log = logging.getLogger("gptflow.train")
 
@@ -119,8 +122,6 @@ def _reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) -
 
 
 def _all_reduce_mean(values: list[float], world: int) -> list[float]:
-    import torch.distributed as dist
-
     t = torch.tensor(values, dtype=torch.float64)
     if world > 1:
         dist.all_reduce(t)
@@ -128,8 +129,6 @@ def _all_reduce_mean(values: list[float], world: int) -> list[float]:
 
 
 def _any_rank(flag: bool, world: int) -> bool:
-    import torch.distributed as dist
-
     if world == 1:
         return flag
     t = torch.tensor([1 if flag else 0], dtype=torch.int32)
@@ -186,11 +185,7 @@ def train(
     _check_shards(cfg)
     gas = t.grad_accum_steps(world)
 
-    from gptflow import engine as ds
-    from gptflow.model import GPTNeoX, decay_groups
-
     ds.init_distributed()
-    import torch.distributed as dist
 
     lock = RunLock(cfg.lock_path)
     failure = ""
@@ -206,13 +201,13 @@ def train(
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, _on_signal)
     try:
-        return _train(cfg, env, gas, ds, dist, GPTNeoX, decay_groups, exit_interval)
+        return _train(cfg, env, gas, exit_interval)
     finally:
         if rank == 0:
             lock.release()
 
 
-def _train(cfg: RunConfig, env, gas: int, ds, dist, GPTNeoX, decay_groups, exit_interval) -> int:
+def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
     t = cfg.train
     rank, world = env.rank, env.world_size
     series = CheckpointSeries(cfg.checkpoint_dir, cfg.fingerprint(), t.keep_last)

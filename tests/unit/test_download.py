@@ -158,17 +158,25 @@ def test_token_goes_only_to_its_host_and_is_never_printed(
     assert "s3cr3t" not in caplog.text
 
 
-def test_sigkilled_download_resumes_fetching_only_the_missing_bytes(server, tmp_path):
-    """The real CLI, killed with SIGKILL mid-body, then rerun."""
-    data = os.urandom(4_000_000)
-    url = server.add("big.bin", data, ("slow", 1_000_000))
+def start_slow_download(server, tmp_path, size, bps, min_part_bytes):
+    """`gptflow download` (the real CLI) of a slowly served file, once its .part holds
+    `min_part_bytes`. Returns (process, command, output path, data)."""
+    data = os.urandom(size)
+    url = server.add("big.bin", data, ("slow", bps))
     out = tmp_path / "big.bin"
     cmd = [str(Path(sys.executable).parent / "gptflow"), "download", url, "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     part = Path(f"{out}.part")
     deadline = time.time() + 60
-    while time.time() < deadline and (not part.exists() or part.stat().st_size < 1_000_000):
+    while time.time() < deadline and (not part.exists() or part.stat().st_size < min_part_bytes):
         time.sleep(0.05)
+    return proc, cmd, out, data
+
+
+def test_sigkilled_download_resumes_fetching_only_the_missing_bytes(server, tmp_path):
+    """The real CLI, killed with SIGKILL mid-body, then rerun."""
+    proc, cmd, out, data = start_slow_download(server, tmp_path, 4_000_000, 1_000_000, 1_000_000)
+    part = Path(f"{out}.part")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     kept = part.stat().st_size
@@ -185,15 +193,8 @@ def test_sigkilled_download_resumes_fetching_only_the_missing_bytes(server, tmp_
 
 
 def test_second_downloader_of_the_same_file_is_refused(server, tmp_path):
-    data = os.urandom(2_000_000)
-    url = server.add("big.bin", data, ("slow", 500_000))
-    out = tmp_path / "big.bin"
-    cmd = [str(Path(sys.executable).parent / "gptflow"), "download", url, "--out", str(out)]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first, cmd, _, _ = start_slow_download(server, tmp_path, 2_000_000, 500_000, 0)
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline and not Path(f"{out}.part").exists():
-            time.sleep(0.05)
         second = subprocess.run(cmd, capture_output=True, text=True)
         assert second.returncode == 1
         assert "another download of this file is running" in second.stderr

@@ -38,7 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gptflow.errors import GptflowError
-from gptflow.fsutil import atomic_write, fsync_dir
+from gptflow.fsutil import atomic_write, fsync_dir, sha256_file
 
 log = logging.getLogger("gptflow.download")
 
@@ -221,7 +221,7 @@ def download(
             expected, source = recorded, f"recorded in {sums_path}"
 
     if out.exists():
-        digest = _sha256_of(out)
+        digest = sha256_file(out)
         if expected and digest != expected:
             raise GptflowError(
                 f"{out}: exists but its sha256 is {digest}, expected {expected} ({source}); "
@@ -247,17 +247,15 @@ def download(
             raise GptflowError(
                 f"{part}: another download of this file is running; wait for it"
             ) from None
-        for url in urls:
-            try:
-                result = _fetch_one(
-                    session, url, part, meta_path, expected, source, token if _host(url) in hosts else None,
-                    token_env if _host(url) in hosts else None, policy, out.name,
-                )  # fmt: skip
-            except _NextUrl as e:
-                errors.append(f"{_safe(url)}: {e}")
-                log.warning("%s: %s; trying the next URL", _safe(url), e)
-                continue
-            digest, resumed_from, attempts, checksum_source = result
+        hasher = _RunningHash()
+        try:
+            result = _first_that_works(
+                urls, errors, session, part, meta_path, expected, source, token, hosts, policy, out.name, hasher
+            )  # fmt: skip
+        finally:
+            hasher.close()
+        if result is not None:
+            url, (digest, resumed_from, attempts, checksum_source) = result
             with open(part, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(part, out)
@@ -282,19 +280,27 @@ def download(
     )
 
 
+def _first_that_works(
+    urls, errors, session, part, meta_path, expected, source, token, hosts, policy, name, hasher
+):
+    """(url, _fetch_one's result) of the first URL that delivers; failures go to `errors`."""
+    for url in urls:
+        try:
+            tok = token if _host(url) in hosts else None
+            return url, _fetch_one(
+                session, url, part, meta_path, expected, source, tok, policy, name, hasher
+            )
+        except _NextUrl as e:
+            errors.append(f"{_safe(url)}: {e}")
+            log.warning("%s: %s; trying the next URL", _safe(url), e)
+    return None
+
+
 def _finish(out: Path, digest: str, sums_path: Path | None) -> None:
     with atomic_write(f"{out}.sha256") as f:
         f.write(f"{digest}  {out.name}\n")
     if sums_path:
         record_sha256(sums_path, out.name, digest)
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK * 4):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _RunningHash:
@@ -382,26 +388,14 @@ class _Flusher:
         self._thread.join()
 
 
-def _fetch_one(session, url, part, meta_path, expected, source, token, token_env, policy, name):
+def _fetch_one(session, url, part, meta_path, expected, source, token, policy, name, hasher):
     """Download `url` into `part` until complete and verified. Returns (sha256, resumed_from,
     attempts, checksum source); raises _NextUrl when this URL cannot deliver."""
-
-    resumed_from = part.stat().st_size if part.exists() else 0
-    hasher = _RunningHash()
-    try:
-        return _fetch_loop(session, url, part, meta_path, expected, source, token, policy, name, hasher,
-                           resumed_from)  # fmt: skip
-    finally:
-        hasher.close()
-
-
-def _fetch_loop(
-    session, url, part, meta_path, expected, source, token, policy, name, hasher, resumed_from
-):
     import requests
 
     failures = 0
     attempts = 0
+    resumed_from = part.stat().st_size if part.exists() else 0
     while True:
         attempts += 1
         offset = part.stat().st_size if part.exists() else 0

@@ -293,14 +293,6 @@ def iter_texts(path, fmt=None, *, member="*", member_format=None, json_key="text
         yield from texts
 
 
-def iter_jsonl_batches(
-    path: str | os.PathLike, batch_bytes: int = 1 << 20
-) -> Iterator[tuple[int, list[bytes]]]:
-    """Yield ``(first_line_number, [raw lines])`` batches of a plain JSONL file."""
-    for b in iter_batches(path, "jsonl", batch_bytes=batch_bytes):
-        yield b.first_line, b.items
-
-
 def parse_jsonl_batch(
     path: str, first_line: int, lines: list[bytes], key: str
 ) -> tuple[list[str], Counter[str]]:

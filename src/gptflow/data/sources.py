@@ -227,7 +227,7 @@ def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
             urls = (f["url"], *f.get("mirrors", []))
             files.append(
                 RemoteFile(
-                    f.get("name") or _url_name(f["url"]),
+                    f.get("name") or url_file_name(f["url"]),
                     urls,
                     (f.get("sha256") or "").lower() or None,
                 )
@@ -242,7 +242,7 @@ def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
             values = {**spec.get("vars", {}), "part": part}
             url = _template(spec["url_template"], values, where)
             mirrors = [_template(m, values, where) for m in spec.get("mirror_templates", [])]
-            files.append(RemoteFile(_url_name(url), (url, *mirrors), None))
+            files.append(RemoteFile(url_file_name(url), (url, *mirrors), None))
     names = [f.name for f in files]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -252,7 +252,8 @@ def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
     return files
 
 
-def _url_name(url: str) -> str:
+def url_file_name(url: str) -> str:
+    """The last path component of a URL: the name a download is stored under."""
     name = unquote(Path(urlsplit(url).path).name)
     if not name:
         raise GptflowError(f"{url}: the URL has no file name; set name: for this file")
