@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -41,9 +40,6 @@ def cmd_train_tokenizer(a: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(a: argparse.Namespace) -> int:
-    if a.engine == "gigatoken":
-        raise GptflowError("--engine gigatoken is not available in this version; use --engine hf")
-    os.environ.setdefault("RAYON_NUM_THREADS", str(a.workers))
     from gptflow.data.tokenize import tokenize_to_shard
 
     m = tokenize_to_shard(
@@ -54,15 +50,34 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
         append_eod=a.append_eod,
         eod_token=a.eod_token,
         workers=a.workers,
+        engine=a.engine,
+        on_bad_document=a.on_bad_document,
+        documents=parse_range(a.documents),
+        max_rss_mb=a.max_rss_mb,
         fmt=None if a.format == "auto" else a.format,
         member=a.member,
         member_format=a.member_format,
     )
+    engine = m["engine"]
     print(
         f"{a.output_prefix}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}), "
-        f"{m['seconds']:.2f} s, {m['mb_per_s']} MB/s; dropped {m['dropped'] or 'none'}"
+        f"{m['seconds']:.2f} s, {m['mb_per_s']} MB/s, engine {engine['name']} "
+        f"{engine.get('version', '')}; dropped {m['dropped'] or 'none'}"
     )
     return 0
+
+
+def parse_range(spec: str | None) -> tuple[int, int | None]:
+    """``START:STOP`` (either side may be empty) -> (start, stop)."""
+    if not spec:
+        return 0, None
+    start, sep, stop = spec.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(start or 0), (int(stop) if stop else None)
+    except ValueError:
+        raise GptflowError(f"--documents {spec!r}: expected START:STOP, e.g. 0:100000") from None
 
 
 def cmd_download(a: argparse.Namespace) -> int:
@@ -271,12 +286,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--append-eod", action="store_true", help="append EOD to every non-empty document"
     )
     s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
-    s.add_argument("--workers", type=int, default=1, help="encoding processes")
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="parallelism: gigatoken threads, or hf encoding processes",
+    )
     s.add_argument(
         "--engine",
         choices=["auto", "gigatoken", "hf"],
         default="auto",
-        help="tokenization engine (this version: hf)",
+        help="auto: gigatoken where it supports the tokenizer and agrees with hf on the first "
+        "documents of each input (a disagreement is an error), else hf",
+    )
+    s.add_argument(
+        "--on-bad-document",
+        choices=["error", "skip"],
+        default="error",
+        help="a malformed JSON line, missing key, non-string text or invalid UTF-8: stop with "
+        "an error naming file and line, or skip it and count it in the manifest",
+    )
+    s.add_argument(
+        "--documents",
+        default=None,
+        metavar="START:STOP",
+        help="only documents START..STOP-1 of the inputs (counted from 0, in input order)",
+    )
+    s.add_argument(
+        "--max-rss-mb",
+        type=int,
+        default=1024,
+        help="memory limit; gigatoken's encode caches are dropped at 70%% of it",
     )
     s.set_defaults(func=cmd_tokenize)
 

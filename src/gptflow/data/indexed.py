@@ -109,6 +109,26 @@ class IndexedDatasetWriter:
         self.documents += len(docs)
         self.tokens += int(lengths.sum())
 
+    def add_flat(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append documents given as one concatenated token array and their lengths (a zero
+        length is an empty document); the fast path of :meth:`add_documents`."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != len(tokens):
+            raise ValueError(
+                f"lengths sum to {int(lengths.sum())} but there are {len(tokens)} tokens"
+            )
+        if not len(lengths):
+            return
+        data = np.asarray(tokens).astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
+        self._bin.write(data)
+        self._sha.update(data)
+        nonempty = lengths > 0
+        self.sequences += int(nonempty.sum())
+        self._lengths.append(lengths[nonempty].astype(np.int32))
+        self._doc_seq_counts.append(nonempty.astype(np.int64))
+        self.documents += len(lengths)
+        self.tokens += len(tokens)
+
     @property
     def bin_sha256(self) -> str:
         """sha256 of the ``.bin`` bytes written so far (computed while writing)."""

@@ -2,119 +2,211 @@
 
 Same token stream as Megatron-LM ``tools/preprocess_data.py --append-eod`` with the same
 tokenizer.json: each document is one sequence, EOD appended to every non-empty document, an
-empty text kept as an empty document. Inputs are any format :mod:`gptflow.data.readers` reads,
-streamed in batches (bounded memory whatever the file size); with ``workers > 1`` batches are
-encoded in worker processes and written back in input order. A document longer than
-:data:`LONG_DOCUMENT_CHARS` (enwik8 is one 100 MB document) is encoded in pieces cut where the
-tokenizer provably does not merge across the cut, so its tokens are those of one ``encode``
-without its memory (one ``encode`` of 100 MB takes ~12 GB). The three files appear only when
-complete.
+empty text kept as an empty document. Inputs are any format :mod:`gptflow.data.readers` reads.
+
+The pipeline, in bounded memory whatever the input size:
+
+1. a reader thread reads chunks of whole lines (``batch_bytes``), decompresses and parses them
+   (msgspec) -- a document range (``documents=(start, stop)``) is applied here, before any
+   encoding;
+2. the engine (:mod:`gptflow.data.engines`) encodes each batch: gigatoken on ``workers``
+   threads in this process, or hf in ``workers`` processes;
+3. EOD is appended and the tokens are streamed to ``PREFIX.bin``; the ``.idx`` is written at
+   the end, and the three files appear, by atomic rename, only when complete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import multiprocessing
 import os
+import queue
+import resource
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from gptflow.data.engines import (
+    LONG_DOCUMENT_CHARS,
+    GigatokenEngine,
+    HFEngine,
+    encode_long,
+    select_engine,
+)
 from gptflow.data.indexed import IndexedDatasetWriter, dtype_for_vocab
-from gptflow.data.readers import Batch, batch_texts, iter_batches
+from gptflow.data.readers import (
+    ON_BAD_DOCUMENT,
+    batch_texts,
+    check_format,
+    hashes_while_reading,
+    infer_format,
+    iter_batches,
+)
 from gptflow.data.tokenizer import load_tokenizer, tokenizer_info
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file, write_json
 
+__all__ = ["LONG_DOCUMENT_CHARS", "encode_long", "read_manifest", "tokenize_to_shard"]
+
 log = logging.getLogger(__name__)
 
-ENGINE = "hf"  # Hugging Face `tokenizers`, the reference engine
-LONG_DOCUMENT_CHARS = 1 << 20  # longer documents are encoded piecewise
-_CUT_WINDOW = 512  # characters each side of a cut that are re-encoded to prove it safe
-
-_worker_state: dict = {}
+DEFAULT_MAX_RSS_MB = 1024
+_CACHE_SHARE = 0.7  # gigatoken caches are dropped when RSS passes this share of the limit
 
 
-def _init_worker(tokenizer_path: str, eod: int, append_eod: bool, key: str, dtype: str) -> None:
-    _worker_state.update(
-        tokenizer=load_tokenizer(tokenizer_path),
-        eod=eod,
-        append_eod=append_eod,
-        key=key,
-        dtype=np.dtype(dtype),
-    )
+@dataclass
+class Parsed:
+    """The texts of one batch, after parsing and the document range."""
+
+    origin: str
+    texts: list[str]
+    nbytes: int
+    dropped: Counter = field(default_factory=Counter)
 
 
-def _encode_batch(batch: Batch) -> tuple[list[np.ndarray], Counter, int]:
-    """Parse and encode one batch of documents (runs in a worker or in-process)."""
-    st = _worker_state
-    tok = st["tokenizer"]
-    texts, dropped = batch_texts(batch, st["key"])
-    short = [t for t in texts if len(t) <= LONG_DOCUMENT_CHARS]
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    encoded = iter(encode(short))
-    docs = []
-    eod, dtype = st["eod"], st["dtype"]
-    for text in texts:
-        ids = (
-            next(encoded).ids
-            if len(text) <= LONG_DOCUMENT_CHARS
-            else encode_long(tok, text, batch.origin)
-        )
-        if ids and st["append_eod"]:
-            ids.append(eod)
-        docs.append(np.array(ids, dtype=dtype))
-    size = sum(len(x) for x in batch.items if x is not None)
-    return docs, dropped, size
-
-
-def _safe_cuts(tok, text: str, target: int) -> Iterator[int]:
-    """Cut positions about `target` characters apart, after a newline, where encoding the two
-    sides separately gives exactly the tokens of encoding them together."""
-    pos = 0
-    while len(text) - pos > target:
-        cut = text.find("\n", pos + target)
-        while cut != -1:
-            c = cut + 1
-            left, right = text[max(pos, c - _CUT_WINDOW) : c], text[c : c + _CUT_WINDOW]
-            together = tok.encode(left + right, add_special_tokens=False).ids
-            apart = (
-                tok.encode(left, add_special_tokens=False).ids
-                + tok.encode(right, add_special_tokens=False).ids
-            )
-            if together == apart:
-                break
-            cut = text.find("\n", c)
-        if cut == -1:
-            return
-        pos = cut + 1
-        yield pos
-
-
-def encode_long(
-    tok, text: str, origin: str = "document", piece_chars: int = LONG_DOCUMENT_CHARS
-) -> list[int]:
-    """Token ids of one long document, encoded in pieces (see the module docstring)."""
-    probe = "a"
-    if tok.encode(probe).ids != tok.encode(probe, add_special_tokens=False).ids:
-        raise GptflowError(
-            f"{origin}: a {len(text) / 1e6:.0f} MB document and a tokenizer whose post-processor "
-            f"adds tokens cannot be encoded piecewise; split the document"
-        )
-    ids: list[int] = []
-    start = 0
-    for cut in [*_safe_cuts(tok, text, piece_chars), len(text)]:
-        ids += tok.encode(text[start:cut], add_special_tokens=False).ids
-        start = cut
-    return ids
-
-
-def _tasks(inputs: list[str], reader: dict, batch_bytes: int) -> Iterator[Batch]:
+def _parsed(
+    inputs: list[str],
+    reader: dict,
+    batch_bytes: int,
+    on_bad: str,
+    documents: tuple[int, int | None],
+    digests: dict[str, object],
+) -> Iterator[Parsed]:
+    start, stop = documents
+    seen = 0  # documents before the current batch
     for path in inputs:
-        yield from iter_batches(path, batch_bytes=batch_bytes, **reader)
+        batches = iter_batches(path, batch_bytes=batch_bytes, digest=digests.get(path), **reader)
+        for batch in batches:
+            texts, dropped = batch_texts(batch, reader["json_key"], on_bad)
+            nbytes = sum(len(x) for x in batch.items if x is not None)
+            first, seen = seen, seen + len(texts)
+            if start and seen <= start:
+                continue
+            if first < start or (stop is not None and seen > stop):
+                lo = max(0, start - first)
+                hi = len(texts) if stop is None else max(lo, min(len(texts), stop - first))
+                texts = texts[lo:hi]
+            yield Parsed(batch.origin, texts, nbytes, dropped)
+            if stop is not None and seen >= stop:
+                return
+
+
+def _prefetch(items: Iterable, depth: int = 2) -> Iterator:
+    """Iterate `items` in a background thread, `depth` ahead; exceptions are re-raised here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                q.put(item)
+        except BaseException as e:  # handed to the consumer
+            q.put(e)
+        q.put(done)
+
+    thread = threading.Thread(target=run, name="gptflow-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a reader waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.1)
+
+
+def with_eod(flat: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
+    """EOD appended to every non-empty document of a flat batch."""
+    nonempty = lengths > 0
+    ends = np.cumsum(lengths)[nonempty]
+    return np.insert(flat, ends, eod), lengths + nonempty
+
+
+class _Sink:
+    """Runs `consume(item)` in a background thread, in order; errors surface in put/close."""
+
+    def __init__(self, consume, depth: int = 2) -> None:
+        self._consume = consume
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="gptflow-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            if self._error is None:
+                try:
+                    self._consume(item)
+                except BaseException as e:  # re-raised in the producer
+                    self._error = e
+
+    def put(self, item) -> None:
+        if self._error is not None:
+            raise self._error
+        self._q.put(item)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+_hf_worker: dict = {}
+
+
+def _init_hf_worker(tokenizer_path: str) -> None:
+    _hf_worker["engine"] = HFEngine(tokenizer_path)
+
+
+def _hf_encode(p: Parsed) -> tuple[np.ndarray, np.ndarray, Parsed]:
+    flat, lengths = _hf_worker["engine"].encode(p.texts, p.origin)
+    return flat, lengths, Parsed(p.origin, [], p.nbytes, p.dropped)
+
+
+def _input_of(origin: str) -> str:
+    return origin.split("!", 1)[0]
+
+
+def _encoded(
+    parsed: Iterator[Parsed], engine: str, hf: HFEngine, gt: GigatokenEngine | None, workers: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, Parsed]]:
+    """(tokens, lengths, batch) for every parsed batch, in order."""
+    if gt is not None:
+        checked: set[str] = set()
+        for p in parsed:
+            if p.texts and _input_of(p.origin) not in checked:
+                checked.add(_input_of(p.origin))
+                gt.check_parity(hf, p.texts, p.origin)
+            flat, lengths = gt.encode(p.texts, p.origin)
+            yield flat, lengths, p
+            gt.bound_memory()
+    elif workers > 1:
+        tokenizer_path = hf.path
+        pool = multiprocessing.get_context("spawn").Pool(
+            workers, initializer=_init_hf_worker, initargs=(tokenizer_path,)
+        )
+        try:
+            yield from pool.imap(_hf_encode, parsed, chunksize=1)
+        finally:
+            pool.terminate()
+    else:
+        for p in parsed:
+            flat, lengths = hf.encode(p.texts, p.origin)
+            yield flat, lengths, p
 
 
 def tokenize_to_shard(
@@ -126,7 +218,11 @@ def tokenize_to_shard(
     append_eod: bool = True,
     eod_token: str = "<|endoftext|>",
     workers: int = 1,
-    batch_bytes: int = 1 << 20,
+    engine: str = "auto",
+    on_bad_document: str = "error",
+    documents: tuple[int, int | None] = (0, None),
+    max_rss_mb: int = DEFAULT_MAX_RSS_MB,
+    batch_bytes: int | None = None,
     fmt: str | None = None,
     member: str = "*",
     member_format: str | None = None,
@@ -134,52 +230,84 @@ def tokenize_to_shard(
     """Tokenize `inputs` (in order; format from the name unless `fmt`) into
     ``output_prefix.{bin,idx,json}``. Returns the manifest also written to ``output_prefix.json``.
     """
+    t0 = time.perf_counter()
     for p in inputs:
         if not Path(p).is_file():
             raise GptflowError(f"{p}: input file does not exist")
-    info = tokenizer_info(tokenizer_path, eod_token)
+    if on_bad_document not in ON_BAD_DOCUMENT:
+        raise GptflowError(
+            f"on_bad_document '{on_bad_document}' is not one of {', '.join(ON_BAD_DOCUMENT)}"
+        )
+    start, stop = documents
+    if start < 0 or (stop is not None and stop < start):
+        raise GptflowError(f"document range {start}:{stop} is empty or negative")
+    hf = HFEngine(tokenizer_path)
+    info = tokenizer_info(tokenizer_path, eod_token, tok=hf.tok)
     dtype = dtype_for_vocab(info.vocab_size)
+    gt, auto_reason = select_engine(
+        engine,
+        tokenizer_path,
+        hf,
+        threads=workers,
+        reset_rss=int(max_rss_mb * 1e6 * _CACHE_SHARE),
+    )
+    name = "hf" if gt is None else "gigatoken"
+    batch_bytes = batch_bytes or (16 << 20 if gt is not None else 1 << 20)
     prefix = Path(output_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    init_args = (tokenizer_path, info.eod_id, append_eod, json_key, dtype.str)
     reader = {"fmt": fmt, "member": member, "member_format": member_format, "json_key": json_key}
+    # sources are hashed while being read, unless a verified download recorded the hash already
+    digests = {
+        p: hashlib.sha256()
+        for p in inputs
+        if documents == (0, None)
+        and recorded_sha256(p) is None
+        and hashes_while_reading(check_format(fmt or infer_format(p), p))
+    }
+    parsed = _prefetch(_parsed(inputs, reader, batch_bytes, on_bad_document, documents, digests))
 
-    t0 = time.perf_counter()
     dropped: Counter[str] = Counter()
-    read_bytes = 0
-    last_report = t0
+    stats = {"bytes": 0, "last_report": t0}
+
     with IndexedDatasetWriter(prefix, dtype) as writer:
-        if workers > 1:
-            ctx = multiprocessing.get_context("spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=init_args)
-            results = pool.imap(_encode_batch, _tasks(inputs, reader, batch_bytes), chunksize=1)
-        else:
-            _init_worker(*init_args)
-            pool = None
-            results = map(_encode_batch, _tasks(inputs, reader, batch_bytes))
+
+        def write(item: tuple[np.ndarray, np.ndarray, Parsed]) -> None:
+            flat, lengths, p = item
+            if append_eod:
+                flat, lengths = with_eod(flat, lengths, info.eod_id)
+            writer.add_flat(flat, lengths)
+            dropped.update(p.dropped)
+            stats["bytes"] += p.nbytes
+            now = time.perf_counter()
+            if now - stats["last_report"] > 10:
+                stats["last_report"] = now
+                log.info(
+                    "%s: %d documents, %.1f MB, %.2f MB/s",
+                    prefix.name,
+                    writer.documents,
+                    stats["bytes"] / 1e6,
+                    stats["bytes"] / 1e6 / (now - t0),
+                )
+
+        sink = _Sink(write)
         try:
-            for docs, batch_dropped, nbytes in results:
-                writer.add_documents(docs)
-                dropped.update(batch_dropped)
-                read_bytes += nbytes
-                now = time.perf_counter()
-                if now - last_report > 10:
-                    last_report = now
-                    log.info(
-                        "%s: %d documents, %.1f MB, %.2f MB/s",
-                        prefix.name,
-                        writer.documents,
-                        read_bytes / 1e6,
-                        read_bytes / 1e6 / (now - t0),
-                    )
+            for item in _encoded(parsed, name, hf, gt, workers):
+                sink.put(item)
         finally:
-            if pool is not None:
-                pool.terminate()
+            sink.close()
         writer.finalize()
     seconds = time.perf_counter() - t0
+    read_bytes = stats["bytes"]
 
-    import tokenizers
-
+    engine_info: dict = {"name": name, "workers": workers}
+    if gt is not None:
+        engine_info.update(
+            version=gt.version, parity_documents=gt.parity_documents, cache_resets=gt.cache_resets
+        )
+    else:
+        engine_info["version"] = hf.version
+        if auto_reason:
+            engine_info["auto"] = f"hf, because {auto_reason}"
     manifest = {
         "prefix": str(prefix),
         "format": "megatron-mmidx-v1",
@@ -194,10 +322,16 @@ def tokenize_to_shard(
         "append_eod": append_eod,
         "json_key": json_key,
         "reader": {k: v for k, v in reader.items() if v not in (None, "*")},
+        "on_bad_document": on_bad_document,
         "sources": [
-            {"path": str(p), "bytes": os.path.getsize(p), "sha256": source_sha256(p)}
+            {
+                "path": str(p),
+                "bytes": os.path.getsize(p),
+                "sha256": digests[p].hexdigest() if p in digests else source_sha256(p),
+            }
             for p in inputs
         ],
+        "document_range": None if documents == (0, None) else [start, stop],
         "documents": writer.documents,
         "sequences": writer.sequences,
         "tokens": writer.tokens,
@@ -205,23 +339,30 @@ def tokenize_to_shard(
         "dropped": dict(sorted(dropped.items())),
         "bin_sha256": writer.bin_sha256,
         "idx_sha256": sha256_file(f"{prefix}.idx"),
-        "engine": {"name": ENGINE, "tokenizers": tokenizers.__version__, "workers": workers},
+        "engine": engine_info,
         "seconds": round(seconds, 3),
         "mb_per_s": round(read_bytes / 1e6 / seconds, 3) if seconds > 0 else None,
+        "documents_per_s": round(writer.documents / seconds, 1) if seconds > 0 else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     write_json(f"{prefix}.json", manifest)
     return manifest
 
 
+def recorded_sha256(path: str | os.PathLike) -> str | None:
+    """The sha256 a verified download recorded in its ``.sha256`` sidecar, if any."""
+    sidecar = Path(f"{path}.sha256")
+    if sidecar.is_file():
+        recorded = sidecar.read_text().split()
+        if recorded and len(recorded[0]) == 64:
+            return recorded[0]
+    return None
+
+
 def source_sha256(path: str | os.PathLike) -> str:
     """sha256 of an input: from the download's ``.sha256`` sidecar when it is there (written
     only after verification), else computed."""
-    sidecar = Path(f"{path}.sha256")
-    if sidecar.is_file():
-        recorded = sidecar.read_text().split()[0]
-        if len(recorded) == 64:
-            return recorded
-    return sha256_file(path)
+    return recorded_sha256(path) or sha256_file(path)
 
 
 def read_manifest(prefix: str | os.PathLike) -> dict:

@@ -40,9 +40,12 @@ def eod_id(tokenizer, eod_token: str, path: str | os.PathLike = "tokenizer") -> 
     return int(token_id)
 
 
-def tokenizer_info(path: str | os.PathLike, eod_token: str = "<|endoftext|>") -> TokenizerInfo:
-    """sha256, vocabulary size (added tokens included, as Megatron counts) and EOD id."""
-    tok = load_tokenizer(path)
+def tokenizer_info(
+    path: str | os.PathLike, eod_token: str = "<|endoftext|>", tok=None
+) -> TokenizerInfo:
+    """sha256, vocabulary size (added tokens included, as Megatron counts) and EOD id
+    (`tok`: the tokenizer already loaded from `path`)."""
+    tok = tok or load_tokenizer(path)
     return TokenizerInfo(
         path=str(path),
         sha256=sha256_file(path),
