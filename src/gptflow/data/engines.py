@@ -50,6 +50,21 @@ def rss_bytes() -> int:
         return 0
 
 
+def peak_rss_bytes() -> int:
+    """Peak RSS of this process since it started (VmHWM: unlike getrusage's ru_maxrss, it does
+    not inherit the high-water mark of the process that forked it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _release_memory() -> None:
     gc.collect()
     # not glibc: the freed memory is reused by the process, not returned
@@ -139,35 +154,42 @@ class GigatokenEngine:
         )
         return True
 
-    def check_parity(self, reference: HFEngine, texts: list[str], origin: str) -> int:
-        """Compare with `reference` on the first documents of `texts`; returns how many.
+    def check_parity(
+        self,
+        reference: HFEngine,
+        texts: list[str],
+        flat: np.ndarray,
+        lengths: np.ndarray,
+        origin: str,
+    ) -> int:
+        """Compare this engine's tokens of `texts` (`flat`, `lengths`) with `reference`'s on the
+        first documents (up to PARITY_CHARS, documents over PARITY_DOC_CHARS left out).
 
-        Raises an error naming the first document whose tokens differ.
+        Returns how many documents were compared; raises an error naming the first document
+        whose tokens differ.
         """
-        sample, chars = [], 0
-        for text in texts[:PARITY_DOCUMENTS]:
-            sample.append(text[:PARITY_DOC_CHARS])
-            chars += len(sample[-1])
-            if chars >= PARITY_CHARS:
-                break
-        if not sample:
-            return 0
-        want = reference.encode_list(sample, origin)
-        got = self.tok.encode_batch_list(sample, parallel=False)
-        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        ends = np.cumsum(lengths)
+        picked, chars = [], 0
+        for i, text in enumerate(texts[:PARITY_DOCUMENTS]):
+            if len(text) <= PARITY_DOC_CHARS:
+                picked.append(i)
+                chars += len(text)
+                if chars >= PARITY_CHARS:
+                    break
+        want = reference.encode_list([texts[i] for i in picked], origin)
+        for i, a in zip(picked, want, strict=True):
+            b = flat[ends[i] - lengths[i] : ends[i]].tolist()
             if a != b:
-                at = next(
-                    (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                    min(len(a), len(b)),
-                )
+                pairs = enumerate(zip(a, b, strict=False))
+                at = next((j for j, (x, y) in pairs if x != y), min(len(a), len(b)))
                 raise GptflowError(
                     f"{origin}: document {i + 1} is tokenized differently by gigatoken "
                     f"{self.version} and by Hugging Face tokenizers (first difference at token "
                     f"{at}: {b[at : at + 4]} vs {a[at : at + 4]}); use --engine hf "
                     f"(tokenize.engine: hf) for this tokenizer"
                 )
-        self.parity_documents += len(sample)
-        return len(sample)
+        self.parity_documents += len(picked)
+        return len(picked)
 
 
 def load_gigatoken(hf: HFEngine):

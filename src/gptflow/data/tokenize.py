@@ -23,7 +23,6 @@ import logging
 import multiprocessing
 import os
 import queue
-import resource
 import threading
 import time
 from collections import Counter
@@ -38,6 +37,7 @@ from gptflow.data.engines import (
     GigatokenEngine,
     HFEngine,
     encode_long,
+    peak_rss_bytes,
     select_engine,
 )
 from gptflow.data.indexed import IndexedDatasetWriter, dtype_for_vocab
@@ -186,11 +186,7 @@ def _encoded(
 ) -> Iterator[tuple[np.ndarray, np.ndarray, Parsed]]:
     """(tokens, lengths, batch) for every parsed batch, in order."""
     if gt is not None:
-        checked: set[str] = set()
         for p in parsed:
-            if p.texts and _input_of(p.origin) not in checked:
-                checked.add(_input_of(p.origin))
-                gt.check_parity(hf, p.texts, p.origin)
             flat, lengths = gt.encode(p.texts, p.origin)
             yield flat, lengths, p
             gt.bound_memory()
@@ -241,7 +237,7 @@ def tokenize_to_shard(
     start, stop = documents
     if start < 0 or (stop is not None and stop < start):
         raise GptflowError(f"document range {start}:{stop} is empty or negative")
-    hf = HFEngine(tokenizer_path)
+    hf = HFEngine(tokenizer_path)  # the reference, also for vocabulary size and EOD
     info = tokenizer_info(tokenizer_path, eod_token, tok=hf.tok)
     dtype = dtype_for_vocab(info.vocab_size)
     gt, auto_reason = select_engine(
@@ -270,9 +266,14 @@ def tokenize_to_shard(
     stats = {"bytes": 0, "last_report": t0}
 
     with IndexedDatasetWriter(prefix, dtype) as writer:
+        checked: set[str] = set()
 
         def write(item: tuple[np.ndarray, np.ndarray, Parsed]) -> None:
             flat, lengths, p = item
+            if gt is not None and p.texts and _input_of(p.origin) not in checked:
+                # on this thread, while the next batch encodes (tokenizers frees the GIL)
+                checked.add(_input_of(p.origin))
+                gt.check_parity(hf, p.texts, flat, lengths, p.origin)
             if append_eod:
                 flat, lengths = with_eod(flat, lengths, info.eod_id)
             writer.add_flat(flat, lengths)
@@ -343,7 +344,7 @@ def tokenize_to_shard(
         "seconds": round(seconds, 3),
         "mb_per_s": round(read_bytes / 1e6 / seconds, 3) if seconds > 0 else None,
         "documents_per_s": round(writer.documents / seconds, 1) if seconds > 0 else None,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(peak_rss_bytes() / 1e6, 1),  # this process; hf workers not included
     }
     write_json(f"{prefix}.json", manifest)
     return manifest
