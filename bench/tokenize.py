@@ -54,7 +54,8 @@ def _documents(root: Path, pattern: str) -> Iterator[tuple[str, str]]:
 def build_corpus(path: Path, megabytes: int) -> dict:
     """Interleave the sources one document at a time until `megabytes` MB of JSONL."""
     if path.exists():
-        lines = sum(1 for _ in open(path, "rb"))
+        with open(path, "rb") as f:
+            lines = sum(1 for _ in f)
         return {"documents": lines, "bytes": path.stat().st_size, "reused": True}
     seen: set[bytes] = set()
     size = documents = 0
@@ -147,7 +148,9 @@ def ceiling(engine: str, corpus: Path, tok: Path, threads: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=int, default=220, help="corpus size in MB (>= 200 for the issue)")
-    ap.add_argument("--work", default="/tmp/gptflow-bench-tokenize", help="corpus, tokenizer, outputs")
+    ap.add_argument(
+        "--work", default="/tmp/gptflow-bench-tokenize", help="corpus, tokenizer, outputs"
+    )
     ap.add_argument("--skip-hf", action="store_true", help="leave out the slow hf runs")
     a = ap.parse_args()
     work = Path(a.work)
@@ -161,7 +164,8 @@ def main() -> int:
     )
     tok = work / "tokenizer-50k.json"
     secs = build_tokenizer(corpus, tok)
-    print(f"tokenizer: 50257-token ByteLevel BPE {'trained in %.1f s' % secs if secs else 'reused'}")
+    how = f"trained in {secs:.1f} s" if secs else "reused"
+    print(f"tokenizer: 50257-token ByteLevel BPE {how}")
     print(f"machine: {os.cpu_count()} CPUs")
 
     print("\nceiling: raw encode_batch of the same documents, in memory (no I/O, no parsing)")
