@@ -47,6 +47,7 @@ format: setup
 bench: setup
 	python bench/run.py
 	python bench/download.py
+	python bench/tokenize.py
 
 clean:
 	rm -rf results logs .snakemake

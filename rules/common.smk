@@ -134,6 +134,28 @@ def get_blend_shard_files(wildcards):
     ]
 
 
+def get_dataset_shard_prefixes(wildcards):
+    return dataset_prefixes(wildcards.dataset)
+
+
+def get_dataset_shard_files(wildcards):
+    return [
+        f"{prefix}{ext}"
+        for prefix in dataset_prefixes(wildcards.dataset)
+        for ext in (".bin", ".idx", ".json")
+    ]
+
+
+def get_merged_files(wildcards):
+    if not CFG["tokenize"]["merge"]:
+        return []
+    return [
+        f"results/tokens/{TOKENIZER}/{name}/merged{ext}"
+        for name in BLENDED
+        for ext in (".bin", ".idx", ".json")
+    ]
+
+
 def get_append_eod_flag(wildcards):
     return "--append-eod" if CFG["tokenize"]["append_eod"] else ""
 

@@ -5,6 +5,7 @@ rule data:
     input:
         tokenizer_json(),
         get_blend_shard_files,
+        get_merged_files,
 
 
 rule collect_local_documents:
@@ -108,12 +109,33 @@ rule tokenize_shard:
     conda:
         "../envs/gptflow.yaml"
     threads: CFG["tokenize"]["workers"]
+    resources:
+        mem_mb=CFG["tokenize"]["max_rss_mb"],
     params:
         prefix="results/tokens/{tokenizer}/{dataset}/{shard}",
         reader=get_reader_args,
         append_eod=get_append_eod_flag,
         eod_token=get_eod_token,
+        engine=CFG["tokenize"]["engine"],
+        on_bad=CFG["tokenize"]["on_bad_document"],
     shell:
         "gptflow tokenize --input {input.documents} --tokenizer {input.tokenizer}"
         " --output-prefix {params.prefix} {params.reader} {params.append_eod}"
-        " --eod-token {params.eod_token:q} --workers {threads} --engine hf > {log} 2>&1"
+        " --eod-token {params.eod_token:q} --workers {threads} --engine {params.engine}"
+        " --on-bad-document {params.on_bad} --max-rss-mb {resources.mem_mb} > {log} 2>&1"
+
+
+rule merge_shards:
+    input:
+        get_dataset_shard_files,
+    output:
+        multiext("results/tokens/{tokenizer}/{dataset}/merged", ".bin", ".idx", ".json"),
+    log:
+        "logs/merge_shards/{tokenizer}/{dataset}.log",
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        prefixes=get_dataset_shard_prefixes,
+    shell:
+        "gptflow merge --input {params.prefixes} --output-prefix"
+        " results/tokens/{wildcards.tokenizer}/{wildcards.dataset}/merged > {log} 2>&1"

@@ -67,6 +67,17 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(a: argparse.Namespace) -> int:
+    from gptflow.data.tokenize import merge_shards
+
+    m = merge_shards(a.input, a.output_prefix)
+    print(
+        f"{a.output_prefix}: {len(a.input)} shards, {m['documents']} documents, "
+        f"{m['tokens']} tokens ({m['dtype']})"
+    )
+    return 0
+
+
 def parse_range(spec: str | None) -> tuple[int, int | None]:
     """``START:STOP`` (either side may be empty) -> (start, stop)."""
     if not spec:
@@ -319,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory limit; gigatoken's encode caches are dropped at 70%% of it",
     )
     s.set_defaults(func=cmd_tokenize)
+
+    s = sub.add_parser("merge", help="concatenate shards into one prefix, document boundaries kept")
+    s.add_argument("--input", nargs="+", required=True, metavar="PREFIX", help="shards, in order")
+    s.add_argument(
+        "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
+    )
+    s.set_defaults(func=cmd_merge)
 
     s = sub.add_parser("inspect", help="describe a .bin/.idx shard and decode its first document")
     s.add_argument("prefix", help="shard prefix (without .bin/.idx)")

@@ -286,3 +286,43 @@ def test_a_killed_job_leaves_no_final_file_and_the_rerun_is_identical(
     tokenize_to_shard([str(big)], str(tokenizer_json), str(tmp_path / "ref"), engine="hf")
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"out{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
+
+
+def test_merge_keeps_document_boundaries_and_equals_one_pass(tmp_path, tokenizer_json, edge_corpus):
+    """Shards tokenized by document range, merged, equal the whole input tokenized at once --
+    empty documents included (GPT-NeoX's merge_datasets.py loses the document index)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
+
+    from gptflow.data.tokenize import merge_shards
+
+    paths, texts = edge_corpus
+    cuts = [0, 1, 2, len(texts) - 3, len(texts)]
+    parts = []
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        parts.append(str(tmp_path / f"p{i}"))
+        tokenize_to_shard(paths, str(tokenizer_json), parts[-1], documents=(a, b))
+    m = merge_shards(parts, str(tmp_path / "merged"))
+    whole = tokenize_to_shard(paths, str(tokenizer_json), str(tmp_path / "whole"))
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"merged{ext}").read_bytes() == (tmp_path / f"whole{ext}").read_bytes()
+    assert m["bin_sha256"] == whole["bin_sha256"] and m["documents"] == len(texts)
+    assert m["empty_documents"] == texts.count("") == 2
+    assert [p["prefix"] for p in m["merged_from"]] == parts
+    doc_idx = MegatronIndexed(str(tmp_path / "merged")).document_indices
+    assert len(doc_idx) == len(texts) + 1 and len(set(doc_idx.tolist())) < len(doc_idx)
+
+
+def test_merge_refuses_shards_of_different_tokenizers(tmp_path, tokenizer_json, write_jsonl):
+    from tokenizers import Tokenizer
+
+    from gptflow.data.tokenize import merge_shards
+
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
+    other = Tokenizer.from_file(str(tokenizer_json))
+    other.add_tokens(["zzz"])
+    other.save(str(tmp_path / "other.json"))
+    tokenize_to_shard([str(src)], str(tokenizer_json), str(tmp_path / "a"))
+    tokenize_to_shard([str(src)], str(tmp_path / "other.json"), str(tmp_path / "b"))
+    with pytest.raises(GptflowError, match=r"merge: .*b has a different tokenizer"):
+        merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "m"))
+    assert not list(tmp_path.glob("m.*"))

@@ -180,3 +180,27 @@ def test_snakemake_lint_is_clean(repo):
         text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_merge_adds_one_job_and_keeps_the_shards(pipeline, snakemake, write_config, tiny):
+    """tokenize.merge: true adds merge_shards only; the shards (made by gigatoken, checked
+    against hf) are not re-tokenized, and the merged prefix is their concatenation."""
+    import numpy as np
+
+    from gptflow.data.indexed import IndexedDataset
+
+    wd, _, _, _ = pipeline
+    cfg = copy.deepcopy(tiny)
+    cfg["tokenize"]["merge"] = True
+    config = write_config(wd / "merge.yaml", cfg)
+    out = snakemake(wd, config, "data")
+    assert out.returncode == 0, out.out[-3000:]
+    assert job_counts(out.out) == {"merge_shards": 1, "data": 1}
+    tokens = wd / "results/tokens/tiny-bpe/stdlib"
+    shards = [IndexedDataset(tokens / s) for s in ("00000", "00001")]
+    merged = IndexedDataset(tokens / "merged")
+    assert merged.num_documents == sum(s.num_documents for s in shards)
+    assert np.array_equal(merged._bin, np.concatenate([s._bin for s in shards]))
+    for s in ("00000", "00001"):
+        engine = json.loads((tokens / f"{s}.json").read_text())["engine"]
+        assert engine["name"] == "gigatoken" and engine["parity_documents"] > 0

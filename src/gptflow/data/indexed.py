@@ -275,3 +275,53 @@ class IndexedDataset:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.get(i)
+
+
+def merge_datasets(prefixes: list[str | os.PathLike], output_prefix: str | os.PathLike) -> dict:
+    """Concatenate shards into one ``.bin``/``.idx``, in order, document index included.
+
+    The merged document index is each shard's, shifted by the sequences before it, so empty
+    documents and document boundaries survive (GPT-NeoX's ``merge_datasets.py`` writes the
+    sequence count as every document boundary and loses them). Streams the ``.bin`` files;
+    both outputs appear only when complete. Returns counts.
+    """
+    if not prefixes:
+        raise GptflowError("merge: no input prefixes")
+    parts = [IndexedDataset(p) for p in prefixes]
+    dtypes = {p.dtype for p in parts}
+    if len(dtypes) > 1:
+        raise GptflowError(
+            "merge: the shards have different token dtypes "
+            + ", ".join(f"{p.prefix}={p.dtype.name}" for p in parts)
+            + "; they were made with different tokenizers"
+        )
+    dtype = parts[0].dtype
+    out = Path(output_prefix)
+    bin_tmp, idx_tmp = temp_path(bin_path(out)), temp_path(idx_path(out))
+    sha = hashlib.sha256()
+    try:
+        with open(bin_tmp, "wb") as f:
+            for p in parts:
+                with open(bin_path(p.prefix), "rb") as src:
+                    while chunk := src.read(1 << 24):
+                        f.write(chunk)
+                        sha.update(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        lengths = np.concatenate([p.sequence_lengths for p in parts])
+        seq_counts = np.concatenate([np.diff(p.document_indices) for p in parts])
+        write_index(idx_tmp, dtype, lengths, seq_counts)
+        os.replace(bin_tmp, bin_path(out))
+        os.replace(idx_tmp, idx_path(out))
+        fsync_dir(out.parent)
+    except BaseException:
+        bin_tmp.unlink(missing_ok=True)
+        idx_tmp.unlink(missing_ok=True)
+        raise
+    return {
+        "sequences": len(lengths),
+        "documents": len(seq_counts),
+        "tokens": int(lengths.sum(dtype=np.int64)),
+        "dtype": dtype.name,
+        "bin_sha256": sha.hexdigest(),
+    }

@@ -385,3 +385,50 @@ def reference_tokens(texts: list[str], tokenizer_path: str, eod_token: str) -> l
         ids = tok.encode(text).ids
         out.append([*ids, eod] if ids else ids)
     return out
+
+
+def merge_shards(prefixes: list[str], output_prefix: str) -> dict:
+    """One prefix from several shards (in order), with a manifest that sums theirs.
+
+    Shards must share the tokenizer (sha256) and EOD convention; the merged manifest lists
+    each shard with its ``.bin`` sha256 as its sources.
+    """
+    from gptflow.data.indexed import merge_datasets
+
+    manifests = [read_manifest(p) for p in prefixes]
+    first = manifests[0]
+    for p, m in zip(prefixes, manifests, strict=True):
+        for key in ("tokenizer", "append_eod"):
+            if m[key] != first[key]:
+                raise GptflowError(
+                    f"merge: {p} has a different {key} than {prefixes[0]} "
+                    f"({m[key]} vs {first[key]}); re-tokenize with one tokenizer"
+                )
+    t0 = time.perf_counter()
+    counts = merge_datasets(prefixes, output_prefix)
+    dropped: Counter[str] = Counter()
+    for m in manifests:
+        dropped.update(m["dropped"])
+    manifest = {
+        "prefix": str(output_prefix),
+        "format": first["format"],
+        "dtype": counts["dtype"],
+        "tokenizer": first["tokenizer"],
+        "append_eod": first["append_eod"],
+        "json_key": first["json_key"],
+        "merged_from": [
+            {"prefix": str(p), "bin_sha256": m["bin_sha256"], "documents": m["documents"]}
+            for p, m in zip(prefixes, manifests, strict=True)
+        ],
+        "sources": [s for m in manifests for s in m["sources"]],
+        "documents": counts["documents"],
+        "sequences": counts["sequences"],
+        "tokens": counts["tokens"],
+        "empty_documents": counts["documents"] - counts["sequences"],
+        "dropped": dict(sorted(dropped.items())),
+        "bin_sha256": counts["bin_sha256"],
+        "idx_sha256": sha256_file(f"{output_prefix}.idx"),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    write_json(f"{output_prefix}.json", manifest)
+    return manifest
