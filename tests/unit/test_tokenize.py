@@ -149,3 +149,18 @@ def test_gpt2_vocab_and_merges_become_an_equivalent_tokenizer(
     for text in list(iter_texts(corpus_jsonl[1]))[:5]:
         assert converted.encode(text).ids == original.encode(text).ids
     assert converted.token_to_id("<|endoftext|>") == 0
+
+
+def test_a_long_document_without_newlines_is_still_cut_near_the_target(tokenizer_json):
+    """One 12 MB line would take ~1.5 GB in one hf encode; cuts fall back to spaces."""
+    from gptflow.data.engines import _safe_cuts
+    from gptflow.data.tokenize import encode_long
+    from gptflow.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_json)
+    text = " ".join(f"word{i % 977} x={i * 7919 % 1000}," for i in range(12_000))
+    assert "\n" not in text
+    cuts = list(_safe_cuts(tok, text, 3_000))
+    assert len(cuts) >= len(text) // 6_000
+    assert all(b - a <= 6_000 for a, b in zip([0, *cuts], cuts, strict=False))
+    assert encode_long(tok, text, piece_chars=3_000) == tok.encode(text).ids

@@ -227,26 +227,43 @@ def select_engine(
     return None, reason
 
 
+def _cut_is_safe(tok, text: str, pos: int, c: int) -> bool:
+    left, right = text[max(pos, c - _CUT_WINDOW) : c], text[c : c + _CUT_WINDOW]
+    together = tok.encode(left + right, add_special_tokens=False).ids
+    apart = (
+        tok.encode(left, add_special_tokens=False).ids
+        + tok.encode(right, add_special_tokens=False).ids
+    )
+    return together == apart
+
+
+def _candidates(text: str, lo: int, hi: int):
+    """Cut positions in [lo, hi): after newlines first, then after spaces, then after any
+    newline past `hi` (a piece stays near `target` even in a document without newlines)."""
+    for sep in ("\n", " "):
+        i = text.find(sep, lo, hi)
+        while i != -1:
+            yield i + 1
+            i = text.find(sep, i + 1, hi)
+    i = text.find("\n", hi)
+    while i != -1:
+        yield i + 1
+        i = text.find("\n", i + 1)
+
+
 def _safe_cuts(tok, text: str, target: int):
-    """Cut positions about `target` characters apart, after a newline, where encoding the two
-    sides separately gives exactly the tokens of encoding them together."""
+    """Cut positions about `target` characters apart where encoding the two sides separately
+    gives exactly the tokens of encoding them together."""
     pos = 0
     while len(text) - pos > target:
-        cut = text.find("\n", pos + target)
-        while cut != -1:
-            c = cut + 1
-            left, right = text[max(pos, c - _CUT_WINDOW) : c], text[c : c + _CUT_WINDOW]
-            together = tok.encode(left + right, add_special_tokens=False).ids
-            apart = (
-                tok.encode(left, add_special_tokens=False).ids
-                + tok.encode(right, add_special_tokens=False).ids
-            )
-            if together == apart:
-                break
-            cut = text.find("\n", c)
-        if cut == -1:
+        cut = next(
+            (c for c in _candidates(text, pos + target, pos + 2 * target) if c < len(text)
+             and _cut_is_safe(tok, text, pos, c)),
+            None,
+        )  # fmt: skip
+        if cut is None:
             return
-        pos = cut + 1
+        pos = cut
         yield pos
 
 
