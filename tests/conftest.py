@@ -119,7 +119,7 @@ def nginx(tmp_path_factory):
 
     binary, why = ensure_nginx()
     if binary is None:
-        pytest.skip(f"no nginx: {why}")
+        pytest.skip(f"the download tests need a real nginx on loopback and none can be had: {why}")
     root = tmp_path_factory.mktemp("www")
     made = write_all(root, documents())
     server = Nginx(binary, root, tmp_path_factory.mktemp("nginx"))

@@ -93,25 +93,13 @@ class IndexedDatasetWriter:
 
     def add_documents(self, docs: list[np.ndarray]) -> None:
         """Append documents, each one sequence; an empty array is an empty document."""
-        if not docs:
-            return
-        lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
-        nonempty = [d for d in docs if len(d)]
-        if nonempty:
-            data = (
-                np.concatenate(nonempty).astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
-            )
-            self._bin.write(data)
-            self._sha.update(data)
-            self.sequences += len(nonempty)
-        self._lengths.append(lengths[lengths > 0].astype(np.int32))
-        self._doc_seq_counts.append((lengths > 0).astype(np.int64))
-        self.documents += len(docs)
-        self.tokens += int(lengths.sum())
+        if docs:
+            lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+            self.add_flat(np.concatenate(docs), lengths)
 
     def add_flat(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append documents given as one concatenated token array and their lengths (a zero
-        length is an empty document); the fast path of :meth:`add_documents`."""
+        length is an empty document)."""
         lengths = np.asarray(lengths, dtype=np.int64)
         if int(lengths.sum()) != len(tokens):
             raise ValueError(

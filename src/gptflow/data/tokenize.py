@@ -182,7 +182,7 @@ def _input_of(origin: str) -> str:
 
 
 def _encoded(
-    parsed: Iterator[Parsed], engine: str, hf: HFEngine, gt: GigatokenEngine | None, workers: int
+    parsed: Iterator[Parsed], hf: HFEngine, gt: GigatokenEngine | None, workers: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray, Parsed]]:
     """(tokens, lengths, batch) for every parsed batch, in order."""
     if gt is not None:
@@ -292,7 +292,7 @@ def tokenize_to_shard(
 
         sink = _Sink(write)
         try:
-            for item in _encoded(parsed, name, hf, gt, workers):
+            for item in _encoded(parsed, hf, gt, workers):
                 sink.put(item)
         finally:
             sink.close()
