@@ -1,9 +1,10 @@
 """Config validation and the helpers rules call; every rule-level computation lives here."""
 
+import json
 import shlex
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
+from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
 from gptflow.config import load_workflow_config, load_yaml
 from gptflow.data import sources
@@ -56,6 +57,7 @@ except GptflowError as e:
 wildcard_constraints:
     dataset="|".join(DATASETS) or "-",
     shard=r"\d{5}",
+    part=r"\d{4}",
     run=RUN,
     tokenizer=TOKENIZER,
     file=r"[^/]+(?<!\.sha256)(?<!\.part)(?<!\.lock)",
@@ -117,8 +119,46 @@ def shard_prefix(dataset, shard):
     return f"results/tokens/{TOKENIZER}/{dataset}/{shard}"
 
 
+DOCUMENTS_PER_SHARD = CFG["tokenize"]["documents_per_shard"]
+
+
+def dataset_shards(dataset):
+    """(token prefixes of a dataset in order, count files still to be made).
+
+    One prefix per input; with tokenize.documents_per_shard one per part of each input, known
+    once checkpoint count_documents has counted it. Inputs not counted yet are returned as
+    their count files instead of raising, so all counts are planned at once (a raise would plan
+    one per DAG update) and the jobs that take them as input are re-planned as each finishes.
+    """
+    if not DOCUMENTS_PER_SHARD:
+        return [shard_prefix(dataset, s.name) for s in DATASETS[dataset].shards], []
+    prefixes, pending = [], []
+    for s in DATASETS[dataset].shards:
+        try:
+            counted = checkpoints.count_documents.get(dataset=dataset, shard=s.name).output[0]
+        except IncompleteCheckpointException as e:
+            pending.append(e.targetfile)
+            continue
+        with open(counted) as f:
+            parts = max(1, -(-json.load(f)["documents"] // DOCUMENTS_PER_SHARD))
+        prefixes += [shard_prefix(dataset, f"{s.name}-{part:04d}") for part in range(parts)]
+    return prefixes, pending
+
+
 def dataset_prefixes(dataset):
-    return [shard_prefix(dataset, s.name) for s in DATASETS[dataset].shards]
+    return dataset_shards(dataset)[0]
+
+
+def dataset_files(dataset):
+    """What a job reading a dataset's shards takes as input (pending count files included)."""
+    prefixes, pending = dataset_shards(dataset)
+    return [f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx", ".json")] + pending
+
+
+def get_part_documents(wildcards):
+    """`--documents START:STOP` of one part (the last part's STOP may pass the end)."""
+    start = int(wildcards.part) * DOCUMENTS_PER_SHARD
+    return f"{start}:{start + DOCUMENTS_PER_SHARD}"
 
 
 def get_blend_prefixes(wildcards):
@@ -126,12 +166,7 @@ def get_blend_prefixes(wildcards):
 
 
 def get_blend_shard_files(wildcards):
-    return [
-        f"{prefix}{ext}"
-        for name in BLENDED
-        for prefix in dataset_prefixes(name)
-        for ext in (".bin", ".idx", ".json")
-    ]
+    return [f for name in BLENDED for f in dataset_files(name)]
 
 
 def get_dataset_shard_prefixes(wildcards):
@@ -139,11 +174,7 @@ def get_dataset_shard_prefixes(wildcards):
 
 
 def get_dataset_shard_files(wildcards):
-    return [
-        f"{prefix}{ext}"
-        for prefix in dataset_prefixes(wildcards.dataset)
-        for ext in (".bin", ".idx", ".json")
-    ]
+    return dataset_files(wildcards.dataset)
 
 
 def get_merged_files(wildcards):

@@ -1,4 +1,6 @@
-"""Data stage: documents -> tokenizer -> one Megatron .bin/.idx shard per dataset shard."""
+"""Data stage: documents -> tokenizer -> Megatron .bin/.idx shards: one per input
+(tokenize_shard), or with tokenize.documents_per_shard one per document range of each input
+(count_documents, then tokenize_part)."""
 
 
 rule data:
@@ -121,6 +123,53 @@ rule tokenize_shard:
     shell:
         "gptflow tokenize --input {input.documents} --tokenizer {input.tokenizer}"
         " --output-prefix {params.prefix} {params.reader} {params.append_eod}"
+        " --eod-token {params.eod_token:q} --workers {threads} --engine {params.engine}"
+        " --on-bad-document {params.on_bad} --max-rss-mb {resources.mem_mb} > {log} 2>&1"
+
+
+checkpoint count_documents:
+    input:
+        get_shard_input,
+    output:
+        "results/documents/{dataset}/{shard}.count.json",
+    log:
+        "logs/count_documents/{dataset}/{shard}.log",
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_reader_args,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+    shell:
+        "gptflow count-documents --input {input} {params.reader}"
+        " --on-bad-document {params.on_bad} --out {output} > {log} 2>&1"
+
+
+rule tokenize_part:
+    input:
+        documents=get_shard_input,
+        counts="results/documents/{dataset}/{shard}.count.json",
+        tokenizer="results/tokenizers/{tokenizer}/tokenizer.json",
+    output:
+        multiext("results/tokens/{tokenizer}/{dataset}/{shard}-{part}", ".bin", ".idx", ".json"),
+    log:
+        "logs/tokenize_part/{tokenizer}/{dataset}/{shard}-{part}.log",
+    conda:
+        "../envs/gptflow.yaml"
+    threads: CFG["tokenize"]["workers"]
+    resources:
+        mem_mb=CFG["tokenize"]["max_rss_mb"],
+    params:
+        prefix="results/tokens/{tokenizer}/{dataset}/{shard}-{part}",
+        documents=get_part_documents,
+        reader=get_reader_args,
+        append_eod=get_append_eod_flag,
+        eod_token=get_eod_token,
+        engine=CFG["tokenize"]["engine"],
+        on_bad=CFG["tokenize"]["on_bad_document"],
+    shell:
+        "gptflow tokenize --input {input.documents} --tokenizer {input.tokenizer}"
+        " --output-prefix {params.prefix} {params.reader} {params.append_eod}"
+        " --documents {params.documents} --counts {input.counts}"
         " --eod-token {params.eod_token:q} --workers {threads} --engine {params.engine}"
         " --on-bad-document {params.on_bad} --max-rss-mb {resources.mem_mb} > {log} 2>&1"
 

@@ -40,8 +40,9 @@ def cmd_train_tokenizer(a: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(a: argparse.Namespace) -> int:
-    from gptflow.data.tokenize import tokenize_to_shard
+    from gptflow.data.tokenize import read_counts, tokenize_to_shard
 
+    known = read_counts(a.counts, a.input) if a.counts else None
     m = tokenize_to_shard(
         a.input,
         a.tokenizer,
@@ -53,6 +54,7 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
         engine=a.engine,
         on_bad_document=a.on_bad_document,
         documents=parse_range(a.documents),
+        source_sha256s=known,
         max_rss_mb=a.max_rss_mb,
         fmt=None if a.format == "auto" else a.format,
         member=a.member,
@@ -63,6 +65,25 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
         f"{a.output_prefix}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}), "
         f"{m['seconds']:.2f} s, {m['mb_per_s']} MB/s, engine {engine['name']} "
         f"{engine.get('version', '')}; dropped {m['dropped'] or 'none'}"
+    )
+    return 0
+
+
+def cmd_count_documents(a: argparse.Namespace) -> int:
+    from gptflow.data.tokenize import count_documents
+
+    m = count_documents(
+        a.input,
+        a.out,
+        json_key=a.json_key,
+        on_bad_document=a.on_bad_document,
+        fmt=None if a.format == "auto" else a.format,
+        member=a.member,
+        member_format=a.member_format,
+    )
+    print(
+        f"{a.out}: {m['documents']} documents, {m['seconds']:.2f} s, {m['mb_per_s']} MB/s; "
+        f"dropped {m['dropped'] or 'none'}"
     )
     return 0
 
@@ -329,7 +350,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="memory limit; gigatoken's encode caches are dropped at 70%% of it",
     )
+    s.add_argument(
+        "--counts",
+        metavar="FILE",
+        help="the `gptflow count-documents` file of the inputs (their sha256 is taken from it)",
+    )
     s.set_defaults(func=cmd_tokenize)
+
+    s = sub.add_parser(
+        "count-documents",
+        help="count the documents of inputs (to split them into tokenize jobs by --documents)",
+    )
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
+    add_reader_args(s)
+    s.add_argument(
+        "--on-bad-document",
+        choices=["error", "skip"],
+        default="error",
+        help="as for tokenize: the count must skip what tokenization will skip",
+    )
+    s.add_argument("--out", required=True, help="JSON file to write")
+    s.set_defaults(func=cmd_count_documents)
 
     s = sub.add_parser("merge", help="concatenate shards into one prefix, document boundaries kept")
     s.add_argument("--input", nargs="+", required=True, metavar="PREFIX", help="shards, in order")

@@ -258,6 +258,66 @@ def test_document_ranges_partition_the_input(tmp_path, tokenizer_json, edge_corp
         assert (tmp_path / f"p{i}.bin").read_bytes() == want_bin
 
 
+@pytest.mark.parametrize("on_bad", ["error", "skip"])
+def test_counted_ranges_cover_the_input_exactly(tmp_path, tokenizer_json, on_bad):
+    """count-documents, then one CLI job per range (as the tokenize_part rule runs them), equals
+    one pass: in 'error' mode the lines before a range are skipped unparsed, in 'skip' mode
+    they are parsed so that skipped lines do not shift the ranges."""
+    from gptflow.data.tokenize import count_documents
+
+    lines = [json.dumps({"text": f"document {i} " + "word " * (i % 7)}) for i in range(40)]
+    if on_bad == "skip":
+        lines[3], lines[17], lines[18] = "not json", '{"other": 1}', ""
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    counted = count_documents([str(src)], tmp_path / "in.count.json", on_bad_document=on_bad)
+    want_docs = 37 if on_bad == "skip" else 40
+    assert counted["documents"] == want_docs
+    assert counted["sources"][0]["sha256"] == sha256_of(src)
+    whole = tokenize_to_shard(
+        [str(src)], str(tokenizer_json), str(tmp_path / "whole"), on_bad_document=on_bad
+    )
+    pieces = []
+    for i, start in enumerate(range(0, want_docs, 9)):
+        prefix = tmp_path / f"part{i}"
+        subprocess.run(
+            [
+                sys.executable, "-m", "gptflow", "tokenize", "--input", str(src),
+                "--tokenizer", str(tokenizer_json), "--output-prefix", str(prefix),
+                "--append-eod", "--documents", f"{start}:{start + 9}",
+                "--counts", str(tmp_path / "in.count.json"), "--on-bad-document", on_bad,
+            ],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+        m = json.loads(prefix.with_suffix(".json").read_text())
+        assert m["documents"] == min(9, want_docs - start)
+        assert m["sources"][0]["sha256"] == counted["sources"][0]["sha256"]
+        pieces.append((tmp_path / f"part{i}.bin").read_bytes())
+    assert b"".join(pieces) == (tmp_path / "whole.bin").read_bytes()
+    assert whole["documents"] == want_docs
+
+
+def test_counting_fails_on_a_bad_line_and_a_changed_input_is_refused(tmp_path, tokenizer_json):
+    from gptflow.data.tokenize import count_documents, read_counts
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"text": "a"}\n{"text": 1}\n')
+    with pytest.raises(GptflowError, match=r"in\.jsonl:2: .*on_bad_document: skip"):
+        count_documents([str(src)], tmp_path / "c.json")
+    assert not (tmp_path / "c.json").exists()
+    count_documents([str(src)], tmp_path / "c.json", on_bad_document="skip")
+    src.write_bytes(b'{"text": "a"}\n{"text": "b"}\n{"text": "c"}\n')
+    with pytest.raises(GptflowError, match=r"c\.json counted .*in\.jsonl.*counted again"):
+        read_counts(tmp_path / "c.json", [str(src)])
+
+
+def sha256_of(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def test_a_killed_job_leaves_no_final_file_and_the_rerun_is_identical(
     tmp_path, tokenizer_json, corpus_jsonl
 ):

@@ -1,9 +1,11 @@
 """The whole DAG through Snakemake on the tiny config: plan, run, no-op rerun, targeted rerun,
 and a trainer killed with SIGKILL that resumes from its last checkpoint on the next run."""
 
+import collections
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -204,3 +206,47 @@ def test_merge_adds_one_job_and_keeps_the_shards(pipeline, snakemake, write_conf
     for s in ("00000", "00001"):
         engine = json.loads((tokens / f"{s}.json").read_text())["engine"]
         assert engine["name"] == "gigatoken" and engine["parity_documents"] > 0
+
+
+def test_documents_per_shard_splits_each_input_into_part_jobs(
+    pipeline, snakemake, write_config, tiny
+):
+    """tokenize.documents_per_shard: the plan counts every input at once (two count jobs, not
+    one per DAG update), then one tokenize_part job per range; the parts, in order, are the
+    whole-input shards' bytes, and the run config lists them."""
+    import numpy as np
+
+    from gptflow.data.indexed import IndexedDataset
+
+    wd, _, _, _ = pipeline
+    cfg = copy.deepcopy(tiny)
+    cfg["tokenize"]["documents_per_shard"] = 7
+    config = write_config(wd / "parts.yaml", cfg)
+    plan = snakemake(wd, config, "-n", "data")
+    assert plan.returncode == 0, plan.out[-3000:]
+    assert job_counts(plan.out) == {"count_documents": 2, "data": 1}
+    out = snakemake(wd, config, "data")
+    assert out.returncode == 0, out.out[-3000:]
+    tokens = wd / "results/tokens/tiny-bpe/stdlib"
+    parts = {}
+    for shard in ("00000", "00001"):
+        counted = json.loads((wd / f"results/documents/stdlib/{shard}.count.json").read_text())
+        n = -(-counted["documents"] // 7)
+        parts[shard] = [IndexedDataset(tokens / f"{shard}-{i:04d}") for i in range(n)]
+        assert not (tokens / f"{shard}-{n:04d}.bin").exists()
+        whole = IndexedDataset(tokens / shard)
+        assert [p.num_documents for p in parts[shard]][:-1] == [7] * (n - 1)
+        assert sum(p.num_documents for p in parts[shard]) == whole.num_documents
+        assert np.array_equal(np.concatenate([p._bin for p in parts[shard]]), whole._bin)
+        m = json.loads((tokens / f"{shard}-0001.json").read_text())
+        assert m["document_range"] == [7, 14]
+        assert m["sources"][0]["sha256"] == counted["sources"][0]["sha256"]
+    ran = collections.Counter(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", out.out, re.M))
+    assert ran == {
+        "count_documents": 2,
+        "tokenize_part": sum(len(p) for p in parts.values()),
+        "data": 1,
+    }
+    again = snakemake(wd, config, "-n", "train")
+    assert again.returncode == 0, again.out[-3000:]
+    assert job_counts(again.out) == {"render_run_config": 1, "train_gpt": 1, "train": 1}

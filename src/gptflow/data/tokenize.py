@@ -53,7 +53,14 @@ from gptflow.data.tokenizer import load_tokenizer, tokenizer_info
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file, write_json
 
-__all__ = ["LONG_DOCUMENT_CHARS", "encode_long", "read_manifest", "tokenize_to_shard"]
+__all__ = [
+    "LONG_DOCUMENT_CHARS",
+    "count_documents",
+    "encode_long",
+    "read_counts",
+    "read_manifest",
+    "tokenize_to_shard",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +91,18 @@ def _parsed(
     for path in inputs:
         batches = iter_batches(path, batch_bytes=batch_bytes, digest=digests.get(path), **reader)
         for batch in batches:
-            texts, dropped = batch_texts(batch, reader["json_key"], on_bad)
             nbytes = sum(len(x) for x in batch.items if x is not None)
+            if (
+                start
+                and on_bad == "error"
+                and batch.kind == "jsonl"
+                and seen + batch.lines <= start
+            ):
+                # before the range: with on_bad 'error' every line is one document (a bad one
+                # would have failed the count that chose this range), so nothing is parsed
+                seen += batch.lines
+                continue
+            texts, dropped = batch_texts(batch, reader["json_key"], on_bad)
             first, seen = seen, seen + len(texts)
             if start and seen <= start:
                 continue
@@ -222,9 +239,13 @@ def tokenize_to_shard(
     fmt: str | None = None,
     member: str = "*",
     member_format: str | None = None,
+    source_sha256s: dict[str, str] | None = None,
 ) -> dict:
     """Tokenize `inputs` (in order; format from the name unless `fmt`) into
     ``output_prefix.{bin,idx,json}``. Returns the manifest also written to ``output_prefix.json``.
+
+    `source_sha256s` gives inputs' sha256 already known (from :func:`count_documents`), so a
+    job that tokenizes one range of a large file does not hash all of it again.
     """
     t0 = time.perf_counter()
     for p in inputs:
@@ -237,6 +258,7 @@ def tokenize_to_shard(
     start, stop = documents
     if start < 0 or (stop is not None and stop < start):
         raise GptflowError(f"document range {start}:{stop} is empty or negative")
+    known_sha256 = dict(source_sha256s or {})
     hf = HFEngine(tokenizer_path)  # the reference, also for vocabulary size and EOD
     info = tokenizer_info(tokenizer_path, eod_token, tok=hf.tok)
     dtype = dtype_for_vocab(info.vocab_size)
@@ -257,6 +279,7 @@ def tokenize_to_shard(
         p: hashlib.sha256()
         for p in inputs
         if documents == (0, None)
+        and p not in known_sha256
         and recorded_sha256(p) is None
         and hashes_while_reading(check_format(fmt or infer_format(p), p))
     }
@@ -328,7 +351,9 @@ def tokenize_to_shard(
             {
                 "path": str(p),
                 "bytes": os.path.getsize(p),
-                "sha256": digests[p].hexdigest() if p in digests else source_sha256(p),
+                "sha256": digests[p].hexdigest()
+                if p in digests
+                else known_sha256.get(p) or source_sha256(p),
             }
             for p in inputs
         ],
@@ -348,6 +373,77 @@ def tokenize_to_shard(
     }
     write_json(f"{prefix}.json", manifest)
     return manifest
+
+
+def count_documents(
+    inputs: list[str],
+    out: str | os.PathLike,
+    *,
+    json_key: str = "text",
+    on_bad_document: str = "error",
+    fmt: str | None = None,
+    member: str = "*",
+    member_format: str | None = None,
+) -> dict:
+    """Count the documents of `inputs`, as tokenization will see them, into `out` (JSON).
+
+    Records the sources with their size and sha256 (hashed while counting, so the range jobs
+    that follow need not hash them again), the document count and drops by reason. Bad
+    documents are handled as tokenization will handle them: an input that would fail
+    tokenization fails here, before any range job is scheduled.
+    """
+    t0 = time.perf_counter()
+    for p in inputs:
+        if not Path(p).is_file():
+            raise GptflowError(f"{p}: input file does not exist")
+    reader = {"fmt": fmt, "member": member, "member_format": member_format, "json_key": json_key}
+    digests = {
+        p: hashlib.sha256()
+        for p in inputs
+        if recorded_sha256(p) is None
+        and hashes_while_reading(check_format(fmt or infer_format(p), p))
+    }
+    total, nbytes, dropped = 0, 0, Counter()
+    batches = _parsed(inputs, reader, 16 << 20, on_bad_document, (0, None), digests)
+    for parsed in _prefetch(batches):
+        total += len(parsed.texts)
+        nbytes += parsed.nbytes
+        dropped.update(parsed.dropped)
+    seconds = time.perf_counter() - t0
+    summary = {
+        "sources": [
+            {
+                "path": str(p),
+                "bytes": os.path.getsize(p),
+                "sha256": digests[p].hexdigest() if p in digests else source_sha256(p),
+            }
+            for p in inputs
+        ],
+        "reader": {k: v for k, v in reader.items() if v not in (None, "*")},
+        "on_bad_document": on_bad_document,
+        "documents": total,
+        "dropped": dict(sorted(dropped.items())),
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(nbytes / 1e6 / seconds, 1) if seconds > 0 else None,
+    }
+    write_json(out, summary)
+    return summary
+
+
+def read_counts(path: str | os.PathLike, inputs: list[str]) -> dict[str, str]:
+    """The source sha256s of a :func:`count_documents` file, checked against `inputs`."""
+    import json
+
+    with open(path) as f:
+        sources = {s["path"]: s for s in json.load(f)["sources"]}
+    for p in inputs:
+        s = sources.get(str(p))
+        if s is None or s["bytes"] != os.path.getsize(p):
+            raise GptflowError(
+                f"{path} counted {', '.join(sources)}, not {p} as it is now; "
+                "delete it and rerun so that the documents are counted again"
+            )
+    return {p: s["sha256"] for p, s in sources.items()}
 
 
 def recorded_sha256(path: str | os.PathLike) -> str | None:
