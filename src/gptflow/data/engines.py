@@ -23,8 +23,9 @@ import ctypes
 import gc
 import logging
 import os
+import re
 from importlib import metadata
-from itertools import chain
+from itertools import chain, islice
 
 import numpy as np
 
@@ -237,14 +238,24 @@ def _cut_is_safe(tok, text: str, pos: int, c: int) -> bool:
     return together == apart
 
 
+# Cut candidates, most likely safe first: a newline followed by a non-space (a pre-tokenizer
+# never joins these), a space preceded by a non-space (cut before it: " word" is one piece),
+# then any newline. Indented text (JSON, code) makes plain "after a newline" cuts fail: the
+# newline joins the indentation that follows it.
+_CUT_PATTERNS = (
+    (re.compile(r"\n(?=\S)"), "end"),
+    (re.compile(r"(?<=\S) "), "start"),
+    (re.compile(r"\n"), "end"),
+)
+_CUT_TRIES = 64  # failed candidates of one kind before the next kind is tried
+
+
 def _candidates(text: str, lo: int, hi: int):
-    """Cut positions in [lo, hi): after newlines first, then after spaces, then after any
-    newline past `hi` (a piece stays near `target` even in a document without newlines)."""
-    for sep in ("\n", " "):
-        i = text.find(sep, lo, hi)
-        while i != -1:
-            yield i + 1
-            i = text.find(sep, i + 1, hi)
+    """Cut positions in [lo, hi), by kind (see _CUT_PATTERNS), at most _CUT_TRIES of each, then
+    after any newline past `hi` (a piece stays near its target even without newlines)."""
+    for pattern, side in _CUT_PATTERNS:
+        for m in islice(pattern.finditer(text, lo, hi), _CUT_TRIES):
+            yield m.end() if side == "end" else m.start()
     i = text.find("\n", hi)
     while i != -1:
         yield i + 1
