@@ -387,3 +387,18 @@ def test_merge_refuses_shards_of_different_tokenizers(tmp_path, tokenizer_json, 
     with pytest.raises(GptflowError, match=r"merge: .*b has a different tokenizer"):
         merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "m"))
     assert not list(tmp_path.glob("m.*"))
+
+
+@pytest.mark.parametrize("doc_tokens", [2, 5_000])  # the mask path, the per-document path
+def test_with_eod_equals_insert_then_cast(doc_tokens):
+    from gptflow.data.tokenize import with_eod
+
+    rng = np.random.default_rng(doc_tokens)
+    lengths = rng.integers(0, 2 * doc_tokens, 300)
+    lengths[[0, 7, -1]] = 0  # empty documents first, inside and last
+    flat = rng.integers(0, 60_000, int(lengths.sum())).astype(np.uint32)
+    out, out_lengths = with_eod(flat, lengths, 7, np.uint16)
+    ends = np.cumsum(lengths)[lengths > 0]
+    assert out.dtype == np.uint16
+    assert np.array_equal(out, np.insert(flat, ends, 7).astype(np.uint16))
+    assert np.array_equal(out_lengths, lengths + (lengths > 0))

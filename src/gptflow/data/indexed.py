@@ -107,8 +107,8 @@ class IndexedDatasetWriter:
             )
         if not len(lengths):
             return
-        data = np.asarray(tokens).astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
-        self._bin.write(data)
+        data = np.ascontiguousarray(tokens, dtype=self.dtype.newbyteorder("<"))
+        self._bin.write(data)  # the array's buffer: no bytes copy
         self._sha.update(data)
         nonempty = lengths > 0
         self.sequences += int(nonempty.sum())
