@@ -165,7 +165,8 @@ def with_eod(
     ends = np.cumsum(lengths)
     if count * 256 < len(flat):
         o = 0
-        for start, end in zip((ends - lengths)[nonempty].tolist(), ends[nonempty].tolist()):
+        starts = (ends - lengths)[nonempty].tolist()
+        for start, end in zip(starts, ends[nonempty].tolist(), strict=True):
             n = end - start
             out[o : o + n] = flat[start:end]
             out[o + n] = eod
