@@ -97,6 +97,22 @@ def build_tokenizer(corpus: Path, out: Path) -> float:
     return time.perf_counter() - t
 
 
+def _tree_rss(pid: int) -> int:
+    """RSS in bytes of process `pid` and all its descendants (0 once it is gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:"))
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
 def run_tokenize(corpus: Path, tok: Path, prefix: Path, engine: str, workers: int) -> dict:
     cmd = [
         sys.executable, "-m", "gptflow", "tokenize", "--input", str(corpus),
@@ -104,14 +120,20 @@ def run_tokenize(corpus: Path, tok: Path, prefix: Path, engine: str, workers: in
         "--engine", engine, "--workers", str(workers),
     ]  # fmt: skip
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = 0
+    while proc.poll() is None:  # the whole process tree: hf runs worker processes
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.05)
     wall = time.perf_counter() - t
+    out = proc.stdout.read()
     if proc.returncode != 0:
-        raise SystemExit(f"gptflow tokenize failed:\n{proc.stdout}{proc.stderr}")
+        raise SystemExit(f"gptflow tokenize failed:\n{out}")
     manifest = json.loads(Path(f"{prefix}.json").read_text())
-    # peak RSS of the tokenize process (VmHWM), as its manifest records it; hf workers, which
-    # hold a tokenizer and one batch each, are not included
-    return {"wall": wall, "manifest": manifest, "rss_mb": manifest["peak_rss_mb"]}
+    # peak RSS: the main process's VmHWM (its manifest records it) or, sampled every 50 ms,
+    # the sum over the process and its hf workers, whichever is higher
+    rss = max(manifest["peak_rss_mb"], peak / 1e6)
+    return {"wall": wall, "manifest": manifest, "rss_mb": rss}
 
 
 CEILING = r"""

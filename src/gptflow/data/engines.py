@@ -35,7 +35,7 @@ from gptflow.errors import GptflowError
 log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "gigatoken", "hf")
-LONG_DOCUMENT_CHARS = 1 << 20  # hf encodes longer documents piecewise (see encode_long)
+LONG_DOCUMENT_CHARS = 1 << 18  # hf encodes longer documents piecewise (see encode_long)
 _CUT_WINDOW = 512  # characters each side of a cut that are re-encoded to prove it safe
 PARITY_DOCUMENTS = 64  # documents of each input compared between gigatoken and hf ...
 PARITY_CHARS = 1 << 17  # ... up to this many characters in all
@@ -89,7 +89,10 @@ class HFEngine:
         self.tok = load_tokenizer(tokenizer_path)
         self.version = tokenizers.__version__
 
-    def encode_list(self, texts: list[str], origin: str = "document") -> list[list[int]]:
+    def encode_list(
+        self, texts: list[str], origin: str = "document"
+    ) -> list[list[int] | np.ndarray]:
+        """Ids per document: lists, or uint32 arrays for documents over LONG_DOCUMENT_CHARS."""
         tok = self.tok
         short = [t for t in texts if len(t) <= LONG_DOCUMENT_CHARS]
         encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
@@ -102,7 +105,10 @@ class HFEngine:
     def encode(self, texts: list[str], origin: str = "document") -> tuple[np.ndarray, np.ndarray]:
         docs = self.encode_list(texts, origin)
         lengths = _lengths_of(docs)
-        flat = np.fromiter(chain.from_iterable(docs), dtype=np.uint32, count=int(lengths.sum()))
+        if any(isinstance(d, np.ndarray) for d in docs):  # long documents come as arrays
+            flat = np.concatenate([np.asarray(d, np.uint32) for d in docs])
+        else:
+            flat = np.fromiter(chain.from_iterable(docs), np.uint32, count=int(lengths.sum()))
         return flat, lengths
 
 
@@ -280,8 +286,8 @@ def _safe_cuts(tok, text: str, target: int):
 
 def encode_long(
     tok, text: str, origin: str = "document", piece_chars: int = LONG_DOCUMENT_CHARS
-) -> list[int]:
-    """Token ids of one long document with hf, encoded in pieces cut where the tokenizer
+) -> np.ndarray:
+    """Token ids (uint32) of one long document with hf, encoded in pieces cut where the tokenizer
     provably does not merge across the cut: the ids of one ``encode`` without its memory
     (one ``encode`` of a 100 MB document takes ~12 GB)."""
     probe = "a"
@@ -290,9 +296,10 @@ def encode_long(
             f"{origin}: a {len(text) / 1e6:.0f} MB document and a tokenizer whose post-processor "
             f"adds tokens cannot be encoded piecewise; split the document"
         )
-    ids: list[int] = []
+    pieces: list[np.ndarray] = []
     start = 0
     for cut in [*_safe_cuts(tok, text, piece_chars), len(text)]:
-        ids += tok.encode(text[start:cut], add_special_tokens=False).ids
+        ids = tok.encode(text[start:cut], add_special_tokens=False).ids
+        pieces.append(np.array(ids, np.uint32))  # 4 bytes a token, not a Python int's ~36
         start = cut
-    return ids
+    return np.concatenate(pieces)
