@@ -10,7 +10,9 @@ Then, each as its own process:
 * the ceiling: gigatoken's (and tokenizers') raw ``encode_batch`` over the same documents,
   already in memory, on 1 and 2 threads -- no reading, parsing or writing.
 
-Usage: python bench/tokenize.py [--mb 220] [--work DIR] [--skip-hf]
+Usage: python bench/tokenize.py [--mb 220] [--work DIR] [--skip-hf] [--repeat 3]
+
+The gigatoken figures are the best of --repeat runs; hf runs once (minutes each).
 """
 
 from __future__ import annotations
@@ -174,6 +176,12 @@ def main() -> int:
         "--work", default="/tmp/gptflow-bench-tokenize", help="corpus, tokenizer, outputs"
     )
     ap.add_argument("--skip-hf", action="store_true", help="leave out the slow hf runs")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="best of N for the gigatoken runs (a shared host is noisy)",
+    )
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -193,7 +201,10 @@ def main() -> int:
     print("\nceiling: raw encode_batch of the same documents, in memory (no I/O, no parsing)")
     ceilings = {}
     for engine, threads in [("gigatoken", 1), ("gigatoken", 2), ("hf", 2)]:
-        r = ceiling(engine, corpus, tok, threads)
+        repeat = a.repeat if engine == "gigatoken" else 1
+        r = max(
+            (ceiling(engine, corpus, tok, threads) for _ in range(repeat)), key=lambda x: x["mb_s"]
+        )
         ceilings[(engine, threads)] = r["mb_s"]
         note = " (5% sample)" if engine == "hf" else ""
         print(f"  {engine:9s} {threads} thread(s): {r['mb_s']:7.1f} MB/s{note}")
@@ -205,7 +216,11 @@ def main() -> int:
     reference = None
     for engine, workers in runs:
         prefix = work / f"out-{engine}-{workers}"
-        r = run_tokenize(corpus, tok, prefix, engine, workers)
+        repeat = a.repeat if engine == "auto" else 1
+        r = min(
+            (run_tokenize(corpus, tok, prefix, engine, workers) for _ in range(repeat)),
+            key=lambda x: x["wall"],
+        )
         m = r["manifest"]
         mb_s = c["bytes"] / 1e6 / r["wall"]
         used = m["engine"]["name"]
