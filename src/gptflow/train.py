@@ -50,8 +50,8 @@ def _on_signal(signum, _frame) -> None:
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per logged step or evaluation, for the current series.
 
-    On resume at step S the records after S (written by the interrupted attempt) are dropped,
-    so the file always describes one trajectory; records of another series are archived in
+    On resume at step S the records after S (written by the interrupted attempt) are dropped
+    (all of them when S is -1: a fresh start), so the file always describes one trajectory; records of another series are archived in
     that series' checkpoint directory rather than mixed in.
     """
 
@@ -265,7 +265,9 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
 
     metrics = None
     if rank == 0:
-        metrics = MetricsLog(cfg.metrics_path, cfg.series, series.dir, step)
+        # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
+        kept = step if resumed_from is not None else -1
+        metrics = MetricsLog(cfg.metrics_path, cfg.series, series.dir, kept)
         n_params = sum(p.numel() for p in model.parameters())
         total_tokens = t.train_iters * t.tokens_per_step
         data_tokens = sum(d.tokens for d in cfg.datasets)
