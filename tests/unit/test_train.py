@@ -3,6 +3,7 @@
 Every test runs `gptflow train` as a subprocess on the tiny model and real shards.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -188,10 +189,8 @@ def kill_tree(pid: int) -> None:
             except OSError:
                 continue
     for p in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def consolidated_weights(run_dir: Path) -> dict:
@@ -243,7 +242,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, kill
         try:
             if kind == "step":  # a random step past where the last attempt was killed
                 target = rng.randint(reached + 1, min(reached + 4, 13))
-                wait_for(lambda: len(records(killed, "train")) >= target, proc, log, poll=0.01)
+                wait_for(lambda t=target: len(records(killed, "train")) >= t, proc, log, poll=0.01)
             else:  # a new step directory without COMPLETE: the ranks are writing shards
 
                 def saving():
