@@ -28,9 +28,24 @@ rule render_run_config:
         "../workflow/scripts/render_run_config.py"
 
 
+rule build_data_index:
+    input:
+        config="results/runs/{run}/run.yaml",
+        shards=get_blend_shard_files,
+    output:
+        "results/runs/{run}/data-index.json",
+    log:
+        "logs/build_data_index/{run}.log",
+    conda:
+        "../envs/gptflow.yaml"
+    shell:
+        "gptflow build-index --config {input.config} --out {output} > {log} 2>&1"
+
+
 rule train_gpt:
     input:
         config="results/runs/{run}/run.yaml",
+        index="results/runs/{run}/data-index.json",
         shards=get_blend_shard_files,
     output:
         "results/runs/{run}/DONE.json",

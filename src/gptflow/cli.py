@@ -203,6 +203,29 @@ def cmd_train(a: argparse.Namespace) -> int:
     return train(a.config, threads=a.threads, exit_interval=a.exit_interval)
 
 
+def cmd_build_index(a: argparse.Namespace) -> int:
+    import time
+
+    from gptflow.config import RunConfig
+    from gptflow.data.dataset import run_split_datasets
+    from gptflow.fsutil import write_json
+
+    cfg = RunConfig.load(a.config)
+    t0 = time.perf_counter()
+    data = run_split_datasets(cfg)
+    seconds = time.perf_counter() - t0
+    summary = {
+        "run_config": a.config,
+        "cache_dir": str(cfg.index_cache_dir),
+        "samples": {name: len(ds) for name, ds in data.items() if ds is not None},
+        "files": sorted(p.name for p in cfg.index_cache_dir.glob("*.npy")),
+        "seconds": round(seconds, 3),
+    }
+    write_json(a.out, summary)
+    print(f"{a.out}: samples {summary['samples']}, {seconds:.2f} s, cache {cfg.index_cache_dir}")
+    return 0
+
+
 def cmd_summary(a: argparse.Namespace) -> int:
     runs = sorted(Path(a.results).glob("runs/*/DONE.json"))
     if not runs:
@@ -386,6 +409,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-chars", type=int, default=2000, help="characters of the document to print"
     )
     s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser(
+        "build-index",
+        help="build (or find) a run's cached doc/sample/shuffle indices, before training",
+    )
+    s.add_argument("--config", required=True, help="results/runs/{run}/run.yaml")
+    s.add_argument("--out", required=True, help="summary JSON to write")
+    s.set_defaults(func=cmd_build_index)
 
     s = sub.add_parser("train", help="train or resume the run described by a run.yaml")
     s.add_argument("--config", required=True, help="results/runs/{run}/run.yaml")

@@ -28,7 +28,7 @@ from gptflow import distributed
 from gptflow import engine as ds
 from gptflow.checkpoint import CheckpointSeries, RunLock, checkpoint_digest, tag_for
 from gptflow.config import RunConfig
-from gptflow.data.dataset import build_split_datasets
+from gptflow.data.dataset import run_split_datasets
 from gptflow.data.indexed import idx_path
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, sha256_file, write_json
@@ -213,32 +213,13 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
     series = CheckpointSeries(cfg.checkpoint_dir, cfg.fingerprint(), t.keep_last)
     series.check_fingerprint()
 
-    # Data: rank 0 builds (or finds) the cached indices, the others then load them.
-    samples = {
-        "train": t.train_iters * t.global_batch_size,
-        "valid": t.eval_iters * t.global_batch_size,
-    }
-    blend = [
-        (d.name, d.weight, [s.prefix for s in d.shards], [s.idx_sha256 for s in d.shards])
-        for d in cfg.datasets
-    ]
+    # Data: the indices are normally built by the build_data_index rule before this job; rank
+    # 0 builds any that are missing (a direct `gptflow train`), the others then load them.
     t0 = time.perf_counter()
-    data = None
-    if rank == 0:
-        data = build_split_datasets(
-            blend, cfg.split, samples, t.seq_length, t.seed, cfg.index_cache_dir
-        )
+    data = run_split_datasets(cfg) if rank == 0 else None
     dist.barrier()
     if rank != 0:
-        data = build_split_datasets(
-            blend,
-            cfg.split,
-            samples,
-            t.seq_length,
-            t.seed,
-            cfg.index_cache_dir,
-            build_allowed=False,
-        )
+        data = run_split_datasets(cfg, build_allowed=False)
     train_ds, valid_ds = data["train"], data["valid"]
     index_s = time.perf_counter() - t0
 

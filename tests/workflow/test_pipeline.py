@@ -22,6 +22,7 @@ EVERY_STAGE = {
     "train_tokenizer": 1,
     "tokenize_shard": 2,
     "render_run_config": 1,
+    "build_data_index": 1,
     "train_gpt": 1,
     "all": 1,
 }
@@ -106,12 +107,20 @@ def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, wri
     wd, _, _, _ = pipeline
     shard = wd / "results/tokens/tiny-bpe/stdlib/00000.bin"
     before = shard.stat().st_mtime_ns
+    indices = {p: p.stat().st_mtime_ns for p in (wd / "results/runs/tiny/data-index").glob("*.npy")}
+    assert len(indices) == 6  # document, sample, shuffle index of train and valid
     old = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
     changed = copy.deepcopy(tiny)
     changed["train"]["lr"] = 2.0e-3
     config = write_config(wd / "changed.yaml", changed)
     plan = snakemake(wd, config, "-n")
-    assert job_counts(plan.out) == {"render_run_config": 1, "train_gpt": 1, "all": 1}
+    # build_data_index reads the new run.yaml, finds every index cached (the key has no lr)
+    assert job_counts(plan.out) == {
+        "render_run_config": 1,
+        "build_data_index": 1,
+        "train_gpt": 1,
+        "all": 1,
+    }
     assert "Params have changed since last execution" in plan.out
     run = snakemake(wd, config)
     assert run.returncode == 0, run.out[-3000:]
@@ -126,6 +135,7 @@ def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, wri
     assert {json.loads(line)["series"] for line in metrics} == {new["series"]}
     assert (wd / "results/runs/tiny/checkpoints" / old["series"] / "metrics.jsonl").is_file()
     assert shard.stat().st_mtime_ns == before  # tokenization did not rerun
+    assert {p: p.stat().st_mtime_ns for p in indices} == indices  # the indices were cached
 
 
 def test_sigkilled_trainer_resumes_from_its_last_checkpoint(
@@ -249,4 +259,9 @@ def test_documents_per_shard_splits_each_input_into_part_jobs(
     }
     again = snakemake(wd, config, "-n", "train")
     assert again.returncode == 0, again.out[-3000:]
-    assert job_counts(again.out) == {"render_run_config": 1, "train_gpt": 1, "train": 1}
+    assert job_counts(again.out) == {
+        "render_run_config": 1,
+        "build_data_index": 1,
+        "train_gpt": 1,
+        "train": 1,
+    }

@@ -313,3 +313,30 @@ def build_split_datasets(
         else:
             out[split_name] = BlendedDataset(parts, weights, wanted)
     return out
+
+
+def run_split_datasets(cfg, build_allowed: bool = True) -> dict:
+    """The train/valid datasets of a run config (:class:`gptflow.config.RunConfig`), their
+    indices cached in the run's ``data-index/`` under a hash of everything they depend on.
+
+    The workflow's ``build_data_index`` rule calls this before training (a CPU job); the
+    trainer then only loads the cached files (``build_allowed=False`` on ranks > 0).
+    """
+    t = cfg.train
+    samples = {
+        "train": t.train_iters * t.global_batch_size,
+        "valid": t.eval_iters * t.global_batch_size,
+    }
+    blend = [
+        (d.name, d.weight, [s.prefix for s in d.shards], [s.idx_sha256 for s in d.shards])
+        for d in cfg.datasets
+    ]
+    return build_split_datasets(
+        blend,
+        cfg.split,
+        samples,
+        t.seq_length,
+        t.seed,
+        cfg.index_cache_dir,
+        build_allowed=build_allowed,
+    )
