@@ -94,3 +94,19 @@ def global_grad_norm(engine) -> float | None:
     if norm is None:
         return None
     return float(norm.item() if hasattr(norm, "item") else norm)
+
+
+def loss_scale(engine) -> float:
+    """The dynamic loss scale (fp16), else 1.0."""
+    scale = getattr(engine.optimizer, "cur_scale", None) or getattr(
+        engine.optimizer, "loss_scale", None
+    )
+    try:
+        return float(scale) if scale is not None else 1.0
+    except (TypeError, ValueError):
+        return 1.0
+
+
+def skipped_steps(engine) -> int:
+    """Optimizer steps DeepSpeed skipped (fp16 overflow: the loss scale is lowered instead)."""
+    return int(getattr(engine, "skipped_steps", 0) or 0)

@@ -37,6 +37,7 @@ from gptflow.model import GPTNeoX, decay_groups
 log = logging.getLogger("gptflow.train")
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: saved after a signal; run again to resume
+MAX_NAN_STREAK = 10  # NaN/inf losses in a row before the run stops (diverged)
 _signal_received: list[int] = []
 
 
@@ -128,12 +129,20 @@ def _all_reduce_mean(values: list[float], world: int) -> list[float]:
     return (t / world).tolist()
 
 
-def _any_rank(flag: bool, world: int) -> bool:
+def _any_rank(flags: list[bool], world: int) -> list[bool]:
+    """Each flag OR-ed over the ranks, in one all-reduce."""
     if world == 1:
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        return list(flags)
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(x) for x in t.tolist()]
+
+
+def flops_per_token(model_cfg, n_params: int, seq_length: int) -> float:
+    """Training FLOPs per token: 6 x the parameters that multiply (all but the input
+    embedding) plus attention's 12 x layers x hidden x sequence (PaLM, appendix B)."""
+    matmul_params = n_params - model_cfg.vocab_size * model_cfg.hidden_size
+    return 6.0 * matmul_params + 12.0 * model_cfg.num_layers * model_cfg.hidden_size * seq_length
 
 
 def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int) -> float:
@@ -194,7 +203,7 @@ def train(
             lock.acquire()
         except GptflowError as e:
             failure = str(e)
-    if _any_rank(bool(failure), world):
+    if _any_rank([bool(failure)], world)[0]:
         raise GptflowError(failure or "rank 0 could not take the run lock")
     if lock.took_over:
         log.warning("took over a stale lock: %s", lock.took_over["reason"])
@@ -314,6 +323,10 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
         eval_and_log(0)
 
     interval_loss, interval_steps, interval_t = 0.0, 0, time.perf_counter()
+    nan_iters = nan_streak = 0
+    flops_token = flops_per_token(
+        cfg.model, sum(p.numel() for p in model.parameters()), t.seq_length
+    )
     while step < t.train_iters:
         grad_norm = None
         step_loss = torch.zeros((), dtype=torch.float64)
@@ -334,17 +347,37 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
         if grad_norm is None:
             grad_norm = ds.global_grad_norm(engine)
 
+        preempted, bad_loss = _any_rank(
+            [bool(_signal_received), not math.isfinite(float(step_loss))], world
+        )
+        if bad_loss:
+            nan_iters += 1
+            nan_streak += 1
+            if nan_streak > MAX_NAN_STREAK:
+                raise GptflowError(
+                    f"the loss was NaN or infinite for {nan_streak} steps in a row (steps "
+                    f"{step - nan_streak + 1}-{step}); the weights have diverged. Stopped "
+                    f"without saving: resume from the last good checkpoint with a lower "
+                    f"train.lr, longer warmup or train.precision bf16, under a new run name"
+                )
+        else:
+            nan_streak = 0
+
         if step % t.log_interval == 0 or step == t.train_iters:
             (mean_loss,) = _all_reduce_mean([interval_loss / interval_steps], world)
             elapsed = time.perf_counter() - interval_t
             ms = 1000 * elapsed / interval_steps
             tok_s = interval_steps * t.tokens_per_step / elapsed
+            tflops = flops_token * tok_s / world / 1e12
             lr = t.lr_at(step - 1)
+            scale = ds.loss_scale(engine)
+            skipped = ds.skipped_steps(engine)
             if rank == 0:
                 log.info(
                     " iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): "
-                    "%.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | grad norm: "
-                    "%s | tokens per second: %.0f |",
+                    "%.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss "
+                    "scale: %s | grad norm: %s | number of skipped iterations: %3d | number of nan "
+                    "iterations: %3d | tokens per second: %.0f | TFLOP/s per device: %.3f |",
                     step,
                     t.train_iters,
                     consumed,
@@ -352,8 +385,12 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
                     lr,
                     t.global_batch_size,
                     mean_loss,
+                    f"{scale:.1f}",
                     "n/a" if grad_norm is None else f"{grad_norm:.3f}",
+                    skipped,
+                    nan_iters,
                     tok_s,
+                    tflops,
                 )
                 metrics.write(
                     {
@@ -366,6 +403,10 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
                         "grad_norm": grad_norm,
                         "ms_per_step": ms,
                         "tokens_per_s": tok_s,
+                        "tflops_per_device": tflops,
+                        "loss_scale": scale,
+                        "skipped_iters": skipped,
+                        "nan_iters": nan_iters,
                         "time": time.time(),
                     }
                 )
@@ -375,7 +416,6 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
             eval_and_log(step)
             interval_t = time.perf_counter()
 
-        preempted = _any_rank(bool(_signal_received), world)
         stop = preempted or bool(
             exit_interval and step % exit_interval == 0 and step < t.train_iters
         )

@@ -268,3 +268,26 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, kill
     want, got = consolidated_weights(straight), consolidated_weights(killed)
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want), f"seed {seed}"
+
+
+def test_a_diverged_run_stops_with_the_nan_steps_named(make_run):
+    """An absurd learning rate drives the weights to inf: the NaN/inf losses are counted in the
+    iteration line, and after MAX_NAN_STREAK in a row the run stops with a clear message, no
+    DONE.json and no checkpoint of the diverged weights."""
+    from gptflow.train import MAX_NAN_STREAK
+
+    run_dir = make_run(
+        "diverged", train_iters=60, lr=1e6, min_lr=1e5, log_interval=1, save_interval=1000,
+        eval_interval=1000, clip_grad=0.0,
+    )  # fmt: skip
+    out = gptflow_train(run_dir)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert f"the loss was NaN or infinite for {MAX_NAN_STREAK + 1} steps in a row" in out.stderr
+    assert "resume from the last good checkpoint with a lower train.lr" in out.stderr
+    nan_counts = [r["nan_iters"] for r in records(run_dir, "train")]
+    assert nan_counts[-1] == MAX_NAN_STREAK
+    assert nan_counts == sorted(nan_counts) and nan_counts[0] == 0
+    assert "number of nan iterations:  10 |" in out.stderr
+    assert "TFLOP/s per device:" in out.stderr
+    assert not (run_dir / "DONE.json").exists()
+    assert not list(run_dir.glob("checkpoints/*/step*"))
