@@ -46,6 +46,7 @@ format: setup
 
 bench: setup
 	python bench/run.py
+	python bench/train.py
 	python bench/download.py
 	python bench/tokenize.py
 

@@ -4,10 +4,10 @@
    encode-and-write loop of Megatron's `preprocess_data.py` (single process, same tokenizer),
    on the embedded corpus (the Python standard library, as `make run` collects it);
    outputs must be byte-identical.
-2. training step: the `small` preset, plain PyTorch AdamW step vs the same step through the
-   DeepSpeed engine (ZeRO 0, fp32), same process, same batch.
 
-Usage: python bench/run.py [--only tokenize|train] [--out DIR]
+Training throughput (ZeRO 0-3 against a plain PyTorch loop) is bench/train.py.
+
+Usage: python bench/run.py [--only tokenize] [--out DIR]
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
+# `python bench/X.py` puts bench/ first on sys.path, where bench/tokenize.py shadows the
+# standard library's tokenize (inspect and linecache import it); drop it before they are imported.
+if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
+    del sys.path[0]
+
+import numpy as np  # noqa: E402
 
 
 def corpus(out: Path) -> list[str]:
@@ -101,74 +105,9 @@ def bench_tokenize(out: Path) -> None:
         )
 
 
-def bench_train() -> None:
-    import torch
-
-    from gptflow.config import ModelConfig, TrainConfig, load_yaml
-    from gptflow.model import GPTNeoX, decay_groups
-
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
-    preset = {
-        k: v for k, v in load_yaml(REPO / "config/models/small.yaml").items() if k != "description"
-    }
-    cfg = ModelConfig(**preset, vocab_size=8192)
-    train = TrainConfig(
-        train_iters=10,
-        micro_batch_size=8,
-        global_batch_size=8,
-        seq_length=256,
-        lr=1e-3,
-        min_lr=1e-4,
-    )
-    x = torch.randint(0, 8192, (8, 256))
-
-    def timed(step, n=6):
-        for _ in range(2):
-            step()
-        t = time.perf_counter()
-        for _ in range(n):
-            step()
-        return (time.perf_counter() - t) / n
-
-    torch.manual_seed(0)
-    plain = GPTNeoX(cfg)
-    opt = torch.optim.AdamW(decay_groups(plain, 0.1), lr=1e-3)
-
-    def plain_step():
-        loss = plain(x, x)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    from gptflow import distributed
-    from gptflow import engine as ds
-
-    distributed.export(distributed.resolve({}))
-    ds.init_distributed()
-    torch.manual_seed(0)
-    model = GPTNeoX(cfg)
-    eng = ds.build_engine(model, decay_groups(model, 0.1), train, 1)
-
-    def ds_step():
-        loss = eng(x, x)
-        eng.backward(loss)
-        eng.step()
-
-    tp, td = timed(plain_step), timed(ds_step)
-    tokens = x.numel()
-    print(
-        f"train step, `small` preset ({cfg.num_parameters() / 1e6:.1f} M params), batch 8 x 256, fp32, {torch.get_num_threads()} threads:"
-    )
-    print(f"  plain PyTorch AdamW:          {tp * 1000:7.1f} ms/step  {tokens / tp:8.0f} tokens/s")
-    print(
-        f"  DeepSpeed engine (ZeRO 0):    {td * 1000:7.1f} ms/step  {tokens / td:8.0f} tokens/s  overhead {100 * (td / tp - 1):+.1f}%"
-    )
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=["tokenize", "train"])
+    p.add_argument("--only", choices=["tokenize"])
     p.add_argument("--out", help="scratch directory (default: a temporary one)")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,8 +115,6 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         if a.only in (None, "tokenize"):
             bench_tokenize(out)
-        if a.only in (None, "train"):
-            bench_train()
     return 0
 
 

@@ -1,0 +1,346 @@
+"""Training throughput: our trainer's step at ZeRO 0/1/2/3 against a plain PyTorch loop.
+
+One process, one rank (gloo, world size 1), --threads torch threads (default 1), fp32. Every
+configuration gets the same model (a preset from config/models, initialised from the same seed),
+the same micro batch and sequence length and the same token batches (random token ids from a fixed
+numpy seed: the compute of a dense model does not depend on which ids it sees, and no tokenizer
+or corpus has to be built), and does the same optimizer steps:
+
+* baseline, "plain PyTorch": ``torch.optim.AdamW`` over ``decay_groups`` with the trainer's LR
+  schedule (``LambdaLR``), per micro-batch the trainer's dropout reseed, forward and
+  ``loss.backward()``, then ``clip_grad_norm_``, ``optimizer.step()``, ``scheduler.step()``,
+  ``zero_grad``;
+* ours: the engine of ``gptflow.engine.build_engine`` at each ZeRO stage, driven exactly as the
+  inner loop of ``gptflow.train._train`` drives it: ``_reseed``, ``engine(x, y)``,
+  ``engine.backward(loss)``, ``_grad_norm`` at ZeRO-0 fp32 (the trainer's own norm for the log),
+  ``engine.step()``, loss accumulation; data loading and logging are left out of both.
+
+All configurations are built first (each holds its own copy of the model and optimizer), then run
+--warmup untimed steps, then --repeat rounds of one block of --steps timed steps each, interleaved
+(plain, ZeRO-0, ..., ZeRO-3, the order rotating per round) so that load from other processes hits all of them
+alike. Printed per configuration: the best block's ms/step and tokens/s, the median block's
+ms/step, the best block's process CPU ms/step, and the ratio to the plain loop, both best block
+to best block and as the median over rounds of the ratio within a round (paired: robust when the
+load changes between rounds). A stage that cannot run here is reported with the reason.
+Then, as a check that all did the same work, the max |parameter difference| of each engine's
+model from the plain loop's after the same steps; last, what the ZeRO-0 step adds to the plain
+one (gradient all-reduce, DeepSpeed's clipping, the trainer's grad norm), each timed alone.
+
+Usage: python bench/train.py [--preset small] [--seq-length 256] [--micro-batch 8]
+       [--grad-accum 1] [--steps 2] [--warmup 2] [--repeat 20] [--threads 1] [--zero 0,1,2,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# `python bench/X.py` puts bench/ first on sys.path, where bench/tokenize.py shadows the
+# standard library's tokenize (inspect and linecache import it, e.g. when torch formats a stack);
+# drop it before anything imports them (no dataclasses above this line).
+if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
+    del sys.path[0]
+
+import numpy as np  # noqa: E402
+
+
+class Runner:
+    """One configuration under test: `step(i)` does optimizer step i; `model` is its module."""
+
+    def __init__(
+        self, name: str, step=None, model=None, gathered=None, engine=None, error: str = ""
+    ) -> None:
+        self.name = name
+        self.step: Callable[[int], None] | None = step
+        self.model = model
+        self.engine = engine
+        self.gathered = gathered  # () -> context manager exposing ZeRO-3's partitioned parameters
+        self.error = error
+        self.wall: list[float] = []  # s/step of each timed block
+        self.cpu: list[float] = []
+
+
+def plain_runner(cfg, train, batches, gas: int) -> Runner:
+    import torch
+
+    from gptflow.model import GPTNeoX, decay_groups
+    from gptflow.train import _reseed
+
+    torch.manual_seed(train.seed)
+    model = GPTNeoX(cfg)
+    opt = torch.optim.AdamW(
+        decay_groups(model, train.weight_decay),
+        lr=train.lr,
+        betas=(train.adam_beta1, train.adam_beta2),
+        eps=train.adam_eps,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: train.lr_at(s) / train.lr)
+    params = list(model.parameters())
+
+    def step(i: int) -> None:
+        for micro in range(gas):
+            _reseed(train.seed, i, micro, 0, 1, gas)
+            x, y = batches[i * gas + micro]
+            loss = model(x, y)
+            (loss if gas == 1 else loss / gas).backward()
+        torch.nn.utils.clip_grad_norm_(params, train.clip_grad)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Runner("plain PyTorch AdamW loop", step, model)
+
+
+def engine_runner(cfg, train, batches, gas: int, stage: int) -> tuple[Runner, float]:
+    """The trainer's inner loop (gptflow.train._train) around build_engine's engine."""
+    import dataclasses
+
+    import torch
+
+    from gptflow import engine as ds
+    from gptflow.model import GPTNeoX, decay_groups
+    from gptflow.train import _grad_norm, _reseed
+
+    t = dataclasses.replace(train, zero_stage=stage)
+    torch.manual_seed(t.seed)
+    model = GPTNeoX(cfg)
+    t0 = time.perf_counter()
+    engine = ds.build_engine(model, decay_groups(model, t.weight_decay), t, 1)
+    built = time.perf_counter() - t0
+    logged: list[float] = []  # the trainer's interval_loss
+
+    def step(i: int) -> None:
+        grad_norm = None
+        step_loss = torch.zeros((), dtype=torch.float64)
+        for micro in range(gas):
+            _reseed(t.seed, i, micro, 0, 1, gas)
+            x, y = batches[i * gas + micro]
+            loss = engine(x.to(engine.device), y.to(engine.device))
+            engine.backward(loss)
+            if micro == gas - 1 and t.zero_stage == 0 and t.precision == "fp32":
+                grad_norm = _grad_norm(engine.module)
+            engine.step()
+            step_loss += loss.detach().double()
+        if grad_norm is None:
+            grad_norm = ds.global_grad_norm(engine)
+        logged[:] = [float(step_loss) / gas]
+
+    gathered = None
+    if stage == 3:
+        import deepspeed
+
+        def gathered():
+            return deepspeed.zero.GatheredParameters(list(engine.module.parameters()))
+
+    name = f"trainer, DeepSpeed ZeRO-{stage}"
+    return Runner(name, step, engine.module, gathered, engine), built
+
+
+def run_block(r: Runner, start: int, n: int) -> tuple[float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    for i in range(start, start + n):
+        r.step(i)
+    return (time.perf_counter() - w) / n, (time.process_time() - c) / n
+
+
+def max_param_diff(r: Runner, ref: dict) -> float:
+    import contextlib
+
+    with r.gathered() if r.gathered else contextlib.nullcontext():
+        diffs = [
+            float((p.detach() - ref[name]).abs().max()) for name, p in r.model.named_parameters()
+        ]
+    return max(diffs) if diffs else float("nan")
+
+
+def zero0_extras(r: Runner, batch, plain_ms: float) -> str:
+    """Per-step costs the ZeRO-0 engine and the trainer add to the plain loop's step, each timed
+    alone on real gradients (median of 20 calls)."""
+    import torch
+    from deepspeed.runtime.utils import clip_grad_norm_ as ds_clip
+
+    from gptflow.train import _grad_norm
+
+    eng = r.engine
+    eng.backward(eng(*batch))  # gradients to work on; after the parameter check
+
+    def ms(f) -> float:
+        f()
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return 1000 * statistics.median(times)
+
+    params = list(eng.module.parameters())
+    parts = {
+        "gradient all-reduce, 1 rank (flatten, gloo, copy back)": ms(eng.allreduce_gradients),
+        "DeepSpeed clip_grad_norm_": ms(lambda: ds_clip(params, 1.0)),
+        "minus torch clip_grad_norm_ (the plain loop's)": -ms(
+            lambda: torch.nn.utils.clip_grad_norm_(params, 1.0)
+        ),
+        "gptflow.train._grad_norm (for the log)": ms(lambda: _grad_norm(eng.module)),
+    }
+    eng.zero_grad()
+    net = sum(parts.values())
+    lines = [f"  {k:<56} {abs(v):6.2f} ms" for k, v in parts.items()]
+    lines.append(
+        f"  {'net extra per step':<56} {net:6.2f} ms = {100 * net / plain_ms:.1f}% of the plain step"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="small", help="config/models/<preset>.yaml (default small)")
+    p.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary (default 8192)")
+    p.add_argument("--seq-length", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per block")
+    p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
+    p.add_argument("--repeat", type=int, default=20, help="rounds of timed blocks")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to run (default 0,1,2,3)")
+    p.add_argument("--seed", type=int, default=1234)
+    a = p.parse_args()
+
+    import warnings
+
+    import torch
+
+    # DeepSpeed's ZeRO calls deprecated torch.distributed collectives: noise, not findings.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")
+
+    from gptflow import distributed
+    from gptflow import engine as ds
+    from gptflow.config import ModelConfig, TrainConfig, load_yaml, padded_vocab_size
+
+    torch.set_num_threads(a.threads)
+    preset = load_yaml(REPO / "config/models" / f"{a.preset}.yaml") or {}
+    multiple = preset.get("make_vocab_size_divisible_by", 128)
+    cfg = ModelConfig(**{**preset, "vocab_size": padded_vocab_size(a.vocab, multiple)})
+    gas = a.grad_accum
+    total = a.warmup + a.repeat * a.steps
+    train = TrainConfig(
+        train_iters=total,
+        seed=a.seed,
+        seq_length=a.seq_length,
+        micro_batch_size=a.micro_batch,
+        global_batch_size=a.micro_batch * gas,
+    )
+    rows = np.random.default_rng(a.seed).integers(
+        0, a.vocab, size=(total * gas, a.micro_batch, a.seq_length + 1), dtype=np.int64
+    )
+    batches = [
+        (torch.from_numpy(r[:, :-1].copy()), torch.from_numpy(r[:, 1:].copy())) for r in rows
+    ]
+    tokens = train.tokens_per_step
+
+    # One rank of gloo, as `gptflow train` under a plain `python` sets it up.
+    distributed.export(distributed.resolve({}))
+    t0 = time.perf_counter()
+    ds.init_distributed()
+    init_s = time.perf_counter() - t0
+
+    print(
+        f"training throughput: preset {a.preset} ({cfg.num_parameters() / 1e6:.2f} M parameters, "
+        f"{cfg.num_layers} layers x {cfg.hidden_size}, vocab {cfg.vocab_size}), "
+        f"{a.micro_batch} x {a.seq_length} tokens x grad accum {gas} = {tokens} tokens/step, "
+        f"fp32, 1 process, {torch.get_num_threads()} thread(s)"
+    )
+    print(
+        f"data: random token ids (numpy seed {a.seed}), {total * gas} micro-batches, the same for "
+        f"every configuration; AdamW lr {train.lr:g} {train.lr_decay_style}, weight decay "
+        f"{train.weight_decay:g}, clip {train.clip_grad:g}"
+    )
+    print(
+        f"timing: {a.warmup} warm-up steps, then {a.repeat} rounds of one block of {a.steps} "
+        f"steps per configuration (order rotating)"
+    )
+
+    runners = [plain_runner(cfg, train, batches, gas)]
+    init = {n: p.detach().clone() for n, p in runners[0].model.named_parameters()}
+    setup = [f"deepspeed import + init_distributed {init_s:.2f} s"]
+    for stage in (int(s) for s in a.zero.split(",") if s.strip()):
+        try:
+            r, built = engine_runner(cfg, train, batches, gas, stage)
+            setup.append(f"ZeRO-{stage} engine {built:.2f} s")
+        except Exception as e:  # report, do not crash: the other stages still run
+            r = Runner(f"trainer, DeepSpeed ZeRO-{stage}", error=f"build: {e!r}")
+        runners.append(r)
+    print("setup: " + ", ".join(setup))
+
+    def guarded(r: Runner, start: int, n: int) -> tuple[float, float] | None:
+        try:
+            return run_block(r, start, n)
+        except Exception as e:
+            r.error = f"step: {e!r}"
+            return None
+
+    for r in runners:
+        if not r.error:
+            guarded(r, 0, a.warmup)
+    live = [r for r in runners if not r.error]
+    for b in range(a.repeat):
+        start = a.warmup + b * a.steps
+        for r in live[b % len(live) :] + live[: b % len(live)]:
+            if not r.error and (res := guarded(r, start, a.steps)):
+                r.wall.append(res[0])
+                r.cpu.append(res[1])
+
+    base = runners[0]
+    print(
+        f"\n  {'configuration':<30} {'ms/step':>8} {'tokens/s':>9} {'median ms':>10} "
+        f"{'CPU ms':>7} {'vs plain':>9} {'paired':>7}"
+    )
+    for r in runners:
+        if r.error or not r.wall:
+            print(f"  {r.name:<30} cannot run here: {r.error}")
+            continue
+        w = min(r.wall)
+        ratio = paired = ""
+        if base.wall and not base.error:
+            ratio = f"{min(base.wall) / w:.3f}x"
+            # a stage that failed mid-way has fewer blocks: pair its rounds with the first ones
+            pairs = zip(base.wall, r.wall, strict=False)
+            paired = f"{statistics.median(b / o for b, o in pairs):.3f}x"
+        print(
+            f"  {r.name:<30} {1000 * w:8.1f} {tokens / w:9.0f} "
+            f"{1000 * statistics.median(r.wall):10.1f} {1000 * min(r.cpu):7.1f} {ratio:>9} "
+            f"{paired:>7}"
+        )
+    print(
+        "  ms/step, tokens/s: best block; median ms: median block; CPU ms: best block's process\n"
+        "  CPU time per step; vs plain: tokens/s ratio to the plain loop (best blocks, > 1 is\n"
+        "  faster); paired: median over rounds of the ratio within the round"
+    )
+
+    if not base.error:
+        ref = {n: p.detach().clone() for n, p in base.model.named_parameters()}
+        checks = [
+            f"ZeRO-{r.name.rsplit('-', 1)[1]} {max_param_diff(r, ref):.2e}"
+            for r in runners[1:]
+            if not r.error
+        ]
+        moved = max(float((p - init[n]).abs().max()) for n, p in ref.items())
+        if checks:
+            print(
+                f"check after the same {total} steps (which moved the parameters by up to "
+                f"{moved:.2e}), max |parameter - plain loop's|: " + ", ".join(checks)
+            )
+    z0 = next((r for r in runners if r.name.endswith("ZeRO-0") and r.wall), None)
+    if z0 and base.wall:
+        print("ZeRO-0 extras per step, each timed alone (median of 20 calls):")
+        print(zero0_extras(z0, batches[0], 1000 * min(base.wall)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
