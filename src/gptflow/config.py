@@ -256,6 +256,8 @@ class TrainConfig:
     clip_grad: float = 1.0
     precision: str = "fp32"
     zero_stage: int = 0
+    offload: str = "none"
+    tensorboard: bool = False
     log_interval: int = 10
     eval_interval: int = 100
     eval_iters: int = 10
@@ -267,6 +269,15 @@ class TrainConfig:
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
                 f"train.micro_batch_size {self.micro_batch_size}; change one of them"
+            )
+        if self.offload != "none" and self.zero_stage == 0:
+            raise GptflowError(
+                f"train.offload {self.offload} needs ZeRO: set train.zero_stage to 1, 2 or 3"
+            )
+        if self.offload == "optimizer_and_params" and self.zero_stage != 3:
+            raise GptflowError(
+                f"train.offload optimizer_and_params offloads parameters, which only ZeRO stage 3 "
+                f"partitions: set train.zero_stage 3 (it is {self.zero_stage}) or offload: optimizer"
             )
         if self.min_lr > self.lr:
             raise GptflowError(f"train.min_lr {self.min_lr} is above train.lr {self.lr}; lower it")

@@ -31,6 +31,13 @@ def deepspeed_config(train: TrainConfig, world_size: int) -> dict:
         "wall_clock_breakdown": False,
         "checkpoint": {"tag_validation": "FAIL"},
     }
+    if train.offload != "none":
+        zero = cfg["zero_optimization"]
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if train.offload == "optimizer_and_params":
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        # torch AdamW on the offloaded states (DeepSpeedCPUAdam is faster but needs a C++ build)
+        cfg["zero_force_ds_cpu_optimizer"] = False
     if train.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif train.precision == "fp16":

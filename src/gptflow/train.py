@@ -56,9 +56,23 @@ class MetricsLog:
     that series' checkpoint directory rather than mixed in.
     """
 
-    def __init__(self, path: Path, series: str, series_dir: Path, resume_step: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        series: str,
+        series_dir: Path,
+        resume_step: int,
+        tensorboard_dir: Path | None = None,
+    ) -> None:
         self.path = path
         self.series = series
+        self.tensorboard = None
+        if tensorboard_dir is not None:  # the same records as scalars "{kind}/{key}"
+            from torch.utils.tensorboard import SummaryWriter
+
+            # events past the resumed step (the interrupted attempt's) are purged
+            purge = resume_step + 1 if resume_step >= 0 else None
+            self.tensorboard = SummaryWriter(str(tensorboard_dir), purge_step=purge)
         kept: list[str] = []
         if path.is_file():
             lines = path.read_text().splitlines()
@@ -82,6 +96,11 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps({"series": self.series, **record}) + "\n")
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if key not in ("step", "kind", "time") and isinstance(value, int | float):
+                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+            self.tensorboard.flush()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -257,7 +276,8 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
     if rank == 0:
         # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
         kept = step if resumed_from is not None else -1
-        metrics = MetricsLog(cfg.metrics_path, cfg.series, series.dir, kept)
+        tb_dir = Path(cfg.run_dir) / "tensorboard" / cfg.series if t.tensorboard else None
+        metrics = MetricsLog(cfg.metrics_path, cfg.series, series.dir, kept, tb_dir)
         n_params = sum(p.numel() for p in model.parameters())
         total_tokens = t.train_iters * t.tokens_per_step
         data_tokens = sum(d.tokens for d in cfg.datasets)

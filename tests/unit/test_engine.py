@@ -41,3 +41,20 @@ def test_indivisible_batch_names_the_numbers():
         GptflowError, match=r"global_batch_size 16 is not a multiple of .* 4 x 3 ranks = 12"
     ):
         deepspeed_config(t, 3)
+
+
+def test_offload_sections_and_their_zero_requirements():
+    opt = deepspeed_config(TrainConfig(train_iters=1, zero_stage=2, offload="optimizer"), 1)
+    assert opt["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_param" not in opt["zero_optimization"]
+    assert opt["zero_force_ds_cpu_optimizer"] is False  # torch AdamW, no C++ build
+    both = TrainConfig(train_iters=1, zero_stage=3, offload="optimizer_and_params")
+    assert deepspeed_config(both, 1)["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert (
+        "offload_optimizer"
+        not in deepspeed_config(TrainConfig(train_iters=1), 1)["zero_optimization"]
+    )
+    with pytest.raises(GptflowError, match="train.offload optimizer needs ZeRO"):
+        TrainConfig(train_iters=1, offload="optimizer")
+    with pytest.raises(GptflowError, match="only ZeRO stage 3 partitions"):
+        TrainConfig(train_iters=1, zero_stage=2, offload="optimizer_and_params")

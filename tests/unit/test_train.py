@@ -291,3 +291,25 @@ def test_a_diverged_run_stops_with_the_nan_steps_named(make_run):
     assert "TFLOP/s per device:" in out.stderr
     assert not (run_dir / "DONE.json").exists()
     assert not list(run_dir.glob("checkpoints/*/step*"))
+
+
+def test_tensorboard_events_hold_the_logged_scalars(make_run):
+    """train.tensorboard: the event files, read back with TensorBoard's own reader, carry the
+    metrics.jsonl losses at the same steps, also across a resume (the interrupted attempt's
+    later events are purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = make_run(
+        "tb", train_iters=6, log_interval=1, eval_interval=3, eval_iters=1, tensorboard=True
+    )
+    assert gptflow_train(run_dir, "--exit-interval", "4").returncode == 75
+    assert gptflow_train(run_dir).returncode == 0
+    (series,) = (run_dir / "tensorboard").iterdir()
+    events = EventAccumulator(str(series))
+    events.Reload()
+    loss = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    want = [(r["step"], r["loss"]) for r in records(run_dir, "train")]
+    assert [s for s, _ in loss] == [s for s, _ in want] == list(range(1, 7))
+    assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(loss, want, strict=True))
+    assert [e.step for e in events.Scalars("eval/val_loss")] == [0, 3, 6]
+    assert "train/tflops_per_device" in events.Tags()["scalars"]
