@@ -54,7 +54,7 @@ def test_offload_sections_and_their_zero_requirements():
         "offload_optimizer"
         not in deepspeed_config(TrainConfig(train_iters=1), 1)["zero_optimization"]
     )
-    with pytest.raises(GptflowError, match="train.offload optimizer needs ZeRO"):
+    with pytest.raises(GptflowError, match=r"train\.offload optimizer needs ZeRO"):
         TrainConfig(train_iters=1, offload="optimizer")
     with pytest.raises(GptflowError, match="only ZeRO stage 3 partitions"):
         TrainConfig(train_iters=1, zero_stage=2, offload="optimizer_and_params")
