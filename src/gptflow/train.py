@@ -184,12 +184,9 @@ def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int) -> float:
 
 
 def _grad_norm(model: torch.nn.Module) -> float:
-    sq = sum(
-        float(p.grad.detach().float().pow(2).sum())
-        for p in model.parameters()
-        if p.grad is not None
-    )
-    return math.sqrt(sq)
+    """Global L2 norm of the gradients (one fused computation, one host sync)."""
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0)) if grads else 0.0
 
 
 # ----------------------------------------------------------------------------- main loop
