@@ -179,8 +179,12 @@ def zero0_extras(r: Runner, batch, plain_ms: float) -> str:
         return 1000 * statistics.median(times)
 
     params = list(eng.module.parameters())
-    parts = {
-        "gradient all-reduce, 1 rank (flatten, gloo, copy back)": ms(eng.allreduce_gradients),
+    parts = {}
+    if eng.enable_backward_allreduce:  # build_engine turns it off for one rank at ZeRO 0
+        parts["gradient all-reduce, 1 rank (flatten, gloo, copy back)"] = ms(
+            eng.allreduce_gradients
+        )
+    parts |= {
         "DeepSpeed clip_grad_norm_": ms(lambda: ds_clip(params, 1.0)),
         "minus torch clip_grad_norm_ (the plain loop's)": -ms(
             lambda: torch.nn.utils.clip_grad_norm_(params, 1.0)
