@@ -92,7 +92,9 @@ def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run):
     assert done_b["final_val_loss"] < done_b["initial_val_loss"]
 
 
-def test_preemption_signal_saves_exits_75_and_a_second_trainer_is_refused(make_run):
+def test_preemption_signal_saves_exits_75_and_the_rerun_continues(make_run):
+    """SIGUSR1 mid-run: a second trainer is refused meanwhile; the trainer saves the current
+    step and exits 75; the rerun resumes from that step and finishes."""
     run_dir = make_run("pre", train_iters=400, log_interval=1, save_interval=1000)
     cmd = [str(BIN / "gptflow"), "train", "--config", str(run_dir / "run.yaml"), "--threads", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -121,6 +123,11 @@ def test_preemption_signal_saves_exits_75_and_a_second_trainer_is_refused(make_r
     assert (series / f"step{saved:08d}" / "COMPLETE").is_file()
     assert not (run_dir / "train.lock").exists()  # released on the way out
     assert not (run_dir / "DONE.json").exists()
+    rerun = gptflow_train(run_dir)  # what the workflow's retry does
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming from step {saved};" in rerun.stderr
+    assert [r["step"] for r in records(run_dir, "train")] == list(range(1, 401))
+    assert json.loads((run_dir / "DONE.json").read_text())["final_step"] == 400
 
 
 def test_killed_trainer_leaves_a_stale_lock_that_is_taken_over(make_run):
