@@ -52,13 +52,39 @@ def deepspeed_config(train: TrainConfig, world_size: int) -> dict:
     return cfg
 
 
+class SkippingAdamW(torch.optim.AdamW):
+    """torch AdamW that skips its update when any gradient is NaN or infinite.
+
+    It sets ``overflow`` as DeepSpeed's own optimizers do, so under ZeRO 0 the engine counts
+    the step in ``skipped_steps`` and does not advance the learning-rate schedule (Megatron's
+    behaviour for skipped iterations). ZeRO 1/2 already skip such steps before calling it;
+    under ZeRO 3 each rank sees only its partition, so the verdict is agreed on by all ranks.
+    """
+
+    overflow = False
+
+    def step(self, closure=None):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        bad = torch.zeros(1, device=device)  # NCCL reduces CUDA tensors only
+        if grads:
+            norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+            bad[0] = float(not torch.isfinite(norm))
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        self.overflow = bool(bad.item())
+        if self.overflow:
+            return None
+        return super().step(closure)
+
+
 def build_engine(
     model: torch.nn.Module, param_groups: list[dict], train: TrainConfig, world_size: int
 ):
     """``deepspeed.initialize`` with a torch AdamW and our LR schedule; returns the engine."""
     import deepspeed
 
-    optimizer = torch.optim.AdamW(
+    optimizer = SkippingAdamW(
         param_groups,
         lr=train.lr,
         betas=(train.adam_beta1, train.adam_beta2),

@@ -353,8 +353,10 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
             x, y = _batch(train_ds, start, t.micro_batch_size)
             loss = engine(x.to(engine.device), y.to(engine.device))
             engine.backward(loss)
-            if micro == gas - 1 and t.zero_stage == 0 and t.precision == "fp32":
-                grad_norm = _grad_norm(engine.module)  # DeepSpeed does not report it here
+            if micro == gas - 1:
+                lr_used = engine.get_lr()[0]  # not lr_at(step): skipped steps hold the schedule
+                if t.zero_stage == 0 and t.precision == "fp32":
+                    grad_norm = _grad_norm(engine.module)  # DeepSpeed does not report it here
             engine.step()
             step_loss += loss.detach().double()
         step += 1
@@ -386,7 +388,7 @@ def _train(cfg: RunConfig, env, gas: int, exit_interval: int | None) -> int:
             ms = 1000 * elapsed / interval_steps
             tok_s = interval_steps * t.tokens_per_step / elapsed
             tflops = flops_token * tok_s / world / 1e12
-            lr = t.lr_at(step - 1)
+            lr = lr_used
             scale = ds.loss_scale(engine)
             skipped = ds.skipped_steps(engine)
             if rank == 0:

@@ -58,3 +58,77 @@ def test_offload_sections_and_their_zero_requirements():
         TrainConfig(train_iters=1, offload="optimizer")
     with pytest.raises(GptflowError, match="only ZeRO stage 3 partitions"):
         TrainConfig(train_iters=1, zero_stage=2, offload="optimizer_and_params")
+
+
+SKIP_SCRIPT = r"""
+import json, os, sys
+import torch
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0")
+from gptflow import engine as ds
+from gptflow.config import ModelConfig, TrainConfig
+from gptflow.model import GPTNeoX, decay_groups
+import deepspeed
+
+ds.init_distributed()
+torch.manual_seed(0)
+x = torch.randint(0, 128, (2, 16))
+out = {}
+for stage in (0, 1, 2, 3):
+    torch.manual_seed(0)
+    model = GPTNeoX(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=128))
+    t = TrainConfig(train_iters=10, zero_stage=stage, micro_batch_size=2, global_batch_size=2,
+                    lr=1e-2, min_lr=1e-3, lr_warmup_iters=0)
+    eng = ds.build_engine(model, decay_groups(model, 0.1), t, 1)
+
+    def params():
+        ps = list(eng.module.parameters())
+        with deepspeed.zero.GatheredParameters(ps, enabled=stage == 3):
+            return [p.detach().clone() for p in ps]
+
+    def step(poison):
+        loss = eng(x, x)
+        eng.backward(loss * float("nan") if poison else loss)
+        eng.step()
+
+    step(False)
+    before, lr = params(), eng.get_lr()[0]
+    step(True)
+    after = params()
+    skipped_ok = all(torch.equal(a, b) for a, b in zip(before, after))
+    lr_held = eng.get_lr()[0] == lr
+    step(False)
+    moved = params()
+    out[stage] = {
+        "unchanged": skipped_ok,
+        "lr_held": lr_held,
+        "skipped_steps": eng.skipped_steps,
+        "then_trains": any(not torch.equal(a, b) for a, b in zip(after, moved)),
+        "finite": all(bool(torch.isfinite(p).all()) for p in moved),
+    }
+print(json.dumps(out))
+"""
+
+
+def test_a_step_with_nan_gradients_is_skipped_at_every_zero_stage():
+    """A backward of a NaN loss: the weights and the learning-rate schedule stay as they were,
+    DeepSpeed counts the skip (ZeRO 0 through our optimizer's overflow flag, ZeRO 1-3 by their
+    own gradient-norm checks), and the next step trains normally. Real DeepSpeed engines, one
+    gloo rank."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = subprocess.run(
+        [sys.executable, "-c", SKIP_SCRIPT, port], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for stage, r in result.items():
+        assert r["unchanged"] and r["then_trains"] and r["finite"], (stage, r)
+    assert {s: result[s]["skipped_steps"] for s in result} == {"0": 1, "1": 1, "2": 1, "3": 1}
+    assert all(r["lr_held"] for r in result.values()), result

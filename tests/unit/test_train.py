@@ -278,9 +278,9 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, kill
 
 
 def test_a_diverged_run_stops_with_the_nan_steps_named(make_run):
-    """An absurd learning rate drives the weights to inf: the NaN/inf losses are counted in the
-    iteration line, and after MAX_NAN_STREAK in a row the run stops with a clear message, no
-    DONE.json and no checkpoint of the diverged weights."""
+    """An absurd learning rate makes the loss infinite: those steps' updates are skipped and the
+    NaN/inf losses counted in the iteration line; after MAX_NAN_STREAK in a row the run stops
+    with a clear message, no DONE.json and no checkpoint of the diverged weights."""
     from gptflow.train import MAX_NAN_STREAK
 
     run_dir = make_run(
@@ -294,6 +294,8 @@ def test_a_diverged_run_stops_with_the_nan_steps_named(make_run):
     nan_counts = [r["nan_iters"] for r in records(run_dir, "train")]
     assert nan_counts[-1] == MAX_NAN_STREAK
     assert nan_counts == sorted(nan_counts) and nan_counts[0] == 0
+    # the NaN/inf steps' updates were skipped (non-finite gradients), and counted as such
+    assert records(run_dir, "train")[-1]["skipped_iters"] >= MAX_NAN_STREAK
     assert "number of nan iterations:  10 |" in out.stderr
     assert "TFLOP/s per device:" in out.stderr
     assert not (run_dir / "DONE.json").exists()
