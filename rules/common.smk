@@ -277,9 +277,30 @@ def get_train_hyperparameters(wildcards):
     return {"model": CFG["model"], "train": CFG["train"], "data": CFG["data"]}
 
 
-def get_train_launcher(wildcards):
-    """Empty on one machine; the Slurm profile sets resources mpi="srun"."""
-    return ""
+def get_train_threads(wildcards):
+    """All local cores on one machine; on a cluster (no --cores) the profile's set-threads."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
+
+
+def get_train_launcher(wildcards, resources):
+    """Empty on one machine; under the Slurm profile (resources mpi="srun", nodes,
+    tasks_per_node, ...) the srun that starts one training task per GPU."""
+    from gptflow.distributed import srun_command
+
+    def res(name):
+        value = getattr(resources, name, None)
+        return value if isinstance(value, int) and value > 0 else None
+
+    return srun_command(
+        str(getattr(resources, "mpi", "") or ""),
+        nodes=res("nodes"),
+        tasks_per_node=res("tasks_per_node"),
+        tasks=res("tasks"),
+        cpus_per_task=res("cpus_per_task"),
+    )
 
 
 def get_final_outputs():

@@ -53,10 +53,11 @@ rule train_gpt:
         "logs/train_gpt/{run}.log",
     conda:
         "../envs/gptflow.yaml"
-    threads: workflow.cores
+    threads: get_train_threads
     resources:
-        mpi=get_train_launcher,
+        mpi="",
     params:
         hyperparameters=get_train_hyperparameters,
+        launcher=get_train_launcher,
     shell:
-        "{resources.mpi} gptflow train --config {input.config} --threads {threads} >> {log} 2>&1"
+        "{params.launcher} gptflow train --config {input.config} --threads {threads} >> {log} 2>&1"

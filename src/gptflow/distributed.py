@@ -110,3 +110,36 @@ def export(d: DistEnv) -> None:
         MASTER_ADDR=d.master_addr,
         MASTER_PORT=str(d.master_port),
     )
+
+
+def srun_command(
+    mpi: str,
+    *,
+    nodes: int | None = None,
+    tasks_per_node: int | None = None,
+    tasks: int | None = None,
+    cpus_per_task: int | None = None,
+    container_image: str | None = None,
+    container_mounts: str | None = None,
+) -> str:
+    """The launcher prefix of the training command inside a Slurm job: one task per GPU.
+
+    Snakemake's Slurm jobstep strips ``SLURM_NTASKS``, ``SLURM_CPUS_PER_TASK`` and the like
+    from the batch step (and runs an ``mpi`` rule without its own srun), so every count is
+    given explicitly. Empty when `mpi` is empty (one machine: a single process).
+    """
+    if not mpi:
+        return ""
+    args = [mpi, "--kill-on-bad-exit=1"]
+    if tasks_per_node:
+        args += [f"--nodes={nodes or 1}", f"--ntasks-per-node={tasks_per_node}"]
+    elif tasks:
+        args += ([f"--nodes={nodes}"] if nodes else []) + [f"--ntasks={tasks}"]
+    if cpus_per_task:
+        args.append(f"--cpus-per-task={cpus_per_task}")
+    if container_image:  # Pyxis/enroot: the same srun starts every rank inside the image
+        args.append(f"--container-image={container_image}")
+        if container_mounts:
+            args.append(f"--container-mounts={container_mounts}")
+        args.append("--no-container-mount-home")
+    return " ".join(args)

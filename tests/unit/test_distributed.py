@@ -60,3 +60,53 @@ def test_torchrun_wins_and_single_process_default():
 def test_bad_values_are_named():
     with pytest.raises(GptflowError, match=r"SLURM_PROCID='x' is not an integer"):
         resolve({"SLURM_PROCID": "x", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"})
+
+
+def test_srun_line_for_two_nodes_of_eight_gpus():
+    """What the train_gpt rule runs under profiles/slurm (nodes 2, tasks_per_node 8): every
+    count explicit, because Snakemake's jobstep strips SLURM_NTASKS and friends."""
+    from gptflow.distributed import srun_command
+
+    line = srun_command("srun", nodes=2, tasks_per_node=8, cpus_per_task=12)
+    assert line == ("srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12")
+    pyxis = srun_command(
+        "srun",
+        nodes=2,
+        tasks_per_node=8,
+        container_image="/shared/gptflow-abc.sqsh",
+        container_mounts="/data:/data",
+    )
+    assert pyxis.endswith(
+        "--container-image=/shared/gptflow-abc.sqsh --container-mounts=/data:/data "
+        "--no-container-mount-home"
+    )
+    assert srun_command("srun", tasks=2) == "srun --kill-on-bad-exit=1 --ntasks=2"
+    assert srun_command("") == ""  # one machine: no launcher
+
+
+def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
+    """snakemake -n with profiles/slurm: train_gpt asks for 2 nodes x 8 tasks with gres gpu:8
+    per node (not gpu=, which implies --ntasks-per-gpu), and its shell starts 16 ranks."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copy(repo / "tests/config/config.yaml", tmp_path / "c.yaml")
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(repo / "Snakefile"),
+            "--directory", str(tmp_path), "--profile", str(repo / "profiles/slurm"),
+            "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "train",
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    train = out.stdout.split("rule train_gpt:")[1].split("\n\n")[0]
+    for want in ("nodes=2", "tasks_per_node=8", "gres=gpu:8", "mpi=srun", "--signal=USR1@600"):
+        assert want in train, want
+    assert "gpu=" not in train.replace("gres=gpu:", "")
+    assert (
+        "srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 gptflow train"
+        in train
+    )
