@@ -106,13 +106,22 @@ class MetricsLog:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _setup_logging(rank: int) -> None:
+def _setup_logging(rank: int, history: Path | None = None) -> None:
+    """Log to stderr; rank 0 also appends to `history` (``results/runs/{run}/train.log``),
+    which outlives attempts: Snakemake empties the job's own log before a retry, and with it
+    the lines that say why the last attempt stopped."""
+    fmt = "%(asctime)s %(name)s: %(message)s"
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
-        format="%(asctime)s %(name)s: %(message)s",
+        format=fmt,
         datefmt="%H:%M:%S",
         force=True,
     )
+    if rank == 0 and history is not None:
+        history.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(history)
+        handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
+        logging.getLogger().addHandler(handler)
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -205,7 +214,7 @@ def train(
     env = distributed.resolve()
     distributed.export(env)
     rank, world = env.rank, env.world_size
-    _setup_logging(rank)
+    _setup_logging(rank, Path(cfg.run_dir) / "train.log")
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
     _check_shards(cfg)
     gas = t.grad_accum_steps(world)

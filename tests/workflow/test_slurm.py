@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -67,13 +68,19 @@ def sacct_states(workdir) -> dict[str, list[str]]:
     return states
 
 
-def test_the_tiny_pipeline_runs_through_sbatch_with_two_training_ranks(
-    slurm_cluster, tmp_path, tiny_config
-):
-    config = tmp_path / "config.yaml"
+@pytest.fixture(scope="module")
+def slurm_pipeline(slurm_cluster, tmp_path_factory, tiny_config):
+    """The tiny pipeline, run once through the Slurm profile for this module."""
+    wd = tmp_path_factory.mktemp("slurm")
+    config = wd / "config.yaml"
     config.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
-    run = slurm_snakemake(tmp_path, config)
+    run = slurm_snakemake(wd, config)
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    return wd
+
+
+def test_the_tiny_pipeline_runs_through_sbatch_with_two_training_ranks(slurm_pipeline, tiny_config):
+    tmp_path = slurm_pipeline
     done = json.loads((tmp_path / "results/runs/tiny/DONE.json").read_text())
     assert done["final_step"] == tiny_config["train"]["train_iters"]
     log = (tmp_path / "logs/train_gpt/tiny.log").read_text()
@@ -89,3 +96,61 @@ def test_the_tiny_pipeline_runs_through_sbatch_with_two_training_ranks(
         "train_gpt",
     ):
         assert states.get(rule) and set(states[rule]) == {"COMPLETED"}, (rule, states)
+
+
+def train_job_ids(workdir) -> list[str]:
+    root = workdir / ".snakemake" / "slurm_logs" / "rule_train_gpt"
+    return sorted((p.stem for p in root.glob("**/*.log")), key=int)
+
+
+def test_usr1_checkpoints_and_the_retry_resumes(slurm_pipeline, tiny_config):
+    """What a time limit does (profiles/slurm sends USR1 before it): the Slurm job's ranks get
+    USR1, save and exit 75; the plugin reports the job failed, Snakemake's retry submits it
+    again, and the new job resumes from the saved step and finishes."""
+    wd = slurm_pipeline
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "train_iters": 300, "log_interval": 1,
+                                    "save_interval": 1000, "eval_interval": 1000}}  # fmt: skip
+    config = wd / "long.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    before = set(train_job_ids(wd))
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        ["timeout", "-k", "30", "900", str(BIN / "snakemake"), "train",
+         "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd),
+         "--profile", str(PROFILE), "--configfile", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        metrics = wd / "results/runs/tiny/metrics.jsonl"
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, proc.communicate()[0][-5000:]
+            assert time.monotonic() < deadline, "training never got going"
+            new = set(train_job_ids(wd)) - before
+            steps = metrics.read_text().count('"kind": "train"') if metrics.is_file() else 0
+            if new and steps >= 20 and '"series"' in metrics.read_text():
+                break
+            time.sleep(0.5)
+        (job,) = new
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-5000:]
+    # the run's own log keeps every attempt (Snakemake empties logs/train_gpt/ before a retry)
+    log = (wd / "results/runs/tiny/train.log").read_text()
+    saved = int(log.split("received signal 10: saved step ")[1].split(";")[0])
+    assert 20 <= saved < 300
+    assert f"resuming from step {saved};" in log.split("received signal 10")[1]
+    done = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
+    assert done["final_step"] == 300
+    jobs = [j for j in train_job_ids(wd) if j not in before]
+    states = sacct_states(wd)
+    assert len(jobs) == 2, jobs  # the signalled job and its retry
+    assert sorted(states["train_gpt"]) == ["COMPLETED", "COMPLETED", "FAILED"], states
+    steps = subprocess.run(
+        ["sacct", "-n", "-P", "--format=JobID,ExitCode", "-j", jobs[0]],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    # the training step (srun, JOBID.0) ended with EXIT_PREEMPTED, as Slurm recorded it
+    assert f"{jobs[0]}.0|75:0" in steps, steps
