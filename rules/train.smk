@@ -59,5 +59,9 @@ rule train_gpt:
     params:
         hyperparameters=get_train_hyperparameters,
         launcher=get_train_launcher,
+        # a job rerun while its predecessor still runs (Snakemake killed and started again)
+        # waits for it rather than failing: never two trainers, and no failed retry
+        lock_wait=48 * 3600,
     shell:
-        "{params.launcher} gptflow train --config {input.config} --threads {threads} >> {log} 2>&1"
+        "{params.launcher} gptflow train --config {input.config} --threads {threads}"
+        " --wait-for-lock {params.lock_wait} >> {log} 2>&1"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,9 @@ from gptflow.fsutil import atomic_write, fsync_dir, sha256_file, write_json
 
 TAG_RE = re.compile(r"^step(\d{8})$")
 COMPLETE = "COMPLETE"
+
+
+log = logging.getLogger("gptflow.train")
 
 
 def tag_for(step: int) -> str:
@@ -234,6 +238,32 @@ class RunLock:
         if age > self.stale_s:
             return f"no heartbeat for {age:.0f} s"
         return None
+
+    def wait_while_held(self, timeout_s: float, poll_s: float = 5.0) -> None:
+        """Block (read-only) while a live trainer holds the lock, at most `timeout_s`.
+
+        For a retried or resubmitted job whose predecessor still runs, e.g. after the
+        Snakemake process was killed and started again while its Slurm job went on: the new
+        job waits for the old one instead of failing, and then resumes from its checkpoint.
+        """
+        deadline = time.monotonic() + timeout_s
+        announced = False
+        while time.monotonic() < deadline:
+            info = self.holder()
+            if info is None or self.stale_reason(info) is not None:
+                return
+            if not announced:
+                log.warning(
+                    "%s: another trainer is running this run (host %s, pid %s, Slurm job %s); "
+                    "waiting up to %.0f s for it to finish",
+                    self.path,
+                    info.get("host"),
+                    info.get("pid"),
+                    info.get("slurm_job_id") or "-",
+                    timeout_s,
+                )
+                announced = True
+            time.sleep(poll_s)
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

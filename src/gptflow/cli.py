@@ -200,7 +200,12 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 def cmd_train(a: argparse.Namespace) -> int:
     from gptflow.train import train
 
-    return train(a.config, threads=a.threads, exit_interval=a.exit_interval)
+    return train(
+        a.config,
+        threads=a.threads,
+        exit_interval=a.exit_interval,
+        wait_for_lock=a.wait_for_lock,
+    )
 
 
 def cmd_build_index(a: argparse.Namespace) -> int:
@@ -431,6 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="save and exit (code 75) after every step that is a multiple of this",
+    )
+    s.add_argument(
+        "--wait-for-lock",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="wait this long for a live trainer of the same run to finish (e.g. the job of a "
+        "killed Snakemake) instead of refusing at once",
     )
     s.set_defaults(func=cmd_train)
 

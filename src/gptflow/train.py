@@ -202,12 +202,16 @@ def _grad_norm(model: torch.nn.Module) -> float:
 
 
 def train(
-    config_path: str | os.PathLike, threads: int | None = None, exit_interval: int | None = None
+    config_path: str | os.PathLike,
+    threads: int | None = None,
+    exit_interval: int | None = None,
+    wait_for_lock: float = 0,
 ) -> int:
     """Train (or resume) the run described by `config_path`; returns the process exit code.
 
     `exit_interval` (Megatron's ``--exit-interval``): save and exit with EXIT_PREEMPTED after a
-    step that is a multiple of it, for time-boxed allocations.
+    step that is a multiple of it, for time-boxed allocations. `wait_for_lock`: seconds to wait
+    for a live trainer of the same run to finish before taking the lock (0: refuse at once).
     """
     cfg = RunConfig.load(config_path)
     t = cfg.train
@@ -219,9 +223,11 @@ def train(
     _check_shards(cfg)
     gas = t.grad_accum_steps(world)
 
+    lock = RunLock(cfg.lock_path)
+    if wait_for_lock:  # every rank, read-only, before any collective can time out
+        lock.wait_while_held(wait_for_lock)
     ds.init_distributed()
 
-    lock = RunLock(cfg.lock_path)
     failure = ""
     if rank == 0:
         try:

@@ -96,7 +96,10 @@ fi
 
 # 4. slurm.conf: no cgroup plugin (no systemd, no delegation); a default memory per CPU so
 # jobs without --mem do not take the whole node; short requeue hold; frequent scheduling
-HW=$(slurmd -C | head -1 | sed 's/^NodeName=[^ ]* //; s/ RealMemory=[0-9]*//')
+# 8 CPUs whatever the machine has (config_overrides): on a 2-core test machine two jobs of
+# 2 tasks must be able to run at once, e.g. a rerun training job beside its predecessor
+CPUS=8
+HW="CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1"
 MEM=$(($(slurmd -C | head -1 | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') * 95 / 100))
 CONF="# written by gptflow tests/slurm/start-cluster.sh
 ClusterName=$CLUSTER
@@ -119,6 +122,7 @@ SchedulerParameters=bf_interval=5,sched_interval=10
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=500
+SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=300
 KillWait=5

@@ -38,10 +38,9 @@ def slurm_snakemake(workdir, configfile, *args, timeout=900):
     """Snakemake through the Slurm profile, under a hard timeout: the plugin can wait forever
     when its status queries fail (reference/local-slurm-cluster.md)."""
     cmd = [
-        "timeout", "-k", "30", str(timeout),
-        str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
-        "--directory", str(workdir), "--profile", str(PROFILE), "--configfile", str(configfile),
-        *args,
+        "timeout", "-k", "30", str(timeout), str(BIN / "snakemake"), *args,
+        "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+        "--profile", str(PROFILE), "--configfile", str(configfile),
     ]  # fmt: skip
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -154,3 +153,49 @@ def test_usr1_checkpoints_and_the_retry_resumes(slurm_pipeline, tiny_config):
     ).stdout.split()  # fmt: skip
     # the training step (srun, JOBID.0) ended with EXIT_PREEMPTED, as Slurm recorded it
     assert f"{jobs[0]}.0|75:0" in steps, steps
+
+
+def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
+    slurm_pipeline, tiny_config
+):
+    """SIGKILL to the Snakemake process while its training job runs: the Slurm job goes on.
+    Snakemake started again submits the job again; that trainer waits for the lock of the
+    live one instead of training beside it, then resumes from its final checkpoint."""
+    wd = slurm_pipeline
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "train_iters": 1500, "log_interval": 1,
+                                    "save_interval": 500, "eval_interval": 5000}}  # fmt: skip
+    config = wd / "killed.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    before = set(train_job_ids(wd))
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        [str(BIN / "snakemake"), "train", "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(wd), "--profile", str(PROFILE), "--configfile", str(config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    history = wd / "results/runs/tiny/train.log"
+    start = len(history.read_text()) if history.is_file() else 0
+    try:
+        deadline = time.monotonic() + 600
+        while not (set(train_job_ids(wd)) - before and " iteration       20/    1500" in
+                   (history.read_text()[start:] if history.is_file() else "")):  # fmt: skip
+            assert proc.poll() is None, "snakemake ended before training got going"
+            assert time.monotonic() < deadline, "training never got going"
+            time.sleep(0.5)
+    finally:
+        proc.kill()  # the controller dies; its Slurm job does not
+        proc.wait()
+    (first,) = set(train_job_ids(wd)) - before
+    assert subprocess.run(["squeue", "-h", "-j", first], capture_output=True, text=True).stdout
+    # a killed Snakemake leaves its working-directory lock; it says to run --unlock
+    assert slurm_snakemake(wd, config, "--unlock").returncode == 0
+    rerun = slurm_snakemake(wd, config, "train")
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-5000:]
+    log = history.read_text()[start:]
+    assert "another trainer is running this run" in log and "waiting up to" in log
+    first_done = log.index("done: step 1500")
+    assert log.index("resuming from step 1500;") > first_done  # after the first one finished
+    assert log.count("starting at step 0") == 1  # one trajectory, trained once
+    states = sacct_states(wd)
+    assert states["train_gpt"].count("COMPLETED") >= 3, states  # fixture + both jobs
+    assert json.loads((wd / "results/runs/tiny/DONE.json").read_text())["final_step"] == 1500
