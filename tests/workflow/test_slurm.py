@@ -23,10 +23,14 @@ PROFILE = REPO / "tests" / "slurm" / "profile"
 def slurm_cluster():
     if os.geteuid() != 0:
         pytest.skip(
-            "the local Slurm cluster needs root: it installs Debian packages and starts daemons"
+            f"runs as uid {os.geteuid()}: tests/slurm/start-cluster.sh must be root to install "
+            "Debian's slurm-wlm, munge and mariadb packages and start slurmctld, slurmd and slurmdbd"
         )
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
-        pytest.skip("the local Slurm cluster needs Debian's slurm-wlm packages (apt-get not found)")
+        pytest.skip(
+            "neither slurmctld nor apt-get is on PATH: the local cluster is built from Debian's "
+            "slurm-wlm packages, which this system cannot install"
+        )
     out = subprocess.run(
         ["bash", str(START)], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
     )
@@ -34,16 +38,29 @@ def slurm_cluster():
     return out.stdout.strip()
 
 
+def slurm_snakemake_cmd(workdir, configfile, *args) -> list[str]:
+    return [
+        str(BIN / "snakemake"), *args, "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(workdir), "--profile", str(PROFILE), "--configfile", str(configfile),
+    ]  # fmt: skip
+
+
+SNAKEMAKE_ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
 def slurm_snakemake(workdir, configfile, *args, timeout=900):
     """Snakemake through the Slurm profile, under a hard timeout: the plugin can wait forever
     when its status queries fail (reference/local-slurm-cluster.md)."""
-    cmd = [
-        "timeout", "-k", "30", str(timeout), str(BIN / "snakemake"), *args,
-        "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-        "--profile", str(PROFILE), "--configfile", str(configfile),
-    ]  # fmt: skip
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+    cmd = ["timeout", "-k", "30", str(timeout), *slurm_snakemake_cmd(workdir, configfile, *args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=SNAKEMAKE_ENV)
+
+
+def long_training_config(wd, tiny_config, name: str, **train):
+    """A config whose training runs long enough to be interrupted (a new trajectory)."""
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "log_interval": 1, **train}}
+    path = wd / name
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
 
 
 def sacct_states(workdir) -> dict[str, list[str]]:
@@ -107,18 +124,14 @@ def test_usr1_checkpoints_and_the_retry_resumes(slurm_pipeline, tiny_config):
     USR1, save and exit 75; the plugin reports the job failed, Snakemake's retry submits it
     again, and the new job resumes from the saved step and finishes."""
     wd = slurm_pipeline
-    cfg = {**tiny_config, "train": {**tiny_config["train"], "train_iters": 300, "log_interval": 1,
-                                    "save_interval": 1000, "eval_interval": 1000}}  # fmt: skip
-    config = wd / "long.yaml"
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config = long_training_config(
+        wd, tiny_config, "long.yaml", train_iters=300, save_interval=1000, eval_interval=1000
+    )
     before = set(train_job_ids(wd))
     old_series = json.loads((wd / "results/runs/tiny/DONE.json").read_text())["series"]
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     proc = subprocess.Popen(
-        ["timeout", "-k", "30", "900", str(BIN / "snakemake"), "train",
-         "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd),
-         "--profile", str(PROFILE), "--configfile", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        ["timeout", "-k", "30", "900", *slurm_snakemake_cmd(wd, config, "train")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=SNAKEMAKE_ENV,
     )  # fmt: skip
     try:
         metrics = wd / "results/runs/tiny/metrics.jsonl"
@@ -172,16 +185,13 @@ def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
     Snakemake started again submits the job again; that trainer waits for the lock of the
     live one instead of training beside it, then resumes from its final checkpoint."""
     wd = slurm_pipeline
-    cfg = {**tiny_config, "train": {**tiny_config["train"], "train_iters": 1500, "log_interval": 1,
-                                    "save_interval": 500, "eval_interval": 5000}}  # fmt: skip
-    config = wd / "killed.yaml"
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config = long_training_config(
+        wd, tiny_config, "killed.yaml", train_iters=1500, save_interval=500, eval_interval=5000
+    )
     before = set(train_job_ids(wd))
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     proc = subprocess.Popen(
-        [str(BIN / "snakemake"), "train", "--snakefile", str(REPO / "Snakefile"),
-         "--directory", str(wd), "--profile", str(PROFILE), "--configfile", str(config)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        slurm_snakemake_cmd(wd, config, "train"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=SNAKEMAKE_ENV,
     )  # fmt: skip
     history = wd / "results/runs/tiny/train.log"
     start = len(history.read_text()) if history.is_file() else 0

@@ -412,16 +412,7 @@ def tokenize_to_shard(
         "json_key": json_key,
         "reader": {k: v for k, v in reader.items() if v not in (None, "*")},
         "on_bad_document": on_bad_document,
-        "sources": [
-            {
-                "path": str(p),
-                "bytes": os.path.getsize(p),
-                "sha256": digests[p].hexdigest()
-                if p in digests
-                else known_sha256.get(p) or source_sha256(p),
-            }
-            for p in inputs
-        ],
+        "sources": _sources(inputs, digests, known_sha256),
         "document_range": None if documents == (0, None) else [start, stop],
         "documents": writer.documents,
         "sequences": writer.sequences,
@@ -438,6 +429,20 @@ def tokenize_to_shard(
     }
     write_json(f"{prefix}.json", manifest)
     return manifest
+
+
+def _sources(inputs: list[str], digests: dict, known: dict[str, str] | None = None) -> list[dict]:
+    """Manifest entries of the inputs: size and sha256 -- hashed while read (`digests`), given
+    (`known`, from a count file), recorded by a verified download, or computed."""
+    known = known or {}
+    return [
+        {
+            "path": str(p),
+            "bytes": os.path.getsize(p),
+            "sha256": digests[p].hexdigest() if p in digests else known.get(p) or source_sha256(p),
+        }
+        for p in inputs
+    ]
 
 
 def count_documents(
@@ -476,14 +481,7 @@ def count_documents(
         dropped.update(parsed.dropped)
     seconds = time.perf_counter() - t0
     summary = {
-        "sources": [
-            {
-                "path": str(p),
-                "bytes": os.path.getsize(p),
-                "sha256": digests[p].hexdigest() if p in digests else source_sha256(p),
-            }
-            for p in inputs
-        ],
+        "sources": _sources(inputs, digests),
         "reader": {k: v for k, v in reader.items() if v not in (None, "*")},
         "on_bad_document": on_bad_document,
         "documents": total,
