@@ -85,14 +85,31 @@ def test_srun_line_for_two_nodes_of_eight_gpus():
 
 
 def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
-    """snakemake -n with profiles/slurm: train_gpt asks for 2 nodes x 8 tasks with gres gpu:8
-    per node (not gpu=, which implies --ntasks-per-gpu), and its shell starts 16 ranks."""
+    """snakemake -n with profiles/slurm on a machine without Slurm (no sbatch, sinfo, sacct on
+    PATH): train_gpt asks for 2 nodes x 8 tasks with gres gpu:8 per node (not gpu=, which
+    implies --ntasks-per-gpu), and its shell starts 16 ranks."""
+    import os
+    import re
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
     shutil.copy(repo / "tests/config/config.yaml", tmp_path / "c.yaml")
+    # a PATH of everything this machine has except Slurm's commands
+    slurm = re.compile(
+        r"s(batch|alloc|attach|bcast|cancel|control|diag|info|prio|queue|report|share|stat"
+        r"|trigger|view|acct|acctmgr|run|crontab|h5util)|slurm.*|munge.*"
+    )
+    no_slurm = tmp_path / "bin"
+    no_slurm.mkdir()
+    for d in [str(Path(sys.executable).parent), *os.environ["PATH"].split(os.pathsep)]:
+        for exe in Path(d).glob("*") if Path(d).is_dir() else ():
+            link = no_slurm / exe.name
+            if not slurm.fullmatch(exe.name) and not link.exists() and os.access(exe, os.X_OK):
+                link.symlink_to(exe)
+    for tool in ("sbatch", "sinfo", "sacct", "squeue", "scontrol", "srun"):
+        assert shutil.which(tool, path=str(no_slurm)) is None, tool
     out = subprocess.run(
         [
             str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(repo / "Snakefile"),
@@ -100,6 +117,7 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
             "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "train",
         ],
         capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PATH": str(no_slurm)},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     train = out.stdout.split("rule train_gpt:")[1].split("\n\n")[0]

@@ -112,6 +112,14 @@ def test_the_tiny_pipeline_runs_through_sbatch_with_two_training_ranks(slurm_pip
         "train_gpt",
     ):
         assert states.get(rule) and set(states[rule]) == {"COMPLETED"}, (rule, states)
+    # the profile's slurm-array-jobs: the two shards of each per-shard rule are the tasks of
+    # one job array (logs JOBID_TASK.log)
+    for rule in ("collect_local_documents", "tokenize_shard"):
+        logs = sorted(
+            p.stem for p in (tmp_path / f".snakemake/slurm_logs/rule_{rule}").glob("*.log")
+        )
+        assert len(logs) == 2 and [x.split("_")[1] for x in logs] == ["1", "2"], (rule, logs)
+        assert len({x.split("_")[0] for x in logs}) == 1, (rule, logs)
 
 
 def train_job_ids(workdir) -> list[str]:
