@@ -17,6 +17,7 @@ include: "rules/common.smk"
 include: "rules/download.smk"
 include: "rules/tokenize.smk"
 include: "rules/train.smk"
+include: "rules/container.smk"
 
 
 rule all:

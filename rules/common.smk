@@ -1,6 +1,7 @@
 """Config validation and the helpers rules call; every rule-level computation lives here."""
 
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -61,6 +62,8 @@ wildcard_constraints:
     run=RUN,
     tokenizer=TOKENIZER,
     file=r"[^/]+(?<!\.sha256)(?<!\.part)(?<!\.lock)",
+    hash=r"[0-9a-f]{12}",
+    format="sqsh|sif",
 
 
 # --------------------------------------------------------------------------- datasets
@@ -287,21 +290,96 @@ def get_train_threads(wildcards):
 
 def get_train_launcher(wildcards, resources):
     """Empty on one machine; under the Slurm profile (resources mpi="srun", nodes,
-    tasks_per_node, ...) the srun that starts one training task per GPU."""
+    tasks_per_node, ...) the srun that starts one training task per GPU. With
+    the container enabled, Pyxis flags on that srun (sqsh) or `apptainer exec --nv IMAGE` (sif)."""
     from gptflow.distributed import srun_command
 
     def res(name):
         value = getattr(resources, name, None)
         return value if isinstance(value, int) and value > 0 else None
 
-    return srun_command(
-        str(getattr(resources, "mpi", "") or ""),
+    mpi = str(getattr(resources, "mpi", "") or "")
+    pyxis, prefix = [], []
+    if CONTAINER["enabled"]:
+        from gptflow.container import container_launch
+
+        try:
+            pyxis, prefix = container_launch(
+                CONTAINER["format"],
+                os.path.abspath(container_image_file()),
+                os.getcwd(),
+                CONTAINER["mounts"],
+                srun=bool(mpi),
+            )
+        except GptflowError as e:
+            raise WorkflowError(f"gptflow config: {e}") from None
+    launcher = srun_command(
+        mpi,
         nodes=res("nodes"),
         tasks_per_node=res("tasks_per_node"),
         tasks=res("tasks"),
         cpus_per_task=res("cpus_per_task"),
+        container_options=pyxis,
     )
+    return " ".join(filter(None, [launcher, shlex.join(prefix)]))
 
 
 def get_final_outputs():
     return [f"{run_dir()}/DONE.json"]
+
+
+# --------------------------------------------------------------------------- container
+
+CONTAINER = CFG["container"]
+
+
+def container_dockerfile():
+    path = Path(CONTAINER["dockerfile"])
+    return path if path.is_absolute() else REPO / path
+
+
+def container_hash():
+    """The recipe hash that names the image (computed from the files, a few ms)."""
+    from gptflow.container import recipe_hash
+
+    try:
+        return recipe_hash(
+            REPO, container_dockerfile(), CONTAINER["base_image"], CONTAINER["build_args"]
+        )
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: container: {e}") from None
+
+
+CONTAINER_HASH = container_hash()
+
+
+def container_image_file():
+    return f"results/containers/gptflow-{CONTAINER_HASH}.{CONTAINER['format']}"
+
+
+def get_build_image_args(wildcards):
+    args = [
+        f"--repo {shlex.quote(str(REPO))}",
+        f"--dockerfile {shlex.quote(str(container_dockerfile()))}",
+        f"--builder {CONTAINER['builder']}",
+        f"--base-image {shlex.quote(CONTAINER['base_image'])}",
+    ]
+    args += [f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER["build_args"].items()]
+    args += [f"--build-option={shlex.quote(o)}" for o in CONTAINER["build_options"]]
+    args += [
+        "--registry-login " + shlex.join([r["server"], r["username"], r["password_env"]])
+        for r in CONTAINER["registry_login"]
+    ]
+    return " ".join(args)
+
+
+def get_squash_args(wildcards):
+    return (
+        f"--method {CONTAINER['squash']} "
+        f"--squash-options={shlex.quote(shlex.join(CONTAINER['squash_options']))}"
+    )
+
+
+def get_train_container(wildcards):
+    """The image training runs in (an input of train_gpt), or nothing."""
+    return [container_image_file()] if CONTAINER["enabled"] else []

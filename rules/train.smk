@@ -47,6 +47,7 @@ rule train_gpt:
         config="results/runs/{run}/run.yaml",
         index="results/runs/{run}/data-index.json",
         shards=get_blend_shard_files,
+        image=get_train_container,
     output:
         "results/runs/{run}/DONE.json",
     log:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 from dataclasses import dataclass
 
@@ -119,8 +120,7 @@ def srun_command(
     tasks_per_node: int | None = None,
     tasks: int | None = None,
     cpus_per_task: int | None = None,
-    container_image: str | None = None,
-    container_mounts: str | None = None,
+    container_options: list[str] | None = None,
 ) -> str:
     """The launcher prefix of the training command inside a Slurm job: one task per GPU.
 
@@ -137,9 +137,6 @@ def srun_command(
         args += ([f"--nodes={nodes}"] if nodes else []) + [f"--ntasks={tasks}"]
     if cpus_per_task:
         args.append(f"--cpus-per-task={cpus_per_task}")
-    if container_image:  # Pyxis/enroot: the same srun starts every rank inside the image
-        args.append(f"--container-image={container_image}")
-        if container_mounts:
-            args.append(f"--container-mounts={container_mounts}")
-        args.append("--no-container-mount-home")
-    return " ".join(args)
+    # Pyxis/enroot (gptflow.container.container_launch): every rank starts inside the image
+    args += container_options or []
+    return shlex.join(args)

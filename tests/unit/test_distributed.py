@@ -69,16 +69,17 @@ def test_srun_line_for_two_nodes_of_eight_gpus():
 
     line = srun_command("srun", nodes=2, tasks_per_node=8, cpus_per_task=12)
     assert line == ("srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12")
-    pyxis = srun_command(
-        "srun",
-        nodes=2,
-        tasks_per_node=8,
-        container_image="/shared/gptflow-abc.sqsh",
-        container_mounts="/data:/data",
+    from gptflow.container import container_launch
+
+    opts, prefix = container_launch(
+        "sqsh", "/shared/gptflow-abc.sqsh", "/shared/work", ["/data:/data:ro"], srun=True
     )
+    pyxis = srun_command("srun", nodes=2, tasks_per_node=8, container_options=opts)
+    assert prefix == []
     assert pyxis.endswith(
-        "--container-image=/shared/gptflow-abc.sqsh --container-mounts=/data:/data "
-        "--no-container-mount-home"
+        "--ntasks-per-node=8 --container-image=/shared/gptflow-abc.sqsh "
+        "--container-mounts=/shared/work:/shared/work,/data:/data:ro "
+        "--container-workdir=/shared/work --no-container-mount-home"
     )
     assert srun_command("srun", tasks=2) == "srun --kill-on-bad-exit=1 --ntasks=2"
     assert srun_command("") == ""  # one machine: no launcher
