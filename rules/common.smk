@@ -367,7 +367,7 @@ def get_build_image_args(wildcards):
     args += [f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER["build_args"].items()]
     args += [f"--build-option={shlex.quote(o)}" for o in CONTAINER["build_options"]]
     args += [
-        "--registry-login " + shlex.join([r["server"], r["username"], r["password_env"]])
+        f"--registry-login {shlex.join([r['server'], r['username'], r['password_env']])}"
         for r in CONTAINER["registry_login"]
     ]
     return " ".join(args)

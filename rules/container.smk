@@ -23,6 +23,8 @@ rule build_image:
         "results/containers/gptflow-{hash}.json",
     log:
         "logs/build_image/{hash}.log",
+    conda:
+        "../envs/gptflow.yaml"
     params:
         args=get_build_image_args,
     shell:
@@ -36,6 +38,8 @@ rule squash_image:
         "results/containers/gptflow-{hash}.{format}",
     log:
         "logs/squash_image/{hash}.{format}.log",
+    conda:
+        "../envs/gptflow.yaml"
     params:
         args=get_squash_args,
     shell:

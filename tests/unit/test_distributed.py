@@ -96,6 +96,8 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
     import sys
     from pathlib import Path
 
+    import yaml
+
     shutil.copy(repo / "tests/config/config.yaml", tmp_path / "c.yaml")
     # a PATH of everything this machine has except Slurm's commands
     slurm = re.compile(
@@ -111,15 +113,13 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
                 link.symlink_to(exe)
     for tool in ("sbatch", "sinfo", "sacct", "squeue", "scontrol", "srun"):
         assert shutil.which(tool, path=str(no_slurm)) is None, tool
-    out = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(repo / "Snakefile"),
-            "--directory", str(tmp_path), "--profile", str(repo / "profiles/slurm"),
-            "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "train",
-        ],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PATH": str(no_slurm)},
-    )  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(repo / "Snakefile"),
+        "--directory", str(tmp_path), "--profile", str(repo / "profiles/slurm"),
+        "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "train",
+    ]  # fmt: skip
+    env = {**os.environ, "PATH": str(no_slurm)}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     train = out.stdout.split("rule train_gpt:")[1].split("\n\n")[0]
     for want in ("nodes=2", "tasks_per_node=8", "gres=gpu:8", "mpi=srun", "--signal=USR1@600"):
@@ -129,3 +129,18 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
         "srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 gptflow train"
         in train
     )
+
+    # the container stage on: every rank starts in the enroot image through Pyxis
+    cfg = yaml.safe_load((repo / "tests/config/config.yaml").read_text())
+    cfg["container"] = {"enabled": True}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    train = out.stdout.split("rule train_gpt:")[1].split("\n\n")[0]
+    image = re.search(rf"{tmp_path}/results/containers/gptflow-[0-9a-f]{{12}}\.sqsh", train)
+    assert image, train
+    assert (
+        f"--cpus-per-task=12 --container-image={image[0]} --container-mounts={tmp_path}:{tmp_path} "
+        f"--container-workdir={tmp_path} --no-container-mount-home gptflow train"
+    ) in train
+    assert "rule build_image:" in out.stdout and "rule squash_image:" in out.stdout

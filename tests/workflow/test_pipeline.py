@@ -103,6 +103,36 @@ def test_second_run_does_nothing(pipeline, snakemake):
     assert "Nothing to be done" in again.out
 
 
+def test_enabling_the_container_reruns_only_the_image_and_training(
+    pipeline, snakemake, write_config, tiny, tmp_path
+):
+    """(Before the hyperparameter test, which changes the run.) Training is the only job that
+    runs inside the image; with format sif it runs under `apptainer exec --nv` (no Apptainer
+    here: this is the plan), with format sqsh it needs the Slurm profile's srun for Pyxis."""
+    wd, _, _, _ = pipeline
+    cfg = copy.deepcopy(tiny)
+    cfg["container"] = {"enabled": True, "format": "sif", "mounts": ["/data:/data:ro"]}
+    plan = snakemake(wd, write_config(tmp_path / "sif.yaml", cfg), "-n", "-p", "train")
+    assert plan.returncode == 0, plan.out[-3000:]
+    assert job_counts(plan.out) == {"build_image": 1, "squash_image": 1, "train_gpt": 1, "train": 1}
+    (image,) = re.findall(r"results/containers/gptflow-[0-9a-f]{12}\.sif", plan.out)[:1]
+    assert (
+        f"apptainer exec --nv --pwd {wd} --bind {wd}:{wd} --bind /data:/data:ro {wd}/{image} "
+        "gptflow train --config results/runs/tiny/run.yaml"
+    ) in plan.out
+    # an edited Dockerfile is a new image name, and so a changed input of training only
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text((REPO / "envs/Dockerfile").read_text() + "ENV EDITED=1\n")
+    cfg["container"]["dockerfile"] = str(dockerfile)
+    edited = snakemake(wd, write_config(tmp_path / "edited.yaml", cfg), "-n", "train")
+    assert job_counts(edited.out) == job_counts(plan.out)
+    assert image not in edited.out
+    cfg["container"]["format"] = "sqsh"
+    sqsh = snakemake(wd, write_config(tmp_path / "sqsh.yaml", cfg), "-n", "train")
+    assert sqsh.returncode != 0
+    assert "container.format sqsh runs through Pyxis (srun --container-image)" in sqsh.out
+
+
 def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, write_config, tiny):
     wd, _, _, _ = pipeline
     shard = wd / "results/tokens/tiny-bpe/stdlib/00000.bin"
