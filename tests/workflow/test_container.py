@@ -77,9 +77,9 @@ def docker_host(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def base_image(docker_host, tmp_path_factory):
-    """A Debian 12 minbase with python3-pip (debootstrap from the machine's Debian mirror),
-    imported as BASE: what an NGC PyTorch base is on a cluster, minus CUDA and torch."""
+def base_tar(tmp_path_factory, docker_host):
+    """A Debian 12 minbase with python3-pip (debootstrap from the machine's Debian mirror), as
+    a tar: what an NGC PyTorch base is on a cluster, minus CUDA and torch."""
     rootfs = tmp_path_factory.mktemp("rootfs")
     mirror = "http://deb.debian.org/debian"
     sources = Path("/etc/apt/sources.list.d/debian.sources")
@@ -98,24 +98,67 @@ def base_image(docker_host, tmp_path_factory):
         for p in (rootfs / junk).glob("*"):
             if p.is_file():
                 p.unlink()
-    tar = subprocess.Popen(
-        ["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE
-    )
-    subprocess.run(
-        ["docker", "import",
-         "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-         "--change", 'CMD ["/bin/bash"]', "-", BASE],
-        stdin=tar.stdout, env=docker_host, check=True, capture_output=True,
-    )  # fmt: skip
-    assert tar.wait() == 0
+    tar = rootfs.parent / "base.tar"
+    subprocess.run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
     shutil.rmtree(rootfs, ignore_errors=True)
+    return tar
+
+
+IMPORT_CHANGES = [
+    "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "--change", 'CMD ["/bin/bash"]',
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def base_image(base_tar, docker_host):
+    """The base imported into the test dockerd as BASE."""
+    subprocess.run(
+        ["docker", "import", *IMPORT_CHANGES, str(base_tar), BASE],
+        env=docker_host, check=True, capture_output=True,
+    )  # fmt: skip
     return BASE
 
 
-def container_config(dockerfile: Path) -> dict:
+@pytest.fixture(scope="session")
+def podman_env(base_tar, tmp_path_factory):
+    """Podman with storage of its own, the base imported; docker made unreachable, so that
+    builder auto must pick podman.
+
+    containers.conf sets runc and lower rlimits: this sandbox's cgroup v1 hybrid layout makes
+    crun refuse to start containers, and root cannot raise the hard rlimits that podman asks
+    for (reference/container-build.md). Clusters need neither."""
+    missing = [pkg for tool, pkg in {"podman": "podman", "runc": "runc"}.items()
+               if not shutil.which(tool)]  # fmt: skip
+    if missing:
+        _apt_install(missing)
+    root = tmp_path_factory.mktemp("podman")
+    (root / "containers.conf").write_text(
+        '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n'
+        '[engine]\nruntime = "runc"\n'
+    )
+    (root / "storage.conf").write_text(
+        f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n'
+    )
+    env = {
+        **os.environ,
+        "CONTAINERS_CONF": str(root / "containers.conf"),
+        "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"),
+        "DOCKER_HOST": f"unix://{root}/no-docker.sock",
+    }
+    subprocess.run(
+        ["podman", "import", *IMPORT_CHANGES, str(base_tar), BASE],
+        env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    yield env
+    subprocess.run(["podman", "rmi", "--all", "--force"], env=env, capture_output=True)
+    subprocess.run(["podman", "system", "reset", "--force"], env=env, capture_output=True)
+
+
+def container_config(dockerfile: Path, builder: str = "docker") -> dict:
     cfg = yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
     cfg["container"] = {
-        "builder": "docker",
+        "builder": builder,
         "dockerfile": str(dockerfile),
         "base_image": BASE,
         # the base has no torch or PyPI access: install gptflow alone (Debian's setuptools)
@@ -249,3 +292,24 @@ def test_a_failed_build_is_one_clear_error_and_publishes_nothing(
     assert "gptflow build-image: error: docker build of" in log
     assert re.search(r"failed \(exit [1-9]\d*\)", log) and "Fix the Dockerfile" in log
     assert list((tmp_path / "results/containers").glob("*")) == []
+
+
+def test_podman_builds_when_docker_is_unreachable(podman_env, tmp_path, write_config):
+    """builder auto: the docker client finds no daemon, so podman builds; the squashfs is the
+    same enroot format, its provenance podman://."""
+    shutil.copy(REPO / "envs" / "Dockerfile", tmp_path / "Dockerfile")
+    config = write_config(
+        tmp_path / "config.yaml", container_config(tmp_path / "Dockerfile", builder="auto")
+    )
+    run = run_snakemake(tmp_path, config, podman_env, "container")
+    assert run.returncode == 0, run.stdout[-5000:]
+    (sqsh,) = (tmp_path / "results/containers").glob("gptflow-*.sqsh")
+    digest = sqsh.name.removeprefix("gptflow-").removesuffix(".sqsh")
+    assert json.loads(sqsh.with_suffix(".json").read_text())["builder"] == "podman"
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-no-progress", "-d", str(rootfs), str(sqsh)], check=True)
+    rc = (rootfs / "etc/rc").read_text()
+    assert rc.startswith(f"# enroot-provenance: podman://localhost/gptflow:{digest}\n")
+    (rootfs / "etc/rc.local").write_text('exec "$@"\n')
+    probe = run_in_rootfs(rootfs, "python3", "-c", "import gptflow, os; print(os.getcwd())")
+    assert probe.returncode == 0 and probe.stdout.split() == ["/workspace"], probe.stderr
