@@ -1,5 +1,6 @@
 """Config validation and the helpers rules call; every rule-level computation lives here."""
 
+import functools
 import json
 import os
 import shlex
@@ -338,8 +339,10 @@ def container_dockerfile():
     return path if path.is_absolute() else REPO / path
 
 
+@functools.cache
 def container_hash():
-    """The recipe hash that names the image (computed from the files, a few ms)."""
+    """The recipe hash that names the image (read from the files, a few ms); computed only
+    when a job needs the image, so a workflow without the container never reads the recipe."""
     from gptflow.container import recipe_hash
 
     try:
@@ -350,11 +353,8 @@ def container_hash():
         raise WorkflowError(f"gptflow config: container: {e}") from None
 
 
-CONTAINER_HASH = container_hash()
-
-
-def container_image_file():
-    return f"results/containers/gptflow-{CONTAINER_HASH}.{CONTAINER['format']}"
+def container_image_file(wildcards=None):
+    return f"results/containers/gptflow-{container_hash()}.{CONTAINER['format']}"
 
 
 def get_build_image_args(wildcards):

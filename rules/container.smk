@@ -15,7 +15,7 @@ localrules:
 
 rule container:
     input:
-        container_image_file(),
+        container_image_file,
 
 
 rule build_image:

@@ -109,7 +109,7 @@ def require_tool(tool: str, what: str) -> str:
     return path
 
 
-def _docker_reachable() -> tuple[bool, str]:
+def _docker_reachable() -> tuple[bool, list[str]]:
     out = subprocess.run(
         ["docker", "info", "--format", "{{.ServerVersion}}"],
         capture_output=True,

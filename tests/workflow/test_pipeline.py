@@ -131,6 +131,14 @@ def test_enabling_the_container_reruns_only_the_image_and_training(
     sqsh = snakemake(wd, write_config(tmp_path / "sqsh.yaml", cfg), "-n", "train")
     assert sqsh.returncode != 0
     assert "container.format sqsh runs through Pyxis (srun --container-image)" in sqsh.out
+    # a missing Dockerfile is named when the image is needed, and ignored when it is not
+    cfg["container"].update(format="sif", dockerfile=str(tmp_path / "nope" / "Dockerfile"))
+    missing = snakemake(wd, write_config(tmp_path / "missing.yaml", cfg), "-n", "train")
+    assert missing.returncode != 0
+    assert "nope/Dockerfile (Dockerfile) does not exist" in missing.out
+    cfg["container"]["enabled"] = False
+    off = snakemake(wd, write_config(tmp_path / "off.yaml", cfg), "-n", "train")
+    assert off.returncode == 0 and "Nothing to be done" in off.out, off.out[-3000:]
 
 
 def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, write_config, tiny):
