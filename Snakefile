@@ -18,6 +18,7 @@ include: "rules/download.smk"
 include: "rules/tokenize.smk"
 include: "rules/train.smk"
 include: "rules/container.smk"
+include: "rules/evaluate.smk"
 
 
 rule all:

@@ -326,7 +326,32 @@ def get_train_launcher(wildcards, resources):
 
 
 def get_final_outputs():
-    return [f"{run_dir()}/DONE.json"]
+    return [
+        f"{run_dir()}/DONE.json",
+        f"{run_dir()}/eval.json",
+        f"{run_dir()}/hf",
+    ]
+
+
+def get_eval_args(wildcards):
+    e = CFG["eval"]
+    args = [f"--prompt {shlex.quote(p)}" for p in e["prompts"]]
+    args += [
+        f"--extra {shlex.quote(name)} {shlex.quote(prefix)}"
+        for name, prefixes in e["extra"].items()
+        for prefix in prefixes
+    ]
+    args += [f"--new-tokens {e['new_tokens']}", f"--max-windows {e['max_windows']}"]
+    return " ".join(args)
+
+
+def get_eval_extra_files(wildcards):
+    return [
+        f"{prefix}{ext}"
+        for prefixes in CFG["eval"]["extra"].values()
+        for prefix in prefixes
+        for ext in (".bin", ".idx")
+    ]
 
 
 # --------------------------------------------------------------------------- container

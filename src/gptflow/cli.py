@@ -269,6 +269,30 @@ def cmd_squash_image(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_hf(a: argparse.Namespace) -> int:
+    from gptflow.export import export_hf
+
+    export_hf(a.config, a.out)
+    return 0
+
+
+def cmd_evaluate(a: argparse.Namespace) -> int:
+    from gptflow.export import evaluate
+
+    extra: dict[str, list[str]] = {}
+    for name, prefix in a.extra:
+        extra.setdefault(name, []).append(prefix)
+    evaluate(
+        a.config,
+        a.out,
+        prompts=a.prompt,
+        new_tokens=a.new_tokens,
+        extra=extra,
+        max_windows=a.max_windows,
+    )
+    return 0
+
+
 def cmd_summary(a: argparse.Namespace) -> int:
     runs = sorted(Path(a.results).glob("runs/*/DONE.json"))
     if not runs:
@@ -516,6 +540,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method", default="auto", choices=["auto", "enroot", "builtin"])
     s.add_argument("--squash-options", default=None, help="mksquashfs options, one string")
     s.set_defaults(func=cmd_squash_image)
+
+    s = sub.add_parser(
+        "export-hf", help="the run's final checkpoint as a Hugging Face GPTNeoXForCausalLM dir"
+    )
+    s.add_argument("--config", required=True, help="the run's run.yaml")
+    s.add_argument("--out", required=True, help="the directory to write (replaced whole)")
+    s.set_defaults(func=cmd_export_hf)
+
+    s = sub.add_parser(
+        "evaluate", help="test-split perplexity and greedy generations of a finished run"
+    )
+    s.add_argument("--config", required=True, help="the run's run.yaml")
+    s.add_argument("--out", required=True, help="eval.json")
+    s.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    s.add_argument("--new-tokens", type=int, default=32)
+    s.add_argument(
+        "--extra", nargs=2, action="append", default=[], metavar=("NAME", "PREFIX"),
+        help="also the perplexity of shard PREFIX, reported as NAME (repeatable)",
+    )  # fmt: skip
+    s.add_argument("--max-windows", type=int, default=256, help="windows per perplexity")
+    s.set_defaults(func=cmd_evaluate)
 
     s = sub.add_parser("summary", help="where the finished runs' checkpoints, metrics and logs are")
     s.add_argument("--results", default="results", help="results directory")

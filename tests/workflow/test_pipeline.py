@@ -4,8 +4,10 @@ and a trainer killed with SIGKILL that resumes from its last checkpoint on the n
 import collections
 import copy
 import json
+import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -24,6 +26,8 @@ EVERY_STAGE = {
     "render_run_config": 1,
     "build_data_index": 1,
     "train_gpt": 1,
+    "evaluate": 1,
+    "export_hf": 1,
     "all": 1,
 }
 
@@ -74,6 +78,81 @@ def test_end_to_end_trains_and_writes_real_shards(pipeline):
         for line in (wd / "results/runs/tiny/metrics.jsonl").read_text().splitlines()
     ]
     assert [m["step"] for m in metrics if m["kind"] == "train"] == list(range(5, 45, 5))
+
+
+def test_the_export_loads_in_transformers_with_logit_parity(pipeline):
+    """export_hf's directory loads offline with AutoModelForCausalLM/AutoTokenizer; on a batch
+    of real tokens its logits equal our model's within 1e-4 (fp32), and greedy generations
+    are identical."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gptflow.config import RunConfig
+    from gptflow.export import greedy, load_model, token_stream
+
+    wd, _, _, _ = pipeline
+    hf_dir = wd / "results/runs/tiny/hf"
+    assert sorted(p.name for p in hf_dir.iterdir() if p.name != ".snakemake_timestamp") == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
+    ]  # fmt: skip
+    assert not list((wd / "results/runs/tiny").glob(".hf*"))  # no temp directory left
+    cwd = os.getcwd()
+    os.chdir(wd)  # run.yaml's paths are relative to the workflow directory
+    try:
+        cfg = RunConfig.load("results/runs/tiny/run.yaml")
+        done = json.loads(cfg.done_path.read_text())
+        ours = load_model(cfg, done["checkpoint"])
+        tokens = token_stream(["results/tokens/tiny-bpe/stdlib/00001"])[: 4 * 64]
+    finally:
+        os.chdir(cwd)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    assert type(hf).__name__ == "GPTNeoXForCausalLM"
+    x = torch.from_numpy(tokens.astype(np.int64)).view(4, 64)
+    with torch.no_grad():
+        ours_logits, hf_logits = ours(x), hf(input_ids=x).logits
+    diff = (ours_logits - hf_logits).abs().max().item()
+    assert diff < 1e-4, diff
+    assert ours_logits.abs().max().item() > 1.0  # a trained model, not all zeros
+    for prompt in ("import json", "def __init__(self"):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        theirs = hf.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
+        mine = greedy(ours, ids[0].tolist(), 16, cfg.tokenizer.eod_id, 64)
+        assert theirs[0, ids.shape[1] :].tolist() == mine, prompt
+    evaluation = json.loads((wd / "results/runs/tiny/eval.json").read_text())
+    assert evaluation["step"] == 40
+    # 33 documents: the 1 % test split of '90,9,1' rounds to none, and eval.json says so
+    assert evaluation["test"]["stdlib"]["sequences"] == [33, 33]
+    assert "no tokens" in evaluation["test"]["stdlib"]["note"]
+    assert [g["prompt"] for g in evaluation["generations"]] == ["def ", "The "]
+    assert all(len(g["ids"]) >= 1 for g in evaluation["generations"])
+
+
+def test_evaluation_reports_test_split_and_extra_perplexity(
+    pipeline, snakemake, write_config, tiny, tmp_path
+):
+    """On a copy of the finished pipeline, with a 10 % test split and an extra shard."""
+    wd, _, _, _ = pipeline
+    copy_wd = tmp_path / "wd"
+    shutil.copytree(wd, copy_wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    cfg = copy.deepcopy(tiny)
+    cfg["data"]["split"] = "80,10,10"
+    cfg["eval"] = {
+        "prompts": ["import "],
+        "new_tokens": 4,
+        "extra": {"json": ["results/tokens/tiny-bpe/stdlib/00000"]},
+    }
+    run = snakemake(copy_wd, write_config(copy_wd / "split.yaml", cfg))
+    assert run.returncode == 0, run.out[-3000:]
+    evaluation = json.loads((copy_wd / "results/runs/tiny/eval.json").read_text())
+    test = evaluation["test"]["stdlib"]
+    assert test["sequences"] == [30, 33] and test["tokens"] > 1000
+    assert 1.0 < test["perplexity"] < 512  # better than uniform over the vocabulary
+    assert abs(math.exp(test["loss"]) - test["perplexity"]) < 1e-6
+    assert evaluation["extra"]["json"]["windows"] >= 1
+    assert len(evaluation["generations"][0]["ids"]) <= 4
 
 
 def test_inspect_decodes_a_shard(pipeline):
@@ -157,6 +236,8 @@ def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, wri
         "render_run_config": 1,
         "build_data_index": 1,
         "train_gpt": 1,
+        "evaluate": 1,
+        "export_hf": 1,
         "all": 1,
     }
     assert "Params have changed since last execution" in plan.out
