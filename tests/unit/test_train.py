@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gptflow.config import load_workflow_config, render_run_config, write_run_config
+from gptflow.errors import GptflowError
 
 BIN = Path(sys.executable).parent
 
@@ -275,6 +276,17 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, kill
     want, got = consolidated_weights(straight), consolidated_weights(killed)
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want), f"seed {seed}"
+
+    # what export_hf reads: the same consolidated weights, and only from inside the run
+    from gptflow.export import load_checkpoint_weights
+
+    series = next(p for p in (killed / "checkpoints").iterdir() if p.is_dir())
+    ckpt = series / (series / "latest").read_text().strip()
+    exported = load_checkpoint_weights(ckpt, killed)
+    assert exported.keys() == got.keys()
+    assert all(torch.equal(exported[k], got[k]) for k in got)
+    with pytest.raises(GptflowError, match="read only from inside the run directory"):
+        load_checkpoint_weights(ckpt, straight)
 
 
 def test_a_diverged_run_stops_with_the_nan_steps_named(make_run):
