@@ -13,6 +13,9 @@ min_version("9.19")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/download.smk"
 include: "rules/tokenize.smk"

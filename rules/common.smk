@@ -330,7 +330,20 @@ def get_final_outputs():
         f"{run_dir()}/DONE.json",
         f"{run_dir()}/eval.json",
         f"{run_dir()}/hf",
+        f"{run_dir()}/report/card.html",
     ]
+
+
+def get_report_datasets(wildcards):
+    """Where each blended dataset comes from, for the data card."""
+    return {name: CFG["datasets"][name] for name in BLENDED}
+
+
+def get_train_container_record(wildcards):
+    """The image record (tag, image id) of the image training ran in, or nothing."""
+    if not CONTAINER["enabled"]:
+        return []
+    return [f"results/containers/gptflow-{container_hash()}.json"]
 
 
 def get_eval_args(wildcards):

@@ -30,3 +30,47 @@ rule export_hf:
         "../envs/gptflow.yaml"
     shell:
         "gptflow export-hf --config {input.config} --out {output} > {log} 2>&1"
+
+
+rule report_assets:
+    input:
+        config="results/runs/{run}/run.yaml",
+        done="results/runs/{run}/DONE.json",
+        evaluation="results/runs/{run}/eval.json",
+        shards=get_blend_shard_files,
+        container=get_train_container_record,
+    output:
+        loss=report(
+            "results/runs/{run}/report/loss.svg",
+            caption="../workflow/report/loss.rst",
+            category="Training",
+            labels={"run": "{run}", "figure": "loss"},
+        ),
+        lr=report(
+            "results/runs/{run}/report/lr.svg",
+            caption="../workflow/report/lr.rst",
+            category="Training",
+            labels={"run": "{run}", "figure": "learning rate"},
+        ),
+        throughput=report(
+            "results/runs/{run}/report/throughput.svg",
+            caption="../workflow/report/throughput.rst",
+            category="Training",
+            labels={"run": "{run}", "figure": "tokens per second"},
+        ),
+        card=report(
+            "results/runs/{run}/report/card.html",
+            caption="../workflow/report/card.rst",
+            category="Run card",
+            labels={"run": "{run}", "content": "data, evaluation, container, config"},
+        ),
+    log:
+        "logs/report_assets/{run}.log",
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        metrics="results/runs/{run}/metrics.jsonl",
+        out_dir="results/runs/{run}/report",
+        datasets=get_report_datasets,
+    script:
+        "../workflow/scripts/report_assets.py"

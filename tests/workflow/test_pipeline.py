@@ -28,6 +28,7 @@ EVERY_STAGE = {
     "train_gpt": 1,
     "evaluate": 1,
     "export_hf": 1,
+    "report_assets": 1,
     "all": 1,
 }
 
@@ -128,6 +129,83 @@ def test_the_export_loads_in_transformers_with_logit_parity(pipeline):
     assert "no tokens" in evaluation["test"]["stdlib"]["note"]
     assert [g["prompt"] for g in evaluation["generations"]] == ["def ", "The "]
     assert all(len(g["ids"]) >= 1 for g in evaluation["generations"])
+
+
+# clicks the report's "Training" category, then the eye button of the "loss" row (the report
+# is a single-page app without URL routes); appended to a copy of the report for the browser
+REPORT_CLICKS = """<script>
+setTimeout(() => { [...document.querySelectorAll('a,button,li,div,span,td,tr')]
+  .filter(e => e.textContent.trim() === 'Training').pop().click(); }, 1000);
+setTimeout(() => { [...document.querySelectorAll('tr')].find(r => r.textContent.includes('loss'))
+  .querySelector('a,button').click(); }, 2000);
+</script>"""
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's chromium, installed when missing (root only)."""
+    path = shutil.which("chromium")
+    if path:
+        return path
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip(
+            f"chromium is not installed and cannot be (uid {os.geteuid()}, apt-get "
+            f"{'present' if shutil.which('apt-get') else 'missing'}): the report is checked in a "
+            "real browser"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
+        check=True, env=env, timeout=900, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return shutil.which("chromium")
+
+
+def headless(chromium: str, page: Path, *args: str) -> str:
+    out = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000",
+         "--window-size=1400,900", *args, page.as_uri()],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_the_report_is_one_file_that_renders_the_dag_and_the_loss_plot(
+    pipeline, snakemake, chromium, tmp_path
+):
+    import base64
+
+    wd, config, _, _ = pipeline
+    report = tmp_path / "report.html"
+    made = snakemake(wd, config, "--report", str(report))
+    assert made.returncode == 0, made.out[-3000:]
+    text = report.read_text()
+    assert not re.search(r"""(?:src|href)=["']https?://""", text)  # self-contained
+    card = (wd / "results/runs/tiny/report/card.html").read_text()
+    manifest = json.loads((wd / "results/tokens/tiny-bpe/stdlib/00000.json").read_text())
+    for want in ("Data card", "stdlib", f"{manifest['tokens']:,}", manifest["sources"][0]["sha256"][:16],
+                 "Evaluation", "Resolved run config", "none: training ran"):  # fmt: skip
+        assert want in card, want
+
+    dom = headless(chromium, report, "--dump-dom")
+    assert "Snakemake Report" in dom and "Run card" in dom and "Training" in dom
+    canvas = re.search(r'<canvas width="(\d+)" height="(\d+)" class="marks"', dom)
+    assert canvas and int(canvas[2]) > 300, "the workflow graph (vega canvas) did not render"
+
+    probe = tmp_path / "probe.html"
+    head, _, tail = text.rpartition("</body>")  # the page's own, after embedded documents
+    probe.write_text(head + REPORT_CLICKS + "</body>" + tail)
+    dom = headless(chromium, probe, "--dump-dom")
+    img = re.search(
+        r'<img src="data:image/svg\+xml;charset=utf8;filename=loss\.svg;base64,([^"]+)"', dom
+    )
+    assert img, "the loss plot is not shown after opening it"
+    svg = base64.b64decode(img[1]).decode()
+    assert "validation loss" in svg or "validation" in svg
+    headless(chromium, probe, f"--screenshot={tmp_path / 'report.png'}")
+    assert (tmp_path / "report.png").stat().st_size > 10_000  # kept for a look on failure
 
 
 def test_evaluation_reports_test_split_and_extra_perplexity(
@@ -238,6 +316,7 @@ def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, wri
         "train_gpt": 1,
         "evaluate": 1,
         "export_hf": 1,
+        "report_assets": 1,
         "all": 1,
     }
     assert "Params have changed since last execution" in plan.out

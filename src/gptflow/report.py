@@ -1,0 +1,206 @@
+"""What `snakemake --report` shows of a run: metric plots and one HTML run card.
+
+The card is the data card (datasets, their sources and checksums, documents and tokens per
+shard, the tokenizer), the evaluation table, the container image when one was used, and the
+resolved run config. Everything is escaped: document text never reaches the HTML unescaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+
+from gptflow.fsutil import atomic_write
+
+
+def _records(metrics: Path) -> list[dict]:
+    if not metrics.is_file():
+        return []
+    out = []
+    for line in metrics.read_text().splitlines():
+        if line.endswith("}"):
+            out.append(json.loads(line))
+    return out
+
+
+def plot_metrics(metrics: str | os.PathLike, series: str, out_dir: str | os.PathLike) -> dict:
+    """loss.svg (train and validation loss), lr.svg and throughput.svg of one run's series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [r for r in _records(Path(metrics)) if r.get("series") == series]
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "loss": [
+            ("train loss", [r["step"] for r in train], [r["loss"] for r in train]),
+            ("validation loss", [r["step"] for r in evals], [r["val_loss"] for r in evals]),
+        ],
+        "lr": [("learning rate", [r["step"] for r in train], [r["lr"] for r in train])],
+        "throughput": [
+            ("tokens/s", [r["step"] for r in train], [r["tokens_per_s"] for r in train])
+        ],
+    }
+    paths = {}
+    for name, lines in figures.items():
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
+        for label, xs, ys in lines:
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(lines[0][0] if len(lines) == 1 else "loss")
+        ax.set_title(f"{name} (series {series})")
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend()
+        fig.tight_layout()
+        path = out / f"{name}.svg"
+        with atomic_write(path, "w") as f:
+            fig.savefig(f, format="svg")
+        plt.close(fig)
+        paths[name] = str(path)
+    return paths
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def run_card(
+    *,
+    run_yaml: str | os.PathLike,
+    done: str | os.PathLike,
+    evaluation: str | os.PathLike,
+    datasets: dict,
+    container: str | os.PathLike | None,
+    out: str | os.PathLike,
+) -> None:
+    """card.html: data card, evaluation, container, resolved run config."""
+    import yaml
+
+    run = yaml.safe_load(Path(run_yaml).read_text())
+    finished = json.loads(Path(done).read_text())
+    ev = json.loads(Path(evaluation).read_text())
+    parts = [f"<h2>Run {html.escape(run['run'])}</h2>"]
+    parts.append(
+        _table(
+            ["final step", "tokens", "train loss", "validation loss (first → last)", "checkpoint"],
+            [
+                [
+                    finished["final_step"],
+                    f"{finished['tokens']:,}",
+                    finished["train_loss"],
+                    f"{finished['initial_val_loss']} → {finished['final_val_loss']}",
+                    f"{finished['checkpoint']} (sha256 {finished['checkpoint_sha256'][:16]}…)",
+                ]
+            ],
+        )
+    )
+    tok = run["tokenizer"]
+    parts.append("<h2>Data card</h2>")
+    parts.append(
+        _table(
+            ["tokenizer", "vocabulary", "EOD", "sha256"],
+            [
+                [
+                    tok["path"],
+                    tok["vocab_size"],
+                    f"{tok['eod_token']} ({tok['eod_id']})",
+                    tok["sha256"],
+                ]
+            ],
+        )
+    )
+    rows = []
+    for d in run["data"]["datasets"]:
+        spec = datasets.get(d["name"], {})
+        origin = spec.get("type", "")
+        if spec.get("urls") or spec.get("url"):
+            origin += ": " + ", ".join(spec.get("urls") or [spec["url"]])
+        elif spec.get("root"):
+            origin += f": {spec['root']}"
+        elif spec.get("name"):
+            origin += f": {spec['name']}"
+        for shard in d["shards"]:
+            manifest_path = Path(f"{shard['prefix']}.json")
+            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+            sources = "; ".join(
+                f"{s['path']} (sha256 {s['sha256'][:16]}…)" for s in manifest.get("sources", [])
+            )
+            rows.append([
+                d["name"], d["weight"], origin, shard["prefix"], f"{shard['documents']:,}",
+                f"{shard['tokens']:,}", sources, shard["bin_sha256"][:16] + "…",
+            ])  # fmt: skip
+    parts.append(
+        _table(
+            [
+                "dataset",
+                "weight",
+                "origin",
+                "shard",
+                "documents",
+                "tokens",
+                "sources",
+                ".bin sha256",
+            ],
+            rows,
+        )
+    )
+    parts.append(f"<p>split (train, valid, test): {html.escape(str(run['data']['split']))}</p>")
+    parts.append("<h2>Evaluation</h2>")
+    rows = []
+    for kind in ("test", "extra"):
+        for name, r in ev.get(kind, {}).items():
+            rows.append([
+                kind, name, r.get("tokens", "—"),
+                f"{r['loss']:.4f}" if "loss" in r else r.get("note", ""),
+                f"{r['perplexity']:.3f}" if "perplexity" in r else "—",
+            ])  # fmt: skip
+    parts.append(_table(["split", "name", "tokens", "loss", "perplexity"], rows))
+    parts.append(
+        _table(
+            ["prompt", "greedy continuation"],
+            [[g["prompt"], g["text"]] for g in ev.get("generations", [])],
+        )
+    )
+    parts.append("<h2>Container</h2>")
+    if container:
+        rec = json.loads(Path(container).read_text())
+        parts.append(
+            _table(
+                ["tag", "image id", "builder", "base image", "size"],
+                [
+                    [
+                        rec["tag"],
+                        rec["image_id"],
+                        rec["builder"],
+                        rec["base_image"],
+                        f"{(rec.get('size_bytes') or 0) / 1e6:.1f} MB",
+                    ]
+                ],
+            )
+        )
+    else:
+        parts.append("<p>none: training ran in the workflow's own environment</p>")
+    parts.append("<h2>Resolved run config</h2>")
+    parts.append(f"<pre>{html.escape(yaml.safe_dump(run, sort_keys=False))}</pre>")
+    style = (
+        "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:.5em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;font-size:13px}"
+        "pre{background:#f6f6f6;padding:.5em;font-size:12px}"
+    )
+    page = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>run card</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
+    with atomic_write(out) as f:
+        f.write(page)
