@@ -24,6 +24,10 @@ include: "rules/container.smk"
 include: "rules/evaluate.smk"
 
 
+onsuccess:
+    record_config()
+
+
 rule all:
     default_target: True
     input:

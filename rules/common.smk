@@ -6,6 +6,8 @@ import os
 import shlex
 from pathlib import Path
 
+import yaml
+
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
 from gptflow.config import load_workflow_config, load_yaml
@@ -28,6 +30,27 @@ try:
     )
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
+
+if os.environ.get("GPTFLOW_DUMP_CONFIG"):  # gptflow why: the config this plan uses
+    from gptflow.fsutil import atomic_write
+
+    with atomic_write(os.environ["GPTFLOW_DUMP_CONFIG"]) as f:
+        yaml.safe_dump(CFG, f, sort_keys=False)
+
+
+def record_config():
+    """After a successful run: the validated config, which `gptflow why` compares against."""
+    import time
+
+    from gptflow.fsutil import atomic_write
+
+    path = Path(".snakemake/gptflow/last-config.yaml")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        yaml.safe_dump(
+            {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": CFG}, f, sort_keys=False
+        )
+
 
 RUN = CFG["run"]
 TOKENIZER = CFG["tokenizer"]["name"]

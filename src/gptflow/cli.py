@@ -293,6 +293,18 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_why(a: argparse.Namespace) -> int:
+    from gptflow.why import why
+
+    args = a.snakemake_args[1:] if a.snakemake_args[:1] == ["--"] else a.snakemake_args
+    result = why(args, workdir=a.directory, peak_tflops=a.peak_tflops, mfu=a.mfu)
+    if a.json:
+        from gptflow.fsutil import write_json
+
+        write_json(a.json, result)
+    return 0
+
+
 def cmd_summary(a: argparse.Namespace) -> int:
     runs = sorted(Path(a.results).glob("runs/*/DONE.json"))
     if not runs:
@@ -561,6 +573,21 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     s.add_argument("--max-windows", type=int, default=256, help="windows per perplexity")
     s.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser(
+        "why",
+        help="which stages the next run reruns, with the config keys that changed (old -> new), "
+        "and a preflight (tokens, FLOPs, GPU-hours, disk)",
+    )
+    s.add_argument("--directory", default=".", help="the workflow's working directory")
+    s.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU (H100 bf16: 989)")
+    s.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization assumed")
+    s.add_argument("--json", default=None, help="also write the result as JSON here")
+    s.add_argument(
+        "snakemake_args", nargs=argparse.REMAINDER,
+        help="after --: the Snakemake arguments of the run (profile, configfiles, targets)",
+    )  # fmt: skip
+    s.set_defaults(func=cmd_why)
 
     s = sub.add_parser("summary", help="where the finished runs' checkpoints, metrics and logs are")
     s.add_argument("--results", default="results", help="results directory")

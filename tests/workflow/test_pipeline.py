@@ -260,6 +260,46 @@ def test_second_run_does_nothing(pipeline, snakemake):
     assert "Nothing to be done" in again.out
 
 
+def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
+    pipeline, write_config, tiny, tmp_path
+):
+    """gptflow why compares the config recorded by the last successful run (onsuccess) with
+    the one a run would use now, and attributes each change to the jobs whose params hold it."""
+    wd, config, _, _ = pipeline
+    assert (wd / ".snakemake/gptflow/last-config.yaml").is_file()
+
+    def why(cfg_path):
+        out = subprocess.run(
+            [str(BIN / "gptflow"), "why", "--directory", str(wd), "--json", str(tmp_path / "w.json"),
+             "--", "--snakefile", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles/local"),
+             "--configfile", str(cfg_path)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout, json.loads((tmp_path / "w.json").read_text())
+
+    text, result = why(config)
+    assert "Nothing will rerun" in text and "Config unchanged" in text, text
+    assert result["jobs"] == [] and result["changes"] == []
+    assert result["preflight"]["parameters"] == 165_632  # the tiny model's real count
+    assert result["preflight"]["training_tokens"] == 40 * 8 * 64
+
+    changed = copy.deepcopy(tiny)
+    changed["train"]["lr"] = 2.0e-3
+    text, result = why(write_config(tmp_path / "lr.yaml", changed))
+    assert result["changes"] == [["train.lr", 0.003, 0.002]], text
+    rules = [j["rule"] for j in result["jobs"]]
+    assert sorted(rules) == sorted(
+        ["render_run_config", "build_data_index", "train_gpt", "evaluate", "export_hf",
+         "report_assets"]
+    ), text  # fmt: skip
+    by_rule = {j["rule"]: j for j in result["jobs"]}
+    for rule in ("render_run_config", "train_gpt"):
+        assert by_rule[rule]["keys"] == [["train.lr", 0.003, 0.002]], text
+    assert "config train.lr: 0.003 -> 0.002" in text
+    assert "because: Params have changed since last execution" in text
+
+
 def test_enabling_the_container_reruns_only_the_image_and_training(
     pipeline, snakemake, write_config, tiny, tmp_path
 ):
