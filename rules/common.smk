@@ -31,11 +31,18 @@ try:
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 
-if os.environ.get("GPTFLOW_DUMP_CONFIG"):  # gptflow why: the config this plan uses
+def dump_config():
+    """Under `gptflow why` (optional; its dry run sets the variable): the config this plan uses."""
     from gptflow.fsutil import atomic_write
+    from gptflow.why import DUMP_ENV
 
-    with atomic_write(os.environ["GPTFLOW_DUMP_CONFIG"]) as f:
-        yaml.safe_dump(CFG, f, sort_keys=False)
+    path = os.environ.get(DUMP_ENV)
+    if path:
+        with atomic_write(path) as f:
+            yaml.safe_dump(CFG, f, sort_keys=False)
+
+
+dump_config()
 
 
 def record_config():
