@@ -31,6 +31,7 @@ try:
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 
+
 def dump_config():
     """Under `gptflow why` (optional; its dry run sets the variable): the config this plan uses."""
     from gptflow.fsutil import atomic_write
