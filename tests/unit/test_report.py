@@ -30,7 +30,7 @@ def test_run_card_has_data_eval_container_and_config_and_escapes_text(tmp_path, 
         "final_val_loss": 5.2, "checkpoint": "ckpt/step40", "checkpoint_sha256": "12" * 32,
     }))  # fmt: skip
     (tmp_path / "eval.json").write_text(json.dumps({
-        "test": {"web": {"loss": 3.0, "perplexity": 20.0855, "tokens": 4096}},
+        "test": {"web": {"loss": 3.0, "perplexity": 20.25, "tokens": 4096}},
         "extra": {},
         "generations": [{"prompt": "<script>", "text": "</table><b>x"}],
     }))  # fmt: skip
@@ -45,7 +45,7 @@ def test_run_card_has_data_eval_container_and_config_and_escapes_text(tmp_path, 
     )  # fmt: skip
     card = (tmp_path / "card.html").read_text()
     for want in ("https://example.org/a.jsonl.zst", "abababababababab", "1,234", "567,890",
-                 "20.086", "sha256:feed", "nvcr.io/nvidia/pytorch:25.01-py3", "lr: 0.001",
+                 "20.250", "sha256:feed", "nvcr.io/nvidia/pytorch:25.01-py3", "lr: 0.001",
                  "&lt;script&gt;", "&lt;/table&gt;&lt;b&gt;x"):  # fmt: skip
         assert want in card, want
     assert "<script>" not in card
