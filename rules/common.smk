@@ -6,10 +6,9 @@ import os
 import shlex
 from pathlib import Path
 
-import yaml
-
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
+from gptflow import why
 from gptflow.config import load_workflow_config, load_yaml
 from gptflow.data import sources
 from gptflow.environment import put_interpreter_bin_first
@@ -32,32 +31,13 @@ except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 
 
-def dump_config():
-    """Under `gptflow why` (optional; its dry run sets the variable): the config this plan uses."""
-    from gptflow.fsutil import atomic_write
-    from gptflow.why import DUMP_ENV
-
-    path = os.environ.get(DUMP_ENV)
-    if path:
-        with atomic_write(path) as f:
-            yaml.safe_dump(CFG, f, sort_keys=False)
-
-
-dump_config()
+# `gptflow why`: its dry run asks for the config this plan uses (gptflow.why.DUMP_ENV)
+why.dump_config(CFG)
 
 
 def record_config():
-    """After a successful run: the validated config, which `gptflow why` compares against."""
-    import time
-
-    from gptflow.fsutil import atomic_write
-
-    path = Path(".snakemake/gptflow/last-config.yaml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as f:
-        yaml.safe_dump(
-            {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": CFG}, f, sort_keys=False
-        )
+    """Snakefile onsuccess: the config `gptflow why` compares the next plan against."""
+    why.record_config(CFG)
 
 
 RUN = CFG["run"]

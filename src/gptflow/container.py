@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from gptflow.errors import GptflowError
-from gptflow.fsutil import fsync_dir, publish, temp_path, write_json
+from gptflow.fsutil import publish, temp_path, write_json
 
 IMAGE_NAME = "localhost/gptflow"
 # enroot's defaults (ENROOT_SQUASH_OPTIONS): lzo, data blocks uncompressed (fast to start)
@@ -464,7 +464,6 @@ def sif_image(*, image: str | os.PathLike, out: str | os.PathLike, log=print) ->
     finally:
         with contextlib.suppress(FileNotFoundError):
             archive.unlink()
-    fsync_dir(out.parent)
     return {"image": str(out), "bytes": out.stat().st_size}
 
 

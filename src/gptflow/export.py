@@ -92,14 +92,19 @@ def hf_config(model: ModelConfig, eod_id: int, seq_length: int) -> dict:
     }
 
 
+def finished_run(config: str | os.PathLike) -> tuple[RunConfig, dict]:
+    """The run config and DONE.json of a run that has finished training."""
+    cfg = RunConfig.load(config)
+    if not cfg.done_path.is_file():
+        raise GptflowError(f"{cfg.done_path}: the run has not finished; train it first")
+    return cfg, json.loads(cfg.done_path.read_text())
+
+
 def export_hf(config: str | os.PathLike, out: str | os.PathLike, log=print) -> dict:
     """Write the run's final checkpoint as a Hugging Face directory `out` (published whole)."""
     from safetensors.torch import save_file
 
-    cfg = RunConfig.load(config)
-    done = json.loads(cfg.done_path.read_text()) if cfg.done_path.is_file() else None
-    if done is None:
-        raise GptflowError(f"{cfg.done_path}: the run has not finished; train it first")
+    cfg, done = finished_run(config)
     weights = load_checkpoint_weights(done["checkpoint"], cfg.run_dir)
     if "embed_out.weight" not in weights:
         raise GptflowError(f"{done['checkpoint']}: no embed_out.weight; not a gptflow GPT-NeoX")
@@ -162,16 +167,16 @@ def load_model(cfg: RunConfig, checkpoint: str | os.PathLike):
     return model.eval()
 
 
-def token_stream(prefixes: list[str], begin_end: list[tuple[int, int]] | None = None):
-    """The tokens of the given shards (optionally a sequence range of each) as one array."""
-    from gptflow.data.dataset import ShardSet
+def token_stream(prefixes: list[str], split: str | None = None, part: int = 2):
+    """The tokens of shards read as one (gptflow.data.dataset.ShardSet) as one array: all of
+    them, or the sequences of one part of `split` (0 train, 1 valid, 2 test). Returns
+    (tokens, [begin, end])."""
+    from gptflow.data.dataset import ShardSet, split_bounds
 
-    chunks = []
-    for i, prefix in enumerate(prefixes):
-        shards = ShardSet([prefix])
-        begin, end = begin_end[i] if begin_end else (0, len(shards))
-        chunks += [shards.get(j) for j in range(begin, end)]
-    return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+    shards = ShardSet(prefixes)
+    begin, end = split_bounds(split, len(shards))[part] if split else (0, len(shards))
+    chunks = [shards.get(j) for j in range(begin, end)]
+    return (np.concatenate(chunks) if chunks else np.zeros(0, np.int64)), [begin, end]
 
 
 @torch.no_grad()
@@ -225,35 +230,21 @@ def evaluate(
     generations from `prompts`."""
     from tokenizers import Tokenizer
 
-    from gptflow.data.dataset import ShardSet, split_bounds
-
     t0 = time.perf_counter()
-    cfg = RunConfig.load(config)
-    if not cfg.done_path.is_file():
-        raise GptflowError(f"{cfg.done_path}: the run has not finished; train it first")
-    done = json.loads(cfg.done_path.read_text())
+    cfg, done = finished_run(config)
     torch.manual_seed(0)
     model = load_model(cfg, done["checkpoint"])
     seq = cfg.train.seq_length
     result = {"run": cfg.run, "step": done["final_step"], "checkpoint": done["checkpoint"]}
     test = {}
     for d in cfg.datasets:
-        prefixes = [s.prefix for s in d.shards]
-        n = len(ShardSet(prefixes))
-        begin, end = split_bounds(cfg.split, n)[2]
-        # the test range of the concatenated shards, as each shard's own sequence range
-        ranges, start = [], 0
-        for p in prefixes:
-            size = len(ShardSet([p]))
-            ranges.append((max(begin - start, 0), max(min(end - start, size), 0)))
-            start += size
-        ranges = [(b, max(b, e)) for b, e in ranges]
-        test[d.name] = perplexity(model, token_stream(prefixes, ranges), seq, max_windows)
-        test[d.name] = test[d.name] or {"note": f"test split '{cfg.split}' has no tokens"}
-        test[d.name]["sequences"] = [begin, end]
+        tokens, sequences = token_stream([s.prefix for s in d.shards], cfg.split)
+        r = perplexity(model, tokens, seq, max_windows)
+        test[d.name] = r or {"note": f"test split '{cfg.split}' has no tokens"}
+        test[d.name]["sequences"] = sequences
     result["test"] = test
     result["extra"] = {
-        name: perplexity(model, token_stream(prefixes), seq, max_windows) or {"note": "empty"}
+        name: perplexity(model, token_stream(prefixes)[0], seq, max_windows) or {"note": "empty"}
         for name, prefixes in (extra or {}).items()
     }
     tokenizer = Tokenizer.from_file(str(cfg.tokenizer.path))

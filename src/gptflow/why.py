@@ -31,6 +31,29 @@ RECORD = Path(".snakemake") / "gptflow" / "last-config.yaml"
 DUMP_ENV = "GPTFLOW_DUMP_CONFIG"
 
 
+def dump_config(cfg: dict) -> None:
+    """Write `cfg` where the environment variable DUMP_ENV says (set by `why`'s dry run)."""
+    from gptflow.fsutil import atomic_write
+
+    path = os.environ.get(DUMP_ENV)
+    if path:
+        with atomic_write(path) as f:
+            yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+def record_config(cfg: dict, workdir: str | os.PathLike = ".") -> None:
+    """After a successful run (the Snakefile's onsuccess): the config `why` compares against."""
+    import time
+
+    from gptflow.fsutil import atomic_write
+
+    path = Path(workdir) / RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg}
+        yaml.safe_dump(record, f, sort_keys=False)
+
+
 @dataclass
 class Job:
     rule: str

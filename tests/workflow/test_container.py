@@ -47,7 +47,11 @@ def docker_host(tmp_path_factory):
     missing = [pkg for tool, pkg in PACKAGES.items() if not shutil.which(tool)]
     if missing:
         if not shutil.which("apt-get"):
-            pytest.skip(f"{', '.join(missing)} missing and no apt-get to install them")
+            pytest.skip(
+                f"Debian packages {', '.join(missing)} are not installed and there is no apt-get "
+                "to install them: these tests build a real image with dockerd and squash it "
+                "with mksquashfs on a debootstrap'ed base"
+            )
         _apt_install(missing)
     # /tmp paths must stay short: dockerd's containerd socket lives under the exec root
     root = Path(tmp_path_factory.mktemp("dockerd"))
