@@ -4,8 +4,10 @@ In every case the outcome is either the right bytes under the final name or a cl
 with no final file. Backoff sleeps are recorded instead of slept (Policy.sleep).
 """
 
+import email.utils
 import hashlib
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 from gptflow.data.download import Policy, download, read_sha256sums
 from gptflow.errors import GptflowError
 from tests.support.faultserver import FaultServer
+from tests.support.ports import refused_port
 
 DATA = os.urandom(3_000_001)
 SHA = hashlib.sha256(DATA).hexdigest()
@@ -64,11 +67,64 @@ def test_connection_dropped_mid_body_resumes_with_range(server, policy, tmp_path
     assert r.attempts == 3
 
 
+def assert_backoff(waits: list[float], nominal: list[float]) -> None:
+    """Wait i is its nominal backoff, min(backoff_max, backoff_base * 2**i), times a jitter
+    factor in [0.5, 1]."""
+    assert len(waits) == len(nominal), waits
+    for i, (wait, top) in enumerate(zip(waits, nominal, strict=True)):
+        assert top / 2 <= wait <= top, f"wait {i + 1} is {wait}; expected in [{top / 2}, {top}]"
+
+
 def test_500_then_success(server, policy, tmp_path):
     url = server.add("a.bin", DATA, ("status", 500), ("status", 503))
     fetch(url, tmp_path / "a.bin", policy, sha256=SHA)
     assert (tmp_path / "a.bin").read_bytes() == DATA
-    assert len(policy.waits) == 2 and policy.waits[1] > policy.waits[0] / 2  # exponential backoff
+    assert_backoff(policy.waits, [1.0, 2.0])  # Policy's default base 1 s, doubled
+
+
+# seven failures in a row (5xx, and 429 without Retry-After), then the file
+SEVEN_FAILURES = [("status", code) for code in (500, 503, 502, 429, 500, 504, 500)]
+# base 0.5 s doubling per failure, capped at backoff_max 3 s
+SEVEN_NOMINAL = [0.5, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0]
+
+
+@pytest.fixture
+def capped_policy():
+    waits = []
+    p = Policy(attempts=8, backoff_base=0.5, backoff_max=3.0, read_timeout=5, sleep=waits.append)
+    p.waits = waits
+    return p
+
+
+def test_backoff_doubles_from_the_base_up_to_the_cap_with_jitter(server, capped_policy, tmp_path):
+    url = server.add("a.bin", DATA, *SEVEN_FAILURES)
+    r = fetch(url, tmp_path / "a.bin", capped_policy, sha256=SHA)
+    assert (tmp_path / "a.bin").read_bytes() == DATA and r.attempts == 8
+    assert_backoff(capped_policy.waits, SEVEN_NOMINAL)
+    factors = [w / top for w, top in zip(capped_policy.waits, SEVEN_NOMINAL, strict=True)]
+    assert len(set(factors)) > 1, factors  # jittered: not the same fraction every time
+
+
+@pytest.mark.parametrize(("draw", "factor"), [(0.0, 0.5), (1.0, 1.0)])
+def test_backoff_jitter_spans_half_to_all_of_the_nominal_wait(
+    server, capped_policy, tmp_path, monkeypatch, draw, factor
+):
+    """random.random() pinned to the ends of its range [0, 1): the jitter factor 0.5 + r/2
+    reaches exactly half and (as its bound) all of the nominal wait, never beyond the cap."""
+    monkeypatch.setattr(random, "random", lambda: draw)
+    url = server.add("a.bin", DATA, *SEVEN_FAILURES)
+    fetch(url, tmp_path / "a.bin", capped_policy, sha256=SHA)
+    assert capped_policy.waits == [top * factor for top in SEVEN_NOMINAL]
+
+
+def test_progress_restarts_the_backoff_and_the_budget(server, capped_policy, tmp_path):
+    """Two failures, a dropped body that delivered bytes, two failures: after the progress the
+    backoff starts again at the base (and the attempt budget again at zero)."""
+    plan = [("status", 500), ("status", 500), ("drop", 1000), ("status", 500), ("status", 500)]
+    url = server.add("a.bin", DATA, *plan)
+    r = fetch(url, tmp_path / "a.bin", capped_policy, sha256=SHA)
+    assert (tmp_path / "a.bin").read_bytes() == DATA and r.attempts == 6
+    assert_backoff(capped_policy.waits, [0.5, 1.0, 0.5, 0.5, 1.0])
 
 
 def test_429_honours_retry_after(server, policy, tmp_path):
@@ -76,6 +132,19 @@ def test_429_honours_retry_after(server, policy, tmp_path):
     fetch(url, tmp_path / "a.bin", policy)
     assert policy.waits == [7.0]
     assert (tmp_path / "a.bin").read_bytes() == DATA
+
+
+def test_retry_after_is_capped_and_read_as_an_http_date(server, policy, tmp_path):
+    """Retry-After beyond retry_after_max waits retry_after_max; an HTTP-date means the time
+    until then (no jitter on either: the server said when)."""
+    policy.retry_after_max = 30.0
+    when = email.utils.formatdate(time.time() + 20, usegmt=True)
+    url = server.add("a.bin", DATA, ("retry_after", 1000), ("retry_after", when))
+    fetch(url, tmp_path / "a.bin", policy, sha256=SHA)
+    assert (tmp_path / "a.bin").read_bytes() == DATA
+    capped, dated = policy.waits
+    assert capped == 30.0
+    assert 17.0 <= dated <= 20.0  # whole seconds in the header, and the request took a moment
 
 
 def test_body_shorter_than_content_length_is_completed(server, policy, tmp_path):
@@ -95,7 +164,7 @@ def test_server_ignoring_range_restarts_instead_of_appending(server, policy, tmp
 
 def test_wrong_checksum_is_an_error_and_leaves_no_file(server, policy, tmp_path):
     url = server.add("a.bin", DATA, "corrupt", "corrupt")
-    with pytest.raises(GptflowError) as e:
+    with pytest.raises(GptflowError, match=r"^a\.bin: every URL failed \(") as e:
         fetch(url, tmp_path / "a.bin", policy, sha256=SHA)
     msg = str(e.value)
     assert f"a.bin: every URL failed (http://127.0.0.1:{server.port}/a.bin: sha256 mismatch" in msg
@@ -122,24 +191,24 @@ def test_host_published_sha256_is_checked(server, policy, tmp_path):
 
 
 def test_dead_primary_fails_over_to_the_mirror(server, policy, tmp_path):
-    dead = "http://127.0.0.1:9/a.bin"  # nothing listens on the discard port
     mirror = server.add("a.bin", DATA)
-    r = fetch([dead, server.url("missing.bin"), mirror], tmp_path / "a.bin", policy, sha256=SHA)
+    with refused_port() as port:
+        dead = f"http://127.0.0.1:{port}/a.bin"
+        r = fetch([dead, server.url("missing.bin"), mirror], tmp_path / "a.bin", policy, sha256=SHA)
     assert r.url == mirror
-    assert r.tried[0].startswith(
-        "http://127.0.0.1:9/a.bin: gave up after 4 attempts (connection failed"
-    )
+    assert r.tried[0].startswith(f"{dead}: gave up after 4 attempts (connection failed")
     assert r.tried[1] == f"http://127.0.0.1:{server.port}/missing.bin: HTTP 404"
+    assert_backoff(policy.waits, [1.0, 2.0, 4.0])  # the 4th failure moves on without a wait
 
 
 def test_every_url_failing_names_them_all(policy, tmp_path):
-    with pytest.raises(GptflowError) as e:
-        fetch(["http://127.0.0.1:9/x.zip", "http://127.0.0.1:7/x.zip"], tmp_path / "x.zip", policy)
+    with refused_port() as a, refused_port() as b:
+        urls = [f"http://127.0.0.1:{a}/x.zip", f"http://127.0.0.1:{b}/x.zip"]
+        with pytest.raises(GptflowError, match=r"^x\.zip: every URL failed \(") as e:
+            fetch(urls, tmp_path / "x.zip", policy)
     msg = str(e.value)
-    assert msg.startswith(
-        "x.zip: every URL failed (http://127.0.0.1:9/x.zip: gave up after 4 attempts"
-    )
-    assert "http://127.0.0.1:7/x.zip: gave up" in msg
+    assert msg.startswith(f"x.zip: every URL failed ({urls[0]}: gave up after 4 attempts")
+    assert f"; {urls[1]}: gave up after 4 attempts" in msg
     assert msg.endswith("Check the URLs, mirrors and network")
     assert not list(tmp_path.iterdir())
 
