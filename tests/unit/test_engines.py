@@ -321,7 +321,8 @@ def sha256_of(path) -> str:
 def test_a_killed_job_leaves_no_final_file_and_the_rerun_is_identical(
     tmp_path, tokenizer_json, corpus_jsonl
 ):
-    """SIGKILL mid-run (hf engine, slow enough to catch): nothing under the final names."""
+    """SIGKILL mid-run: nothing under the final names. The job is frozen (SIGSTOP) as soon as
+    its temporary .bin exists, so the state it is killed in is checked, not guessed."""
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:
         for _ in range(3):
@@ -334,13 +335,20 @@ def test_a_killed_job_leaves_no_final_file_and_the_rerun_is_identical(
         "--append-eod", "--engine", "hf",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not any(tmp_path.glob(".out.bin*")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    assert proc.poll() is None, "finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(tmp_path.glob(".out.bin*")):
+            assert proc.poll() is None, "exited before it opened its temporary .bin"
+            assert time.monotonic() < deadline, "no temporary .bin within 60 s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGSTOP)  # frozen: what is seen now is what the kill hits
+        assert proc.poll() is None, "finished before it could be killed"
+        assert not list(tmp_path.glob("out.*")), "published before it could be killed"
+        assert any(tmp_path.glob(".out.bin*"))
+    finally:
+        proc.kill()  # SIGKILL; a no-op when the process has already been reaped
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("out.")]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     tokenize_to_shard([str(big)], str(tokenizer_json), str(tmp_path / "ref"), engine="hf")

@@ -81,13 +81,27 @@ def test_unknown_eod_token_is_named(tmp_path, tokenizer_json, write_jsonl):
         tokenize_to_shard([str(src)], str(tokenizer_json), str(tmp_path / "o"), eod_token="</s>")
 
 
-def test_shard_tokens_read_back_by_megatron(shards):
+def test_shard_tokens_read_back_by_megatron(shards, corpus_jsonl, tokenizer_json):
+    """Every sequence of both shards, as megatron-core reads it and as we read it, is the
+    reference per-document encode (EOD appended), and the document index is one sequence per
+    non-empty document (an empty text is an empty document)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
 
-    for prefix in shards:
+    from gptflow.data.readers import iter_texts
+
+    for prefix, source in zip(shards, corpus_jsonl, strict=True):
+        texts = list(iter_texts(source))
+        expected = reference_tokens(texts, str(tokenizer_json), "<|endoftext|>")
+        sequences = [e for e in expected if e]
+        boundaries = np.cumsum([0] + [1 if e else 0 for e in expected]).tolist()
         ours, theirs = IndexedDataset(prefix), MegatronIndexed(prefix)
-        assert len(ours) == len(theirs) > 0
-        assert np.array_equal(ours[len(ours) - 1], theirs[len(theirs) - 1])
+        assert len(ours) == len(theirs) == len(sequences) > 1, prefix
+        for i, want in enumerate(sequences):
+            assert ours[i].tolist() == want, f"{prefix}: sequence {i} (ours)"
+            assert theirs[i].tolist() == want, f"{prefix}: sequence {i} (megatron-core)"
+        assert ours.document_indices.tolist() == boundaries, prefix
+        assert theirs.document_indices.tolist() == boundaries, prefix
+        assert ours.num_documents == len(texts)
 
 
 def test_trained_bpe_has_special_tokens_first_and_round_trips(tmp_path, corpus_jsonl):
