@@ -4,8 +4,10 @@ Apptainer have no Debian or PyPI package; no registry is reachable for a login).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,15 +105,28 @@ def test_no_builder_is_one_clear_error(monkeypatch, tmp_path):
 
 def test_docker_without_a_daemon_says_so(monkeypatch, tmp_path):
     """A docker client whose daemon does not answer (a script standing in for the client:
-    the daemon's absence is what is tested)."""
-    fake = tmp_path / "docker"
+    the daemon's absence is what is tested). builder auto then takes podman when one is on
+    PATH (an executable stub: resolve_builder only looks podman up) and else says neither
+    builder is usable."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
     fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")
-    if shutil.which("podman"):
-        assert c.resolve_builder("auto") == "podman"
-    with pytest.raises(GptflowError, match=r"daemon is not reachable.*start dockerd"):
+    monkeypatch.setenv("PATH", str(bin_dir))  # this docker and nothing else
+    with pytest.raises(
+        GptflowError,
+        match=r"daemon is not reachable \(Cannot connect to the Docker daemon\); start dockerd",
+    ):
         c.resolve_builder("docker")
+    with pytest.raises(GptflowError, match=r"^container.builder auto: neither a reachable docker"):
+        c.resolve_builder("auto")
+    podman = bin_dir / "podman"
+    podman.write_text("#!/bin/sh\nexit 0\n")
+    podman.chmod(0o755)
+    assert c.resolve_builder("auto") == "podman"
+    with pytest.raises(GptflowError, match=r"daemon is not reachable.*start dockerd"):
+        c.resolve_builder("docker")  # asked for by name: no fallback
 
 
 def test_a_missing_squash_tool_names_the_package(monkeypatch, tmp_path):
@@ -128,13 +143,138 @@ def test_a_missing_squash_tool_names_the_package(monkeypatch, tmp_path):
     assert list(out.parent.iterdir()) == []  # no temp file left behind
 
 
-def test_registry_password_goes_on_stdin_only(monkeypatch):
-    cmd = c.registry_login_command("docker", "nvcr.io", "$oauthtoken")
-    assert cmd == ["docker", "login", "nvcr.io", "--username", "$oauthtoken", "--password-stdin"]
+# A docker/podman client in front of a registry; it records each call and answers like the
+# real client: `login` reads the password from stdin with --password-stdin (stripping one
+# trailing newline, as docker does) or takes --password/-p from argv, and the registry accepts
+# only $FAKE_REGISTRY_PASSWORD.
+FAKE_TOOL = """#!{python}
+import json, os, sys
+argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]]
+call = {{"argv": argv, "stdin": None}}
+if argv[1] == "login" and "--password-stdin" in argv:
+    call["stdin"] = sys.stdin.read()
+with open(os.environ["FAKE_TOOL_CALLS"], "a") as f:
+    f.write(json.dumps(call) + "\\n")
+if argv[1] == "info":
+    print("27.5.1")
+elif argv[1] == "login":
+    password = None
+    if call["stdin"] is not None:
+        password = call["stdin"].removesuffix("\\n").removesuffix("\\r")
+    for flag in ("--password", "-p"):
+        if flag in argv:
+            password = argv[argv.index(flag) + 1]
+    if password is None:
+        sys.exit("Error: Cannot perform an interactive login from a non TTY device")
+    if password != os.environ["FAKE_REGISTRY_PASSWORD"]:
+        sys.exit('Error response from daemon: Get "https://' + argv[2] + '/v2/": unauthorized')
+    print("Login Succeeded")
+elif argv[1] == "build":
+    print("fake build of", argv[argv.index("-t") + 1])
+elif argv[1:3] == ["image", "inspect"]:
+    print(json.dumps([{{"Id": "sha256:" + "0" * 64, "Size": 1000, "Config": {{}}}}]))
+else:
+    sys.exit(f"fake {{argv[0]}}: {{argv[1]}} is not part of this test")
+"""
+
+
+@pytest.fixture
+def fake_registry_tool(monkeypatch, tmp_path):
+    """`docker` and `podman` first on PATH, each a script that stands in for the client of a
+    container registry, which cannot exist here (no registry is reachable). Returns a function
+    giving the calls so far: [{"argv": [tool, ...], "stdin": text or None}]."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    for tool in ("docker", "podman"):
+        script = bin_dir / tool
+        script.write_text(FAKE_TOOL.format(python=sys.executable))
+        script.chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_TOOL_CALLS", str(calls))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def read() -> list[dict]:
+        return (
+            [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+        )
+
+    return read
+
+
+SECRET = "nvapi-Pa55w0rd-only-on-stdin"
+LOGIN = {"server": "nvcr.io", "username": "$oauthtoken", "password_env": "NGC_API_KEY"}
+
+
+def build_with_login(tmp_path, builder: str, logged: list[str]) -> dict:
+    return c.build_image(
+        repo=REPO, dockerfile=REPO / "envs/Dockerfile", out=tmp_path / "out/image.json",
+        builder=builder, base_image="nvcr.io/nvidia/pytorch:25.01-py3",
+        registry_logins=[LOGIN], log=logged.append,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("builder", ["docker", "podman"])
+def test_registry_password_goes_on_stdin_only(
+    builder, fake_registry_tool, monkeypatch, tmp_path, capfd, caplog
+):
+    """build_image logs in (before it builds) with the password on the tool's stdin: not in
+    any argv, record, log line or output. The tool is a fake (fake_registry_tool) that stands
+    in for the client of a registry, which cannot exist here."""
+    cmd = c.registry_login_command(builder, "nvcr.io", "$oauthtoken")
+    assert cmd == [builder, "login", "nvcr.io", "--username", "$oauthtoken", "--password-stdin"]
+    monkeypatch.setenv("NGC_API_KEY", SECRET)
+    monkeypatch.setenv("FAKE_REGISTRY_PASSWORD", SECRET)
+    caplog.set_level("DEBUG")
+    logged: list[str] = []
+    record = build_with_login(tmp_path, builder, logged)
+    calls = fake_registry_tool()
+    assert [call["argv"][1] for call in calls if call["argv"][0] == builder] == [
+        *(["info"] if builder == "docker" else []), "login", "build", "image",
+    ]  # fmt: skip
+    (login,) = [call for call in calls if call["argv"][1] == "login"]
+    assert login == {"argv": cmd, "stdin": SECRET}
+    assert not [call["argv"] for call in calls if any(SECRET in arg for arg in call["argv"])]
+    assert record["builder"] == builder and record["tag"].startswith(f"{c.IMAGE_NAME}:")
+    out = capfd.readouterr()
+    seen = "\n".join([*logged, caplog.text, out.out, out.err, json.dumps(record)])
+    seen += (tmp_path / "out/image.json").read_text()
+    assert "fake build of localhost/gptflow:" in out.out  # the build ran, its output was seen
+    assert SECRET not in seen
+
+
+def test_a_rejected_registry_login_names_the_registry_not_the_password(
+    fake_registry_tool, monkeypatch, tmp_path, capfd, caplog
+):
+    """The registry (the fake tool of fake_registry_tool) refuses the password: one error
+    naming server, user, the registry's answer and the variable to fix; no build, no record,
+    and the password nowhere."""
+    monkeypatch.setenv("NGC_API_KEY", SECRET)
+    monkeypatch.setenv("FAKE_REGISTRY_PASSWORD", "another-password")
+    caplog.set_level("DEBUG")
+    logged: list[str] = []
+    with pytest.raises(
+        GptflowError,
+        match=r"^docker login nvcr\.io as \$oauthtoken failed: Error response from daemon: "
+        r'Get "https://nvcr\.io/v2/": unauthorized; check the credentials in \$NGC_API_KEY$',
+    ) as e:
+        build_with_login(tmp_path, "docker", logged)
+    calls = fake_registry_tool()
+    assert [call["argv"][1] for call in calls] == ["info", "login"]
+    assert calls[1]["stdin"] == SECRET
+    assert not (tmp_path / "out/image.json").exists()
+    out = capfd.readouterr()
+    assert SECRET not in "\n".join([str(e.value), *logged, caplog.text, out.out, out.err])
+
+
+def test_an_unset_registry_password_variable_is_named(fake_registry_tool, monkeypatch):
     monkeypatch.delenv("NGC_API_KEY", raising=False)
-    login = {"server": "nvcr.io", "username": "$oauthtoken", "password_env": "NGC_API_KEY"}
-    with pytest.raises(GptflowError, match=r"NGC_API_KEY is not set; export the password"):
-        c.registry_login("docker", login)
+    with pytest.raises(
+        GptflowError,
+        match=r"^container.registry_login: environment variable NGC_API_KEY is not set; "
+        r"export the password or token for nvcr\.io in it",
+    ):
+        c.registry_login("docker", LOGIN)
+    assert fake_registry_tool() == []  # nothing ran
 
 
 def test_command_lines_of_the_tools_that_cannot_run_here():
