@@ -50,30 +50,57 @@ def ensure_nginx() -> tuple[str | None, str]:
 
 
 def free_port() -> int:
+    """A port that was free a moment ago: another process may take it before nginx binds it,
+    which `Nginx` notices and answers with another port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+class PortTaken(Exception):
+    pass
+
+
 class Nginx:
-    """nginx in the foreground on 127.0.0.1:<free port>, serving `root`; stop() ends it."""
+    """nginx in the foreground on 127.0.0.1:<free port>, serving `root`; stop() ends it.
+
+    Race-free: a port taken between free_port() and nginx's bind() makes nginx fail with
+    "Address already in use", and it is started again on another port. It is up when its pid
+    file names it: nginx writes that file only after its listening socket is bound (so a
+    connect that succeeds is never some other process holding the port).
+    """
+
+    START_TRIES = 5
 
     def __init__(self, binary: str, root: Path, workdir: Path) -> None:
+        self.binary = binary
         self.root = Path(root)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
         for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.workdir / d).mkdir(exist_ok=True)
         self.access_log = self.workdir / "access.log"
+        self.error_log = self.workdir / "error.log"
+        self.pid_file = self.workdir / "nginx.pid"
+        taken = []
+        for _ in range(self.START_TRIES):
+            try:
+                self._start(free_port())
+                return
+            except PortTaken as e:
+                taken.append(str(e))
+        raise RuntimeError(f"nginx found every port taken: {'; '.join(taken)}")
+
+    def _start(self, port: int) -> None:
+        self.port = port
         conf = self.workdir / "nginx.conf"
         user = "user root;" if os.geteuid() == 0 else ""  # read the test's private tmp dirs
         conf.write_text(
             f"""{user}
 daemon off;
 worker_processes 1;
-pid {self.workdir}/nginx.pid;
-error_log {self.workdir}/error.log warn;
+pid {self.pid_file};
+error_log {self.error_log} warn;
 events {{ worker_connections 64; }}
 http {{
     default_type application/octet-stream;
@@ -86,35 +113,38 @@ http {{
     uwsgi_temp_path {self.workdir}/uwsgi;
     scgi_temp_path {self.workdir}/scgi;
     server {{
-        listen 127.0.0.1:{self.port};
+        listen 127.0.0.1:{port};
         root {self.root};
         autoindex on;
     }}
 }}
 """
         )
+        self.pid_file.unlink(missing_ok=True)
+        self.error_log.write_text("")
         self.proc = subprocess.Popen(
-            [
-                binary,
-                "-c",
-                str(conf),
-                "-p",
-                str(self.workdir),
-                "-e",
-                str(self.workdir / "error.log"),
-            ],
+            [self.binary, "-c", str(conf), "-p", str(self.workdir), "-e", str(self.error_log)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        deadline = time.time() + 20
-        while time.time() < deadline:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nginx exited: {self.proc.stderr.read().decode()[-500:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
+                error = self.proc.stderr.read().decode() + self.error_log.read_text()
+                if "Address already in use" in error:
+                    raise PortTaken(f"127.0.0.1:{port}: {error.strip().splitlines()[-1]}")
+                raise RuntimeError(f"nginx exited: {error[-500:]}")
+            if self._pid() == self.proc.pid:
+                return
             time.sleep(0.05)
-        raise RuntimeError("nginx did not start listening within 20 s")
+        self.stop()
+        raise RuntimeError(f"nginx did not bind 127.0.0.1:{port} within 20 s")
+
+    def _pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
