@@ -37,7 +37,7 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
 def test_lock_of_another_host_goes_stale_without_heartbeat(tmp_path):
     path = tmp_path / "train.lock"
     path.write_text(json.dumps({"host": "elsewhere", "pid": 1}))
-    with pytest.raises(GptflowError):
+    with pytest.raises(GptflowError, match=r"another trainer is running this run \(host elsewhere"):
         RunLock(path, stale_s=600).acquire()
     old = path.stat().st_mtime - 700
     os.utime(path, (old, old))
@@ -68,3 +68,38 @@ def test_fingerprint_mismatch_is_explained(tmp_path):
         CheckpointSeries(
             tmp_path, {"model": {"hidden_size": 128}, "seed": 1}, 1
         ).check_fingerprint()
+
+
+def test_prune_keeps_the_newest_complete_steps_and_clears_debris(tmp_path):
+    """keep_last 2 after saving step 50: steps 40 and 50 stay; older complete steps and the
+    debris of interrupted saves before 50 go; an unfinished save after 50 is left alone
+    (pruning clears only debris older than the step just saved)."""
+    series = CheckpointSeries(tmp_path, {"a": 1}, keep_last=2)
+    for step, complete in [
+        (10, True),
+        (20, False),
+        (30, True),
+        (40, True),
+        (50, True),
+        (60, False),
+    ]:
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        (d / "mp_rank_00_model_states.pt").write_bytes(b"x")
+        if complete:
+            (d / COMPLETE).write_text("{}")
+    (tmp_path / "notastep").mkdir()
+    series.prune(keep=50)
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"step00000040", "step00000050", "step00000060", "notastep"}
+
+
+def test_prune_never_deletes_the_step_just_saved(tmp_path):
+    """A resumed run that saves an older step than the newest on disk keeps that step."""
+    series = CheckpointSeries(tmp_path, {"a": 1}, keep_last=1)
+    for step in (10, 20):
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        (d / COMPLETE).write_text("{}")
+    series.prune(keep=10)
+    assert {p.name for p in tmp_path.iterdir()} == {"step00000010", "step00000020"}
