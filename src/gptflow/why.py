@@ -151,6 +151,7 @@ def parameter_count(model: dict) -> int:
 
 def preflight(cfg: dict, workdir: Path, peak_tflops: float, mfu: float) -> dict:
     from gptflow.config import padded_vocab_size
+    from gptflow.data.indexed import dtype_for_vocab
 
     model = dict(cfg["model"])
     tok = cfg.get("tokenizer", {})
@@ -165,8 +166,9 @@ def preflight(cfg: dict, workdir: Path, peak_tflops: float, mfu: float) -> dict:
     # a checkpoint: fp32 weights + Adam moments (+ bf16/fp16 master copy counted as fp32)
     checkpoint_bytes = n * 16 * (keep + 1)
     free = shutil.disk_usage(workdir).free
-    # shards hold at least the training tokens (2 bytes each below 65,536 ids, else 4)
-    shard_bytes = tokens * (2 if model["vocab_size"] < 65536 else 4)
+    # shards hold at least the training tokens, in the dtype tokenization picks for the
+    # tokenizer's own (unpadded) vocabulary: 2 bytes below 65,500 ids (Megatron's rule), else 4
+    shard_bytes = tokens * dtype_for_vocab(vocab).itemsize
     return {
         "parameters": n,
         "training_tokens": tokens,

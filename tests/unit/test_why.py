@@ -1,10 +1,15 @@
-"""gptflow why's pieces: config diffs, Snakemake dry-run parsing, the parameter count."""
+"""gptflow why's pieces: config diffs, Snakemake dry-run parsing, the parameter count, the
+preflight's FLOPs, GPU-hours and disk figures."""
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
+
 from gptflow.config import ModelConfig
 from gptflow.model import GPTNeoX
-from gptflow.why import config_changes, parameter_count, parse_dry_run
+from gptflow.why import config_changes, parameter_count, parse_dry_run, preflight
 
 DRY_RUN = """Building DAG of jobs...
 Job stats:
@@ -59,3 +64,73 @@ def test_parameter_count_equals_the_model():
         model = GPTNeoX(ModelConfig(**preset))
         real = sum(p.numel() for p in model.parameters())
         assert parameter_count(preset) == real
+
+
+def test_preflight_figures_of_the_tiny_config_equal_a_hand_calculation(tmp_path):
+    """The README's example line: 165,632 parameters (the tiny preset, vocabulary 500 padded
+    to 512), 40 x 8 x 64 = 20,480 tokens, 6·N·D FLOPs, GPU-hours at 40 % MFU of 989 TFLOP/s;
+    disk: fp32 weights + Adam moments (16 bytes a parameter) for keep_last + 1 checkpoints,
+    and 2-byte tokens below a 65,536-token vocabulary."""
+    cfg = {
+        "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                  "intermediate_size": None, "make_vocab_size_divisible_by": 128},
+        "tokenizer": {"train": {"vocab_size": 500}},
+        "train": {"train_iters": 40, "global_batch_size": 8, "seq_length": 64, "keep_last": 2},
+    }  # fmt: skip
+    pre = preflight(cfg, tmp_path, peak_tflops=989.0, mfu=0.4)
+    assert pre["parameters"] == 165_632
+    assert pre["training_tokens"] == 20_480
+    assert pre["training_flops"] == 20_352_860_160  # 6 * 165,632 * 20,480
+    # 20,352,860,160 / (989e12 * 0.4) s = 5.14481e-5 s = 1.42911e-8 h
+    assert pre["gpu_hours"] == pytest.approx(1.42911e-8, rel=1e-5)
+    assert pre["checkpoint_bytes"] == 7_950_336  # 165,632 * 16 * 3
+    assert pre["shard_bytes"] == 40_960  # 20,480 * 2
+    assert (pre["peak_tflops"], pre["mfu"]) == (989.0, 0.4)
+    assert 0 < pre["free_bytes"] <= shutil.disk_usage(tmp_path).total
+
+
+def test_preflight_pads_the_vocabulary_and_uses_4_byte_tokens_past_65536(tmp_path):
+    """vocab 70,000 pads to 70,016 (a multiple of 128); keep_last defaults to 2."""
+    cfg = {
+        "model": {"num_layers": 3, "hidden_size": 96, "num_attention_heads": 6,
+                  "intermediate_size": 200, "make_vocab_size_divisible_by": 128},
+        "tokenizer": {"train": {"vocab_size": 70_000}},
+        "train": {"train_iters": 1000, "global_batch_size": 16, "seq_length": 128},
+    }  # fmt: skip
+    pre = preflight(cfg, tmp_path, peak_tflops=312.0, mfu=0.5)
+    # layer: 4*96 + (3*96^2 + 3*96) + (96^2 + 96) + (96*200 + 200) + (200*96 + 96) = 76,328;
+    # N = 70,016*96 + 3*76,328 + 2*96 + 96*70,016 = 13,672,248
+    assert pre["parameters"] == 13_672_248
+    assert pre["training_tokens"] == 2_048_000  # 1000 * 16 * 128
+    assert pre["training_flops"] == 168_004_583_424_000  # 6 * 13,672,248 * 2,048,000
+    # 1.68004583424e14 / (312e12 * 0.5) s = 1.076952 s = 2.991535e-4 h
+    assert pre["gpu_hours"] == pytest.approx(2.991535e-4, rel=1e-6)
+    assert pre["checkpoint_bytes"] == 656_267_904  # 13,672,248 * 16 * 3
+    assert pre["shard_bytes"] == 8_192_000  # 2,048,000 * 4
+    # without a trained tokenizer nor model.vocab_size: GPT-2's 50,257, padded to 50,304
+    cfg["tokenizer"] = {}
+    n = preflight(cfg, tmp_path, peak_tflops=312.0, mfu=0.5)["parameters"]
+    assert n == 2 * 50_304 * 96 + 3 * 76_328 + 2 * 96
+
+
+def test_preflight_shard_bytes_follow_the_token_dtype_of_the_unpadded_vocabulary(tmp_path):
+    """A 65,450-token tokenizer pads to 65,536 embedding rows, but tokenization writes its
+    ids as uint16 (Megatron's rule, gptflow.data.indexed.dtype_for_vocab: uint16 below 65,500
+    ids): 2 bytes a token. From 65,500 ids on, int32: 4 bytes."""
+    from gptflow.data.indexed import dtype_for_vocab
+
+    cfg = {
+        "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+                  "make_vocab_size_divisible_by": 128},
+        "tokenizer": {"train": {"vocab_size": 65_450}},
+        "train": {"train_iters": 10, "global_batch_size": 4, "seq_length": 32},
+    }  # fmt: skip
+    assert (dtype_for_vocab(65_450).itemsize, dtype_for_vocab(65_500).itemsize) == (2, 4)
+    pre = preflight(cfg, tmp_path, peak_tflops=989.0, mfu=0.4)
+    assert pre["shard_bytes"] == 10 * 4 * 32 * 2
+    # ...while the embedding and head have the padded 65,536 rows
+    assert pre["parameters"] == parameter_count(
+        {"num_layers": 1, "hidden_size": 32, "vocab_size": 65_536}
+    )
+    cfg["tokenizer"]["train"]["vocab_size"] = 65_500
+    assert preflight(cfg, tmp_path, peak_tflops=989.0, mfu=0.4)["shard_bytes"] == 10 * 4 * 32 * 4
