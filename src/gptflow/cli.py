@@ -159,6 +159,10 @@ def cmd_convert_tokenizer(a: argparse.Namespace) -> int:
 def cmd_catalog(a: argparse.Namespace) -> int:
     from gptflow.config import load_yaml
 
+    if not Path(a.catalog).is_file():
+        raise GptflowError(
+            f"{a.catalog}: no such file; run from the gptflow checkout or pass --catalog PATH"
+        )
     catalog = load_yaml(a.catalog) or {}
     for name, entry in catalog.items():
         size = f"{entry['size_gb']:g} GB" if "size_gb" in entry else "?"
