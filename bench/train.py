@@ -11,8 +11,8 @@ or corpus has to be built), and does the same optimizer steps:
   ``loss.backward()``, then ``clip_grad_norm_``, ``optimizer.step()``, ``scheduler.step()``,
   ``zero_grad``;
 * ours: the engine of ``gptflow.engine.build_engine`` at each ZeRO stage, driven exactly as the
-  inner loop of ``gptflow.train._train`` drives it: ``_reseed``, ``engine(x, y)``,
-  ``engine.backward(loss)``, ``_grad_norm`` at ZeRO-0 fp32 (the trainer's own norm for the log),
+  inner loop of ``gptflow.train.loop.train_step`` drives it: ``reseed``, ``engine(x, y)``,
+  ``engine.backward(loss)``, ``grad_norm`` at ZeRO-0 fp32 (the trainer's own norm for the log),
   ``engine.step()``, loss accumulation; data loading and logging are left out of both.
 
 All configurations are built first (each holds its own copy of the model and optimizer), then run
@@ -69,7 +69,7 @@ def plain_runner(cfg, train, batches, gas: int) -> Runner:
     import torch
 
     from gptflow.model import GPTNeoX, decay_groups
-    from gptflow.train import _reseed
+    from gptflow.train.loop import reseed
 
     torch.manual_seed(train.seed)
     model = GPTNeoX(cfg)
@@ -84,7 +84,7 @@ def plain_runner(cfg, train, batches, gas: int) -> Runner:
 
     def step(i: int) -> None:
         for micro in range(gas):
-            _reseed(train.seed, i, micro, 0, 1, gas)
+            reseed(train.seed, i, micro, 0, 1, gas)
             x, y = batches[i * gas + micro]
             loss = model(x, y)
             (loss if gas == 1 else loss / gas).backward()
@@ -97,14 +97,15 @@ def plain_runner(cfg, train, batches, gas: int) -> Runner:
 
 
 def engine_runner(cfg, train, batches, gas: int, stage: int) -> tuple[Runner, float]:
-    """The trainer's inner loop (gptflow.train._train) around build_engine's engine."""
+    """The trainer's inner loop (gptflow.train.loop.train_step) around build_engine's engine."""
     import dataclasses
 
     import torch
 
     from gptflow import engine as ds
     from gptflow.model import GPTNeoX, decay_groups
-    from gptflow.train import _grad_norm, _reseed
+    from gptflow.train.loop import grad_norm as log_grad_norm
+    from gptflow.train.loop import reseed
 
     t = dataclasses.replace(train, zero_stage=stage)
     torch.manual_seed(t.seed)
@@ -118,12 +119,12 @@ def engine_runner(cfg, train, batches, gas: int, stage: int) -> tuple[Runner, fl
         grad_norm = None
         step_loss = torch.zeros((), dtype=torch.float64)
         for micro in range(gas):
-            _reseed(t.seed, i, micro, 0, 1, gas)
+            reseed(t.seed, i, micro, 0, 1, gas)
             x, y = batches[i * gas + micro]
             loss = engine(x.to(engine.device), y.to(engine.device))
             engine.backward(loss)
             if micro == gas - 1 and t.zero_stage == 0 and t.precision == "fp32":
-                grad_norm = _grad_norm(engine.module)
+                grad_norm = log_grad_norm(engine.module)
             engine.step()
             step_loss += loss.detach().double()
         if grad_norm is None:
@@ -164,7 +165,7 @@ def zero0_extras(r: Runner, batch, plain_ms: float) -> str:
     import torch
     from deepspeed.runtime.utils import clip_grad_norm_ as ds_clip
 
-    from gptflow.train import _grad_norm
+    from gptflow.train.loop import grad_norm as log_grad_norm
 
     eng = r.engine
     eng.backward(eng(*batch))  # gradients to work on; after the parameter check
@@ -189,7 +190,7 @@ def zero0_extras(r: Runner, batch, plain_ms: float) -> str:
         "minus torch clip_grad_norm_ (the plain loop's)": -ms(
             lambda: torch.nn.utils.clip_grad_norm_(params, 1.0)
         ),
-        "gptflow.train._grad_norm (for the log)": ms(lambda: _grad_norm(eng.module)),
+        "gptflow.train.loop.grad_norm (for the log)": ms(lambda: log_grad_norm(eng.module)),
     }
     eng.zero_grad()
     net = sum(parts.values())

@@ -87,7 +87,18 @@ class CheckpointSeries:
             )
 
     # -- writing (call on every rank; rank 0 does the bookkeeping) ------------------
-    def save(self, engine, step: int, client_state: dict, rank: int, barrier) -> Path:
+    def save(
+        self, engine, step: int, client_state: dict, rank: int, barrier, layout: dict | None = None
+    ) -> Path:
+        """Save `step` on every rank; returns its directory.
+
+        Nothing slow runs on one rank while the others wait in a collective (a multi-GB
+        checkpoint would outlast NCCL's watchdog): each rank fsyncs the files it wrote itself,
+        rank 0's bookkeeping between the barriers is two small files, and pruning older steps
+        runs in a background thread after the last barrier (:meth:`finish_pruning`).
+        `layout` (ranks, ZeRO stage, precision) goes into COMPLETE, so that a resume can check
+        it before DeepSpeed reads a shard.
+        """
         tag = tag_for(step)
         path = self.dir / tag
         if rank == 0:
@@ -97,31 +108,68 @@ class CheckpointSeries:
             if path.exists() and not (path / COMPLETE).is_file():
                 shutil.rmtree(path)  # debris of an interrupted save of the same step
         barrier()
-        engine.save_checkpoint(str(self.dir), tag=tag, client_state=client_state, save_latest=False)
+        for f in _saved_files(engine, str(self.dir), tag, client_state):
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
         barrier()  # every rank's shards are on disk
         if rank == 0:
-            for f in path.rglob("*"):
-                if f.is_file():
-                    with open(f, "rb") as fh:
-                        os.fsync(fh.fileno())
-            write_json(path / COMPLETE, {"step": step, "time": time.time()})
+            write_json(path / COMPLETE, {"step": step, "layout": layout})
             fsync_dir(path)
             with atomic_write(self.dir / "latest") as f:
                 f.write(tag)
-            self.prune(keep=step)
         barrier()
+        if rank == 0:
+            self.finish_pruning()
+            self._pruner = threading.Thread(
+                target=self.prune, args=(step,), daemon=True, name="checkpoint-prune"
+            )
+            self._pruner.start()
         return path
+
+    _pruner: threading.Thread | None = None
+
+    def finish_pruning(self) -> None:
+        """Wait for the background pruning of the last save (before exiting, or saving again)."""
+        if self._pruner is not None:
+            self._pruner.join()
+            self._pruner = None
 
     def prune(self, keep: int) -> None:
         """Delete all but the newest `keep_last` complete steps, and incomplete debris."""
         steps = self.complete_steps()
         doomed = [s for s in steps[: -self.keep_last] if s != keep]
-        for s in doomed:
-            shutil.rmtree(self.dir / tag_for(s), ignore_errors=True)
         for p in self.dir.iterdir():
             m = TAG_RE.match(p.name)
             if m and int(m.group(1)) < keep and not (p / COMPLETE).is_file():
+                doomed.append(int(m.group(1)))
+            elif p.name.startswith(".deleting-"):  # a pruning cut short by the job's end
                 shutil.rmtree(p, ignore_errors=True)
+        for s in doomed:
+            # renamed first, so that no half-deleted step ever looks like a checkpoint
+            trash = self.dir / f".deleting-{tag_for(s)}"
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.dir / tag_for(s), trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+
+def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
+    """``engine.save_checkpoint``, returning the paths this rank wrote (DeepSpeed writes every
+    file through its checkpoint engine's ``save``)."""
+    written: list[str] = []
+    writer = engine.checkpoint_engine
+    plain_save = writer.save
+
+    def save_and_record(state_dict, path, *args, **kwargs):
+        result = plain_save(state_dict, path, *args, **kwargs)
+        written.append(str(path))
+        return result
+
+    writer.save = save_and_record
+    try:
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+    finally:
+        del writer.save  # the class's method again
+    return written
 
 
 def _diff_keys(a, b, prefix: str = "") -> list[str]:

@@ -225,10 +225,27 @@ class ModelConfig:
         return self.intermediate_size or 4 * self.hidden_size
 
     def num_parameters(self) -> int:
-        """Parameter count (embedding and untied output head included)."""
+        """Parameter count (embedding and untied output head included).
+
+        The one home of this number: the trainer's start-up line, the preflight and the report
+        call it, so it is right under ZeRO-3 (where live parameters are partitions) and for
+        models never built."""
         d, f, v, n = self.hidden_size, self.ffn_size, self.vocab_size, self.num_layers
         per_layer = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
         return v * d + n * per_layer + 2 * d + v * d
+
+    def flops_per_token(self, seq_length: int) -> float:
+        """Training FLOPs per token (forward + backward = 3 x forward), Megatron-LM's formula.
+
+        Per layer: the QKV and output projections (4 h^2) and the MLP (2 h f) as matrix
+        multiplies (2 FLOPs per multiply-add), plus attention's scores and weighted values
+        (2 s h, causal masking not discounted, as Megatron counts it); once per token the
+        logits (h V). Biases, LayerNorms, rotary and the softmax are left out. With f = 4h this
+        is Megatron's 72 L h^2 (1 + s/(6h) + V/(12 L h)) per token (Narayanan et al. 2021).
+        """
+        h, f, v, n = self.hidden_size, self.ffn_size, self.vocab_size, self.num_layers
+        forward = n * (2 * (4 * h * h + 2 * h * f) + 4 * seq_length * h) + 2 * h * v
+        return 3.0 * forward
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -257,6 +274,8 @@ class TrainConfig:
     precision: str = "fp32"
     zero_stage: int = 0
     offload: str = "none"
+    peak_tflops: float | None = None  # per device, for MFU; None = from the GPU's name
+    distributed_timeout_minutes: float = 30.0
     tensorboard: bool = False
     log_interval: int = 10
     eval_interval: int = 100
@@ -278,6 +297,13 @@ class TrainConfig:
             raise GptflowError(
                 f"train.offload optimizer_and_params offloads parameters, which only ZeRO stage 3 "
                 f"partitions: set train.zero_stage 3 (it is {self.zero_stage}) or offload: optimizer"
+            )
+        if self.precision == "bf16" and self.zero_stage == 0:
+            raise GptflowError(
+                "train.precision bf16 needs train.zero_stage 1 or more: at stage 0 DeepSpeed "
+                "keeps no fp32 master weights of its own (its FP16_UnfusedOptimizer) and cannot "
+                "sum gradients in fp32. Set train.zero_stage 1 (DeepSpeed's BF16_Optimizer: fp32 "
+                "master weights and gradient accumulation; on one rank it partitions nothing)"
             )
         if self.min_lr > self.lr:
             raise GptflowError(f"train.min_lr {self.min_lr} is above train.lr {self.lr}; lower it")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 from dataclasses import dataclass
 
 from gptflow.errors import GptflowError
@@ -24,7 +23,7 @@ class DistEnv:
     local_rank: int
     local_world_size: int
     master_addr: str
-    master_port: int
+    master_port: int | None  # None: a single process, which needs no rendezvous port
     launcher: str  # "slurm", "torchrun" or "single"
 
 
@@ -48,10 +47,16 @@ def _int(env: dict, key: str) -> int:
         raise GptflowError(f"environment variable {key}={env[key]!r} is not an integer") from None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Rank 0's rendezvous port inside a Slurm job: one per job id, below Linux's ephemeral range
+# (ip_local_port_range, 32768-60999 by default), where the kernel hands out the source ports of
+# outgoing connections -- NCCL's and the filesystem's among them -- so a job's port is never
+# already taken by a connection the kernel picked.
+JOB_PORT_BASE, JOB_PORT_SPAN = 10000, 20000
+
+
+def job_port(job_id: int) -> int:
+    """MASTER_PORT of Slurm job `job_id`: the same on every task, different for adjacent jobs."""
+    return JOB_PORT_BASE + job_id % JOB_PORT_SPAN
 
 
 def resolve(env: dict | None = None) -> DistEnv:
@@ -85,9 +90,7 @@ def resolve(env: dict | None = None) -> DistEnv:
             local_world_size=local_world,
             master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
             # one port per job, so two jobs sharing a node do not collide
-            master_port=_int(env, "MASTER_PORT")
-            if "MASTER_PORT" in env
-            else 20000 + job_id % 20000,
+            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else job_port(job_id),
             launcher="slurm",
         )
     return DistEnv(
@@ -96,7 +99,7 @@ def resolve(env: dict | None = None) -> DistEnv:
         local_rank=0,
         local_world_size=1,
         master_addr="127.0.0.1",
-        master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else _free_port(),
+        master_port=None,  # one process: an in-process store, no port (gptflow.train.device)
         launcher="single",
     )
 
@@ -109,8 +112,9 @@ def export(d: DistEnv) -> None:
         LOCAL_RANK=str(d.local_rank),
         LOCAL_WORLD_SIZE=str(d.local_world_size),
         MASTER_ADDR=d.master_addr,
-        MASTER_PORT=str(d.master_port),
     )
+    if d.master_port is not None:
+        os.environ["MASTER_PORT"] = str(d.master_port)
 
 
 def srun_command(

@@ -40,6 +40,10 @@ def deepspeed_config(train: TrainConfig, world_size: int) -> dict:
         cfg["zero_force_ds_cpu_optimizer"] = False
     if train.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
+        # gradients summed over micro-batches in fp32, as Megatron does (bf16 sums lose
+        # low bits with every micro-batch); under ZeRO 1 this selects DeepSpeed's
+        # BF16_Optimizer, under ZeRO 2/3 their separate fp32 accumulation buffers
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     elif train.precision == "fp16":
         cfg["fp16"] = {
             "enabled": True,
@@ -65,8 +69,9 @@ class SkippingAdamW(torch.optim.AdamW):
 
     def step(self, closure=None):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        bad = torch.zeros(1, device=device)  # NCCL reduces CUDA tensors only
+        # on the gradients' device (the rank's GPU, or the CPU under offload; the process
+        # group reduces CPU tensors through gloo)
+        bad = torch.zeros(1, device=grads[0].device if grads else "cpu")
         if grads:
             norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
             bad[0] = float(not torch.isfinite(norm))

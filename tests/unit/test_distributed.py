@@ -33,7 +33,7 @@ def test_srun_task_of_a_two_node_job():
     d = resolve(env)
     assert (d.rank, d.world_size, d.local_rank, d.local_world_size) == (11, 16, 3, 8)
     assert d.master_addr == "gpu07" and d.launcher == "slurm"
-    assert d.master_port == 20000 + 123456 % 20000  # the same on every task of the job
+    assert d.master_port == 10000 + 123456 % 20000  # the same on every task of the job
 
 
 def test_torchrun_wins_and_single_process_default():
@@ -54,7 +54,7 @@ def test_torchrun_wins_and_single_process_default():
         "torchrun",
     )
     d = resolve({})
-    assert (d.rank, d.world_size, d.launcher) == (0, 1, "single") and d.master_port > 0
+    assert (d.rank, d.world_size, d.launcher) == (0, 1, "single") and d.master_port is None
 
 
 def test_bad_values_are_named():
@@ -144,3 +144,17 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
         f"--container-workdir={tmp_path} --no-container-mount-home gptflow train"
     ) in train
     assert "rule build_image:" in out.stdout and "rule squash_image:" in out.stdout
+
+
+def test_job_ports_stay_below_the_kernels_ephemeral_range():
+    """MASTER_PORT of a Slurm job is never one the kernel may have handed to an outgoing
+    connection: every job id maps below this machine's ip_local_port_range."""
+    from pathlib import Path
+
+    from gptflow.distributed import JOB_PORT_BASE, JOB_PORT_SPAN, job_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {job_port(j) for j in range(0, 3 * JOB_PORT_SPAN, 7)}
+    assert min(ports) == JOB_PORT_BASE and max(ports) == JOB_PORT_BASE + JOB_PORT_SPAN - 1
+    assert max(ports) < low and min(ports) >= 1024
+    assert job_port(41) != job_port(42)  # adjacent jobs on a shared node do not collide

@@ -29,8 +29,11 @@ def test_clipping_is_always_explicit():
 
 
 def test_precision_sections():
-    bf16 = deepspeed_config(TrainConfig(train_iters=1, precision="bf16"), 1)
-    assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16
+    for stage in (1, 2, 3):
+        bf16 = deepspeed_config(TrainConfig(train_iters=1, precision="bf16", zero_stage=stage), 1)
+        assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16
+        assert bf16["data_types"] == {"grad_accum_dtype": "fp32"}  # Megatron's fp32 sums
+    assert "data_types" not in deepspeed_config(TrainConfig(train_iters=1), 1)
     fp16 = deepspeed_config(TrainConfig(train_iters=1, precision="fp16"), 1)
     assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic loss scaling
 
@@ -132,3 +135,10 @@ def test_a_step_with_nan_gradients_is_skipped_at_every_zero_stage():
         assert r["unchanged"] and r["then_trains"] and r["finite"], (stage, r)
     assert {s: result[s]["skipped_steps"] for s in result} == {"0": 1, "1": 1, "2": 1, "3": 1}
     assert all(r["lr_held"] for r in result.values()), result
+
+
+def test_bf16_without_zero_is_refused_with_the_fix():
+    """DeepSpeed's bf16 at ZeRO 0 (FP16_UnfusedOptimizer) has no fp32 master weights or fp32
+    gradient sums; the config says so and names stage 1."""
+    with pytest.raises(GptflowError, match=r"train\.precision bf16 needs train\.zero_stage 1"):
+        TrainConfig(train_iters=1, precision="bf16")

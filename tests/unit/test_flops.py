@@ -1,63 +1,77 @@
-"""The TFLOP/s the trainer logs: FLOPs per token = 6 x the parameters that multiply (every
-parameter but the input embedding) + 12 x layers x hidden x sequence (attention), checked
-against figures worked out by hand from the GPT-NeoX layout."""
+"""The numbers behind TFLOP/s and MFU: parameters and FLOPs per token from the model config
+(one home: ModelConfig), checked against hand calculations and against a model built on CPU."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from gptflow.config import ModelConfig
+from gptflow.hardware import mfu, peak_tflops
 from gptflow.model import GPTNeoX
-from gptflow.train import flops_per_token
 
 
-def layer_params(h: int, ffn: int) -> int:
-    """One GPT-NeoX layer by hand: two LayerNorms (weight + bias), fused QKV, attention
-    output, MLP up and down (all with biases)."""
-    return 2 * (h + h) + (h * 3 * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h)
+def preset(repo, name: str, vocab: int) -> ModelConfig:
+    keys = yaml.safe_load((repo / "config" / "models" / f"{name}.yaml").read_text())
+    return ModelConfig(**keys, vocab_size=vocab)
+
+
+def test_pythia_410m_by_hand(repo):
+    """Pythia-410M (24 layers, hidden 1024, ffn 4096, vocabulary padded to 50,304) at 2,048.
+
+    Parameters: 2 x 50,304 x 1,024 (embedding and head) + 24 x 12,596,224 (per layer: two
+    LayerNorms 4,096; QKV 3,145,728 + 3,072; dense 1,048,576 + 1,024; MLP 4,194,304 + 4,096
+    and 4,194,304 + 1,024) + 2,048 (final LayerNorm) = 405,334,016, the published count.
+
+    FLOPs per token, Megatron: 3 x [24 x (2 x (4h^2 + 2hf) + 4sh) + 2hV]
+      = 3 x [24 x (25,165,824 + 8,388,608) + 103,022,592] = 3 x 908,328,960 = 2,724,986,880,
+    which is 72 L h^2 (1 + s/6h + V/12Lh) = 1,811,939,328 x 1.50390625.
+    """
+    cfg = preset(repo, "pythia-410m", 50_304)
+    assert cfg.num_parameters() == 405_334_016
+    assert cfg.flops_per_token(2048) == 2_724_986_880
+    L, h, s, V = 24, 1024, 2048, 50_304
+    assert cfg.flops_per_token(2048) == 72 * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
 
 
 @pytest.mark.parametrize(
-    ("keys", "seq", "parameters", "expected"),
+    "keys",
     [
-        # the tiny preset: h 64, 2 layers, vocab 512, ffn 4h = 256; seq 64
-        # layer 256 + 12,480 + 4,160 + 16,640 + 16,448 = 49,984
-        # N = 512*64 (embed) + 2*49,984 + 2*64 (final LN) + 64*512 (head) = 165,632
-        # 6 * (165,632 - 32,768) + 12 * 2 * 64 * 64 = 797,184 + 98,304
-        (
-            {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
-            64,
-            165_632,
-            895_488,
-        ),
-        # h 96, 3 layers, vocab 1,024, ffn 200; seq 128
-        # layer 384 + 27,936 + 9,312 + 19,400 + 19,296 = 76,328
-        # N = 98,304 + 3*76,328 + 192 + 98,304 = 425,784
-        # 6 * (425,784 - 98,304) + 12 * 3 * 96 * 128 = 1,964,880 + 442,368
-        (
-            {"num_layers": 3, "hidden_size": 96, "num_attention_heads": 6, "vocab_size": 1024,
-             "intermediate_size": 200},
-            128,
-            425_784,
-            2_407_248,
-        ),
+        {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+        {"num_layers": 3, "hidden_size": 96, "num_attention_heads": 6, "vocab_size": 1024,
+         "intermediate_size": 200},
     ],
 )  # fmt: skip
-def test_flops_per_token_is_6n_without_the_input_embedding_plus_attention(
-    keys, seq, parameters, expected
-):
+def test_parameter_count_equals_the_built_model(keys):
     cfg = ModelConfig(**keys)
-    real = sum(p.numel() for p in GPTNeoX(cfg).parameters())
-    h, layers, v = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
-    ffn = cfg.intermediate_size or 4 * h
-    assert real == v * h + layers * layer_params(h, ffn) + 2 * h + h * v == parameters
-    assert flops_per_token(cfg, real, seq) == expected
+    assert cfg.num_parameters() == sum(p.numel() for p in GPTNeoX(cfg).parameters())
 
 
-def test_flops_per_token_grows_with_the_sequence_by_the_attention_term_only():
-    """Doubling the sequence adds exactly 12 x layers x hidden x seq; the 6N part is fixed."""
-    cfg = ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=8, vocab_size=2048)
-    n = sum(p.numel() for p in GPTNeoX(cfg).parameters())
-    short, long = flops_per_token(cfg, n, 256), flops_per_token(cfg, n, 512)
-    assert long - short == 12 * 4 * 128 * 256
-    assert short == 6 * (n - 2048 * 128) + 12 * 4 * 128 * 256
+def test_flops_terms_by_hand_for_a_non_square_mlp():
+    """h 96, 3 layers, vocabulary 1,024, ffn 200, sequence 128:
+    per layer 2 x (4 x 9,216 + 2 x 96 x 200) + 4 x 128 x 96 = 150,528 + 49,152 = 199,680;
+    3 layers 599,040; logits 2 x 96 x 1,024 = 196,608; x 3 = 2,386,944."""
+    cfg = ModelConfig(
+        num_layers=3, hidden_size=96, num_attention_heads=6, vocab_size=1024, intermediate_size=200
+    )
+    assert cfg.flops_per_token(128) == 3 * (3 * 199_680 + 196_608) == 2_386_944
+    # doubling the sequence adds only attention's scores and values: 3 x L x 4 x s x h
+    assert cfg.flops_per_token(256) - cfg.flops_per_token(128) == 3 * 3 * 4 * 128 * 96
+
+
+def test_peak_table_and_mfu():
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == (
+        989.0,
+        "NVIDIA H100 80GB HBM3 (dense bf16 peak)",
+    )
+    assert peak_tflops("NVIDIA H100 PCIe")[0] == 756.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB")[0] == 312.0
+    assert peak_tflops("NVIDIA B200")[0] == 2250.0
+    assert peak_tflops("NVIDIA H200")[0] == 989.0
+    assert peak_tflops("NVIDIA H100", configured=500.0) == (500.0, "train.peak_tflops")
+    value, why = peak_tflops(None)
+    assert value is None and "set train.peak_tflops" in why
+    value, why = peak_tflops("Tesla V100-SXM2-16GB")
+    assert value is None and "is not in gptflow.hardware's table" in why
+    assert mfu(494.5, 989.0) == 0.5
+    assert mfu(1.0, None) is None

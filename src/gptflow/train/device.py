@@ -1,0 +1,109 @@
+"""Where the loop runs: one device per rank, the process group, and the tensors the loop and its
+collectives use. The GPU rules of DESIGN.md ("Training at scale") live here, in one place:
+
+- the device comes from the local rank and the GPUs this task can see, and
+  ``torch.cuda.set_device`` runs before the process group or any CUDA tensor exists;
+- the process group is ``cpu:gloo,cuda:nccl`` on a GPU machine (a CPU tensor in a collective is
+  legal, not a crash), gloo on a CPU one, with the configured timeout;
+- :meth:`Device.zeros` makes every accumulator and collective buffer of the loop, on the device;
+- host decisions (stop after a signal, a lock failure) cross ranks through :meth:`Device.any_rank`
+  on a CPU tensor: gloo, which never waits for the GPU's stream.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from gptflow import engine as ds
+from gptflow.distributed import DistEnv
+from gptflow.errors import GptflowError
+
+
+def training_device(local_rank: int, local_world_size: int, cuda_count: int) -> torch.device:
+    """The device of a rank: its GPU among those this task can see, else the CPU.
+
+    One task per GPU. With every GPU of the node visible, the local rank indexes them; with
+    ``--gpus-per-task`` or a cgroup-constrained step the task sees one GPU, index 0, whatever
+    its local rank.
+    """
+    if cuda_count == 0:
+        return torch.device("cpu")
+    if cuda_count == 1:
+        return torch.device("cuda", 0)
+    if local_rank < cuda_count and local_world_size <= cuda_count:
+        return torch.device("cuda", local_rank)
+    raise GptflowError(
+        f"local rank {local_rank} of {local_world_size} tasks on this node sees {cuda_count} "
+        f"GPUs: run one task per GPU (profiles/slurm: tasks_per_node = GPUs per node), each "
+        f"seeing either all of the node's GPUs or exactly one"
+    )
+
+
+def process_group_backend(cuda: bool) -> str:
+    """NCCL for CUDA tensors and gloo for CPU ones on a GPU machine; gloo alone otherwise."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
+class Device:
+    """The rank's device and world: makes the loop's tensors, reduces them over the ranks."""
+
+    def __init__(self, device: torch.device, world_size: int) -> None:
+        self.device = device
+        self.world_size = world_size
+
+    @property
+    def name(self) -> str | None:
+        """The accelerator's name (for its peak FLOP/s), None on a CPU."""
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+
+    def zeros(self, *shape: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def put(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device (pinned and copied asynchronously to a GPU)."""
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the ranks, in place, on the device (no host sync)."""
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return t
+
+    def any_rank(self, *flags: bool) -> list[bool]:
+        """Each host flag OR-ed over the ranks, in one all-reduce of a CPU tensor (gloo)."""
+        if self.world_size == 1:
+            return list(flags)
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [bool(x) for x in t.tolist()]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
+def setup(env: DistEnv, timeout_minutes: float) -> Device:
+    """Pick and bind the rank's device, then create the process group and DeepSpeed's view of it."""
+    device = training_device(env.local_rank, env.local_world_size, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        # DeepSpeed places its engine on cuda:$LOCAL_RANK: name the device the task sees
+        os.environ["LOCAL_RANK"] = str(device.index)
+    backend = process_group_backend(device.type == "cuda")
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    if env.master_port is None:  # one process: an in-process store, no port to bind
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+    else:
+        dist.init_process_group(
+            backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout
+        )
+    ds.init_distributed()  # wraps the group above
+    return Device(device, env.world_size)

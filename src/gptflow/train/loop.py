@@ -1,0 +1,410 @@
+"""The training loop: resume -> for each step: batches -> forward/backward/step -> log -> eval
+-> save. Each stage is a short function below; :func:`run` reads as the list of them.
+
+Data order is a pure function of (seed, consumed samples): step s of every rank reads samples
+``[s * global_batch, (s+1) * global_batch)`` of the training split, rank r's micro-batch m being
+the slice ``(m * ranks + r) * micro_batch`` of it (Megatron's pretraining sampler). Dropout RNG is
+reseeded from (seed, step, micro-batch, rank). Together with DeepSpeed's model, optimizer and
+scheduler state and the log interval's sums (saved with each checkpoint) that makes a resumed
+run repeat the uninterrupted one bit for bit.
+
+The loop reads the device once per log interval (:class:`~gptflow.train.metrics.Interval`);
+every tensor it makes comes from :class:`~gptflow.train.device.Device`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptflow import engine as ds
+from gptflow.checkpoint import COMPLETE, CheckpointSeries, checkpoint_digest, tag_for
+from gptflow.config import RunConfig
+from gptflow.data.dataset import run_split_datasets
+from gptflow.errors import GptflowError
+from gptflow.fsutil import write_json
+from gptflow.hardware import peak_tflops
+from gptflow.model import GPTNeoX, decay_groups
+from gptflow.train.device import Device
+from gptflow.train.metrics import Interval, MetricsLog, Throughput, iteration_line
+
+log = logging.getLogger("gptflow.train")
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: saved after a signal; run again to resume
+MAX_NAN_STREAK = 10  # NaN/inf losses in a row before the run stops (diverged)
+signals_received: list[int] = []  # appended to by the SIGUSR1/SIGTERM handler
+
+
+@dataclass
+class Trainer:
+    """What the loop works with, built once by :func:`build`."""
+
+    cfg: RunConfig
+    dev: Device
+    rank: int
+    launcher: str
+    engine: object
+    series: CheckpointSeries
+    train_data: object
+    valid_data: object | None
+    gas: int  # micro-batches per step on each rank
+    flops_per_token: float
+    peak_tflops: float | None
+    exit_interval: int | None
+    metrics: MetricsLog | None = None  # rank 0
+
+
+@dataclass
+class Progress:
+    """Where the run is: the step done, and the current log interval."""
+
+    step: int
+    interval: Interval
+    lr: float = 0.0
+    grad_norm: torch.Tensor | None = None  # of the last step, when it is to be logged
+    started: float = field(default_factory=time.perf_counter)  # this attempt
+    first_step: int = 0  # of this attempt
+
+
+def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: int | None) -> int:
+    """Train to ``train_iters`` (or to a stop); returns the process exit code."""
+    t = cfg.train
+    tr = build(cfg, dev, rank, launcher, exit_interval)
+    prog = resume(tr)
+    if prog.step == 0:
+        evaluate_and_log(tr, 0)
+    while prog.step < t.train_iters:
+        train_step(tr, prog)
+        stop = stop_reason(tr, prog.step)
+        if prog.step % t.log_interval == 0 or prog.step == t.train_iters:
+            log_progress(tr, prog)
+        if prog.step % t.eval_interval == 0 or prog.step == t.train_iters:
+            evaluate_and_log(tr, prog.step)
+        if stop or prog.step % t.save_interval == 0 or prog.step == t.train_iters:
+            save(tr, prog)
+        if stop:
+            return announce_stop(tr, prog.step, stop)
+    finish(tr, prog.step)
+    return 0
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build(
+    cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: int | None
+) -> Trainer:
+    """Data indices, the model, the DeepSpeed engine and the checkpoint series."""
+    t = cfg.train
+    series = CheckpointSeries(cfg.checkpoint_dir, cfg.fingerprint(), t.keep_last)
+    series.check_fingerprint()
+    # The indices are normally built by the build_data_index rule before this job; rank 0
+    # builds any that are missing (a direct `gptflow train`), the others then load them.
+    data = run_split_datasets(cfg) if rank == 0 else None
+    dev.barrier()
+    if rank != 0:
+        data = run_split_datasets(cfg, build_allowed=False)
+    torch.manual_seed(t.seed)  # identical initialisation on every rank
+    model = GPTNeoX(cfg.model).to(dev.device)
+    engine = ds.build_engine(model, decay_groups(model, t.weight_decay), t, dev.world_size)
+    peak, source = peak_tflops(dev.name, t.peak_tflops)
+    if rank == 0:
+        log.info("MFU against %s", f"{peak:g} TFLOP/s ({source})" if peak else f"n/a: {source}")
+    return Trainer(
+        cfg=cfg,
+        dev=dev,
+        rank=rank,
+        launcher=launcher,
+        engine=engine,
+        series=series,
+        train_data=data["train"],
+        valid_data=data["valid"],
+        gas=t.grad_accum_steps(dev.world_size),
+        flops_per_token=cfg.model.flops_per_token(t.seq_length),
+        peak_tflops=peak,
+        exit_interval=exit_interval,
+    )
+
+
+def layout(tr: Trainer) -> dict:
+    t = tr.cfg.train
+    return {"world_size": tr.dev.world_size, "zero_stage": t.zero_stage, "precision": t.precision}
+
+
+def resume(tr: Trainer) -> Progress:
+    """Load the newest complete checkpoint of the series, if any; open metrics.jsonl."""
+    t, cfg = tr.cfg.train, tr.cfg
+    step, saved_interval = 0, None
+    resumed_from = tr.series.latest_step()
+    if resumed_from is not None:
+        path = tr.series.dir / tag_for(resumed_from)
+        check_layout(json.loads((path / COMPLETE).read_text()).get("layout"), layout(tr), path)
+        load_path, client = tr.engine.load_checkpoint(
+            str(tr.series.dir), tag=tag_for(resumed_from), load_module_strict=True
+        )
+        if load_path is None:
+            raise GptflowError(f"{path}: DeepSpeed could not load it")
+        check_layout(client.get("layout"), layout(tr), path)
+        step, saved_interval = int(client["step"]), client.get("interval")
+    if tr.rank == 0:
+        # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
+        kept = step if resumed_from is not None else -1
+        tb_dir = Path(cfg.run_dir) / "tensorboard" / cfg.series if t.tensorboard else None
+        tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir)
+        log_start(tr, step, resumed_from is not None)
+    return Progress(step=step, interval=Interval(tr.dev, saved_interval), first_step=step)
+
+
+def check_layout(saved: dict | None, now: dict, path: Path) -> None:
+    """ZeRO partitions belong to the number of ranks that wrote them."""
+    if saved and saved.get("world_size") != now["world_size"] and now["zero_stage"] > 0:
+        raise GptflowError(
+            f"{path}: saved by {saved.get('world_size')} ranks with ZeRO stage "
+            f"{now['zero_stage']}, now {now['world_size']} ranks; resume with the same number of "
+            f"ranks"
+        )
+
+
+def log_start(tr: Trainer, step: int, resumed: bool) -> None:
+    cfg, t = tr.cfg, tr.cfg.train
+    total_tokens = t.train_iters * t.tokens_per_step
+    data_tokens = sum(d.tokens for d in cfg.datasets)
+    log.info(
+        "run %s, series %s: %s; %s parameters; %d ranks (%s), micro batch %d x grad accum %d "
+        "x %d ranks = global batch %d; %d tokens/step; %d steps = %.3g tokens (%.2f epochs of "
+        "%.3g data tokens); %.4g FLOPs per token, %.3g training FLOPs",
+        cfg.run,
+        cfg.series,
+        f"resuming from step {step}" if resumed else "starting at step 0",
+        f"{cfg.model.num_parameters():,}",
+        tr.dev.world_size,
+        tr.launcher,
+        t.micro_batch_size,
+        tr.gas,
+        tr.dev.world_size,
+        t.global_batch_size,
+        t.tokens_per_step,
+        t.train_iters,
+        total_tokens,
+        total_tokens / max(1, data_tokens),
+        data_tokens,
+        tr.flops_per_token,
+        tr.flops_per_token * total_tokens,
+    )
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) -> None:
+    """Dropout's RNG for one micro-batch: the same sample gets the same mask whatever the
+    number of ranks (micro-batch m of one rank is micro-batch 0 of rank m of several)."""
+    torch.manual_seed(seed * 1_000_003 + (step * gas + micro) * world + rank)
+
+
+def batch(dataset, start: int, count: int, dev: Device) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = torch.from_numpy(np.stack([dataset[i] for i in range(start, start + count)]))
+    rows = dev.put(rows)  # (B, T+1)
+    return rows[:, :-1], rows[:, 1:]
+
+
+def grad_norm(model: torch.nn.Module) -> torch.Tensor:
+    """Global L2 norm of the gradients, on their device (read with the log line)."""
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+
+
+def train_step(tr: Trainer, prog: Progress) -> None:
+    """One optimizer step: `gas` micro-batches forward and backward, then the update."""
+    t, rank, world = tr.cfg.train, tr.rank, tr.dev.world_size
+    consumed = prog.step * t.global_batch_size
+    logs_next = (prog.step + 1) % t.log_interval == 0 or prog.step + 1 == t.train_iters
+    step_loss = tr.dev.zeros()
+    for micro in range(tr.gas):
+        reseed(t.seed, prog.step, micro, rank, world, tr.gas)
+        x, y = batch(tr.train_data, consumed + (micro * world + rank) * t.micro_batch_size,
+                     t.micro_batch_size, tr.dev)  # fmt: skip
+        loss = tr.engine(x, y)
+        tr.engine.backward(loss)
+        if micro == tr.gas - 1:
+            prog.lr = tr.engine.get_lr()[0]  # not lr_at(step): skipped steps hold the schedule
+            if logs_next and t.zero_stage == 0 and t.precision == "fp32":
+                prog.grad_norm = grad_norm(tr.engine.module)  # DeepSpeed does not report it
+        tr.engine.step()
+        step_loss += loss.detach()
+    prog.step += 1
+    prog.interval.add(step_loss, tr.gas)
+
+
+def stop_reason(tr: Trainer, step: int) -> str | None:
+    """Why to save and exit after this step, agreed by all ranks: a signal reached any rank
+    (Slurm's warning before the time limit, a preemption), or the exit interval is due."""
+    (signalled,) = tr.dev.any_rank(bool(signals_received))
+    if signalled:
+        return f"received signal {signals_received[0] if signals_received else 'on another rank'}"
+    if tr.exit_interval and step % tr.exit_interval == 0 and step < tr.cfg.train.train_iters:
+        return f"exit interval {tr.exit_interval}"
+    return None
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def log_progress(tr: Trainer, prog: Progress) -> None:
+    """The log line and metrics record of the interval: the loop's one host sync."""
+    t = tr.cfg.train
+    extra = [prog.grad_norm] if prog.grad_norm is not None else []
+    loss, nan_iters, nan_streak, *norm = prog.interval.read(*extra)
+    if nan_streak > MAX_NAN_STREAK:
+        raise GptflowError(
+            f"the loss was NaN or infinite for {int(nan_streak)} steps in a row (steps "
+            f"{prog.step - int(nan_streak) + 1}-{prog.step}); the weights have diverged. Stopped "
+            f"without saving: resume from the last good checkpoint with a lower train.lr, "
+            f"longer warmup or train.precision bf16, under a new run name"
+        )
+    speed = Throughput.measure(
+        prog.interval.steps,
+        time.perf_counter() - prog.interval.started,
+        t.tokens_per_step,
+        tr.flops_per_token,
+        tr.dev.world_size,
+        tr.peak_tflops,
+    )
+    consumed = prog.step * t.global_batch_size
+    rec = {
+        "step": prog.step,
+        "kind": "train",
+        "consumed_samples": consumed,
+        "tokens": consumed * t.seq_length,
+        "loss": loss,
+        "lr": prog.lr,
+        "grad_norm": norm[0] if norm else ds.global_grad_norm(tr.engine),
+        "global_batch_size": t.global_batch_size,
+        "ms_per_step": speed.ms_per_step,
+        "tokens_per_s": speed.tokens_per_s,
+        "tflops_per_device": speed.tflops_per_device,
+        "mfu": speed.mfu,
+        "loss_scale": ds.loss_scale(tr.engine),
+        "skipped_iters": ds.skipped_steps(tr.engine),
+        "nan_iters": int(nan_iters),
+        "time": time.time(),
+    }
+    prog.grad_norm = None
+    prog.interval.restart()
+    if tr.rank == 0:
+        elapsed = time.perf_counter() - prog.started
+        left = elapsed / max(1, prog.step - prog.first_step) * (t.train_iters - prog.step)
+        log.info(iteration_line(prog.step, t.train_iters, rec, elapsed, left))
+        tr.metrics.write(rec)
+
+
+def evaluate(tr: Trainer, dataset) -> float:
+    """Mean loss over the first `eval_iters` global batches of `dataset` (the same every time)."""
+    t, rank = tr.cfg.train, tr.rank
+    per_rank = t.global_batch_size // tr.dev.world_size
+    sums = tr.dev.zeros(2)  # [loss x sequences, sequences]
+    tr.engine.eval()
+    with torch.no_grad():
+        for it in range(t.eval_iters):
+            base = it * t.global_batch_size + rank * per_rank
+            for off in range(0, per_rank, t.micro_batch_size):
+                n = min(t.micro_batch_size, per_rank - off)
+                x, y = batch(dataset, base + off, n, tr.dev)
+                sums[0] += tr.engine(x, y).detach() * n
+                sums[1] += n
+    tr.engine.train()
+    total, count = tr.dev.sum_over_ranks(sums).tolist()
+    return total / max(1, count)
+
+
+def evaluate_and_log(tr: Trainer, step: int) -> None:
+    t = tr.cfg.train
+    if t.eval_iters == 0 or tr.valid_data is None:
+        return
+    started = time.perf_counter()
+    loss = evaluate(tr, tr.valid_data)
+    if tr.rank == 0:
+        ppl = math.exp(min(loss, 50))
+        log.info(
+            " validation at iteration %d | lm loss: %.6E | lm loss PPL: %.6E | %.1f s",
+            step,
+            loss,
+            ppl,
+            time.perf_counter() - started,
+        )
+        tr.metrics.write({"step": step, "kind": "eval", "val_loss": loss, "val_ppl": ppl})
+
+
+# ----------------------------------------------------------------------------- saving, stopping
+
+
+def save(tr: Trainer, prog: Progress) -> None:
+    t = tr.cfg.train
+    client = {
+        "step": prog.step,
+        "consumed_samples": prog.step * t.global_batch_size,
+        "fingerprint": tr.cfg.fingerprint(),
+        "layout": layout(tr),
+        "interval": prog.interval.state(),
+    }
+    started = time.perf_counter()
+    path = tr.series.save(tr.engine, prog.step, client, tr.rank, tr.dev.barrier, layout(tr))
+    if tr.rank == 0:
+        log.info("saved checkpoint %s in %.2f s", path, time.perf_counter() - started)
+    prog.interval.started += time.perf_counter() - started  # throughput excludes the save
+
+
+def announce_stop(tr: Trainer, step: int, reason: str) -> int:
+    if tr.rank == 0:
+        tr.series.finish_pruning()
+        log.warning(
+            "%s: saved step %d; exiting with code %d so the workflow retries and resumes",
+            reason,
+            step,
+            EXIT_PREEMPTED,
+        )
+    return EXIT_PREEMPTED
+
+
+def finish(tr: Trainer, step: int) -> None:
+    """DONE.json, the train rule's only output: written last, by rank 0, after the last
+    collective (hashing the checkpoint keeps no other rank waiting)."""
+    if tr.rank != 0:
+        return
+    cfg = tr.cfg
+    tr.series.finish_pruning()
+    records = []
+    if cfg.metrics_path.is_file():
+        records = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines() if line]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    trains = [r for r in records if r.get("kind") == "train"]
+    ckpt = tr.series.dir / tag_for(step)
+    done = {
+        "run": cfg.run,
+        "series": cfg.series,
+        "final_step": step,
+        "checkpoint": str(ckpt),
+        "checkpoint_sha256": checkpoint_digest(ckpt),
+        "train_loss": trains[-1]["loss"] if trains else None,
+        "initial_val_loss": evals[0]["val_loss"] if evals else None,
+        "final_val_loss": evals[-1]["val_loss"] if evals else None,
+        "tokens": step * cfg.train.tokens_per_step,
+        "metrics": str(cfg.metrics_path),
+        "run_config": str(Path(cfg.run_dir) / "run.yaml"),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(cfg.done_path, done)
+    log.info(
+        "done: step %d, final validation loss %s (from %s); checkpoint %s",
+        step,
+        done["final_val_loss"],
+        done["initial_val_loss"],
+        ckpt,
+    )
