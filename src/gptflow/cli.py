@@ -281,7 +281,7 @@ def cmd_export_hf(a: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
-    from gptflow.export import evaluate
+    from gptflow.evaluate import evaluate
 
     extra: dict[str, list[str]] = {}
     for name, prefix in a.extra:

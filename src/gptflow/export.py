@@ -1,40 +1,89 @@
-"""A finished run as a Hugging Face ``GPTNeoXForCausalLM`` directory, and its evaluation.
+"""A finished run as a Hugging Face ``GPTNeoXForCausalLM`` directory, streamed tensor by tensor.
 
 The model already uses Hugging Face's parameter names and layouts (gptflow.model), so the
-export is the consolidated fp32 weights with ``embed_out`` named ``lm_head`` (transformers 5),
-a config.json, and the tokenizer. Weights are read without unpickling anything from outside
-the run: a ZeRO-0 checkpoint with ``torch.load(weights_only=True)``; ZeRO 1-3 shards (which
-DeepSpeed's zero_to_fp32 unpickles) only from a checkpoint inside the run directory.
+export is the fp32 weights with ``embed_out`` named ``lm_head`` (transformers 5), a
+config.json, and the tokenizer.
+
+Reading. :func:`checkpoint_weights` describes a checkpoint's fp32 weights by name (shape and
+dtype) and reads each one only when asked, so nothing holds the whole model:
+
+- ZeRO 0: ``mp_rank_00_model_states.pt`` memory-mapped (``torch.load(mmap=True,
+  weights_only=True)``); the Adam states beside the weights are never read. With fp16/bf16 the
+  weights are DeepSpeed's fp32 master weights (``optimizer.fp32_groups`` of its
+  FP16_UnfusedOptimizer), not the half-precision module.
+- ZeRO 1-3: every rank's flat fp32 partitions (the master weights) memory-mapped by
+  DeepSpeed's own zero_to_fp32 loader (which drops the Adam states unread), one parameter
+  sliced out at a time: ZeRO 1/2 at zero_to_fp32's offsets, ZeRO 3 with its
+  ``GatheredTensor``. These files hold pickled DeepSpeed objects, so they are read only from a
+  checkpoint inside the run directory.
+
+Writing. safetensors shards of at most ``max_shard_size`` bytes, planned as Hugging Face plans
+them (``model-00001-of-0000N.safetensors`` + ``model.safetensors.index.json``; a single
+``model.safetensors`` when the model fits in one shard), each written one tensor at a time.
+Peak memory is a small multiple of the largest tensor, not of the model (measured by
+tests/unit/test_export.py). The directory is published whole (temporary directory, rename).
+
+DeepSpeed is imported only to read ZeRO 1-3 checkpoints.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import shutil
+import struct
 import tempfile
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from gptflow.config import ModelConfig, RunConfig
 from gptflow.errors import GptflowError
-from gptflow.fsutil import fsync_dir, write_json
+from gptflow.fsutil import fsync_dir
+
+MAX_SHARD_SIZE = 5 * 10**9  # bytes per safetensors shard: Hugging Face's default ("5GB")
+
+SAFETENSORS_DTYPES = {  # torch dtype -> safetensors' name for it
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
+@dataclass(frozen=True)
+class Weight:
+    """One tensor of a checkpoint: shape and dtype known now, values read by `read()` (a CPU
+    tensor, contiguous, possibly a view of a memory-mapped file: do not write to it)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    read: Callable[[], torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
-def load_checkpoint_weights(checkpoint: str | os.PathLike, run_dir: str | os.PathLike) -> dict:
-    """fp32 weights of a checkpoint step directory (``.../checkpoints/{series}/step*``)."""
+# --------------------------------------------------------------------------- reading
+
+
+def checkpoint_weights(
+    checkpoint: str | os.PathLike, run_dir: str | os.PathLike
+) -> dict[str, Weight]:
+    """The fp32 weights of a checkpoint step directory (``.../checkpoints/{series}/step*``) by
+    name, in the model's order, each read on demand."""
     ckpt = Path(checkpoint)
     if not (ckpt / "COMPLETE").is_file():
         raise GptflowError(
@@ -47,15 +96,280 @@ def load_checkpoint_weights(checkpoint: str | os.PathLike, run_dir: str | os.Pat
                 f"{ckpt}: ZeRO shards are unpickled by DeepSpeed's zero_to_fp32, so they are "
                 f"read only from inside the run directory {run_dir}; copy the run there"
             )
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        return _zero_partitioned_weights(ckpt)
+    return _zero0_weights(ckpt)
 
-        weights = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+
+def load_checkpoint_weights(checkpoint: str | os.PathLike, run_dir: str | os.PathLike) -> dict:
+    """fp32 weights of a checkpoint step directory, all read (see :func:`checkpoint_weights`)."""
+    return {name: w.read() for name, w in checkpoint_weights(checkpoint, run_dir).items()}
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    return (t.float() if t.is_floating_point() else t).contiguous()
+
+
+def _stored(t: torch.Tensor) -> Weight:
+    """A tensor stored whole in the checkpoint, exported as fp32 (other dtypes as they are)."""
+    dtype = torch.float32 if t.is_floating_point() else t.dtype
+    return Weight(tuple(t.shape), dtype, partial(_fp32, t))
+
+
+def _zero0_weights(ckpt: Path) -> dict[str, Weight]:
+    path = ckpt / "mp_rank_00_model_states.pt"
+    if not path.is_file():
+        raise GptflowError(f"{ckpt}: no mp_rank_00_model_states.pt; not a DeepSpeed checkpoint")
+    states = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    module = states["module"]
+    if not any(t.dtype in (torch.float16, torch.bfloat16) for t in module.values()):
+        return {name: _stored(t) for name, t in module.items()}
+    masters = _zero0_masters(path, states)
+    return {
+        name: Weight(
+            tuple(t.shape), torch.float32, partial(_checked_master, name, masters[name], t)
+        )
+        for name, t in module.items()
+    }
+
+
+def _zero0_masters(path: Path, states: dict) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of a ZeRO-0 fp16/bf16 checkpoint, by name.
+
+    DeepSpeed's FP16_UnfusedOptimizer saves them as ``optimizer.fp32_groups``: one list per
+    optimizer parameter group, in the group's order, without names. The groups are
+    gptflow.model.decay_groups's, so the names come from that function, applied to a stand-in
+    with the module's parameter names and shapes (on the meta device: no memory)."""
+    from gptflow.model import decay_groups
+
+    module = states["module"]
+    groups = (states.get("optimizer") or {}).get("fp32_groups")
+    if groups is None:
+        raise GptflowError(
+            f"{path}: half-precision weights without DeepSpeed's fp32 master weights (no "
+            "optimizer.fp32_groups); exporting them would write rounded weights as fp32. "
+            "Export a checkpoint saved by gptflow train"
+        )
+    stand_in = _meta_module(module)
+    names = {id(p): name for name, p in stand_in.named_parameters()}
+    order = [[names[id(p)] for p in g["params"]] for g in decay_groups(stand_in, 0.0)]
+    if [len(g) for g in order] != [len(g) for g in groups]:
+        raise GptflowError(
+            f"{path}: fp32 master weights in groups of {[len(g) for g in groups]}, but "
+            f"gptflow.model.decay_groups makes groups of {[len(g) for g in order]} of the "
+            "module's parameters; not a checkpoint of gptflow train"
+        )
+    masters = {}
+    for group_names, tensors in zip(order, groups, strict=True):
+        for name, t in zip(group_names, tensors, strict=True):
+            if tuple(t.shape) != tuple(module[name].shape):
+                raise GptflowError(
+                    f"{path}: the fp32 master weight for {name} has shape {tuple(t.shape)}, "
+                    f"the module's {tuple(module[name].shape)}; not a checkpoint of gptflow train"
+                )
+            masters[name] = t
+    return masters
+
+
+def _meta_module(state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A module whose named_parameters() are `state`'s names and shapes, in `state`'s order
+    (a state dict lists a module's own parameters before its children's, as
+    named_parameters() does), on the meta device."""
+    root = torch.nn.Module()
+    for name, t in state.items():
+        *path, leaf = name.split(".")
+        m = root
+        for part in path:
+            if part not in m._modules:
+                m.add_module(part, torch.nn.Module())
+            m = m._modules[part]
+        m.register_parameter(leaf, torch.nn.Parameter(torch.empty(t.shape, device="meta")))
+    return root
+
+
+def _checked_master(name: str, master: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+    """`master`, checked to round to the stored half-precision weight (DeepSpeed copies the
+    masters into the module after every step), which proves the group-to-name mapping."""
+    if not torch.equal(master.to(stored.dtype), stored):
+        raise GptflowError(
+            f"{name}: the fp32 master weight does not round to the checkpoint's {stored.dtype} "
+            "weight; the optimizer groups are not gptflow.model.decay_groups's"
+        )
+    return master.contiguous()
+
+
+def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
+    """ZeRO 1-3: one :class:`Weight` per parameter over every rank's fp32 partitions."""
+    from deepspeed.checkpoint.constants import BUFFER_NAMES, FROZEN_PARAM_SHAPES, PARAM_SHAPES
+    from deepspeed.utils import zero_to_fp32
+
+    # memory-mapped; checks the stage and that every rank's file is there
+    stage, world, flat_groups, paddings = zero_to_fp32.parse_optim_states(
+        zero_to_fp32.get_optim_files(str(ckpt)), str(ckpt)
+    )
+    # rank 0's model states: parameter names and shapes (ZeRO 1/2: also the module, unread)
+    states = torch.load(
+        zero_to_fp32.get_model_state_file(str(ckpt), stage),
+        map_location="cpu",
+        mmap=True,
+        weights_only=False,
+    )
+    if states.get(FROZEN_PARAM_SHAPES):
+        raise GptflowError(f"{ckpt}: frozen parameters are not supported by the export")
+    buffers = set(states[BUFFER_NAMES])
+    weights = {name: _stored(t) for name, t in states["module"].items() if name in buffers}
+    if stage <= 2:
+        weights |= _zero12_weights(ckpt, states[PARAM_SHAPES], flat_groups, paddings, world)
     else:
-        states = ckpt / "mp_rank_00_model_states.pt"
-        if not states.is_file():
-            raise GptflowError(f"{ckpt}: no mp_rank_00_model_states.pt; not a DeepSpeed checkpoint")
-        weights = torch.load(states, map_location="cpu", weights_only=True)["module"]
-    return {k: v.detach().float().contiguous() for k, v in weights.items()}
+        weights |= _zero3_weights(ckpt, states[PARAM_SHAPES], flat_groups, world)
+    for alias, name in (states.get("shared_params") or {}).items():
+        if name in weights:
+            weights[alias] = weights[name]
+    # the module's order (DeepSpeed's is by optimizer group), as at ZeRO 0
+    order = [name for name in states["module"] if name in weights]
+    order += [name for name in weights if name not in states["module"]]
+    return {name: weights[name] for name in order}
+
+
+def _zero12_weights(ckpt, param_shapes, flat_groups, paddings, world) -> dict[str, Weight]:
+    """ZeRO 1/2: each parameter group is one flat fp32 vector (its parameters back to back,
+    with DeepSpeed's alignment paddings) cut into `world` consecutive partitions, one per rank.
+    The offsets are zero_to_fp32's (``_zero2_merge_trainable_params``), checked as it checks
+    them; a parameter is read from the partitions it overlaps only."""
+    weights = {}
+    for g, shapes in enumerate(param_shapes):
+        parts = [flat_groups[rank][g] for rank in range(world)]
+        starts = [0, *itertools.accumulate(p.numel() for p in parts)]
+        offset = 0
+        for i, (name, shape) in enumerate(shapes.items()):
+            numel = math.prod(shape)
+            read = partial(_flat_slice, parts, starts, offset, numel, tuple(shape))
+            weights[name] = Weight(tuple(shape), torch.float32, read)
+            offset += numel + (paddings[g][i] if paddings is not None else 0)
+        align = 2 * world  # zero_to_fp32's check: both ends agree up to DeepSpeed's alignment
+        if math.ceil(offset / align) != math.ceil(starts[-1] / align):
+            raise GptflowError(
+                f"{ckpt}: parameter group {g} takes {offset} of its {starts[-1]} elements; the "
+                "ZeRO partitions do not match the parameter shapes"
+            )
+    return weights
+
+
+def _flat_slice(parts, starts, offset: int, numel: int, shape: tuple) -> torch.Tensor:
+    """Elements [offset, offset + numel) of the concatenated `parts` (part i begins at
+    starts[i]) as a tensor of `shape`, read from the overlapping parts only."""
+    pieces = [
+        part[max(offset, begin) - begin : min(offset + numel, end) - begin]
+        for part, begin, end in zip(parts, starts, starts[1:], strict=False)
+        if max(offset, begin) < min(offset + numel, end)
+    ]
+    return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).view(shape)
+
+
+def _zero3_weights(ckpt, param_shapes, flat_groups, world) -> dict[str, Weight]:
+    """ZeRO 3: every parameter is split over the ranks (padded to a multiple of `world`); the
+    lazy ``GatheredTensor`` of zero_to_fp32 gathers one parameter from every rank."""
+    from deepspeed.utils.zero_to_fp32 import GatheredTensor, zero3_partitioned_param_info
+
+    shapes = {name: shape for group in param_shapes for name, shape in group.items()}
+    group_offsets = [0, *itertools.accumulate(t.numel() for t in flat_groups[0])]
+    weights, offset = {}, 0
+    for name, shape in shapes.items():
+        part_numel, _ = zero3_partitioned_param_info(math.prod(shape), world)
+        lazy = GatheredTensor(flat_groups, group_offsets, offset, part_numel, shape)
+        weights[name] = Weight(tuple(shape), torch.float32, lazy.contiguous)
+        offset += part_numel
+    if offset != group_offsets[-1]:
+        raise GptflowError(
+            f"{ckpt}: the parameters take {offset} of each rank's {group_offsets[-1]} elements; "
+            "the ZeRO-3 partitions do not match the parameter shapes"
+        )
+    return weights
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def plan_shards(weights: dict[str, Weight], max_shard_size: int) -> dict[str, list[str]]:
+    """{file name: tensor names}, as huggingface_hub's split_torch_state_dict_into_shards
+    plans them: in order, a new shard when the next tensor would overflow this one, a tensor
+    above `max_shard_size` alone in its shard; ``model.safetensors`` when there is one."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for name, w in weights.items():
+        if w.nbytes > max_shard_size:
+            shards.append([name])
+            continue
+        if size + w.nbytes > max_shard_size:
+            shards.append(current)
+            current, size = [], 0
+        current.append(name)
+        size += w.nbytes
+    if current:
+        shards.append(current)
+    if len(shards) <= 1:
+        return {"model.safetensors": shards[0] if shards else []}
+    n = len(shards)
+    return {f"model-{i:05d}-of-{n:05d}.safetensors": s for i, s in enumerate(shards, 1)}
+
+
+def write_safetensors(path: str | os.PathLike, weights: dict[str, Weight]) -> None:
+    """A safetensors file written one tensor at a time (nothing but the tensor being written
+    in memory), fsynced.
+
+    The format: an 8-byte little-endian header length N; N bytes of JSON
+    ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`` padded
+    with spaces to a multiple of 8; then the tensors' little-endian bytes back to back, at
+    their data_offsets (relative to the end of the header)."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, w in weights.items():
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[w.dtype],
+            "shape": list(w.shape),
+            "data_offsets": [offset, offset + w.nbytes],
+        }
+        offset += w.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, w in weights.items():
+            t = w.read()
+            if tuple(t.shape) != w.shape or t.dtype != w.dtype:
+                raise GptflowError(
+                    f"{name}: read {tuple(t.shape)} {t.dtype}, expected {w.shape} {w.dtype}"
+                )
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy())  # no copy
+            del t
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_hf_weights(
+    out_dir: Path, weights: dict[str, Weight], max_shard_size: int = MAX_SHARD_SIZE
+) -> dict[str, list[str]]:
+    """The weights as safetensors shards in `out_dir` (+ the index when more than one);
+    returns the shard plan."""
+    plan = plan_shards(weights, max_shard_size)
+    for filename, names in plan.items():
+        write_safetensors(out_dir / filename, {n: weights[n] for n in names})
+    if len(plan) > 1:
+        index = {
+            "metadata": {"total_size": sum(w.nbytes for w in weights.values())},
+            "weight_map": {n: filename for filename, names in plan.items() for n in names},
+        }
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return plan
 
 
 def hf_config(model: ModelConfig, eod_id: int, seq_length: int) -> dict:
@@ -100,20 +414,25 @@ def finished_run(config: str | os.PathLike) -> tuple[RunConfig, dict]:
     return cfg, json.loads(cfg.done_path.read_text())
 
 
-def export_hf(config: str | os.PathLike, out: str | os.PathLike, log=print) -> dict:
-    """Write the run's final checkpoint as a Hugging Face directory `out` (published whole)."""
-    from safetensors.torch import save_file
-
+def export_hf(
+    config: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    max_shard_size: int = MAX_SHARD_SIZE,
+    log=print,
+) -> dict:
+    """Write the run's final checkpoint as a Hugging Face directory `out` (published whole),
+    streamed into safetensors shards of at most `max_shard_size` bytes."""
     cfg, done = finished_run(config)
-    weights = load_checkpoint_weights(done["checkpoint"], cfg.run_dir)
+    weights = checkpoint_weights(done["checkpoint"], cfg.run_dir)
     if "embed_out.weight" not in weights:
         raise GptflowError(f"{done['checkpoint']}: no embed_out.weight; not a gptflow GPT-NeoX")
-    weights["lm_head.weight"] = weights.pop("embed_out.weight")
+    weights = {("lm_head.weight" if k == "embed_out.weight" else k): w for k, w in weights.items()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        plan = write_hf_weights(tmp, weights, max_shard_size)
         tok = cfg.tokenizer
         (tmp / "config.json").write_text(
             json.dumps(hf_config(cfg.model, tok.eod_id, cfg.train.seq_length), indent=2) + "\n"
@@ -137,8 +456,9 @@ def export_hf(config: str | os.PathLike, out: str | os.PathLike, log=print) -> d
             + "\n"
         )
         for f in tmp.iterdir():
-            with open(f, "rb+") as fh:
-                os.fsync(fh.fileno())
+            if f.name not in plan:  # the shards are fsynced as they are written
+                with open(f, "rb+") as fh:
+                    os.fsync(fh.fileno())
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -151,117 +471,19 @@ def export_hf(config: str | os.PathLike, out: str | os.PathLike, log=print) -> d
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    params = sum(v.numel() for v in weights.values())
-    log(f"{out}: GPTNeoXForCausalLM, {params:,} parameters, step {done['final_step']}")
-    return {"dir": str(out), "parameters": params, "step": done["final_step"]}
+    params = sum(math.prod(w.shape) for k, w in weights.items())
+    log(
+        f"{out}: GPTNeoXForCausalLM, {params:,} parameters in {len(plan)} safetensors "
+        f"file(s), step {done['final_step']}"
+    )
+    return {"dir": str(out), "parameters": params, "step": done["final_step"], "files": len(plan)}
 
 
-# --------------------------------------------------------------------------- evaluation
+def __getattr__(name: str):
+    """The evaluation moved to gptflow.evaluate; ``from gptflow.export import load_model``
+    (and token_stream, perplexity, greedy, evaluate) keeps working."""
+    if name in {"load_model", "token_stream", "perplexity", "greedy", "evaluate"}:
+        import importlib
 
-
-def load_model(cfg: RunConfig, checkpoint: str | os.PathLike):
-    from gptflow.model import GPTNeoX
-
-    model = GPTNeoX(cfg.model)
-    model.load_state_dict(load_checkpoint_weights(checkpoint, cfg.run_dir))
-    return model.eval()
-
-
-def token_stream(prefixes: list[str], split: str | None = None, part: int = 2):
-    """The tokens of shards read as one (gptflow.data.dataset.ShardSet) as one array: all of
-    them, or the sequences of one part of `split` (0 train, 1 valid, 2 test). Returns
-    (tokens, [begin, end])."""
-    from gptflow.data.dataset import ShardSet, split_bounds
-
-    shards = ShardSet(prefixes)
-    begin, end = split_bounds(split, len(shards))[part] if split else (0, len(shards))
-    chunks = [shards.get(j) for j in range(begin, end)]
-    return (np.concatenate(chunks) if chunks else np.zeros(0, np.int64)), [begin, end]
-
-
-@torch.no_grad()
-def perplexity(model, tokens: np.ndarray, seq_length: int, max_windows: int, batch: int = 8):
-    """exp(mean NLL) over non-overlapping windows of seq_length + 1 tokens (at most
-    `max_windows`), each predicting its last seq_length tokens."""
-    n = min((len(tokens) - 1) // seq_length, max_windows)
-    if n <= 0:
-        return None
-    windows = torch.from_numpy(
-        np.stack([tokens[i * seq_length : i * seq_length + seq_length + 1] for i in range(n)])
-    ).long()
-    total, count = 0.0, 0
-    for s in range(0, n, batch):
-        w = windows[s : s + batch]
-        logits = model(w[:, :-1]).float()
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum"
-        )
-        total += nll.item()
-        count += w[:, 1:].numel()
-    loss = total / count
-    return {"loss": loss, "perplexity": math.exp(loss), "tokens": count, "windows": n}
-
-
-@torch.no_grad()
-def greedy(model, ids: list[int], new_tokens: int, eod_id: int, max_length: int) -> list[int]:
-    """Greedy continuation of `ids` (stops at EOD), the reference for the HF export's
-    ``generate(do_sample=False)``."""
-    out = list(ids)
-    for _ in range(new_tokens):
-        x = torch.tensor([out[-max_length:]])
-        nxt = int(model(x)[0, -1].argmax())
-        out.append(nxt)
-        if nxt == eod_id:
-            break
-    return out[len(ids) :]
-
-
-def evaluate(
-    config: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    prompts: list[str],
-    new_tokens: int = 32,
-    extra: dict[str, list[str]] | None = None,
-    max_windows: int = 256,
-    log=print,
-) -> dict:
-    """eval.json: perplexity on each dataset's test split (and on `extra` prefixes), and greedy
-    generations from `prompts`."""
-    from tokenizers import Tokenizer
-
-    t0 = time.perf_counter()
-    cfg, done = finished_run(config)
-    torch.manual_seed(0)
-    model = load_model(cfg, done["checkpoint"])
-    seq = cfg.train.seq_length
-    result = {"run": cfg.run, "step": done["final_step"], "checkpoint": done["checkpoint"]}
-    test = {}
-    for d in cfg.datasets:
-        tokens, sequences = token_stream([s.prefix for s in d.shards], cfg.split)
-        r = perplexity(model, tokens, seq, max_windows)
-        test[d.name] = r or {"note": f"test split '{cfg.split}' has no tokens"}
-        test[d.name]["sequences"] = sequences
-    result["test"] = test
-    result["extra"] = {
-        name: perplexity(model, token_stream(prefixes)[0], seq, max_windows) or {"note": "empty"}
-        for name, prefixes in (extra or {}).items()
-    }
-    tokenizer = Tokenizer.from_file(str(cfg.tokenizer.path))
-    generations = []
-    for prompt in prompts:
-        ids = tokenizer.encode(prompt).ids
-        new = greedy(model, ids, new_tokens, cfg.tokenizer.eod_id, seq)
-        generations.append(
-            {"prompt": prompt, "prompt_ids": ids, "ids": new, "text": tokenizer.decode(new)}
-        )
-    result["generations"] = generations
-    result["seconds"] = round(time.perf_counter() - t0, 2)
-    write_json(out, result)
-    for name, r in [*test.items(), *result["extra"].items()]:
-        if "perplexity" in r:
-            log(f"{name}: perplexity {r['perplexity']:.3f} over {r['tokens']} tokens")
-        else:
-            log(f"{name}: {r['note']}")
-    log(f"{out}: {len(generations)} generations, {result['seconds']} s")
-    return result
+        return getattr(importlib.import_module("gptflow.evaluate"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
