@@ -1,0 +1,382 @@
+"""The streamed Hugging Face export and the weights evaluation loads, on real DeepSpeed
+checkpoints of a many-tensor model (the tiny model with 16 layers: 196 tensors, the largest
+1/26 of the model): ZeRO 0 on one rank, ZeRO 1-3 on two (real partitions).
+
+- the streamed export equals what the export consolidated before (DeepSpeed's zero_to_fp32;
+  the ZeRO-0 module) tensor for tensor, for ZeRO 0-3;
+- a bf16 export holds the fp32 master weights, ZeRO 0 included;
+- its peak memory is a small multiple of the largest tensor, not of the model;
+- transformers loads a sharded export with the logits of the single-file one.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptflow.config import load_workflow_config, render_run_config, write_run_config
+
+BIN = Path(sys.executable).parent
+LAYERS = 16
+
+
+@pytest.fixture(scope="module")
+def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
+    """trained(zero_stage, precision) -> the run directory of a finished 2-step run (trained
+    once per module): one rank at ZeRO 0, two ranks under torchrun at ZeRO 1-3."""
+    runs: dict[tuple[int, str], Path] = {}
+
+    def train(zero: int, precision: str) -> Path:
+        if (zero, precision) in runs:
+            return runs[zero, precision]
+        settings = dict(
+            zero_stage=zero, precision=precision, train_iters=2, lr_warmup_iters=1,
+            log_interval=1, eval_interval=100, eval_iters=1, save_interval=100, keep_last=1,
+        )  # fmt: skip
+        cfg = load_workflow_config(
+            {
+                **tiny_config,
+                "model": {**tiny_config["model"], "num_layers": LAYERS},
+                "train": {**tiny_config["train"], **settings},
+            },
+            schema_path=repo / "config/schema/config.schema.yaml",
+            models_dir=repo / "config/models",
+            source="test",
+        )
+        run_dir = tmp_path_factory.mktemp(f"zero{zero}-{precision}")
+        run = render_run_config(
+            cfg, tokenizer_path=str(tokenizer_json), shards={"stdlib": shards}, run_dir=str(run_dir)
+        )
+        write_run_config(run, run_dir / "run.yaml")
+        launcher = [str(BIN / "gptflow")]
+        if zero > 0:
+            launcher = [
+                str(BIN / "torchrun"),
+                "--standalone",
+                "--nproc_per_node=2",
+                "-m",
+                "gptflow",
+            ]
+        proc = subprocess.run(
+            [*launcher, "train", "--config", str(run_dir / "run.yaml"), "--threads", "1"],
+            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[zero, precision] = run_dir
+        return run_dir
+
+    return train
+
+
+def silent(_line: str) -> None:
+    """export_hf's log, quiet."""
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    return Path(json.loads((run_dir / "DONE.json").read_text())["checkpoint"])
+
+
+def consolidated(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The weights as the export consolidated them before streaming, read apart from
+    gptflow.export: DeepSpeed's zero_to_fp32 for ZeRO 1-3, the whole ZeRO-0 module otherwise
+    (``lm_head`` named as in the export)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    ckpt = final_checkpoint(run_dir)
+    if any(ckpt.glob("*optim_states.pt")):
+        weights = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    else:
+        states = torch.load(ckpt / "mp_rank_00_model_states.pt", weights_only=True)
+        weights = {k: v.float() for k, v in states["module"].items()}
+    return {("lm_head.weight" if k == "embed_out.weight" else k): v for k, v in weights.items()}
+
+
+def read_export(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an export's safetensors files, read by the safetensors library."""
+    from safetensors import safe_open
+
+    tensors = {}
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            assert f.metadata() == {"format": "pt"}
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                assert name not in tensors, name
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def model_bytes(weights: dict) -> tuple[int, int]:
+    """(bytes of all tensors, bytes of the largest)."""
+    sizes = [t.numel() * t.element_size() for t in weights.values()]
+    return sum(sizes), max(sizes)
+
+
+STAGES = [(0, "fp32"), (1, "fp32"), (2, "bf16"), (3, "bf16")]
+STAGE_IDS = [f"zero{z}-{p}" for z, p in STAGES]
+
+
+@pytest.mark.parametrize(("zero", "precision"), STAGES, ids=STAGE_IDS)
+def test_the_streamed_sharded_export_equals_the_consolidated_weights(
+    trained, tmp_path, zero, precision
+):
+    """Shards of at most 400 kB (the model is 3.5 MB): planned as huggingface_hub plans them,
+    HF's index file, and every tensor equal (torch.equal) to the consolidated weights."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gptflow.export import export_hf
+
+    run_dir = trained(zero, precision)
+    want = consolidated(run_dir)
+    total, largest = model_bytes(want)
+    assert len(want) == LAYERS * 12 + 4 and total > 25 * largest
+    limit = 400_000
+    result = export_hf(run_dir / "run.yaml", tmp_path / "hf", max_shard_size=limit, log=silent)
+    hf = tmp_path / "hf"
+
+    got = read_export(hf)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].dtype == torch.float32, name
+        assert torch.equal(got[name], want[name]), name
+
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    assert index["metadata"] == {"total_size": total}
+    # as transformers' save_pretrained shards: the model's state dict, in its order
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf))
+    state = model.state_dict()
+    assert state.keys() == got.keys()
+    hub = split_torch_state_dict_into_shards(
+        state, filename_pattern="model{suffix}.safetensors", max_shard_size=limit
+    )
+    assert index["weight_map"] == hub.tensor_to_filename
+    files = sorted(p.name for p in hf.glob("*.safetensors"))
+    assert files == sorted(hub.filename_to_tensors) and len(files) == result["files"] > 5
+    for f in files:
+        names = [n for n, file in index["weight_map"].items() if file == f]
+        assert sum(got[n].numel() * 4 for n in names) <= limit, f
+    assert not list(tmp_path.glob(".hf*"))  # published whole, no temporary directory left
+
+
+def test_transformers_loads_the_sharded_export_with_the_single_file_logits(
+    trained, tmp_path, shards
+):
+    """The default export (the model fits one 5 GB shard) is one model.safetensors; a sharded
+    export of the same checkpoint (index + 9 shards) loads in transformers with the same
+    weights and bit-identical logits on real tokens."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    from gptflow.evaluate import token_stream
+    from gptflow.export import export_hf
+
+    run_dir = trained(0, "fp32")
+    export_hf(run_dir / "run.yaml", tmp_path / "single", log=silent)
+    export_hf(run_dir / "run.yaml", tmp_path / "sharded", max_shard_size=400_000, log=silent)
+    single = sorted(p.name for p in (tmp_path / "single").iterdir())
+    assert [n for n in single if "safetensors" in n] == ["model.safetensors"]
+    sharded = sorted(p.name for p in (tmp_path / "sharded").iterdir())
+    assert "model.safetensors" not in sharded and "model.safetensors.index.json" in sharded
+    assert len([n for n in sharded if n.startswith("model-")]) == 9
+
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "single", local_files_only=True).eval()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "sharded", local_files_only=True).eval()
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    want = consolidated(run_dir)
+    assert all(torch.equal(sa[k], want[k]) for k in want)  # nothing left at its random init
+    tokens = token_stream(shards)[0][: 4 * 64].astype(np.int64)
+    x = torch.from_numpy(tokens).view(4, 64)
+    with torch.no_grad():
+        la, lb = a(input_ids=x).logits, b(input_ids=x).logits
+    assert torch.equal(la, lb)
+    assert la.abs().max().item() > 1.0
+
+
+def bf16_representable(t: torch.Tensor) -> torch.Tensor:
+    return t == t.to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("zero", [2, 3], ids=["zero2", "zero3"])
+def test_a_bf16_export_holds_the_fp32_master_weights(trained, zero):
+    """ZeRO 2/3 bf16: the exported weights are the fp32 partitions of the optimizer states
+    (the equality test above), and they are real fp32 values, not bf16 ones widened: almost
+    none is representable in bf16. At ZeRO 2 each rounds to the saved bf16 module weight."""
+    from gptflow.export import load_checkpoint_weights
+
+    run_dir = trained(zero, "bf16")
+    ckpt = final_checkpoint(run_dir)
+    exported = load_checkpoint_weights(ckpt, run_dir)
+    assert all(t.dtype == torch.float32 for t in exported.values())
+    n = sum(t.numel() for t in exported.values())
+    widened = sum(int(bf16_representable(t).sum()) for t in exported.values())
+    assert widened < 0.01 * n, (widened, n)
+    if zero == 2:
+        module = torch.load(ckpt / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+        assert module.keys() == exported.keys()
+        for name, t in module.items():
+            assert t.dtype == torch.bfloat16, name
+            assert torch.equal(exported[name].to(torch.bfloat16), t), name
+
+
+# DeepSpeed bf16 at ZeRO 0 (FP16_UnfusedOptimizer), written by DeepSpeed itself: gptflow's own
+# config refuses bf16 at ZeRO 0 for training, but such checkpoints exist. gptflow's model, its
+# decay_groups and torch AdamW, as gptflow.engine builds them.
+ZERO0_BF16 = """
+import sys
+from pathlib import Path
+
+import deepspeed
+import torch
+
+from gptflow.config import ModelConfig
+from gptflow.engine import init_distributed
+from gptflow.model import GPTNeoX, decay_groups
+
+init_distributed()
+torch.manual_seed(0)
+model = GPTNeoX(ModelConfig(num_layers=16, hidden_size=64, num_attention_heads=4, vocab_size=512))
+optimizer = torch.optim.AdamW(decay_groups(model, 0.1), lr=3e-3)
+config = {
+    "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
+    "zero_optimization": {"stage": 0}, "bf16": {"enabled": True}, "steps_per_print": 10**9,
+}
+engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+for step in range(2):
+    x = torch.randint(0, 512, (4, 32))
+    engine.backward(engine(x, labels=x))
+    engine.step()
+print(type(engine.optimizer).__name__)
+engine.save_checkpoint(sys.argv[1], tag="step00000002")
+(Path(sys.argv[1]) / "step00000002" / "COMPLETE").write_text("")
+"""
+
+
+def test_a_zero0_bf16_export_holds_deepspeeds_fp32_master_weights(tmp_path):
+    """At ZeRO 0 DeepSpeed's FP16_UnfusedOptimizer saves the fp32 masters as
+    ``optimizer.fp32_groups``, by optimizer group and without names. The export's tensors are
+    exactly those masters (matched here by value, not by the export's group-to-name mapping:
+    the same multiset), each rounding to the saved bf16 weight of its name, and real fp32 values;
+    the export before wrote the bf16 weights widened."""
+    from gptflow.export import checkpoint_weights, write_hf_weights
+
+    script = tmp_path / "zero0_bf16.py"
+    script.write_text(ZERO0_BF16)
+    proc = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=1", str(script),
+         str(tmp_path / "ckpt")],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "FP16_UnfusedOptimizer"
+    ckpt = tmp_path / "ckpt" / "step00000002"
+    states = torch.load(ckpt / "mp_rank_00_model_states.pt", weights_only=True)
+    module, masters = states["module"], [t for g in states["optimizer"]["fp32_groups"] for t in g]
+    assert len(masters) == len(module) == LAYERS * 12 + 4
+
+    weights = checkpoint_weights(ckpt, tmp_path)
+    (tmp_path / "hf").mkdir()
+    write_hf_weights(tmp_path / "hf", weights, max_shard_size=400_000)
+    exported = read_export(tmp_path / "hf")
+    assert exported.keys() == module.keys()
+    unused = list(range(len(masters)))
+    for name, t in exported.items():
+        assert t.dtype == torch.float32, name
+        # the first unused equal master (equal masters, as biases after two Adam steps from
+        # zero can be, are interchangeable)
+        same = next(i for i in unused if masters[i].shape == t.shape and torch.equal(masters[i], t))
+        unused.remove(same)
+        assert torch.equal(t.to(torch.bfloat16), module[name]), name
+    assert not unused
+    n = sum(t.numel() for t in exported.values())
+    widened = sum(int(bf16_representable(t).sum()) for t in exported.values())
+    assert widened < 0.01 * n, (widened, n)
+
+
+def peak_allocated(fn) -> int:
+    """Peak bytes of CPU tensor memory allocated while `fn()` runs, above what was allocated
+    before: PyTorch's own allocator accounting (the profiler's ``[memory]`` events with
+    profile_memory=True report every CPU allocation and free with the running total).
+    Memory-mapped checkpoint files are not allocations (the kernel pages them in and out as
+    page cache), so they do not count; every tensor the export creates does (copies, torch.cat,
+    dtype conversions). Python objects other than tensors are not counted; the export holds no
+    tensor data outside tensors (it writes tensors' memory as it is)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"gptflow-trace-{os.getpid()}.json"
+    try:
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())["traceEvents"]
+    finally:
+        path.unlink(missing_ok=True)
+    totals = [e["args"]["Total Allocated"] for e in trace if e.get("name") == "[memory]"]
+    return max(totals, default=0)
+
+
+@pytest.mark.parametrize(("zero", "precision"), STAGES, ids=STAGE_IDS)
+def test_the_export_peak_memory_is_a_few_tensors_not_the_model(trained, tmp_path, zero, precision):
+    """The export's peak tensor memory is at most twice the largest tensor (the model is 26
+    times it), while the consolidating read it replaces (zero_to_fp32; torch.load of the
+    ZeRO-0 file), measured the same way, holds at least the whole model: the measurement sees
+    whole-model copies when there are any."""
+    from gptflow.export import export_hf
+
+    run_dir = trained(zero, precision)
+    total, largest = model_bytes(consolidated(run_dir))
+    streamed = peak_allocated(
+        lambda: export_hf(run_dir / "run.yaml", tmp_path / "hf", max_shard_size=400_000, log=silent)
+    )
+    before = peak_allocated(lambda: consolidated(run_dir))
+    print(f"zero {zero} {precision}: model {total:,} B, largest tensor {largest:,} B, "
+          f"streamed export peak {streamed:,} B, consolidated read peak {before:,} B")  # fmt: skip
+    assert streamed <= 2 * largest, (streamed, largest)
+    assert before >= total, (before, total)
+
+
+def test_evaluate_loads_the_weights_alone_one_tensor_at_a_time(trained):
+    """The evaluated model holds exactly the checkpoint's weights, and loading it allocates the
+    model plus at most two tensors: the ZeRO-0 file's Adam states (twice the model) are never
+    read, nor is a second copy of the weights made."""
+    from gptflow.config import RunConfig
+    from gptflow.evaluate import load_model
+
+    run_dir = trained(0, "fp32")
+    cfg = RunConfig.load(run_dir / "run.yaml")
+    ckpt = final_checkpoint(run_dir)
+    want = consolidated(run_dir)
+    total, largest = model_bytes(want)
+    assert (ckpt / "mp_rank_00_model_states.pt").stat().st_size > 3 * total  # + Adam states
+    models = []
+    peak = peak_allocated(lambda: models.append(load_model(cfg, ckpt, "cpu")))
+    assert peak <= total + 2 * largest, (peak, total, largest)
+    state = models[0].state_dict()
+    assert not models[0].training
+    assert {("lm_head.weight" if k == "embed_out.weight" else k) for k in state} == want.keys()
+    for name, t in state.items():
+        assert torch.equal(t, want["lm_head.weight" if name == "embed_out.weight" else name])
+
+
+def test_the_evaluate_job_memory_comes_from_the_model_without_importing_torch():
+    """memory_mb for Pythia-1.4B at 2,048 tokens (1,414,647,808 parameters, as EleutherAI
+    publishes; vocabulary 50,304): fp32 weights + 3 x a batch of 8 windows of fp32 logits +
+    2 GiB = 16,877 MiB. The workflow calls it while planning, where torch is not imported."""
+    from gptflow.config import ModelConfig, load_yaml
+    from gptflow.evaluate import memory_mb
+
+    preset = load_yaml(Path(__file__).parents[2] / "config/models/pythia-1.4b.yaml")
+    preset.pop("description")
+    model = ModelConfig(**preset, vocab_size=50_304)
+    assert model.num_parameters() == 1_414_647_808
+    want = (4 * 1_414_647_808 + 3 * 4 * 8 * 2048 * 50_304 + 2 * 2**30) / 2**20
+    assert memory_mb(model, 2048) == math.ceil(want) == 16_877
+    code = "import sys, gptflow.evaluate; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
