@@ -74,9 +74,11 @@ class SkippingAdamW(torch.optim.AdamW):
         bad = torch.zeros(1, device=grads[0].device if grads else "cpu")
         if grads:
             norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-            bad[0] = float(not torch.isfinite(norm))
+            bad[0] = (~torch.isfinite(norm)).to(bad.dtype)  # on the device, no host sync
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        # the one host sync of the step: DeepSpeed reads `overflow` to skip the update and hold
+        # the schedule (its own fp16/ZeRO optimizers, and Megatron's, read found_inf likewise)
         self.overflow = bool(bad.item())
         if self.overflow:
             return None

@@ -70,13 +70,14 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run):
+@pytest.mark.parametrize("log_interval", [1, 4])
+def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run, log_interval):
     """With dropout (the tiny model's 0.1), so the per-step reseed is what makes it exact; the
     step saved at the exit is pruned by the final save (keep_last 1); DONE.json's digest is the
     final checkpoint's."""
     settings = dict(
-        train_iters=12, log_interval=1, eval_interval=6, eval_iters=1, save_interval=100,
-        keep_last=1,
+        train_iters=12, log_interval=log_interval, eval_interval=6, eval_iters=1,
+        save_interval=100, keep_last=1,
     )  # fmt: skip
     straight = make_run("straight", **settings)
     assert gptflow_train(straight).returncode == 0
@@ -89,7 +90,11 @@ def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run):
     assert second.returncode == 0, second.stderr
     assert "resuming from step 5" in second.stderr
 
-    assert [r["step"] for r in records(resumed, "train")] == list(range(1, 13))
+    # with log_interval 4 the exit at step 5 falls inside the interval 5-8: its loss is the
+    # mean over steps 5-8, as in the uninterrupted run (the interval's sums are checkpointed)
+    assert [r["step"] for r in records(resumed, "train")] == list(
+        range(log_interval, 13, log_interval)
+    )
     for kind, key in (("train", "loss"), ("eval", "val_loss")):
         a = [(r["step"], r[key]) for r in records(straight, kind)]
         b = [(r["step"], r[key]) for r in records(resumed, kind)]
@@ -186,14 +191,18 @@ def test_killed_trainer_leaves_a_stale_lock_that_is_taken_over(make_run):
     assert f"exit interval 2: saved step {resumed + 2};" in rerun.stderr
 
 
-@pytest.mark.parametrize("zero_stage", [0, 2])
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
 def test_two_ranks_match_one(make_run, zero_stage):
-    """torchrun with 2 gloo ranks (ZeRO 0 and 2) follows the single-process loss curve."""
+    """torchrun with 2 gloo ranks (ZeRO 0, 2 and 3) follows the single-process loss curve, and
+    reports the parameters, FLOPs per token and MFU of the one-process run: counted from the
+    model config, not from live parameters (ZeRO-3 partitions them)."""
     settings = dict(
-        train_iters=6, log_interval=1, eval_iters=1, eval_interval=6, global_batch_size=8
-    )
+        train_iters=6, log_interval=1, eval_iters=1, eval_interval=6, global_batch_size=8,
+        peak_tflops=0.5,
+    )  # fmt: skip
     one = make_run("one", **settings)
-    assert gptflow_train(one).returncode == 0
+    single = gptflow_train(one)
+    assert single.returncode == 0, single.stderr[-3000:]
     two = make_run("two", zero_stage=zero_stage, **settings)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
@@ -209,6 +218,18 @@ def test_two_ranks_match_one(make_run, zero_stage):
     b = [r["loss"] for r in records(two, "train")]
     assert len(a) == len(b) == 6
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+
+    # tiny, vocabulary padded to 512: 165,632 parameters; per token 3 x [2 layers x (2 x (4 x
+    # 64^2 + 2 x 64 x 256) + 4 x 64 x 64) + 2 x 64 x 512] = 3 x 294,912 = 884,736 FLOPs
+    for err in (single.stderr, out.stderr):
+        assert "; 165,632 parameters;" in err
+        assert "884,736 FLOPs per token" in err
+        assert "MFU against 0.5 TFLOP/s (train.peak_tflops)" in err
+    for rec in records(one, "train") + records(two, "train"):
+        assert rec["mfu"] > 0 and rec["mfu"] == rec["tflops_per_device"] / 0.5
+        assert rec["tflops_per_device"] == pytest.approx(
+            884_736 * rec["tokens_per_s"] / rec["world_size"] / 1e12, rel=1e-12
+        )
 
 
 def start_torchrun(run_dir: Path, log: Path) -> subprocess.Popen:
@@ -407,3 +428,61 @@ def test_tensorboard_events_hold_the_logged_scalars(make_run):
     assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(loss, want, strict=True))
     assert [e.step for e in events.Scalars("eval/val_loss")] == [0, 3, 6]
     assert "train/tflops_per_device" in events.Tags()["scalars"]
+
+
+SYNC_PROBE = '''
+"""Run `gptflow train` with every host read of a tensor recorded by the gptflow.train function
+that made it: Tensor.item/tolist/__float__/__int__/__bool__."""
+import collections, json, os, sys, torch
+from gptflow.train import train
+
+calls = collections.Counter()
+TRAIN = os.path.join("gptflow", "train") + os.sep
+
+def probe(name):
+    plain = getattr(torch.Tensor, name)
+    def read(self, *a, **k):
+        frame = sys._getframe(1)  # the code that asked for the value
+        if TRAIN in frame.f_code.co_filename:
+            calls[frame.f_code.co_qualname] += 1
+        return plain(self, *a, **k)
+    setattr(torch.Tensor, name, read)
+
+for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+    probe(name)
+code = train(sys.argv[1], threads=1)
+with open(f"{sys.argv[2]}.{os.environ.get('RANK', '0')}", "w") as f:
+    json.dump(dict(calls), f)
+sys.exit(code)
+'''
+
+
+def test_the_loop_reads_the_device_once_per_log_interval(make_run, tmp_path):
+    """Host syncs (a tensor read on the host: item, tolist, float, int, bool) made by the
+    code of gptflow.train, counted per function on two gloo ranks: none in the step
+    (micro-batches, forward, backward, update, the interval's sums), one per log line, one per
+    evaluation and per save; the per-step stop check reads only a CPU tensor (gloo; no GPU
+    stream to wait for).
+
+    Not counted: reads inside DeepSpeed and torch.optim. The optimizer step decides "skip on
+    overflow" on the host once per step (gptflow.engine.SkippingAdamW at ZeRO 0, DeepSpeed's own
+    optimizers above it, as Megatron's does), and torch's AdamW reads its CPU step counters."""
+    run_dir = make_run(
+        "sync", train_iters=12, log_interval=4, eval_interval=6, eval_iters=1, save_interval=6
+    )
+    probe = tmp_path / "probe.py"
+    probe.write_text(SYNC_PROBE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(probe),
+           str(run_dir / "run.yaml"), str(tmp_path / "calls")]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        calls = json.loads((tmp_path / f"calls.{rank}").read_text())
+        assert calls == {
+            "Interval.read": 3,  # steps 4, 8, 12
+            "evaluate": 3,  # steps 0, 6, 12
+            "Interval.state": 2,  # saves at 6 and 12
+            "Device.any_rank": 12 + 1,  # the stop check of each step, and the lock's verdict
+        }, calls
+    assert [r["step"] for r in records(run_dir, "train")] == [4, 8, 12]

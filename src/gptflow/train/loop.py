@@ -179,7 +179,7 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
     log.info(
         "run %s, series %s: %s; %s parameters; %d ranks (%s), micro batch %d x grad accum %d "
         "x %d ranks = global batch %d; %d tokens/step; %d steps = %.3g tokens (%.2f epochs of "
-        "%.3g data tokens); %.4g FLOPs per token, %.3g training FLOPs",
+        "%.3g data tokens); %s FLOPs per token, %.3g training FLOPs",
         cfg.run,
         cfg.series,
         f"resuming from step {step}" if resumed else "starting at step 0",
@@ -195,7 +195,7 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
         total_tokens,
         total_tokens / max(1, data_tokens),
         data_tokens,
-        tr.flops_per_token,
+        f"{tr.flops_per_token:,.0f}",
         tr.flops_per_token * total_tokens,
     )
 
@@ -287,6 +287,7 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
         "lr": prog.lr,
         "grad_norm": norm[0] if norm else ds.global_grad_norm(tr.engine),
         "global_batch_size": t.global_batch_size,
+        "world_size": tr.dev.world_size,
         "ms_per_step": speed.ms_per_step,
         "tokens_per_s": speed.tokens_per_s,
         "tflops_per_device": speed.tflops_per_device,
