@@ -60,9 +60,9 @@ rule train_gpt:
     params:
         hyperparameters=get_train_hyperparameters,
         launcher=get_train_launcher,
-        # a job rerun while its predecessor still runs (Snakemake killed and started again)
-        # waits for it rather than failing: never two trainers, and no failed retry
-        lock_wait=48 * 3600,
+    # --wait-for-lock: a job rerun while its predecessor still runs (Snakemake killed and
+    # started again) waits for it (up to gptflow.checkpoint.LOCK_WAIT_S, 30 min) rather than
+    # training beside it; a requeued job never waits on its own earlier run's lock
     shell:
         "{params.launcher} gptflow train --config {input.config} --threads {threads}"
-        " --wait-for-lock {params.lock_wait} >> {log} 2>&1"
+        " --wait-for-lock >> {log} 2>&1"

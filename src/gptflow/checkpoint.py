@@ -215,6 +215,14 @@ def _proc_start(pid: int) -> str | None:
         return None
 
 
+def _restart_count() -> int:
+    """How often Slurm has requeued this job (0 outside Slurm or on its first run)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
 def _slurm_job_running(job_id: str) -> bool | None:
     """True/False from squeue, or None when Slurm cannot be asked."""
     try:
@@ -226,6 +234,11 @@ def _slurm_job_running(job_id: str) -> bool | None:
     if out.returncode != 0:
         return False if "Invalid job id" in out.stderr else None
     return out.stdout.strip() in {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "CONFIGURING"}
+
+
+# How long a new trainer waits for a live one of the same run (`gptflow train --wait-for-lock`):
+# well below a training job's time limit, so a job never spends its allocation waiting.
+LOCK_WAIT_S = 30 * 60
 
 
 class RunLock:
@@ -252,6 +265,7 @@ class RunLock:
             "pid": pid,
             "proc_start": _proc_start(pid),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_restart_count": _restart_count(),
             "started": time.time(),
         }
 
@@ -276,8 +290,17 @@ class RunLock:
             if info.get("proc_start") and _proc_start(pid) != info["proc_start"]:
                 return f"pid {pid} was reused by another process"
             return None
-        if info.get("slurm_job_id"):
-            running = _slurm_job_running(str(info["slurm_job_id"]))
+        job = info.get("slurm_job_id")
+        # A requeued job keeps its id: squeue shows it running -- as this very process. Its
+        # earlier run (a lower restart count) is what wrote the lock, and is over.
+        earlier = info.get("slurm_restart_count") or 0
+        if job and str(job) == os.environ.get("SLURM_JOB_ID") and earlier < _restart_count():
+            return (
+                f"Slurm job {job} was requeued (restart {_restart_count()}); the lock is its "
+                f"run {earlier}'s"
+            )
+        if job:
+            running = _slurm_job_running(str(job))
             if running is False:
                 return f"Slurm job {info['slurm_job_id']} is no longer running"
             if running is True:

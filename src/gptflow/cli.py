@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+from gptflow.checkpoint import LOCK_WAIT_S
 from gptflow.errors import GptflowError
 
 
@@ -518,10 +519,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--wait-for-lock",
         type=float,
+        nargs="?",
         default=0,
+        const=LOCK_WAIT_S,
         metavar="SECONDS",
-        help="wait this long for a live trainer of the same run to finish (e.g. the job of a "
-        "killed Snakemake) instead of refusing at once",
+        help="wait this long (no value: %(const)g s) for a live trainer of the same run to "
+        "finish (e.g. the job of a killed Snakemake) instead of refusing at once",
     )
     s.set_defaults(func=cmd_train)
 

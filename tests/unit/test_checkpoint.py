@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -103,3 +104,35 @@ def test_prune_never_deletes_the_step_just_saved(tmp_path):
         (d / COMPLETE).write_text("{}")
     series.prune(keep=10)
     assert {p.name for p in tmp_path.iterdir()} == {"step00000010", "step00000020"}
+
+
+def test_a_requeued_job_takes_over_the_lock_of_its_own_earlier_run(tmp_path, monkeypatch):
+    """`scontrol requeue` (or a preemption with requeue) keeps the job id: squeue shows the job
+    RUNNING, as the new run itself. The lock written by the job's earlier run (lower
+    SLURM_RESTART_COUNT) is stale -- decided without asking Slurm -- so no rank waits on its own
+    lock; a lock of the same run of the job (the same restart count) is not."""
+    path = tmp_path / "train.lock"
+    path.write_text(
+        json.dumps({"host": "node7", "pid": 4242, "slurm_job_id": "777", "slurm_restart_count": 0})
+    )
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no squeue: the verdict needs no Slurm command
+    lock = RunLock(path)
+    started = time.monotonic()
+    lock.wait_while_held(timeout_s=30, poll_s=60)  # nothing to wait for: no 60 s poll
+    assert time.monotonic() - started < 5
+    lock.acquire()
+    assert (
+        lock.took_over["reason"]
+        == "Slurm job 777 was requeued (restart 1); the lock is its run 0's"
+    )
+    record = json.loads(path.read_text())
+    assert (record["slurm_job_id"], record["slurm_restart_count"]) == ("777", 1)
+    lock.release()
+
+    path.write_text(
+        json.dumps({"host": "node7", "pid": 4242, "slurm_job_id": "777", "slurm_restart_count": 1})
+    )
+    with pytest.raises(GptflowError, match=r"another trainer is running this run \(host node7"):
+        RunLock(path).acquire()  # same run of the job, another node: its heartbeat is fresh
