@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 
 from gptflow.errors import GptflowError
@@ -144,3 +145,18 @@ def srun_command(
     # Pyxis/enroot (gptflow.container.container_launch): every rank starts inside the image
     args += container_options or []
     return shlex.join(args)
+
+
+def requeue_job(job_id: str) -> str | None:
+    """``scontrol requeue`` this Slurm job: it goes back to the queue under the same id and runs
+    the rule again (the trainer resumes), which Snakemake's Slurm executor sees as a job still
+    running -- no failure, no retry used. Returns why it could not (None on success)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"scontrol requeue {job_id}: {e}"
+    if out.returncode != 0:
+        return f"scontrol requeue {job_id}: {(out.stderr or out.stdout).strip()}"
+    return None

@@ -407,6 +407,15 @@ def test_a_diverged_run_stops_with_the_nan_steps_named(make_run):
     assert not (run_dir / "DONE.json").exists()
     assert not list(run_dir.glob("checkpoints/*/step*"))
 
+    # a retry (Snakemake's retries, a resubmission) stops before training: it would diverge
+    # the same way; a new run name or a changed train.lr (another series) starts afresh
+    metrics_before = (run_dir / "metrics.jsonl").read_text()
+    retry = gptflow_train(run_dir)
+    assert retry.returncode == 1
+    assert "DIVERGED.json: an earlier attempt stopped: the loss was NaN or infinite" in retry.stderr
+    assert "starting at step 0" not in retry.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == metrics_before
+
 
 def test_tensorboard_events_hold_the_logged_scalars(make_run):
     """train.tensorboard: the event files, read back with TensorBoard's own reader, carry the

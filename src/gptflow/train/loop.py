@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptflow import distributed
 from gptflow import engine as ds
 from gptflow.checkpoint import COMPLETE, CheckpointSeries, checkpoint_digest, tag_for
 from gptflow.config import RunConfig
@@ -39,6 +42,7 @@ log = logging.getLogger("gptflow.train")
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: saved after a signal; run again to resume
 MAX_NAN_STREAK = 10  # NaN/inf losses in a row before the run stops (diverged)
+DIVERGED = "DIVERGED.json"  # in the series' directory: the run stopped for good
 signals_received: list[int] = []  # appended to by the SIGUSR1/SIGTERM handler
 
 
@@ -105,6 +109,9 @@ def build(
     t = cfg.train
     series = CheckpointSeries(cfg.checkpoint_dir, cfg.fingerprint(), t.keep_last)
     series.check_fingerprint()
+    if (series.dir / DIVERGED).is_file():  # retrying would diverge the same way
+        earlier = json.loads((series.dir / DIVERGED).read_text())["message"]
+        raise GptflowError(f"{series.dir / DIVERGED}: an earlier attempt stopped: {earlier}")
     # The indices are normally built by the build_data_index rule before this job; rank 0
     # builds any that are missing (a direct `gptflow train`), the others then load them.
     data = run_split_datasets(cfg) if rank == 0 else None
@@ -263,12 +270,16 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
     extra = [prog.grad_norm] if prog.grad_norm is not None else []
     loss, nan_iters, nan_streak, *norm = prog.interval.read(*extra)
     if nan_streak > MAX_NAN_STREAK:
-        raise GptflowError(
+        message = (
             f"the loss was NaN or infinite for {int(nan_streak)} steps in a row (steps "
             f"{prog.step - int(nan_streak) + 1}-{prog.step}); the weights have diverged. Stopped "
             f"without saving: resume from the last good checkpoint with a lower train.lr, "
             f"longer warmup or train.precision bf16, under a new run name"
         )
+        if tr.rank == 0:  # a retry of this job stops at once, before any training
+            tr.series.dir.mkdir(parents=True, exist_ok=True)
+            write_json(tr.series.dir / DIVERGED, {"step": prog.step, "message": message})
+        raise GptflowError(message)
     speed = Throughput.measure(
         prog.interval.steps,
         time.perf_counter() - prog.interval.started,
@@ -363,14 +374,30 @@ def save(tr: Trainer, prog: Progress) -> None:
 
 
 def announce_stop(tr: Trainer, step: int, reason: str) -> int:
-    if tr.rank == 0:
-        tr.series.finish_pruning()
-        log.warning(
-            "%s: saved step %d; exiting with code %d so the workflow retries and resumes",
-            reason,
-            step,
-            EXIT_PREEMPTED,
-        )
+    """After the save: requeue the Slurm job on a time-limit warning, else exit for a retry.
+
+    SIGUSR1 is the profile's warning before the time limit: rank 0 puts the job back in the
+    queue (same id) and the next allocation resumes, as many times as the run needs, without
+    using one of Snakemake's retries. A preemption (SIGTERM) is requeued by Slurm itself when
+    the cluster is set up for it. Otherwise, or when the requeue is refused (a job submitted
+    without --requeue, no scontrol in the container), exit 75 and the workflow's retry resumes.
+    """
+    if tr.rank != 0:
+        return EXIT_PREEMPTED
+    tr.series.finish_pruning()
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and signals_received[:1] == [signal.SIGUSR1]:
+        refused = distributed.requeue_job(job)
+        if refused is None:
+            log.warning("%s: saved step %d; requeued Slurm job %s to resume", reason, step, job)
+            return EXIT_PREEMPTED
+        log.warning("could not requeue the job (%s); leaving it to the workflow's retry", refused)
+    log.warning(
+        "%s: saved step %d; exiting with code %d so the workflow retries and resumes",
+        reason,
+        step,
+        EXIT_PREEMPTED,
+    )
     return EXIT_PREEMPTED
 
 
