@@ -1,5 +1,9 @@
 """The whole DAG through Snakemake on the tiny config: plan, run, no-op rerun, targeted rerun,
-and a trainer killed with SIGKILL that resumes from its last checkpoint on the next run."""
+and a trainer killed with SIGKILL that resumes from its last checkpoint on the next run.
+
+The pipeline runs once per module (`pipeline`); a test that reads it uses that directory as it
+is, and a test that reruns or changes anything gets its own copy (`pipeline_copy`), so every
+test passes alone and in any order."""
 
 import collections
 import copy
@@ -44,13 +48,73 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, snakemake, write_config, tiny):
-    """Plan, then run, the tiny pipeline once for this module."""
+    """Plan, then run, the tiny pipeline once for this module. Tests only read it."""
     wd = tmp_path_factory.mktemp("workflow")
     config = write_config(wd / "config.yaml", tiny)
     plan = snakemake(wd, config, "-n")
     run = snakemake(wd, config)
     assert run.returncode == 0, run.out[-5000:]
     return wd, config, plan, run
+
+
+@pytest.fixture
+def pipeline_copy(pipeline, tmp_path):
+    """(workdir, config): a copy of the finished pipeline (Snakemake's metadata and every
+    file's mtime kept) for a test that reruns or changes something."""
+    wd, config, _, _ = pipeline
+    copy_wd = tmp_path / "wd"
+    shutil.copytree(wd, copy_wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    return copy_wd, copy_wd / config.relative_to(wd)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def hf_window_loss(hf_dir: Path, tokens, seq: int, max_windows: int) -> tuple[float, int, int]:
+    """(mean NLL, tokens predicted, windows) of the exported transformers model over the
+    first non-overlapping windows of seq + 1 tokens: eval.json's figures, computed apart from
+    gptflow (transformers' GPTNeoXForCausalLM, windows cut here)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    n = min((len(tokens) - 1) // seq, max_windows)
+    windows = np.stack([tokens[i * seq : i * seq + seq + 1] for i in range(n)]).astype(np.int64)
+    x = torch.from_numpy(windows)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True).eval()
+    with torch.no_grad():
+        logits = model(input_ids=x[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1)
+    )
+    return loss.item(), n * seq, n
+
+
+def check_generations(wd: Path, evaluation: dict, prompts: list[str], new_tokens: int) -> None:
+    """Each generation continues its prompt by 1..new_tokens tokens, its text is those tokens
+    decoded, and they are what transformers' greedy generate makes of the exported model."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = Tokenizer.from_file(str(wd / "results/tokenizers/tiny-bpe/tokenizer.json"))
+    eod = tok.token_to_id("<|endoftext|>")
+    hf = AutoModelForCausalLM.from_pretrained(
+        wd / "results/runs/tiny/hf", local_files_only=True
+    ).eval()
+    assert [g["prompt"] for g in evaluation["generations"]] == prompts
+    for g in evaluation["generations"]:
+        assert g["prompt_ids"] == tok.encode(g["prompt"]).ids, g
+        assert 1 <= len(g["ids"]) <= new_tokens, g
+        assert len(g["ids"]) == new_tokens or g["ids"][-1] == eod, g  # only EOD stops it early
+        assert g["text"] == tok.decode(g["ids"]), g
+        ids = torch.tensor([g["prompt_ids"]])
+        with torch.no_grad():
+            theirs = hf.generate(
+                ids, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eod, pad_token_id=eod
+            )
+        assert theirs[0, ids.shape[1] :].tolist() == g["ids"], g
 
 
 def test_dry_run_plans_every_stage(pipeline):
@@ -83,6 +147,17 @@ def test_end_to_end_trains_and_writes_real_shards(pipeline):
         for line in (wd / "results/runs/tiny/metrics.jsonl").read_text().splitlines()
     ]
     assert [m["step"] for m in metrics if m["kind"] == "train"] == list(range(5, 45, 5))
+    # TFLOP/s per device = FLOPs per token x tokens/s / ranks: the FLOPs per token it implies
+    # are one constant (its formula is checked by hand in tests/unit/test_flops.py), about
+    # 6 x the tiny model's 165,632 parameters
+    ranks = int(re.search(r"(\d+) ranks? \(", train_log)[1])
+    implied = [
+        m["tflops_per_device"] * 1e12 * ranks / m["tokens_per_s"]
+        for m in metrics
+        if m["kind"] == "train"
+    ]
+    assert implied == pytest.approx([implied[0]] * len(implied), rel=1e-9), implied
+    assert 0.8 * 6 * 165_632 < implied[0] < 1.1 * 6 * 165_632, implied[0]
 
 
 def test_the_export_loads_in_transformers_with_logit_parity(pipeline):
@@ -131,8 +206,7 @@ def test_the_export_loads_in_transformers_with_logit_parity(pipeline):
     # 33 documents: the 1 % test split of '90,9,1' rounds to none, and eval.json says so
     assert evaluation["test"]["stdlib"]["sequences"] == [33, 33]
     assert "no tokens" in evaluation["test"]["stdlib"]["note"]
-    assert [g["prompt"] for g in evaluation["generations"]] == ["def ", "The "]
-    assert all(len(g["ids"]) >= 1 for g in evaluation["generations"])
+    check_generations(wd, evaluation, ["def ", "The "], 32)  # the default eval config
 
 
 # clicks the report's "Training" category, then the eye button of the "loss" row (the report
@@ -176,6 +250,15 @@ def headless(chromium: str, page: Path, *args: str) -> str:
     return out.stdout
 
 
+def screenshot_pixels(png: Path):
+    """(height, width, 3) uint8 RGB of a PNG screenshot (Pillow, a dependency of matplotlib)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(png) as im:
+        return np.asarray(im.convert("RGB"))
+
+
 def test_the_report_is_one_file_that_renders_the_dag_and_the_loss_plot(
     pipeline, snakemake, chromium, tmp_path
 ):
@@ -207,34 +290,75 @@ def test_the_report_is_one_file_that_renders_the_dag_and_the_loss_plot(
     )
     assert img, "the loss plot is not shown after opening it"
     svg = base64.b64decode(img[1]).decode()
-    assert "validation loss" in svg or "validation" in svg
-    headless(chromium, probe, f"--screenshot={tmp_path / 'report.png'}")
-    assert (tmp_path / "report.png").stat().st_size > 10_000  # kept for a look on failure
+    series = json.loads((wd / "results/runs/tiny/DONE.json").read_text())["series"]
+    # matplotlib writes each text as paths after a comment holding the text
+    for want in ("train loss", "validation loss", f"loss (series {series})", "step"):
+        assert f"<!-- {want} -->" in svg, want
+    assert "#1f77b4" in svg and "#ff7f0e" in svg  # the train (C0) and validation (C1) lines
+    shot = tmp_path / "report.png"  # kept for a look on failure
+    headless(chromium, probe, f"--screenshot={shot}")
+    pixels = screenshot_pixels(shot)
+    assert pixels.shape == (900, 1400, 3), pixels.shape
+    # not a blank page, and the loss plot's two lines are on screen in their colours, each
+    # drawn across the plot from step 0 or 5 to step 40 (about 1,000 pixels and 540 wide at
+    # this window size; the page before the plot is opened has 44 and 0 of them)
+    assert len({tuple(p) for p in pixels.reshape(-1, 3)[::7]}) > 50, "a blank page"
+    for name, rgb in (("train", (0x1F, 0x77, 0xB4)), ("validation", (0xFF, 0x7F, 0x0E))):
+        _, xs = (abs(pixels.astype(int) - rgb).sum(axis=2) < 60).nonzero()
+        assert len(xs) > 400, f"{len(xs)} pixels of the {name} loss line's colour in {shot}"
+        assert xs.max() - xs.min() > 300, f"the {name} loss line spans x {xs.min()}-{xs.max()}"
 
 
 def test_evaluation_reports_test_split_and_extra_perplexity(
-    pipeline, snakemake, write_config, tiny, tmp_path
+    pipeline_copy, snakemake, write_config, tiny
 ):
-    """On a copy of the finished pipeline, with a 10 % test split and an extra shard."""
-    wd, _, _, _ = pipeline
-    copy_wd = tmp_path / "wd"
-    shutil.copytree(wd, copy_wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    """With a 10 % test split and an extra shard (retrains on the new split): both
+    perplexities are exp of the mean loss over exactly the windows of seq_length + 1 tokens
+    the shards hold, and the loss is the one transformers computes with the export."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
+
+    copy_wd, _ = pipeline_copy
     cfg = copy.deepcopy(tiny)
     cfg["data"]["split"] = "80,10,10"
     cfg["eval"] = {
-        "prompts": ["import "],
+        "prompts": ["import ", "class "],
         "new_tokens": 4,
+        "max_windows": 40,
         "extra": {"json": ["results/tokens/tiny-bpe/stdlib/00000"]},
     }
     run = snakemake(copy_wd, write_config(copy_wd / "split.yaml", cfg))
     assert run.returncode == 0, run.out[-3000:]
     evaluation = json.loads((copy_wd / "results/runs/tiny/eval.json").read_text())
+    hf_dir = copy_wd / "results/runs/tiny/hf"
+    shards = [MegatronIndexed(str(copy_wd / f"results/tokens/tiny-bpe/stdlib/{s}"))
+              for s in ("00000", "00001")]  # fmt: skip
+    sequences = [ds[i] for ds in shards for i in range(len(ds))]
+    assert len(sequences) == 33
+
+    # the test split: sequences 30-32 of the two shards read as one (Megatron's split)
     test = evaluation["test"]["stdlib"]
-    assert test["sequences"] == [30, 33] and test["tokens"] > 1000
-    assert 1.0 < test["perplexity"] < 512  # better than uniform over the vocabulary
-    assert abs(math.exp(test["loss"]) - test["perplexity"]) < 1e-6
-    assert evaluation["extra"]["json"]["windows"] >= 1
-    assert len(evaluation["generations"][0]["ids"]) <= 4
+    assert test["sequences"] == [30, 33]
+    tokens = np.concatenate(sequences[30:33])
+    loss, counted, windows = hf_window_loss(hf_dir, tokens, 64, 40)
+    assert (test["tokens"], test["windows"]) == (counted, windows) and counted > 1000, test
+    assert test["loss"] == pytest.approx(loss, abs=1e-4), (test, loss)
+    assert math.isfinite(test["perplexity"]) and 1.0 < test["perplexity"] < 512, test
+    assert test["perplexity"] == pytest.approx(math.exp(test["loss"]), rel=1e-12), test
+
+    # the extra shard: every token of 00000 in order, at most 40 windows of 65 tokens
+    extra = evaluation["extra"]["json"]
+    tokens = np.fromfile(copy_wd / "results/tokens/tiny-bpe/stdlib/00000.bin", dtype="<u2")
+    assert len(tokens) == sum(len(s) for s in sequences[: len(shards[0])])
+    loss, counted, windows = hf_window_loss(hf_dir, tokens, 64, 40)
+    assert windows == min((len(tokens) - 1) // 64, 40) == 40  # the cap is reached
+    assert (extra["tokens"], extra["windows"]) == (counted, windows) == (40 * 64, 40), extra
+    assert extra["loss"] == pytest.approx(loss, abs=1e-4), (extra, loss)
+    assert math.isfinite(extra["perplexity"]) and extra["perplexity"] > 1.0, extra
+    assert extra["perplexity"] == pytest.approx(math.exp(extra["loss"]), rel=1e-12), extra
+    assert extra["perplexity"] < 512  # better than uniform over the vocabulary
+
+    check_generations(copy_wd, evaluation, ["import ", "class "], 4)
 
 
 def test_inspect_decodes_a_shard(pipeline):
@@ -257,11 +381,38 @@ def test_inspect_decodes_a_shard(pipeline):
     assert "A package for parsing, handling, and generating email messages" in out.stdout
 
 
-def test_second_run_does_nothing(pipeline, snakemake):
-    wd, config, _, _ = pipeline
+def test_second_run_does_nothing(pipeline_copy, snakemake):
+    wd, config = pipeline_copy
+    done = (wd / "results/runs/tiny/DONE.json").stat().st_mtime_ns
     again = snakemake(wd, config)
-    assert again.returncode == 0
+    assert again.returncode == 0, again.out[-3000:]
     assert "Nothing to be done" in again.out
+    assert job_counts(again.out) == {}
+    assert (wd / "results/runs/tiny/DONE.json").stat().st_mtime_ns == done
+
+
+def test_summary_says_where_the_checkpoint_metrics_and_logs_are(pipeline):
+    """`gptflow summary` (what `make run` ends with): per finished run, its step, tokens,
+    validation loss from step 0 to the end, and paths that exist."""
+    wd, _, _, _ = pipeline
+    out = subprocess.run(
+        [str(BIN / "gptflow"), "summary"], cwd=wd, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    done = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
+    evals = [m for m in read_jsonl(wd / "results/runs/tiny/metrics.jsonl") if m["kind"] == "eval"]
+    assert (evals[0]["step"], evals[-1]["step"]) == (0, 40)
+    first, last = evals[0]["val_loss"], evals[-1]["val_loss"]
+    assert out.stdout.splitlines() == [
+        "run tiny: step 40, 20,480 tokens",  # 40 steps x 8 sequences x 64 tokens
+        f"  validation loss: {first:.4f} at step 0 -> {last:.4f} at step 40",
+        f"  checkpoint: {done['checkpoint']}",
+        "  metrics:    results/runs/tiny/metrics.jsonl",
+        "  run config: results/runs/tiny/run.yaml",
+        "  logs:       logs/ (training: logs/train_gpt/tiny.log)",
+    ], out.stdout
+    assert (wd / done["checkpoint"] / "COMPLETE").is_file()
+    assert (wd / "logs/train_gpt/tiny.log").is_file()
 
 
 def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
@@ -272,10 +423,10 @@ def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
     wd, config, _, _ = pipeline
     assert (wd / ".snakemake/gptflow/last-config.yaml").is_file()
 
-    def why(cfg_path):
+    def why(cfg_path, *options):
         out = subprocess.run(
-            [str(BIN / "gptflow"), "why", "--directory", str(wd), "--json", str(tmp_path / "w.json"),
-             "--", "--snakefile", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles/local"),
+            [str(BIN / "gptflow"), "why", *options, "--directory", str(wd), "--json",
+             str(tmp_path / "w.json"), "--", "--snakefile", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles/local"),
              "--configfile", str(cfg_path)],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
@@ -285,12 +436,28 @@ def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
     text, result = why(config)
     assert "Nothing will rerun" in text and "Config unchanged" in text, text
     assert result["jobs"] == [] and result["changes"] == []
-    assert result["preflight"]["parameters"] == 165_632  # the tiny model's real count
-    assert result["preflight"]["training_tokens"] == 40 * 8 * 64
+    # the preflight (tests/unit/test_why.py works these out by hand): 165,632 parameters (the
+    # tiny model's real count), 40 x 8 x 64 tokens, 6·N·D FLOPs, at 40 % MFU of 989 TFLOP/s;
+    # 16 bytes a parameter for 3 checkpoints (keep_last 2, and the one being written), uint16
+    pre = result["preflight"]
+    assert (pre["parameters"], pre["training_tokens"]) == (165_632, 20_480)
+    assert pre["training_flops"] == 6 * 165_632 * 20_480
+    assert pre["gpu_hours"] == pytest.approx(1.42911e-8, rel=1e-5)
+    assert (pre["checkpoint_bytes"], pre["shard_bytes"]) == (7_950_336, 40_960)
+    assert (
+        "Preflight: 165,632 parameters, 20,480 training tokens, 2.04e+10 FLOPs (6·N·D) = "
+        "1.43e-08 GPU-hours at 40% MFU of 989 TFLOP/s; disk: checkpoints about 0.00795 GB, "
+        "shards at least 4.1e-05 GB, "
+    ) in text, text
 
     changed = copy.deepcopy(tiny)
     changed["train"]["lr"] = 2.0e-3
-    text, result = why(write_config(tmp_path / "lr.yaml", changed))
+    text, result = why(
+        write_config(tmp_path / "lr.yaml", changed), "--mfu", "0.5", "--peak-tflops", "312"
+    )
+    # 20,352,860,160 FLOPs / (312e12 x 0.5) = 1.30467e-4 s = 3.62408e-8 GPU-hours
+    assert result["preflight"]["gpu_hours"] == pytest.approx(3.62408e-8, rel=1e-5)
+    assert "= 3.62e-08 GPU-hours at 50% MFU of 312 TFLOP/s;" in text, text
     assert result["changes"] == [["train.lr", 0.003, 0.002]], text
     rules = [j["rule"] for j in result["jobs"]]
     assert sorted(rules) == sorted(AFTER_RUN_CONFIG), text
@@ -304,8 +471,7 @@ def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
 def test_enabling_the_container_reruns_only_the_image_and_training(
     pipeline, snakemake, write_config, tiny, tmp_path
 ):
-    """(Before the hyperparameter test, which changes the run.) Training is the only job that
-    runs inside the image; with format sif it runs under `apptainer exec --nv` (no Apptainer
+    """Training is the only job that runs inside the image; with format sif it runs under `apptainer exec --nv` (no Apptainer
     here: this is the plan), with format sqsh it needs the Slurm profile's srun for Pyxis."""
     wd, _, _, _ = pipeline
     cfg = copy.deepcopy(tiny)
@@ -339,8 +505,10 @@ def test_enabling_the_container_reruns_only_the_image_and_training(
     assert off.returncode == 0 and "Nothing to be done" in off.out, off.out[-3000:]
 
 
-def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, write_config, tiny):
-    wd, _, _, _ = pipeline
+def test_changing_a_hyperparameter_reruns_only_training(
+    pipeline_copy, snakemake, write_config, tiny
+):
+    wd, _ = pipeline_copy
     shard = wd / "results/tokens/tiny-bpe/stdlib/00000.bin"
     before = shard.stat().st_mtime_ns
     indices = {p: p.stat().st_mtime_ns for p in (wd / "results/runs/tiny/data-index").glob("*.npy")}
@@ -370,9 +538,9 @@ def test_changing_a_hyperparameter_reruns_only_training(pipeline, snakemake, wri
 
 
 def test_sigkilled_trainer_resumes_from_its_last_checkpoint(
-    pipeline, write_config, tiny, snakemake
+    pipeline_copy, write_config, tiny, snakemake
 ):
-    wd, _, _, _ = pipeline
+    wd, _ = pipeline_copy
     long = copy.deepcopy(tiny)
     long["run"] = "tiny-kill"
     long["train"].update(train_iters=150, save_interval=5, log_interval=5, eval_interval=100)
@@ -425,14 +593,14 @@ def test_snakemake_lint_is_clean(repo):
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_merge_adds_one_job_and_keeps_the_shards(pipeline, snakemake, write_config, tiny):
+def test_merge_adds_one_job_and_keeps_the_shards(pipeline_copy, snakemake, write_config, tiny):
     """tokenize.merge: true adds merge_shards only; the shards (made by gigatoken, checked
     against hf) are not re-tokenized, and the merged prefix is their concatenation."""
     import numpy as np
 
     from gptflow.data.indexed import IndexedDataset
 
-    wd, _, _, _ = pipeline
+    wd, _ = pipeline_copy
     cfg = copy.deepcopy(tiny)
     cfg["tokenize"]["merge"] = True
     config = write_config(wd / "merge.yaml", cfg)
@@ -450,7 +618,7 @@ def test_merge_adds_one_job_and_keeps_the_shards(pipeline, snakemake, write_conf
 
 
 def test_documents_per_shard_splits_each_input_into_part_jobs(
-    pipeline, snakemake, write_config, tiny
+    pipeline_copy, snakemake, write_config, tiny
 ):
     """tokenize.documents_per_shard: the plan counts every input at once (two count jobs, not
     one per DAG update), then one tokenize_part job per range; the parts, in order, are the
@@ -459,7 +627,7 @@ def test_documents_per_shard_splits_each_input_into_part_jobs(
 
     from gptflow.data.indexed import IndexedDataset
 
-    wd, _, _, _ = pipeline
+    wd, _ = pipeline_copy
     cfg = copy.deepcopy(tiny)
     cfg["tokenize"]["documents_per_shard"] = 7
     config = write_config(wd / "parts.yaml", cfg)
