@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -191,13 +190,13 @@ def read_environment(rootfs: Path) -> dict[str, str]:
     return env
 
 
-def run_in_rootfs(rootfs: Path, *argv: str) -> subprocess.CompletedProcess:
+def run_in_rootfs(rootfs: Path, *argv: str, stdin: str = "") -> subprocess.CompletedProcess:
     """Start the unpacked image as enroot does: its /etc/environment only, /bin/sh /etc/rc,
-    in new mount and PID namespaces, chroot'ed."""
+    in new mount and PID namespaces, chroot'ed; `stdin` is the container's standard input."""
     return subprocess.run(
         ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={rootfs / 'proc'}",
          "chroot", str(rootfs), "/bin/sh", "/etc/rc", *argv],
-        env=read_environment(rootfs), capture_output=True, text=True, timeout=120,
+        env=read_environment(rootfs), input=stdin, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
 
@@ -210,6 +209,12 @@ def built(base_image, docker_host, tmp_path_factory, write_config):
     run = run_snakemake(wd, config, docker_host, "container")
     assert run.returncode == 0, run.stdout[-5000:]
     (sqsh,) = (wd / "results" / "containers").glob("gptflow-*.sqsh")
+    digest = sqsh.name.removeprefix("gptflow-").removesuffix(".sqsh")
+    assert sorted(p.name for p in (wd / "results/containers").iterdir()) == [
+        f"gptflow-{digest}.json", sqsh.name,
+    ]  # fmt: skip
+    build_log = (wd / f"logs/build_image/{digest}.log").read_text()
+    assert f"building localhost/gptflow:{digest} with docker: docker build -f " in build_log
     return wd, config, dockerfile, sqsh
 
 
@@ -247,9 +252,9 @@ def test_the_image_is_built_and_squashed_in_enroot_format(built, docker_host, tm
     rc = (rootfs / "etc/rc").read_text()
     assert rc.startswith(f"# enroot-provenance: dockerd://localhost/gptflow:{digest}\n")
     assert 'cd "/workspace" && unset OLDPWD || exit 1' in rc
-    # the image's CMD (bash) from /etc/rc, as `enroot start` runs it
-    shell = run_in_rootfs(rootfs)
-    assert shell.returncode == 0, shell.stderr
+    # the image's CMD (bash) from /etc/rc, as `enroot start` runs it, reading commands on stdin
+    shell = run_in_rootfs(rootfs, stdin='echo "$0|$PWD|$GPTFLOW_IMAGE"; exit 7\n')
+    assert (shell.returncode, shell.stdout) == (7, f"/bin/bash|/workspace|{digest}\n"), shell
     # Pyxis mode: rc.local is `exec "$@"`, the srun command runs in WORKDIR with the image ENV
     (rootfs / "etc/rc.local").write_text('exec "$@"\n')
     probe = run_in_rootfs(
@@ -291,11 +296,30 @@ def test_a_failed_build_is_one_clear_error_and_publishes_nothing(
     dockerfile.write_text(f"FROM {BASE}\nRUN echo building && exit 3\n")
     config = write_config(tmp_path / "config.yaml", container_config(dockerfile))
     run = run_snakemake(tmp_path, config, docker_host, "container")
-    assert run.returncode != 0
-    log = next((tmp_path / "logs/build_image").glob("*.log")).read_text()
-    assert "gptflow build-image: error: docker build of" in log
-    assert re.search(r"failed \(exit [1-9]\d*\)", log) and "Fix the Dockerfile" in log
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert "Error in rule build_image:" in run.stdout
+    (log_path,) = (tmp_path / "logs/build_image").glob("*.log")
+    digest = log_path.stem
+    log = log_path.read_text()
+    assert f"building localhost/gptflow:{digest} with docker: docker build -f " in log
+    # the builder's output names the failing step and its status; the classic builder exits
+    # with that status, BuildKit with 1
+    classic = "The command '/bin/sh -c echo building && exit 3' returned a non-zero code: 3"
+    buildkit = '"/bin/sh -c echo building && exit 3" did not complete successfully: exit code: 3'
+    assert (classic in log) != (buildkit in log), log[-3000:]
+    code = 3 if classic in log else 1
+    errors = [line for line in log.splitlines() if "error:" in line]
+    assert errors == [
+        f"gptflow build-image: error: docker build of {dockerfile} failed (exit {code}); the "
+        "builder's output above names the failing step. Fix the Dockerfile or "
+        "container.base_image and rerun"
+    ], log[-3000:]
     assert list((tmp_path / "results/containers").glob("*")) == []
+    tagged = subprocess.run(
+        ["docker", "image", "inspect", f"localhost/gptflow:{digest}"],
+        env=docker_host, capture_output=True, text=True,
+    )  # fmt: skip
+    assert tagged.returncode == 1 and "No such image" in tagged.stderr, tagged
 
 
 def test_podman_builds_when_docker_is_unreachable(podman_env, tmp_path, write_config):
@@ -309,7 +333,10 @@ def test_podman_builds_when_docker_is_unreachable(podman_env, tmp_path, write_co
     assert run.returncode == 0, run.stdout[-5000:]
     (sqsh,) = (tmp_path / "results/containers").glob("gptflow-*.sqsh")
     digest = sqsh.name.removeprefix("gptflow-").removesuffix(".sqsh")
-    assert json.loads(sqsh.with_suffix(".json").read_text())["builder"] == "podman"
+    record = json.loads(sqsh.with_suffix(".json").read_text())
+    assert (record["builder"], record["tag"]) == ("podman", f"localhost/gptflow:{digest}")
+    build_log = (tmp_path / f"logs/build_image/{digest}.log").read_text()
+    assert f"building localhost/gptflow:{digest} with podman: podman build -f " in build_log
     rootfs = tmp_path / "rootfs"
     subprocess.run(["unsquashfs", "-q", "-no-progress", "-d", str(rootfs), str(sqsh)], check=True)
     rc = (rootfs / "etc/rc").read_text()
