@@ -120,20 +120,26 @@ class GPTNeoX(nn.Module):
     def reset_parameters(self) -> None:
         """NeoX init: 'small_init' N(0, sqrt(2/5d)) everywhere, 'wang_init' N(0, 2/(L sqrt d))
         on the two output projections of each layer; zero biases, unit LayerNorm."""
+        for name, module in self.named_modules():
+            self.init_module(name, module)
+
+    def init_module(self, name: str, module: nn.Module) -> None:
+        """Initialise the parameters `module` holds itself (not its children's), in the
+        order of :meth:`reset_parameters`: so that a partitioned model (ZeRO-3) can be
+        initialised one gathered module at a time with the same random numbers."""
         d, n = self.cfg.hidden_size, self.cfg.num_layers
         std = self.cfg.init_std or math.sqrt(2.0 / (5.0 * d))
         out_std = 2.0 / (n * math.sqrt(d))
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                is_out = name.endswith("attention.dense") or name.endswith("mlp.dense_4h_to_h")
-                nn.init.normal_(module.weight, 0.0, out_std if is_out else std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, 0.0, std)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
+        if isinstance(module, nn.Linear):
+            is_out = name.endswith("attention.dense") or name.endswith("mlp.dense_4h_to_h")
+            nn.init.normal_(module.weight, 0.0, out_std if is_out else std)
+            if module.bias is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -151,9 +157,16 @@ class GPTNeoX(nn.Module):
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW parameter groups: decay on matrices, none on biases and LayerNorms."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    """AdamW parameter groups: decay on matrices, none on biases and LayerNorms.
+
+    Told apart by what holds them, not by their shape: a partitioned (ZeRO-3) parameter is a
+    flat, empty tensor whatever it stands for."""
+    decay, no_decay = [], []
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.requires_grad:
+                plain = isinstance(module, nn.LayerNorm) or name == "bias"
+                (no_decay if plain else decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

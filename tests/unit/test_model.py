@@ -82,3 +82,16 @@ def test_odd_rotary_dimensions_are_a_config_error():
     )
     with pytest.raises(GptflowError, match=r"rotary_pct 0\.4 gives 3 rotary"):
         ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, rotary_pct=0.4)
+
+
+def test_decay_groups_by_role_equal_the_groups_by_shape():
+    """Weight decay on embeddings and linear weights, none on biases and LayerNorms: the same
+    parameters, in the same order, as choosing by dimension on an unpartitioned model."""
+    from gptflow.model import decay_groups
+
+    model = GPTNeoX(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64))
+    decay, plain = decay_groups(model, 0.1)
+    assert (decay["weight_decay"], plain["weight_decay"]) == (0.1, 0.0)
+    by_shape = [p for p in model.parameters() if p.dim() >= 2]
+    assert [id(p) for p in decay["params"]] == [id(p) for p in by_shape]
+    assert [id(p) for p in plain["params"]] == [id(p) for p in model.parameters() if p.dim() < 2]

@@ -34,7 +34,7 @@ from gptflow.data.dataset import run_split_datasets
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
 from gptflow.hardware import peak_tflops
-from gptflow.model import GPTNeoX, decay_groups
+from gptflow.model import decay_groups
 from gptflow.train.device import Device
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, iteration_line
 
@@ -119,7 +119,7 @@ def build(
     if rank != 0:
         data = run_split_datasets(cfg, build_allowed=False)
     torch.manual_seed(t.seed)  # identical initialisation on every rank
-    model = GPTNeoX(cfg.model).to(dev.device)
+    model = ds.build_model(cfg.model, t, dev.world_size, dev.device)
     engine = ds.build_engine(model, decay_groups(model, t.weight_decay), t, dev.world_size)
     peak, source = peak_tflops(dev.name, t.peak_tflops)
     if rank == 0:
