@@ -378,6 +378,18 @@ def get_eval_extra_files(wildcards):
     ]
 
 
+def get_eval_mem_mb(wildcards, input):
+    """Memory of the evaluate job (MB), from the run's model (gptflow.evaluate.memory_mb):
+    its fp32 weights, a batch of logits and 2 GiB. A plan made before run.yaml exists shows
+    <TBD> (Snakemake's answer to a FileNotFoundError naming an input)."""
+    from gptflow.config import RunConfig
+    from gptflow.evaluate import memory_mb
+
+    open(input.config).close()
+    cfg = RunConfig.load(input.config)
+    return memory_mb(cfg.model, cfg.train.seq_length)
+
+
 # --------------------------------------------------------------------------- container
 
 CONTAINER = CFG["container"]

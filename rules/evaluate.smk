@@ -1,18 +1,6 @@
 """After training: held-out evaluation and the Hugging Face export of the final checkpoint."""
 
 
-def get_eval_mem_mb(wildcards, input):
-    """Memory of the evaluate job (MB), from the run's model (gptflow.evaluate.memory_mb):
-    its fp32 weights, a batch of logits and 2 GiB. A plan made before run.yaml exists shows
-    <TBD> (Snakemake's answer to a FileNotFoundError naming an input)."""
-    from gptflow.config import RunConfig
-    from gptflow.evaluate import memory_mb
-
-    open(input.config).close()
-    cfg = RunConfig.load(input.config)
-    return memory_mb(cfg.model, cfg.train.seq_length)
-
-
 rule evaluate:
     input:
         config="results/runs/{run}/run.yaml",
