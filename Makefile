@@ -49,6 +49,7 @@ bench: setup
 	python bench/train.py
 	python bench/download.py
 	python bench/tokenize.py
+	python bench/blend_index.py
 
 clean:
 	rm -rf results logs .snakemake

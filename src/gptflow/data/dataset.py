@@ -271,13 +271,13 @@ class _GreedyStep:
         for lo, hi in reversed(self.groups):  # the first group holding a maximum has the say
             byte = np.add.reduce(flags[lo:hi], axis=0, dtype=np.uint8)
             first = self.lowest.take(byte)
-            first += lo
+            if lo:
+                first += lo
             if pick is None:
                 pick = first
             else:
                 np.copyto(pick, first, where=byte != 0)
-        flat = pick.astype(np.intp)
-        flat *= p
+        flat = np.multiply(pick, p, dtype=np.intp)
         flat += self.columns[:p]
         counts_flat = counts.reshape(-1)
         taken = counts_flat.take(flat)
@@ -331,11 +331,12 @@ def _blend(
     ends = guess.copy()
     picks = np.empty((chunks, length), dtype=np.int16)
     taken = np.empty((chunks, length), dtype=np.int64)
-    first = starts.astype(np.float64)
+    t = starts.astype(np.float64)
+    t[0] = max(begin, 1)  # helpers.cpp weighs sample 0 as sample 1
     for m in range(length):
-        t = first + m
-        t[0] = max(t[0], 1.0)  # helpers.cpp weighs sample 0 as sample 1
         picks[:, m], taken[:, m] = step(t, ends)
+        t[0] = begin + m
+        t += 1
     for rounds in range(BLEND_ROUNDS + 1):
         want = _wanted_starts(ends, slow, int(np.argmax(w)))
         bad = np.flatnonzero((guess[:, 1:] != want).any(axis=0)) + 1
