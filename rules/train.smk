@@ -28,6 +28,9 @@ rule render_run_config:
         "../workflow/scripts/render_run_config.py"
 
 
+# Every index the trainer reads (each dataset's document, sample and shuffle indices, and the
+# blend's), built once here into results/runs/{run}/data-index/; the trainer's ranks then only
+# memory-map them.
 rule build_data_index:
     input:
         config="results/runs/{run}/run.yaml",
