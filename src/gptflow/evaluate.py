@@ -55,7 +55,7 @@ def load_model(cfg: RunConfig, checkpoint: str | os.PathLike, device: str = "cpu
     with torch.device(device):
         model = GPTNeoX(cfg.model)
     params = model.state_dict()
-    weights = checkpoint_weights(checkpoint, cfg.run_dir)
+    weights = checkpoint_weights(checkpoint, cfg.run_dir, cfg.model)
     if weights.keys() != params.keys():
         raise GptflowError(
             f"{checkpoint}: its weights are not the run's model (missing "

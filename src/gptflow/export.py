@@ -80,10 +80,13 @@ class Weight:
 
 
 def checkpoint_weights(
-    checkpoint: str | os.PathLike, run_dir: str | os.PathLike
+    checkpoint: str | os.PathLike, run_dir: str | os.PathLike, model: ModelConfig | None = None
 ) -> dict[str, Weight]:
     """The fp32 weights of a checkpoint step directory (``.../checkpoints/{series}/step*``) by
-    name, in the model's order, each read on demand."""
+    name, in the model's order, each read on demand.
+
+    `model` (default: the run directory's run.yaml) names the fp32 master weights of a ZeRO-0
+    fp16/bf16 checkpoint, which DeepSpeed saves per optimizer group, without names."""
     ckpt = Path(checkpoint)
     if not (ckpt / "COMPLETE").is_file():
         raise GptflowError(
@@ -97,7 +100,7 @@ def checkpoint_weights(
                 f"read only from inside the run directory {run_dir}; copy the run there"
             )
         return _zero_partitioned_weights(ckpt)
-    return _zero0_weights(ckpt)
+    return _zero0_weights(ckpt, lambda: model or RunConfig.load(Path(run_dir) / "run.yaml").model)
 
 
 def load_checkpoint_weights(checkpoint: str | os.PathLike, run_dir: str | os.PathLike) -> dict:
@@ -123,7 +126,7 @@ def _stored(t: torch.Tensor) -> Weight:
     return Weight(tuple(t.shape), dtype, partial(_fp32, t))
 
 
-def _zero0_weights(ckpt: Path) -> dict[str, Weight]:
+def _zero0_weights(ckpt: Path, model: Callable[[], ModelConfig]) -> dict[str, Weight]:
     path = ckpt / "mp_rank_00_model_states.pt"
     if not path.is_file():
         raise GptflowError(f"{ckpt}: no mp_rank_00_model_states.pt; not a DeepSpeed checkpoint")
@@ -131,7 +134,7 @@ def _zero0_weights(ckpt: Path) -> dict[str, Weight]:
     module = states["module"]
     if not any(t.dtype in (torch.float16, torch.bfloat16) for t in module.values()):
         return {name: _stored(t) for name, t in module.items()}
-    masters = _zero0_masters(path, states)
+    masters = _zero0_masters(path, states, model())
     return {
         name: Weight(
             tuple(t.shape), torch.float32, partial(_checked_master, name, masters[name], t)
@@ -140,14 +143,14 @@ def _zero0_weights(ckpt: Path) -> dict[str, Weight]:
     }
 
 
-def _zero0_masters(path: Path, states: dict) -> dict[str, torch.Tensor]:
+def _zero0_masters(path: Path, states: dict, model: ModelConfig) -> dict[str, torch.Tensor]:
     """The fp32 master weights of a ZeRO-0 fp16/bf16 checkpoint, by name.
 
     DeepSpeed's FP16_UnfusedOptimizer saves them as ``optimizer.fp32_groups``: one list per
     optimizer parameter group, in the group's order, without names. The groups are
-    gptflow.model.decay_groups's, so the names come from that function, applied to a stand-in
-    with the module's parameter names and shapes (on the meta device: no memory)."""
-    from gptflow.model import decay_groups
+    gptflow.model.decay_groups's, so the names come from that function applied to the model
+    (built on the meta device: no memory)."""
+    from gptflow.model import GPTNeoX, decay_groups
 
     module = states["module"]
     groups = (states.get("optimizer") or {}).get("fp32_groups")
@@ -157,41 +160,27 @@ def _zero0_masters(path: Path, states: dict) -> dict[str, torch.Tensor]:
             "optimizer.fp32_groups); exporting them would write rounded weights as fp32. "
             "Export a checkpoint saved by gptflow train"
         )
-    stand_in = _meta_module(module)
-    names = {id(p): name for name, p in stand_in.named_parameters()}
-    order = [[names[id(p)] for p in g["params"]] for g in decay_groups(stand_in, 0.0)]
+    with torch.device("meta"):
+        net = GPTNeoX(model)
+    names = {id(p): name for name, p in net.named_parameters()}
+    order = [[names[id(p)] for p in g["params"]] for g in decay_groups(net, 0.0)]
     if [len(g) for g in order] != [len(g) for g in groups]:
         raise GptflowError(
             f"{path}: fp32 master weights in groups of {[len(g) for g in groups]}, but "
             f"gptflow.model.decay_groups makes groups of {[len(g) for g in order]} of the "
-            "module's parameters; not a checkpoint of gptflow train"
+            "model's parameters; not a checkpoint of this model"
         )
     masters = {}
     for group_names, tensors in zip(order, groups, strict=True):
         for name, t in zip(group_names, tensors, strict=True):
-            if tuple(t.shape) != tuple(module[name].shape):
+            if name not in module or tuple(t.shape) != tuple(module[name].shape):
                 raise GptflowError(
                     f"{path}: the fp32 master weight for {name} has shape {tuple(t.shape)}, "
-                    f"the module's {tuple(module[name].shape)}; not a checkpoint of gptflow train"
+                    "which the checkpoint's module lacks or has in another shape; not a "
+                    "checkpoint of this model"
                 )
             masters[name] = t
     return masters
-
-
-def _meta_module(state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A module whose named_parameters() are `state`'s names and shapes, in `state`'s order
-    (a state dict lists a module's own parameters before its children's, as
-    named_parameters() does), on the meta device."""
-    root = torch.nn.Module()
-    for name, t in state.items():
-        *path, leaf = name.split(".")
-        m = root
-        for part in path:
-            if part not in m._modules:
-                m.add_module(part, torch.nn.Module())
-            m = m._modules[part]
-        m.register_parameter(leaf, torch.nn.Parameter(torch.empty(t.shape, device="meta")))
-    return root
 
 
 def _checked_master(name: str, master: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
@@ -424,7 +413,7 @@ def export_hf(
     """Write the run's final checkpoint as a Hugging Face directory `out` (published whole),
     streamed into safetensors shards of at most `max_shard_size` bytes."""
     cfg, done = finished_run(config)
-    weights = checkpoint_weights(done["checkpoint"], cfg.run_dir)
+    weights = checkpoint_weights(done["checkpoint"], cfg.run_dir, cfg.model)
     if "embed_out.weight" not in weights:
         raise GptflowError(f"{done['checkpoint']}: no embed_out.weight; not a gptflow GPT-NeoX")
     weights = {("lm_head.weight" if k == "embed_out.weight" else k): w for k, w in weights.items()}

@@ -9,6 +9,7 @@ checkpoints of a many-tensor model (the tiny model with 16 layers: 196 tensors, 
 - transformers loads a sharded export with the logits of the single-file one.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -19,10 +20,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptflow.config import load_workflow_config, render_run_config, write_run_config
+from gptflow.config import (
+    ModelConfig,
+    load_workflow_config,
+    render_run_config,
+    write_run_config,
+)
+from gptflow.errors import GptflowError
 
 BIN = Path(sys.executable).parent
 LAYERS = 16
+MODEL_16 = ModelConfig(num_layers=LAYERS, hidden_size=64, num_attention_heads=4, vocab_size=512)
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +237,7 @@ def test_a_bf16_export_holds_the_fp32_master_weights(trained, zero):
 # config refuses bf16 at ZeRO 0 for training, but such checkpoints exist. gptflow's model, its
 # decay_groups and torch AdamW, as gptflow.engine builds them.
 ZERO0_BF16 = """
+import json
 import sys
 from pathlib import Path
 
@@ -241,7 +250,7 @@ from gptflow.model import GPTNeoX, decay_groups
 
 init_distributed()
 torch.manual_seed(0)
-model = GPTNeoX(ModelConfig(num_layers=16, hidden_size=64, num_attention_heads=4, vocab_size=512))
+model = GPTNeoX(ModelConfig(**json.loads(sys.argv[2])))
 optimizer = torch.optim.AdamW(decay_groups(model, 0.1), lr=3e-3)
 config = {
     "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
@@ -270,7 +279,7 @@ def test_a_zero0_bf16_export_holds_deepspeeds_fp32_master_weights(tmp_path):
     script.write_text(ZERO0_BF16)
     proc = subprocess.run(
         [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=1", str(script),
-         str(tmp_path / "ckpt")],
+         str(tmp_path / "ckpt"), json.dumps(dataclasses.asdict(MODEL_16))],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -280,7 +289,7 @@ def test_a_zero0_bf16_export_holds_deepspeeds_fp32_master_weights(tmp_path):
     module, masters = states["module"], [t for g in states["optimizer"]["fp32_groups"] for t in g]
     assert len(masters) == len(module) == LAYERS * 12 + 4
 
-    weights = checkpoint_weights(ckpt, tmp_path)
+    weights = checkpoint_weights(ckpt, tmp_path, MODEL_16)
     (tmp_path / "hf").mkdir()
     write_hf_weights(tmp_path / "hf", weights, max_shard_size=400_000)
     exported = read_export(tmp_path / "hf")
@@ -297,6 +306,9 @@ def test_a_zero0_bf16_export_holds_deepspeeds_fp32_master_weights(tmp_path):
     n = sum(t.numel() for t in exported.values())
     widened = sum(int(bf16_representable(t).sum()) for t in exported.values())
     assert widened < 0.01 * n, (widened, n)
+    # named through another model's groups, the masters are refused, not mislabelled
+    with pytest.raises(GptflowError, match=r"groups of \[66, 130\], but .* \[62, 122\]"):
+        checkpoint_weights(ckpt, tmp_path, dataclasses.replace(MODEL_16, num_layers=LAYERS - 1))
 
 
 def peak_allocated(fn) -> int:
