@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import BIN, REPO
+from .conftest import BIN, REPO, job_counts
 
 START = REPO / "tests" / "slurm" / "start-cluster.sh"
 PROFILE = REPO / "tests" / "slurm" / "profile"
@@ -63,58 +67,79 @@ def long_training_config(wd, tiny_config, name: str, **train):
     return path
 
 
-def sacct_states(workdir) -> dict[str, list[str]]:
-    """Slurm's accounting (sacct) of every job the plugin submitted, by rule: the job ids come
-    from the plugin's per-rule log directories (.snakemake/slurm_logs/rule_X/[WILDCARDS/]JOBID.log)."""
+def submitted_jobs(workdir) -> dict[str, str]:
+    """{Slurm job id: rule} of every job the plugin submitted, from its per-rule log
+    directories (.snakemake/slurm_logs/rule_X/[WILDCARDS/]JOBID[_TASK].log)."""
     root = workdir / ".snakemake" / "slurm_logs"
-    ids = {
+    return {
         log.stem: log.relative_to(root).parts[0].removeprefix("rule_")
         for log in root.glob("rule_*/**/*.log")
     }
+
+
+def sacct_job_states(ids) -> dict[str, str]:
+    """{job id: state} from Slurm's accounting (sacct -X: the jobs, not their steps)."""
     out = subprocess.run(
         ["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return dict(line.split("|") for line in out.splitlines())
+
+
+def sacct_states(workdir) -> dict[str, list[str]]:
+    """Slurm's accounting (sacct) of every job the plugin submitted, by rule."""
+    ids = submitted_jobs(workdir)
     states: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        job, state = line.split("|")
+    for job, state in sacct_job_states(ids).items():
         states.setdefault(ids[job], []).append(state)
     return states
 
 
+@dataclass
+class SlurmRun:
+    workdir: Path
+    plan: str  # the dry run's output, before the run
+    out: str  # the run's output
+    states: dict[str, list[str]]  # sacct's states by rule, right after the run
+
+
 @pytest.fixture(scope="module")
-def slurm_pipeline(slurm_cluster, tmp_path_factory, tiny_config):
-    """The tiny pipeline, run once through the Slurm profile for this module."""
+def slurm_pipeline(slurm_cluster, tmp_path_factory, tiny_config) -> SlurmRun:
+    """The tiny pipeline, planned and then run once through the Slurm profile for this module;
+    sacct's view is taken before any other test submits a job."""
     wd = tmp_path_factory.mktemp("slurm")
     config = wd / "config.yaml"
     config.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
+    plan = slurm_snakemake(wd, config, "-n")
+    assert plan.returncode == 0, (plan.stdout + plan.stderr)[-5000:]
     run = slurm_snakemake(wd, config)
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
-    return wd
+    return SlurmRun(wd, plan.stdout + plan.stderr, run.stdout + run.stderr, sacct_states(wd))
 
 
 def test_the_tiny_pipeline_runs_through_sbatch_with_two_training_ranks(slurm_pipeline, tiny_config):
-    tmp_path = slurm_pipeline
+    tmp_path = slurm_pipeline.workdir
     done = json.loads((tmp_path / "results/runs/tiny/DONE.json").read_text())
     assert done["final_step"] == tiny_config["train"]["train_iters"]
     log = (tmp_path / "logs/train_gpt/tiny.log").read_text()
     assert "2 ranks (slurm)" in log
-    states = sacct_states(tmp_path)
-    for rule in (
-        "collect_local_documents",
-        "sample_documents",
-        "train_tokenizer",
-        "tokenize_shard",
-        "render_run_config",
-        "build_data_index",
-        "train_gpt",
-    ):
-        assert states.get(rule) and set(states[rule]) == {"COMPLETED"}, (rule, states)
+    # every job of the plan went through sbatch -- as many Slurm jobs (or array tasks) as the
+    # plan has jobs of the rule -- but the target rule `all`, which the run did itself
+    # (`localrule all:`; a dry run does not say which rules are local), and all COMPLETED
+    local = re.findall(r"^localrule (\w+):$", slurm_pipeline.out, re.M)
+    assert local == ["all"], local
+    plan = job_counts(slurm_pipeline.plan)
+    planned = {rule: n for rule, n in plan.items() if rule not in local}
+    assert plan["all"] == 1
+    assert {"train_gpt", "evaluate", "export_hf", "report_assets"} <= set(planned), planned
+    states = slurm_pipeline.states
+    assert {rule: len(s) for rule, s in states.items()} == planned, (planned, states)
+    for rule, s in states.items():
+        assert set(s) == {"COMPLETED"}, (rule, states)
     # the profile's slurm-array-jobs: the two shards of each per-shard rule are the tasks of
     # one job array (logs JOBID_TASK.log)
     for rule in ("collect_local_documents", "tokenize_shard"):
+        assert planned[rule] == 2, planned
         logs = sorted(
             p.stem for p in (tmp_path / f".snakemake/slurm_logs/rule_{rule}").glob("*.log")
         )
@@ -127,57 +152,109 @@ def train_job_ids(workdir) -> list[str]:
     return sorted((p.stem for p in root.glob("**/*.log")), key=int)
 
 
+def trainer_pids(workdir) -> list[int]:
+    """The `gptflow train` rank processes running in `workdir` (the Python processes
+    themselves, not the srun or shell lines that start them)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:  # gone, or not a process
+            continue
+        if (
+            len(argv) > 2
+            and Path(argv[0].decode()).name.startswith("python")
+            and argv[1].endswith(b"/gptflow")
+            and argv[2] == b"train"
+            and os.path.realpath(cwd) == os.path.realpath(workdir)
+        ):
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether `signum` is pending for the process (ShdPnd) or its main thread (SigPnd), from
+    /proc/PID/status."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    masks = re.findall(r"^(?:ShdPnd|SigPnd):\s*([0-9a-f]+)$", status, re.M)
+    return any(int(mask, 16) & (1 << (signum - 1)) for mask in masks)
+
+
+def new_train_steps(metrics: Path, old_series: str) -> list[int]:
+    """Steps logged by the new trajectory (metrics.jsonl starts with the fixture's records)."""
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    return [
+        r["step"]
+        for line in lines
+        if line.endswith("}")  # not a line being written
+        and (r := json.loads(line))["kind"] == "train"
+        and r["series"] != old_series
+    ]
+
+
 def test_usr1_checkpoints_and_the_retry_resumes(slurm_pipeline, tiny_config):
     """What a time limit does (profiles/slurm sends USR1 before it): the Slurm job's ranks get
     USR1, save and exit 75; the plugin reports the job failed, Snakemake's retry submits it
-    again, and the new job resumes from the saved step and finishes."""
-    wd = slurm_pipeline
+    again, and the new job resumes from the saved step and finishes.
+
+    No race with the end of training: once the ranks have logged a step (their handler is
+    set), they are frozen (SIGSTOP), Slurm sends USR1, and they are let go (SIGCONT) only when
+    the signal is pending in both, so they receive it mid-run however fast they train."""
+    wd = slurm_pipeline.workdir
     config = long_training_config(
         wd, tiny_config, "long.yaml", train_iters=300, save_interval=1000, eval_interval=1000
     )
     before = set(train_job_ids(wd))
     old_series = json.loads((wd / "results/runs/tiny/DONE.json").read_text())["series"]
+    metrics = wd / "results/runs/tiny/metrics.jsonl"
     proc = subprocess.Popen(
         ["timeout", "-k", "30", "900", *slurm_snakemake_cmd(wd, config, "train")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=SNAKEMAKE_ENV,
     )  # fmt: skip
+    ranks: list[int] = []
     try:
-        metrics = wd / "results/runs/tiny/metrics.jsonl"
         deadline = time.monotonic() + 600
         while True:
             assert proc.poll() is None, proc.communicate()[0][-5000:]
             assert time.monotonic() < deadline, "training never got going"
             new = set(train_job_ids(wd)) - before
-            lines = metrics.read_text().splitlines() if metrics.is_file() else []
-            # steps of the new trajectory only: the file starts with the fixture run's records,
-            # and a USR1 before the trainer has set its handler would simply kill it
-            steps = sum(
-                1
-                for line in lines
-                if line.endswith("}")  # not a line being written
-                and (r := json.loads(line))["kind"] == "train"
-                and r["series"] != old_series
-            )
-            if new and steps >= 20:
-                break
-            time.sleep(0.5)
+            if new and new_train_steps(metrics, old_series):
+                ranks = trainer_pids(wd)
+                if len(ranks) == 2:
+                    break
+            time.sleep(0.2)
         (job,) = new
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        frozen = max(new_train_steps(metrics, old_series))
+        assert frozen < 300, frozen
         subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        while not all(signal_pending(pid, signal.SIGUSR1) for pid in ranks):
+            assert time.monotonic() < deadline, "USR1 never reached the frozen ranks"
+            time.sleep(0.1)
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+        ranks = []
         out, _ = proc.communicate(timeout=900)
     finally:
+        for pid in ranks:  # never leave a stopped rank behind
+            os.kill(pid, signal.SIGCONT)
         proc.kill()
     assert proc.returncode == 0, out[-5000:]
     # the run's own log keeps every attempt (Snakemake empties logs/train_gpt/ before a retry)
     log = (wd / "results/runs/tiny/train.log").read_text()
-    saved = int(log.split("received signal 10: saved step ")[1].split(";")[0])
-    assert 20 <= saved < 300
+    received = re.findall(r"received signal 10: saved step (\d+);", log)
+    assert len(received) == 1, f"the trainer did not report USR1 once: {received}\n{log[-3000:]}"
+    saved = int(received[0])
+    assert frozen <= saved <= frozen + 2 < 300, (frozen, saved)  # saved where it was stopped
     assert f"resuming from step {saved};" in log.split("received signal 10")[1]
     done = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
     assert done["final_step"] == 300
     jobs = [j for j in train_job_ids(wd) if j not in before]
-    states = sacct_states(wd)
     assert len(jobs) == 2, jobs  # the signalled job and its retry
-    assert sorted(states["train_gpt"]) == ["COMPLETED", "COMPLETED", "FAILED"], states
+    states = sacct_job_states(jobs)
+    assert [states[j] for j in jobs] == ["FAILED", "COMPLETED"], states
     steps = subprocess.run(
         ["sacct", "-n", "-P", "--format=JobID,State,ExitCode", "-j", jobs[0]],
         capture_output=True, text=True, check=True,
@@ -194,7 +271,7 @@ def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
     """SIGKILL to the Snakemake process while its training job runs: the Slurm job goes on.
     Snakemake started again submits the job again; that trainer waits for the lock of the
     live one instead of training beside it, then resumes from its final checkpoint."""
-    wd = slurm_pipeline
+    wd = slurm_pipeline.workdir
     config = long_training_config(
         wd, tiny_config, "killed.yaml", train_iters=1500, save_interval=500, eval_interval=5000
     )
@@ -226,6 +303,7 @@ def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
     first_done = log.index("done: step 1500")
     assert log.index("resuming from step 1500;") > first_done  # after the first one finished
     assert log.count("starting at step 0") == 1  # one trajectory, trained once
-    states = sacct_states(wd)
-    assert states["train_gpt"].count("COMPLETED") >= 3, states  # fixture + both jobs
+    jobs = sorted(set(train_job_ids(wd)) - before, key=int)
+    assert jobs[0] == first and len(jobs) == 2, jobs  # the first job and the rerun's
+    assert sacct_job_states(jobs) == dict.fromkeys(jobs, "COMPLETED")
     assert json.loads((wd / "results/runs/tiny/DONE.json").read_text())["final_step"] == 1500
