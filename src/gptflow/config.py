@@ -298,19 +298,24 @@ class TrainConfig:
                 f"train.offload optimizer_and_params offloads parameters, which only ZeRO stage 3 "
                 f"partitions: set train.zero_stage 3 (it is {self.zero_stage}) or offload: optimizer"
             )
-        if self.precision == "bf16" and self.zero_stage == 0:
-            raise GptflowError(
-                "train.precision bf16 needs train.zero_stage 1 or more: at stage 0 DeepSpeed "
-                "keeps no fp32 master weights of its own (its FP16_UnfusedOptimizer) and cannot "
-                "sum gradients in fp32. Set train.zero_stage 1 (DeepSpeed's BF16_Optimizer: fp32 "
-                "master weights and gradient accumulation; on one rank it partitions nothing)"
-            )
         if self.min_lr > self.lr:
             raise GptflowError(f"train.min_lr {self.min_lr} is above train.lr {self.lr}; lower it")
         if self.lr_warmup_iters >= self.decay_iters and self.lr_decay_style != "constant":
             raise GptflowError(
                 f"train.lr_warmup_iters {self.lr_warmup_iters} must be below the decay length "
                 f"{self.decay_iters} (train.lr_decay_iters, or train.train_iters when unset)"
+            )
+
+    def check_trainable(self) -> None:
+        """What DeepSpeed cannot train right, refused when a run is planned or started (not
+        when an existing run is read, e.g. to export it)."""
+        if self.precision == "bf16" and self.zero_stage == 0:
+            raise GptflowError(
+                "train.precision bf16 needs train.zero_stage 1 or more: at stage 0 DeepSpeed "
+                "trains bf16 through its FP16_UnfusedOptimizer, whose dummy first step leaves "
+                "Adam's step count one ahead (the first update ~0.73x its size), and it cannot "
+                "sum gradients in fp32. Set train.zero_stage 1 (DeepSpeed's BF16_Optimizer: fp32 "
+                "master weights and gradient accumulation; on one rank it partitions nothing)"
             )
 
     @property
@@ -604,6 +609,7 @@ def load_workflow_config(
 
     cfg["model"] = resolve_model(cfg["model"], schema, Path(models_dir), source)
     train = TrainConfig(**cfg["train"])
+    train.check_trainable()
     ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
     if train.seq_length > cfg["model"]["max_position_embeddings"]:
         raise GptflowError(

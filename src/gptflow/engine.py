@@ -19,6 +19,7 @@ from gptflow.config import TrainConfig
 
 def deepspeed_config(train: TrainConfig, world_size: int) -> dict:
     """The DeepSpeed config for `train` on `world_size` data-parallel ranks."""
+    train.check_trainable()
     gas = train.grad_accum_steps(world_size)
     cfg: dict = {
         "train_batch_size": train.global_batch_size,

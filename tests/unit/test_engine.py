@@ -137,8 +137,20 @@ def test_a_step_with_nan_gradients_is_skipped_at_every_zero_stage():
     assert all(r["lr_held"] for r in result.values()), result
 
 
-def test_bf16_without_zero_is_refused_with_the_fix():
-    """DeepSpeed's bf16 at ZeRO 0 (FP16_UnfusedOptimizer) has no fp32 master weights or fp32
-    gradient sums; the config says so and names stage 1."""
+def test_bf16_without_zero_is_refused_with_the_fix(repo, tiny_config):
+    """DeepSpeed's bf16 at ZeRO 0 (FP16_UnfusedOptimizer) starts Adam one step ahead and sums
+    gradients in bf16: refused when a run is planned and when it starts, naming stage 1; an
+    existing run's config still reads (its export must work)."""
+    from gptflow.config import load_workflow_config
+
+    old_run = TrainConfig(train_iters=1, precision="bf16")  # reading is fine
     with pytest.raises(GptflowError, match=r"train\.precision bf16 needs train\.zero_stage 1"):
-        TrainConfig(train_iters=1, precision="bf16")
+        deepspeed_config(old_run, 1)
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "precision": "bf16", "zero_stage": 0}}
+    with pytest.raises(GptflowError, match=r"Adam's step count one ahead .* train\.zero_stage 1"):
+        load_workflow_config(
+            cfg,
+            schema_path=repo / "config/schema/config.schema.yaml",
+            models_dir=repo / "config/models",
+            source="test",
+        )
