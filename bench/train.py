@@ -10,10 +10,10 @@ or corpus has to be built), and does the same optimizer steps:
   schedule (``LambdaLR``), per micro-batch the trainer's dropout reseed, forward and
   ``loss.backward()``, then ``clip_grad_norm_``, ``optimizer.step()``, ``scheduler.step()``,
   ``zero_grad``;
-* ours: the engine of ``gptflow.engine.build_engine`` at each ZeRO stage, driven exactly as the
-  inner loop of ``gptflow.train.loop.train_step`` drives it: ``reseed``, ``engine(x, y)``,
-  ``engine.backward(loss)``, ``grad_norm`` at ZeRO-0 fp32 (the trainer's own norm for the log),
-  ``engine.step()``, loss accumulation; data loading and logging are left out of both.
+* ours: the engine of ``gptflow.engine.build_engine`` at each ZeRO stage, stepped by the
+  trainer's own ``gptflow.train.loop.train_step`` (reseed, batch from the samples, forward,
+  ``engine.backward``, ``engine.step``, the interval's device sums); reading data from shards
+  and the log line (once per ``log_interval``) are left out of both.
 
 All configurations are built first (each holds its own copy of the model and optimizer), then run
 --warmup untimed steps, then --repeat rounds of one block of --steps timed steps each, interleaved
@@ -96,16 +96,18 @@ def plain_runner(cfg, train, batches, gas: int) -> Runner:
     return Runner("plain PyTorch AdamW loop", step, model)
 
 
-def engine_runner(cfg, train, batches, gas: int, stage: int) -> tuple[Runner, float]:
-    """The trainer's inner loop (gptflow.train.loop.train_step) around build_engine's engine."""
+def engine_runner(cfg, train, rows, gas: int, stage: int) -> tuple[Runner, float]:
+    """The trainer's own step (gptflow.train.loop.train_step) around build_engine's engine."""
     import dataclasses
+    from types import SimpleNamespace
 
     import torch
 
     from gptflow import engine as ds
     from gptflow.model import GPTNeoX, decay_groups
-    from gptflow.train.loop import grad_norm as log_grad_norm
-    from gptflow.train.loop import reseed
+    from gptflow.train.device import Device
+    from gptflow.train.loop import Progress, Trainer, train_step
+    from gptflow.train.metrics import Interval
 
     t = dataclasses.replace(train, zero_stage=stage)
     torch.manual_seed(t.seed)
@@ -113,23 +115,17 @@ def engine_runner(cfg, train, batches, gas: int, stage: int) -> tuple[Runner, fl
     t0 = time.perf_counter()
     engine = ds.build_engine(model, decay_groups(model, t.weight_decay), t, 1)
     built = time.perf_counter() - t0
-    logged: list[float] = []  # the trainer's interval_loss
+    dev = Device(torch.device("cpu"), 1)
+    trainer = Trainer(
+        cfg=SimpleNamespace(train=t), dev=dev, rank=0, launcher="single", engine=engine,
+        series=None, train_data=rows, valid_data=None, gas=gas, flops_per_token=0.0,
+        peak_tflops=None, exit_interval=None,
+    )  # fmt: skip
+    progress = Progress(step=0, interval=Interval(dev))
 
     def step(i: int) -> None:
-        grad_norm = None
-        step_loss = torch.zeros((), dtype=torch.float64)
-        for micro in range(gas):
-            reseed(t.seed, i, micro, 0, 1, gas)
-            x, y = batches[i * gas + micro]
-            loss = engine(x.to(engine.device), y.to(engine.device))
-            engine.backward(loss)
-            if micro == gas - 1 and t.zero_stage == 0 and t.precision == "fp32":
-                grad_norm = log_grad_norm(engine.module)
-            engine.step()
-            step_loss += loss.detach().double()
-        if grad_norm is None:
-            grad_norm = ds.global_grad_norm(engine)
-        logged[:] = [float(step_loss) / gas]
+        progress.step = i
+        train_step(trainer, progress)
 
     gathered = None
     if stage == 3:
@@ -224,7 +220,6 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")
 
     from gptflow import distributed
-    from gptflow import engine as ds
     from gptflow.config import ModelConfig, TrainConfig, load_yaml, padded_vocab_size
 
     torch.set_num_threads(a.threads)
@@ -246,12 +241,16 @@ def main() -> int:
     batches = [
         (torch.from_numpy(r[:, :-1].copy()), torch.from_numpy(r[:, 1:].copy())) for r in rows
     ]
+    samples = rows.reshape(-1, a.seq_length + 1)  # the trainer's dataset: sample i -> (T+1,)
     tokens = train.tokens_per_step
 
     # One rank of gloo, as `gptflow train` under a plain `python` sets it up.
-    distributed.export(distributed.resolve({}))
+    from gptflow.train import device
+
+    env = distributed.resolve({})
+    distributed.export(env)
     t0 = time.perf_counter()
-    ds.init_distributed()
+    device.setup(env, timeout_minutes=30)
     init_s = time.perf_counter() - t0
 
     print(
@@ -275,7 +274,7 @@ def main() -> int:
     setup = [f"deepspeed import + init_distributed {init_s:.2f} s"]
     for stage in (int(s) for s in a.zero.split(",") if s.strip()):
         try:
-            r, built = engine_runner(cfg, train, batches, gas, stage)
+            r, built = engine_runner(cfg, train, samples, gas, stage)
             setup.append(f"ZeRO-{stage} engine {built:.2f} s")
         except Exception as e:  # report, do not crash: the other stages still run
             r = Runner(f"trainer, DeepSpeed ZeRO-{stage}", error=f"build: {e!r}")
