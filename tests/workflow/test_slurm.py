@@ -193,20 +193,29 @@ def new_train_steps(metrics: Path, old_series: str) -> list[int]:
     ]
 
 
-def test_usr1_checkpoints_and_the_retry_resumes(slurm_pipeline, tiny_config):
-    """What a time limit does (profiles/slurm sends USR1 before it): the Slurm job's ranks get
-    USR1, save and exit 75; the plugin reports the job failed, Snakemake's retry submits it
-    again, and the new job resumes from the saved step and finishes.
+@dataclass
+class Signalled:
+    job: str  # the training job that got USR1
+    frozen: int  # the last step its ranks had logged when they were frozen
+    log: str  # results/runs/tiny/train.log from this trajectory's start on (every attempt)
+    jobs: list[str]  # the training jobs this test submitted, in order
 
-    No race with the end of training: once the ranks have logged a step (their handler is
-    set), they are frozen (SIGSTOP), Slurm sends USR1, and they are let go (SIGCONT) only when
-    the signal is pending in both, so they receive it mid-run however fast they train."""
-    wd = slurm_pipeline.workdir
+
+def usr1_mid_training(wd, tiny_config, name: str, seed: int, while_frozen=None) -> Signalled:
+    """Train a new trajectory of 300 steps through the Slurm profile and send its job USR1 once
+    the ranks have logged a step (their handler is set); Snakemake must then finish.
+
+    No race with the end of training: the ranks are frozen (SIGSTOP) first, `while_frozen(job)`
+    runs, Slurm sends USR1, and the ranks go on (SIGCONT) only once the signal is pending in
+    both, so they receive it mid-run however fast they train."""
     config = long_training_config(
-        wd, tiny_config, "long.yaml", train_iters=300, save_interval=1000, eval_interval=1000
+        wd, tiny_config, name, seed=seed, train_iters=300, save_interval=1000, eval_interval=1000
     )
     before = set(train_job_ids(wd))
-    old_series = json.loads((wd / "results/runs/tiny/DONE.json").read_text())["series"]
+    done = wd / "results/runs/tiny/DONE.json"
+    old_series = json.loads(done.read_text())["series"]
+    history = wd / "results/runs/tiny/train.log"
+    start = len(history.read_text())
     metrics = wd / "results/runs/tiny/metrics.jsonl"
     proc = subprocess.Popen(
         ["timeout", "-k", "30", "900", *slurm_snakemake_cmd(wd, config, "train")],
@@ -229,6 +238,8 @@ def test_usr1_checkpoints_and_the_retry_resumes(slurm_pipeline, tiny_config):
             os.kill(pid, signal.SIGSTOP)
         frozen = max(new_train_steps(metrics, old_series))
         assert frozen < 300, frozen
+        if while_frozen:
+            while_frozen(job)
         subprocess.run(["scancel", "--signal=USR1", job], check=True)
         while not all(signal_pending(pid, signal.SIGUSR1) for pid in ranks):
             assert time.monotonic() < deadline, "USR1 never reached the frozen ranks"
@@ -242,27 +253,76 @@ def test_usr1_checkpoints_and_the_retry_resumes(slurm_pipeline, tiny_config):
             os.kill(pid, signal.SIGCONT)
         proc.kill()
     assert proc.returncode == 0, out[-5000:]
-    # the run's own log keeps every attempt (Snakemake empties logs/train_gpt/ before a retry)
-    log = (wd / "results/runs/tiny/train.log").read_text()
-    received = re.findall(r"received signal 10: saved step (\d+);", log)
-    assert len(received) == 1, f"the trainer did not report USR1 once: {received}\n{log[-3000:]}"
+    assert json.loads(done.read_text())["final_step"] == 300
+    jobs = sorted(set(train_job_ids(wd)) - before, key=int)
+    return Signalled(job, frozen, history.read_text()[start:], jobs)
+
+
+def saved_step(signalled: Signalled, how: str) -> int:
+    """The step the trainer saved on USR1 (its one 'received signal 10' line, which must end
+    with `how`), where it was frozen, and from which the next attempt resumed."""
+    log = signalled.log
+    received = re.findall(rf"received signal 10: saved step (\d+); {how}", log)
+    assert len(received) == 1, f"no single 'received signal 10 ... {how}':\n{log[-3000:]}"
     saved = int(received[0])
+    frozen = signalled.frozen
     assert frozen <= saved <= frozen + 2 < 300, (frozen, saved)  # saved where it was stopped
     assert f"resuming from step {saved};" in log.split("received signal 10")[1]
-    done = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
-    assert done["final_step"] == 300
-    jobs = [j for j in train_job_ids(wd) if j not in before]
-    assert len(jobs) == 2, jobs  # the signalled job and its retry
-    states = sacct_job_states(jobs)
-    assert [states[j] for j in jobs] == ["FAILED", "COMPLETED"], states
-    steps = subprocess.run(
-        ["sacct", "-n", "-P", "--format=JobID,State,ExitCode", "-j", jobs[0]],
+    assert log.count("starting at step 0") == 1  # one trajectory
+    return saved
+
+
+def sacct_records(job: str) -> list[str]:
+    """Every accounting record of `job` and its steps, requeued runs included (sacct -D)."""
+    return subprocess.run(
+        ["sacct", "-D", "-n", "-P", "--format=JobID,State,ExitCode", "-j", job],
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
-    # the training step (srun, JOBID.0) ended with EXIT_PREEMPTED, as Slurm recorded it -- or,
-    # when one rank exited 75 a moment before the other, srun's --kill-on-bad-exit ended it
-    step = next(line for line in steps if line.startswith(f"{jobs[0]}.0|"))
-    assert step in (f"{jobs[0]}.0|FAILED|75:0", f"{jobs[0]}.0|CANCELLED|0:15"), steps
+
+
+def test_usr1_saves_and_the_job_requeues_itself_and_resumes(slurm_pipeline, tiny_config):
+    """What a time limit does (the profile sends USR1 before it): the ranks save, rank 0 puts
+    the job back in the queue (`scontrol requeue`: same job id) and it exits 75; the job runs
+    again, resumes from the saved step and finishes -- one Slurm job, no Snakemake retry."""
+    wd = slurm_pipeline.workdir
+    signalled = usr1_mid_training(wd, tiny_config, "requeue.yaml", seed=11)
+    saved_step(signalled, f"requeued Slurm job {signalled.job} to resume")
+    assert signalled.jobs == [signalled.job], signalled.jobs  # requeued, not resubmitted
+    records = sacct_records(signalled.job)
+    job = signalled.job
+    assert [r for r in records if r.startswith(f"{job}|")] == [
+        f"{job}|REQUEUED|0:0",
+        f"{job}|COMPLETED|0:0",
+    ], records
+    # the first run's training step (srun, JOBID.0) ended with EXIT_PREEMPTED -- or, when one
+    # rank exited 75 a moment before the other, srun's --kill-on-bad-exit ended it
+    steps = [r for r in records if r.startswith(f"{job}.0|")]
+    assert steps[0] in (f"{job}.0|FAILED|75:0", f"{job}.0|CANCELLED|0:15"), records
+    assert steps[1:] == [f"{job}.0|COMPLETED|0:0"], records
+
+
+def test_usr1_when_the_requeue_is_refused_exits_75_and_snakemakes_retry_resumes(
+    slurm_pipeline, tiny_config
+):
+    """The fallback: a job Slurm will not requeue (here made so with `scontrol update
+    Requeue=0` while its ranks are frozen) saves on USR1 and exits 75; the plugin reports the
+    job failed, Snakemake's retry submits a new job, which resumes from the saved step."""
+    wd = slurm_pipeline.workdir
+
+    def not_requeueable(job: str) -> None:
+        subprocess.run(["scontrol", "update", f"JobId={job}", "Requeue=0"], check=True)
+
+    signalled = usr1_mid_training(
+        wd, tiny_config, "retry.yaml", seed=12, while_frozen=not_requeueable
+    )
+    assert f"could not requeue the job (scontrol requeue {signalled.job}:" in signalled.log
+    saved_step(signalled, "exiting with code 75 so the workflow retries and resumes")
+    jobs = signalled.jobs
+    assert len(jobs) == 2 and jobs[0] == signalled.job, jobs  # the signalled job and its retry
+    states = sacct_job_states(jobs)
+    assert [states[j] for j in jobs] == ["FAILED", "COMPLETED"], states
+    step = next(r for r in sacct_records(jobs[0]) if r.startswith(f"{jobs[0]}.0|"))
+    assert step in (f"{jobs[0]}.0|FAILED|75:0", f"{jobs[0]}.0|CANCELLED|0:15"), step
 
 
 def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
