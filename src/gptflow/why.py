@@ -6,7 +6,7 @@ what to what. The workflow records its validated config after every successful r
 (.snakemake/gptflow/last-config.yaml, written by the Snakefile's onsuccess); the dry run dumps
 the config it would use now; the difference is attributed to each job whose stored params
 (Snakemake's .snakemake/metadata) contain the key. A preflight adds the run's size: tokens,
-parameters, training FLOPs (6·N·D), GPU-hours at a stated MFU, and disk needed against free.
+parameters, training FLOPs (Megatron's formula), GPU-hours at a stated MFU, and disk needed against free.
 """
 
 from __future__ import annotations
@@ -141,26 +141,20 @@ def attribute(job: Job, workdir: Path, changes: list[tuple[str, object, object]]
 # --------------------------------------------------------------------------- preflight
 
 
-def parameter_count(model: dict) -> int:
-    """Parameters of the GPT-NeoX of a resolved model config (embeddings, layers, head)."""
-    h, layers, v = model["hidden_size"], model["num_layers"], model["vocab_size"]
-    ffn = model.get("intermediate_size") or 4 * h
-    per_layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h)
-    return v * h + layers * per_layer + 2 * h + h * v
-
-
 def preflight(cfg: dict, workdir: Path, peak_tflops: float, mfu: float) -> dict:
-    from gptflow.config import padded_vocab_size
+    from gptflow.config import ModelConfig, padded_vocab_size
     from gptflow.data.indexed import dtype_for_vocab
 
-    model = dict(cfg["model"])
+    model = {k: v for k, v in cfg["model"].items() if k != "preset"}
     tok = cfg.get("tokenizer", {})
     vocab = model.get("vocab_size") or (tok.get("train") or {}).get("vocab_size") or 50257
     model["vocab_size"] = padded_vocab_size(vocab, model.get("make_vocab_size_divisible_by", 128))
-    n = parameter_count(model)
+    # the trainer's and the report's numbers: one home, ModelConfig
+    model_cfg = ModelConfig(**model)
+    n = model_cfg.num_parameters()
     t = cfg["train"]
     tokens = t["train_iters"] * t["global_batch_size"] * t["seq_length"]
-    flops = 6 * n * tokens
+    flops = model_cfg.flops_per_token(t["seq_length"]) * tokens
     gpu_hours = flops / (peak_tflops * 1e12 * mfu) / 3600
     keep = t.get("keep_last", 2)
     # a checkpoint: fp32 weights + Adam moments (+ bf16/fp16 master copy counted as fp32)
@@ -240,7 +234,7 @@ def why(
     if pre:
         p(
             f"Preflight: {pre['parameters']:,} parameters, {pre['training_tokens']:,} training "
-            f"tokens, {pre['training_flops']:.3g} FLOPs (6·N·D) = {pre['gpu_hours']:.3g} "
+            f"tokens, {pre['training_flops']:.3g} FLOPs = {pre['gpu_hours']:.3g} "
             f"GPU-hours at {pre['mfu']:.0%} MFU of {pre['peak_tflops']:g} TFLOP/s; disk: "
             f"checkpoints about {pre['checkpoint_bytes'] / 1e9:.3g} GB, shards at least "
             f"{pre['shard_bytes'] / 1e9:.3g} GB, {pre['free_bytes'] / 1e9:.1f} GB free here\n"
