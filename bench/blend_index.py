@@ -14,9 +14,6 @@ Usage: python bench/blend_index.py [--sizes 1000000 10000000] [--repeats 5] [--l
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
-import os
 import sys
 import tempfile
 import time
@@ -27,32 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 # standard library's tokenize; drop it before anything imports that.
 if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
     del sys.path[0]
+sys.path.insert(0, str(REPO))  # tests.support: the reference loader
 
 import numpy as np  # noqa: E402
 
 from gptflow.data.dataset import blending_indices  # noqa: E402
+from tests.support.megatron import helpers_cpp  # noqa: E402
 
 PILE = [18.11, 14.40, 12.07, 10.01, 8.96, 7.59, 6.12, 5.13, 3.65, 3.07, 2.17, 1.55, 1.53, 1.24]
 PILE += [0.88, 0.75, 0.73, 0.62, 0.60, 0.38, 0.30, 0.14]  # The Pile's 22 components, in %
-
-
-def megatron_helpers():
-    found = [
-        f
-        for p in sys.path
-        for f in glob.glob(os.path.join(p or ".", "megatron/core/datasets/helpers_cpp*.so"))
-    ]
-    if not found:
-        from megatron.core.datasets.utils import compile_helpers
-
-        compile_helpers()
-        from megatron.core.datasets import helpers_cpp
-
-        return helpers_cpp
-    spec = importlib.util.spec_from_file_location("helpers_cpp", found[0])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def megatron_blend(helpers, weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +71,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--loop", action="store_true", help="also time the old per-sample loop")
     a = p.parse_args()
-    helpers = megatron_helpers()
+    helpers = helpers_cpp()
     rng = np.random.default_rng(0)
     blends = {
         "3 random": list(rng.random(3)),

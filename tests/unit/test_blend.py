@@ -1,11 +1,8 @@
 """The blend index: identical to megatron-core's C++ build_blending_indices, built once by the
 build_data_index rule's command and then memory-mapped, never rebuilt, by the trainer."""
 
-import glob
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +13,7 @@ from gptflow.cli import main as gptflow
 from gptflow.config import RunConfig, load_workflow_config, render_run_config, write_run_config
 from gptflow.data.dataset import BLEND_INDEX_ARRAYS, blending_indices, run_split_datasets
 from gptflow.errors import GptflowError
+from tests.support.megatron import helpers_cpp as load_megatron_helpers
 
 PILE = [18.11, 14.40, 12.07, 10.01, 8.96, 7.59, 6.12, 5.13, 3.65, 3.07, 2.17, 1.55, 1.53, 1.24]
 PILE += [0.88, 0.75, 0.73, 0.62, 0.60, 0.38, 0.30, 0.14]  # The Pile's 22 components, in %
@@ -23,21 +21,7 @@ PILE += [0.88, 0.75, 0.73, 0.62, 0.60, 0.38, 0.30, 0.14]  # The Pile's 22 compon
 
 @pytest.fixture(scope="module")
 def helpers_cpp():
-    """megatron-core's compiled helpers, loaded from its file: importing megatron.core for it
-    costs seconds (torch); compiled by megatron-core's own Makefile if its wheel lacked it."""
-    pattern = "megatron/core/datasets/helpers_cpp*.so"
-    found = [f for p in sys.path for f in glob.glob(os.path.join(p or ".", pattern))]
-    if not found:
-        from megatron.core.datasets.utils import compile_helpers
-
-        compile_helpers()
-        from megatron.core.datasets import helpers_cpp
-
-        return helpers_cpp
-    spec = importlib.util.spec_from_file_location("helpers_cpp", found[0])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_megatron_helpers()
 
 
 def megatron_blend(helpers_cpp, weights, size):

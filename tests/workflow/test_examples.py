@@ -5,17 +5,10 @@ import pytest
 import yaml
 
 from .conftest import REPO, job_counts
+from .test_pipeline import AFTER_RUN_CONFIG
 
 EXAMPLES = sorted((REPO / "config" / "examples").glob("*.yaml"))
-AFTER_DATA = {
-    "render_run_config": 1,
-    "build_data_index": 1,
-    "train_gpt": 1,
-    "evaluate": 1,
-    "export_hf": 1,
-    "report_assets": 1,
-    "all": 1,
-}
+AFTER_DATA = {**AFTER_RUN_CONFIG, "all": 1}  # the stages after the data
 PLANS = {
     # Pile shard 00 + enwik8.zip; the NeoX-20B tokenizer.json by URL; documents_per_shard
     # counts both inputs first (count_documents is a checkpoint: the tokenize_part jobs are
