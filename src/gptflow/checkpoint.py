@@ -283,13 +283,6 @@ class RunLock:
         if not info:
             age = time.time() - self.path.stat().st_mtime
             return "unreadable lock file" if age > 10 else None
-        if info.get("host") == socket.gethostname() and info.get("pid"):
-            pid = int(info["pid"])
-            if not _pid_alive(pid):
-                return f"process {pid} on {info['host']} is gone"
-            if info.get("proc_start") and _proc_start(pid) != info["proc_start"]:
-                return f"pid {pid} was reused by another process"
-            return None
         job = info.get("slurm_job_id")
         # A requeued job keeps its id: squeue shows it running -- as this very process. Its
         # earlier run (a lower restart count) is what wrote the lock, and is over.
@@ -299,6 +292,13 @@ class RunLock:
                 f"Slurm job {job} was requeued (restart {_restart_count()}); the lock is its "
                 f"run {earlier}'s"
             )
+        if info.get("host") == socket.gethostname() and info.get("pid"):
+            pid = int(info["pid"])
+            if not _pid_alive(pid):
+                return f"process {pid} on {info['host']} is gone"
+            if info.get("proc_start") and _proc_start(pid) != info["proc_start"]:
+                return f"pid {pid} was reused by another process"
+            return None
         if job:
             running = _slurm_job_running(str(job))
             if running is False:

@@ -112,9 +112,14 @@ def test_a_requeued_job_takes_over_the_lock_of_its_own_earlier_run(tmp_path, mon
     SLURM_RESTART_COUNT) is stale -- decided without asking Slurm -- so no rank waits on its own
     lock; a lock of the same run of the job (the same restart count) is not."""
     path = tmp_path / "train.lock"
+    # the earlier run's pid on this host now belongs to a live process (pids are reused after
+    # a requeue): the job id and restart count decide, not the pid
     path.write_text(
-        json.dumps({"host": "node7", "pid": 4242, "slurm_job_id": "777", "slurm_restart_count": 0})
-    )
+        json.dumps(
+            {"host": socket.gethostname(), "pid": os.getppid(), "slurm_job_id": "777",
+             "slurm_restart_count": 0}
+        )
+    )  # fmt: skip
     monkeypatch.setenv("SLURM_JOB_ID", "777")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     monkeypatch.setenv("PATH", str(tmp_path))  # no squeue: the verdict needs no Slurm command

@@ -4,6 +4,7 @@ through sbatch via the Snakemake Slurm plugin and tests/slurm/profile."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -367,3 +368,90 @@ def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
     assert jobs[0] == first and len(jobs) == 2, jobs  # the first job and the rerun's
     assert sacct_job_states(jobs) == dict.fromkeys(jobs, "COMPLETED")
     assert json.loads((wd / "results/runs/tiny/DONE.json").read_text())["final_step"] == 1500
+
+
+def job_pids(job: str) -> list[int]:
+    """Every process of Slurm job `job` on this node (SLURM_JOB_ID in its environment)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job}".encode() in env:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_job_requeued_after_its_ranks_died_resumes_without_waiting_on_its_own_lock(
+    slurm_pipeline, tiny_config
+):
+    """A node lost, or an operator's `scontrol requeue` after the ranks died: the killed
+    ranks leave the run's lock behind, naming this very job -- which squeue shows RUNNING
+    again once it restarts. The requeued run (SLURM_RESTART_COUNT 1) takes the lock of its
+    run 0 over at once instead of waiting on itself, and resumes from the last checkpoint:
+    one Slurm job, no Snakemake retry.
+
+    Without a race: once a checkpoint of the new trajectory exists, every process of the job
+    is frozen (so the batch step cannot notice and fail the job first), the ranks are
+    SIGKILLed, and the job is requeued while it still counts as running."""
+    wd = slurm_pipeline.workdir
+    config = long_training_config(
+        wd, tiny_config, "killed.yaml", seed=13, train_iters=200, save_interval=10,
+        eval_interval=1000,
+    )  # fmt: skip
+    before = set(train_job_ids(wd))
+    done = wd / "results/runs/tiny/DONE.json"
+    old_series = json.loads(done.read_text())["series"]
+    history = wd / "results/runs/tiny/train.log"
+    start = len(history.read_text())
+    proc = subprocess.Popen(
+        ["timeout", "-k", "30", "900", *slurm_snakemake_cmd(wd, config, "train")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=SNAKEMAKE_ENV,
+    )  # fmt: skip
+    frozen: list[int] = []
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, proc.communicate()[0][-5000:]
+            assert time.monotonic() < deadline, "training never saved a checkpoint"
+            new = set(train_job_ids(wd)) - before
+            saved = [
+                p for p in (wd / "results/runs/tiny/checkpoints").glob("*/latest")
+                if p.parent.name != old_series
+            ]  # fmt: skip
+            if new and saved and len(trainer_pids(wd)) == 2:
+                break
+            time.sleep(0.2)
+        (job,) = new
+        frozen = job_pids(job)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        lock = json.loads((wd / "results/runs/tiny/train.lock").read_text())
+        assert (lock["slurm_job_id"], lock["slurm_restart_count"]) == (job, 0), lock
+        for pid in trainer_pids(wd):
+            os.kill(pid, signal.SIGKILL)
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        for pid in frozen:  # what is left of the job's first run dies as Slurm ends it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        frozen = []
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        proc.kill()
+    assert proc.returncode == 0, out[-5000:]
+    log = history.read_text()[start:]
+    assert (
+        f"took over a stale lock: Slurm job {job} was requeued (restart 1); the lock is its run "
+        f"0's" in log
+    ), log[-3000:]
+    resumed = int(log.split("resuming from step ")[1].split(";")[0])
+    assert resumed >= 10 and resumed % 10 == 0, log[-3000:]
+    assert "waiting up to" not in log  # never waited on its own lock
+    assert json.loads(done.read_text())["final_step"] == 200
+    assert sorted(set(train_job_ids(wd)) - before, key=int) == [job]  # no Snakemake retry
+    records = [r for r in sacct_records(job) if r.startswith(f"{job}|")]
+    assert [r.split("|")[1] for r in records] == ["REQUEUED", "COMPLETED"], records
