@@ -274,6 +274,7 @@ class TrainConfig:
     precision: str = "fp32"
     zero_stage: int = 0
     offload: str = "none"
+    compile: bool = False  # torch.compile through DeepSpeed's engine.compile
     peak_tflops: float | None = None  # per device, for MFU; None = from the GPU's name
     distributed_timeout_minutes: float = 30.0
     tensorboard: bool = False

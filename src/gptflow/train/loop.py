@@ -122,6 +122,8 @@ def build(
     model = ds.build_model(cfg.model, t, dev.world_size, dev.device)
     engine = ds.build_engine(model, decay_groups(model, t.weight_decay), t, dev.world_size)
     peak, source = peak_tflops(dev.name, t.peak_tflops)
+    if rank == 0 and t.compile and engine.is_compiled:
+        log.info("model compiled (torch.compile through DeepSpeed's engine.compile)")
     if rank == 0:
         log.info("MFU against %s", f"{peak:g} TFLOP/s ({source})" if peak else f"n/a: {source}")
     return Trainer(
