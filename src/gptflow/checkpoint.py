@@ -18,6 +18,7 @@ nothing else: a step directory without ``COMPLETE`` is an interrupted save and i
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -216,11 +217,27 @@ def _proc_start(pid: int) -> str | None:
 
 
 def _restart_count() -> int:
-    """How often Slurm has requeued this job (0 outside Slurm or on its first run)."""
+    """How often Slurm has requeued this job (0 outside Slurm or on its first run).
+
+    SLURM_RESTART_COUNT when the environment has it; Snakemake's Slurm jobstep drops it from
+    the batch step (and so from the srun tasks), so otherwise Slurm is asked (`scontrol show
+    job`: Restarts=N)."""
+    if os.environ.get("SLURM_RESTART_COUNT", "").isdigit():
+        return int(os.environ["SLURM_RESTART_COUNT"])
+    job = os.environ.get("SLURM_JOB_ID")
+    return _slurm_restarts(job) if job else 0
+
+
+@functools.cache
+def _slurm_restarts(job: str) -> int:
     try:
-        return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    except ValueError:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
         return 0
+    m = re.search(r"\bRestarts=(\d+)", out)
+    return int(m.group(1)) if m else 0
 
 
 def _slurm_job_running(job_id: str) -> bool | None:

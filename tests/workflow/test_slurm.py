@@ -196,15 +196,18 @@ def new_train_steps(metrics: Path, old_series: str) -> list[int]:
 
 @dataclass
 class Signalled:
-    job: str  # the training job that got USR1
-    frozen: int  # the last step its ranks had logged when they were frozen
+    job: str  # the training job that got USR1 first
+    frozen: list[int]  # per signal, the last step the ranks had logged when they were frozen
     log: str  # results/runs/tiny/train.log from this trajectory's start on (every attempt)
     jobs: list[str]  # the training jobs this test submitted, in order
 
 
-def usr1_mid_training(wd, tiny_config, name: str, seed: int, while_frozen=None) -> Signalled:
-    """Train a new trajectory of 300 steps through the Slurm profile and send its job USR1 once
-    the ranks have logged a step (their handler is set); Snakemake must then finish.
+def usr1_mid_training(
+    wd, tiny_config, name: str, seed: int, while_frozen=None, times: int = 1
+) -> Signalled:
+    """Train a new trajectory of 300 steps through the Slurm profile and send its job USR1
+    `times` times, each once the ranks of the current attempt have logged a step past the
+    last save (their handler is set); Snakemake must then finish.
 
     No race with the end of training: the ranks are frozen (SIGSTOP) first, `while_frozen(job)`
     runs, Slurm sends USR1, and the ranks go on (SIGCONT) only once the signal is pending in
@@ -223,31 +226,42 @@ def usr1_mid_training(wd, tiny_config, name: str, seed: int, while_frozen=None) 
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=SNAKEMAKE_ENV,
     )  # fmt: skip
     ranks: list[int] = []
+    frozen: list[int] = []
+    last_ranks: set[int] = set()
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, proc.communicate()[0][-5000:]
-            assert time.monotonic() < deadline, "training never got going"
-            new = set(train_job_ids(wd)) - before
-            if new and new_train_steps(metrics, old_series):
-                ranks = trainer_pids(wd)
-                if len(ranks) == 2:
-                    break
-            time.sleep(0.2)
-        (job,) = new
-        for pid in ranks:
-            os.kill(pid, signal.SIGSTOP)
-        frozen = max(new_train_steps(metrics, old_series))
-        assert frozen < 300, frozen
-        if while_frozen:
-            while_frozen(job)
-        subprocess.run(["scancel", "--signal=USR1", job], check=True)
-        while not all(signal_pending(pid, signal.SIGUSR1) for pid in ranks):
-            assert time.monotonic() < deadline, "USR1 never reached the frozen ranks"
-            time.sleep(0.1)
-        for pid in ranks:
-            os.kill(pid, signal.SIGCONT)
-        ranks = []
+        for k in range(times):
+            deadline = time.monotonic() + 600
+            while True:  # attempt k is training: its own ranks, past the step saved before
+                assert proc.poll() is None, proc.communicate()[0][-5000:]
+                assert time.monotonic() < deadline, f"attempt {k} never got going"
+                new = set(train_job_ids(wd)) - before
+                log = history.read_text()[start:]
+                saved = [int(n) for n in re.findall(r"received signal 10: saved step (\d+);", log)]
+                steps = new_train_steps(metrics, old_series)
+                if (
+                    new
+                    and log.count("resuming from step") == k
+                    and steps
+                    and max(steps) > (saved[-1] if saved else 0)
+                ):
+                    ranks = trainer_pids(wd)
+                    if len(ranks) == 2 and not set(ranks) & last_ranks:
+                        break
+                time.sleep(0.2)
+            job = min(new, key=int)
+            for pid in ranks:
+                os.kill(pid, signal.SIGSTOP)
+            frozen.append(max(new_train_steps(metrics, old_series)))
+            assert frozen[-1] < 300, frozen
+            if while_frozen:
+                while_frozen(job)
+            subprocess.run(["scancel", "--signal=USR1", job], check=True)
+            while not all(signal_pending(pid, signal.SIGUSR1) for pid in ranks):
+                assert time.monotonic() < deadline, "USR1 never reached the frozen ranks"
+                time.sleep(0.1)
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
+            last_ranks, ranks = set(ranks), []
         out, _ = proc.communicate(timeout=900)
     finally:
         for pid in ranks:  # never leave a stopped rank behind
@@ -256,21 +270,21 @@ def usr1_mid_training(wd, tiny_config, name: str, seed: int, while_frozen=None) 
     assert proc.returncode == 0, out[-5000:]
     assert json.loads(done.read_text())["final_step"] == 300
     jobs = sorted(set(train_job_ids(wd)) - before, key=int)
-    return Signalled(job, frozen, history.read_text()[start:], jobs)
+    return Signalled(jobs[0], frozen, history.read_text()[start:], jobs)
 
 
-def saved_step(signalled: Signalled, how: str) -> int:
-    """The step the trainer saved on USR1 (its one 'received signal 10' line, which must end
-    with `how`), where it was frozen, and from which the next attempt resumed."""
+def saved_steps(signalled: Signalled, how: str) -> list[int]:
+    """The steps the trainer saved on each USR1 (its 'received signal 10' lines, each ending
+    with `how`), each where the ranks were frozen, and from which the next attempt resumed."""
     log = signalled.log
-    received = re.findall(rf"received signal 10: saved step (\d+); {how}", log)
-    assert len(received) == 1, f"no single 'received signal 10 ... {how}':\n{log[-3000:]}"
-    saved = int(received[0])
-    frozen = signalled.frozen
-    assert frozen <= saved <= frozen + 2 < 300, (frozen, saved)  # saved where it was stopped
-    assert f"resuming from step {saved};" in log.split("received signal 10")[1]
+    received = [int(n) for n in re.findall(rf"received signal 10: saved step (\d+); {how}", log)]
+    assert len(received) == len(signalled.frozen), f"{received}:\n{log[-3000:]}"
+    for i, (frozen, saved) in enumerate(zip(signalled.frozen, received, strict=True)):
+        assert frozen <= saved <= frozen + 2 < 300, (frozen, saved)  # saved where it stopped
+        after = log.split("received signal 10")[i + 1]
+        assert f"resuming from step {saved};" in after, log[-3000:]
     assert log.count("starting at step 0") == 1  # one trajectory
-    return saved
+    return received
 
 
 def sacct_records(job: str) -> list[str]:
@@ -284,22 +298,27 @@ def sacct_records(job: str) -> list[str]:
 def test_usr1_saves_and_the_job_requeues_itself_and_resumes(slurm_pipeline, tiny_config):
     """What a time limit does (the profile sends USR1 before it): the ranks save, rank 0 puts
     the job back in the queue (`scontrol requeue`: same job id) and it exits 75; the job runs
-    again, resumes from the saved step and finishes -- one Slurm job, no Snakemake retry."""
+    again, resumes from the saved step and finishes -- one Slurm job, no Snakemake retry. Three
+    times here, more than the test profile's `retries: 2` would allow as failures."""
     wd = slurm_pipeline.workdir
-    signalled = usr1_mid_training(wd, tiny_config, "requeue.yaml", seed=11)
-    saved_step(signalled, f"requeued Slurm job {signalled.job} to resume")
+    signalled = usr1_mid_training(wd, tiny_config, "requeue.yaml", seed=11, times=3)
+    saved = saved_steps(signalled, f"requeued Slurm job {signalled.job} to resume")
+    assert saved == sorted(saved) and len(set(saved)) == 3, saved
     assert signalled.jobs == [signalled.job], signalled.jobs  # requeued, not resubmitted
     records = sacct_records(signalled.job)
     job = signalled.job
     assert [r for r in records if r.startswith(f"{job}|")] == [
         f"{job}|REQUEUED|0:0",
+        f"{job}|REQUEUED|0:0",
+        f"{job}|REQUEUED|0:0",
         f"{job}|COMPLETED|0:0",
     ], records
-    # the first run's training step (srun, JOBID.0) ended with EXIT_PREEMPTED -- or, when one
-    # rank exited 75 a moment before the other, srun's --kill-on-bad-exit ended it
+    # each requeued run's training step (srun, JOBID.0) ended with EXIT_PREEMPTED -- or, when
+    # one rank exited 75 a moment before the other, srun's --kill-on-bad-exit ended it
     steps = [r for r in records if r.startswith(f"{job}.0|")]
-    assert steps[0] in (f"{job}.0|FAILED|75:0", f"{job}.0|CANCELLED|0:15"), records
-    assert steps[1:] == [f"{job}.0|COMPLETED|0:0"], records
+    for step in steps[:3]:
+        assert step in (f"{job}.0|FAILED|75:0", f"{job}.0|CANCELLED|0:15"), records
+    assert steps[3:] == [f"{job}.0|COMPLETED|0:0"], records
 
 
 def test_usr1_when_the_requeue_is_refused_exits_75_and_snakemakes_retry_resumes(
@@ -317,7 +336,7 @@ def test_usr1_when_the_requeue_is_refused_exits_75_and_snakemakes_retry_resumes(
         wd, tiny_config, "retry.yaml", seed=12, while_frozen=not_requeueable
     )
     assert f"could not requeue the job (scontrol requeue {signalled.job}:" in signalled.log
-    saved_step(signalled, "exiting with code 75 so the workflow retries and resumes")
+    saved_steps(signalled, "exiting with code 75 so the workflow retries and resumes")
     jobs = signalled.jobs
     assert len(jobs) == 2 and jobs[0] == signalled.job, jobs  # the signalled job and its retry
     states = sacct_job_states(jobs)
