@@ -421,7 +421,8 @@ def test_a_job_requeued_after_its_ranks_died_resumes_without_waiting_on_its_own_
     )  # fmt: skip
     before = set(train_job_ids(wd))
     done = wd / "results/runs/tiny/DONE.json"
-    old_series = json.loads(done.read_text())["series"]
+    checkpoints = wd / "results/runs/tiny/checkpoints"
+    old_series = {p.name for p in checkpoints.iterdir()}  # this module's earlier trajectories
     history = wd / "results/runs/tiny/train.log"
     start = len(history.read_text())
     proc = subprocess.Popen(
@@ -435,10 +436,7 @@ def test_a_job_requeued_after_its_ranks_died_resumes_without_waiting_on_its_own_
             assert proc.poll() is None, proc.communicate()[0][-5000:]
             assert time.monotonic() < deadline, "training never saved a checkpoint"
             new = set(train_job_ids(wd)) - before
-            saved = [
-                p for p in (wd / "results/runs/tiny/checkpoints").glob("*/latest")
-                if p.parent.name != old_series
-            ]  # fmt: skip
+            saved = [p for p in checkpoints.glob("*/latest") if p.parent.name not in old_series]
             if new and saved and len(trainer_pids(wd)) == 2:
                 break
             time.sleep(0.2)
