@@ -29,19 +29,10 @@ sys.path.insert(0, str(REPO))  # tests.support: the reference loader
 import numpy as np  # noqa: E402
 
 from gptflow.data.dataset import blending_indices  # noqa: E402
-from tests.support.megatron import helpers_cpp  # noqa: E402
+from tests.support.megatron import helpers_cpp, megatron_blend  # noqa: E402
 
 PILE = [18.11, 14.40, 12.07, 10.01, 8.96, 7.59, 6.12, 5.13, 3.65, 3.07, 2.17, 1.55, 1.53, 1.24]
 PILE += [0.88, 0.75, 0.73, 0.62, 0.60, 0.38, 0.30, 0.14]  # The Pile's 22 components, in %
-
-
-def megatron_blend(helpers, weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    dataset_index = np.zeros(size, dtype=np.int16)
-    dataset_sample_index = np.zeros(size, dtype=np.int64)
-    helpers.build_blending_indices(dataset_index, dataset_sample_index, w, len(w), size, False)
-    return dataset_index, dataset_sample_index
 
 
 def python_loop(weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:

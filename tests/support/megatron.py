@@ -8,6 +8,8 @@ import importlib.util
 import os
 import sys
 
+import numpy as np
+
 
 def helpers_cpp():
     """megatron-core's compiled helpers, loaded from its file: importing megatron.core for it
@@ -25,3 +27,13 @@ def helpers_cpp():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def megatron_blend(helpers, weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """What megatron-core's BlendedDataset builds: weights normalized, C++ greedy."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    dataset_index = np.zeros(size, dtype=np.int16)
+    dataset_sample_index = np.zeros(size, dtype=np.int64)
+    helpers.build_blending_indices(dataset_index, dataset_sample_index, w, len(w), size, False)
+    return dataset_index, dataset_sample_index

@@ -14,6 +14,7 @@ from gptflow.config import RunConfig, load_workflow_config, render_run_config, w
 from gptflow.data.dataset import BLEND_INDEX_ARRAYS, blending_indices, run_split_datasets
 from gptflow.errors import GptflowError
 from tests.support.megatron import helpers_cpp as load_megatron_helpers
+from tests.support.megatron import megatron_blend
 
 PILE = [18.11, 14.40, 12.07, 10.01, 8.96, 7.59, 6.12, 5.13, 3.65, 3.07, 2.17, 1.55, 1.53, 1.24]
 PILE += [0.88, 0.75, 0.73, 0.62, 0.60, 0.38, 0.30, 0.14]  # The Pile's 22 components, in %
@@ -22,16 +23,6 @@ PILE += [0.88, 0.75, 0.73, 0.62, 0.60, 0.38, 0.30, 0.14]  # The Pile's 22 compon
 @pytest.fixture(scope="module")
 def helpers_cpp():
     return load_megatron_helpers()
-
-
-def megatron_blend(helpers_cpp, weights, size):
-    """What megatron-core's BlendedDataset builds: weights normalized, C++ greedy."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    dataset_index = np.zeros(size, dtype=np.int16)
-    dataset_sample_index = np.zeros(size, dtype=np.int64)
-    helpers_cpp.build_blending_indices(dataset_index, dataset_sample_index, w, len(w), size, False)
-    return dataset_index, dataset_sample_index
 
 
 def assert_same(helpers_cpp, weights, size, what):
