@@ -15,11 +15,17 @@ import os
 import torch
 
 from gptflow.config import TrainConfig
+from gptflow.errors import GptflowError
 
 
 def deepspeed_config(train: TrainConfig, world_size: int) -> dict:
     """The DeepSpeed config for `train` on `world_size` data-parallel ranks."""
     train.check_trainable()
+    if train.precision not in ("fp32", "bf16", "fp16"):
+        raise GptflowError(
+            f"train.precision {train.precision!r} is decided on the training device "
+            f"(gptflow.train.on_device) before an engine is configured"
+        )
     gas = train.grad_accum_steps(world_size)
     cfg: dict = {
         "train_batch_size": train.global_batch_size,

@@ -1,4 +1,5 @@
-"""Peak throughput of the accelerators gptflow knows, for MFU (model FLOPs utilisation).
+"""What the accelerators gptflow knows can do: their peak throughput, for MFU (model FLOPs
+utilisation), and the precision a run trains in when the config leaves it to the device.
 
 MFU = achieved model FLOP/s per device / the device's peak. The peak is dense bf16 tensor-core
 throughput from the vendors' data sheets (no 2:4 sparsity); `train.peak_tflops` overrides it,
@@ -35,3 +36,35 @@ def peak_tflops(
 def mfu(tflops_per_device: float, peak: float | None) -> float | None:
     """Model FLOPs utilisation, or None when the peak is unknown."""
     return tflops_per_device / peak if peak else None
+
+
+# bf16 tensor cores: compute capability 8.0 (Ampere) and later; earlier GPUs emulate bf16 slowly
+BF16_MIN_CAPABILITY = (8, 0)
+
+
+def training_precision(
+    configured: str, zero_stage: int, device_name: str | None, capability: tuple[int, int] | None
+) -> tuple[str, str]:
+    """(the precision a run trains in, why) for `train.precision` on this device.
+
+    An explicit fp32/bf16/fp16 is kept. ``auto`` is bf16 on a GPU with bf16 tensor cores when
+    the ZeRO stage can train it (1 or more: fp32 master weights and fp32 gradient sums), and
+    fp32 otherwise -- on a CPU, where bf16 matmuls are slower than fp32 ones, and on older GPUs,
+    where fp16 would need loss scaling and is left to an explicit choice.
+    """
+    if configured != "auto":
+        return configured, "train.precision"
+    if device_name is None or capability is None:
+        return "fp32", "auto on a CPU"
+    if capability < BF16_MIN_CAPABILITY:
+        major, minor = capability
+        return "fp32", (
+            f"auto on {device_name} (compute capability {major}.{minor}: no bf16 tensor cores; "
+            f"set train.precision fp16 for half precision with loss scaling)"
+        )
+    if zero_stage == 0:
+        return "fp32", (
+            f"auto on {device_name} at train.zero_stage 0, which cannot train bf16 with fp32 "
+            f"master weights: set train.zero_stage 1 for bf16"
+        )
+    return "bf16", f"auto on {device_name} (bf16 tensor cores, ZeRO stage {zero_stage})"

@@ -82,7 +82,7 @@ def test_cross_references_are_checked(repo, edit_config):
 def test_enum_and_range_errors(repo, edit_config):
     with pytest.raises(
         GptflowError,
-        match=r"'train\.precision' is 'fp8'; expected one of \['fp32', 'bf16', 'fp16'\]",
+        match=r"'train\.precision' is 'fp8'; expected one of \['auto', 'fp32', 'bf16', 'fp16'\]",
     ):
         load(repo, edit_config(train={"precision": "fp8"}))
     with pytest.raises(GptflowError, match=r"'train\.micro_batch_size' is 0; it must be >= 1"):

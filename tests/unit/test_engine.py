@@ -154,3 +154,9 @@ def test_bf16_without_zero_is_refused_with_the_fix(repo, tiny_config):
             models_dir=repo / "config/models",
             source="test",
         )
+
+
+def test_auto_precision_never_reaches_deepspeed():
+    """`auto` is decided on the training device (gptflow.train.on_device) first."""
+    with pytest.raises(GptflowError, match="decided on the training device"):
+        deepspeed_config(TrainConfig(train_iters=1, precision="auto", zero_stage=1), 1)

@@ -1,5 +1,6 @@
 """The numbers behind TFLOP/s and MFU: parameters and FLOPs per token from the model config
-(one home: ModelConfig), checked against hand calculations and against a model built on CPU."""
+(one home: ModelConfig), checked against hand calculations and against a model built on CPU;
+and what gptflow.hardware decides from a device (its peak, `train.precision: auto`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import yaml
 
 from gptflow.config import ModelConfig
-from gptflow.hardware import mfu, peak_tflops
+from gptflow.hardware import mfu, peak_tflops, training_precision
 from gptflow.model import GPTNeoX
 
 
@@ -75,3 +76,26 @@ def test_peak_table_and_mfu():
     assert value is None and "is not in gptflow.hardware's table" in why
     assert mfu(494.5, 989.0) == 0.5
     assert mfu(1.0, None) is None
+
+
+@pytest.mark.parametrize(
+    ("configured", "zero", "device", "capability", "want", "why"),
+    [
+        ("auto", 1, "NVIDIA H100 80GB HBM3", (9, 0), "bf16", "bf16 tensor cores, ZeRO stage 1"),
+        ("auto", 3, "NVIDIA A100-SXM4-80GB", (8, 0), "bf16", "ZeRO stage 3"),
+        ("auto", 0, "NVIDIA H100 80GB HBM3", (9, 0), "fp32", "set train.zero_stage 1 for bf16"),
+        ("auto", 1, "Tesla V100-SXM2-16GB", (7, 0), "fp32", "set train.precision fp16"),
+        ("auto", 1, None, None, "fp32", "auto on a CPU"),
+        ("fp32", 1, "NVIDIA H100 80GB HBM3", (9, 0), "fp32", "train.precision"),
+        ("bf16", 2, None, None, "bf16", "train.precision"),
+        ("fp16", 1, "Tesla V100-SXM2-16GB", (7, 0), "fp16", "train.precision"),
+    ],
+)
+def test_auto_precision_is_bf16_only_where_a_gpu_and_zero_can_train_it(
+    configured, zero, device, capability, want, why
+):
+    """GPUs are described by name and compute capability (no GPU exists here; the decision
+    is a pure function of those two values, which is what the trainer passes)."""
+    precision, reason = training_precision(configured, zero, device, capability)
+    assert precision == want
+    assert why in reason

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gptflow.config import load_workflow_config, render_run_config, write_run_config
+from gptflow.config import RunConfig, load_workflow_config, render_run_config, write_run_config
 from gptflow.errors import GptflowError
 
 BIN = Path(sys.executable).parent
@@ -526,3 +526,40 @@ def test_a_compiled_model_trains_the_same_steps(make_run):
     )
     assert "gpt_neox.embed_in.weight" in states["module"]
     assert not any("_orig_mod" in k for k in states["module"])
+
+
+def test_auto_precision_trains_fp32_on_a_cpu_in_the_fp32_series(make_run):
+    """`train.precision: auto` (the default) is decided by the trainer on its device and logged;
+    on this CPU it is fp32, and the checkpoints land in the series an explicit fp32 config
+    names (the fingerprint holds the decided precision, not "auto")."""
+    short = dict(zero_stage=1, train_iters=2, lr_warmup_iters=1, log_interval=1, eval_interval=2,
+                 eval_iters=1)  # fmt: skip
+    auto = make_run("auto", precision="auto", **short)
+    explicit = make_run("fp32", precision="fp32", **short)
+    result = gptflow_train(auto)
+    assert result.returncode == 0, result.stderr
+    assert "precision fp32: auto on a CPU" in (auto / "train.log").read_text()
+    (series,) = (auto / "checkpoints").iterdir()
+    assert series.name == RunConfig.load(explicit / "run.yaml").series
+    assert series.name != RunConfig.load(auto / "run.yaml").series
+    fingerprint = json.loads((series / "fingerprint.json").read_text())
+    assert fingerprint["optimizer"]["precision"] == "fp32"
+    assert json.loads((auto / "DONE.json").read_text())["series"] == series.name
+
+
+class FakeH100:
+    """Stands in for a CUDA device (no GPU exists here): what `on_device` asks of one."""
+
+    name = "NVIDIA H100 80GB HBM3"
+    capability = (9, 0)
+
+
+def test_auto_precision_on_a_gpu_names_the_bf16_series(make_run):
+    from gptflow.train import on_device
+
+    auto = RunConfig.load(make_run("auto", precision="auto", zero_stage=1) / "run.yaml")
+    bf16 = RunConfig.load(make_run("bf16", precision="bf16", zero_stage=1) / "run.yaml")
+    decided = on_device(auto, FakeH100(), rank=1)
+    assert decided.train.precision == "bf16"
+    assert decided.series == bf16.series
+    assert decided.train == bf16.train

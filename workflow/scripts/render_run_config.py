@@ -14,4 +14,5 @@ with report_errors(sm.log[0]):
         run_dir=sm.params.run_dir,
     )
     write_run_config(run, sm.output[0])
-    print(f"run {run.run}: series {run.series}, {run.extra}", file=sys.stderr)
+    series = run.series if run.train.precision != "auto" else "named on the training device"
+    print(f"run {run.run}: series {series}, {run.extra}", file=sys.stderr)

@@ -16,6 +16,7 @@ current step, save, and exit with :data:`EXIT_PREEMPTED`, so the workflow retrie
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from gptflow.config import RunConfig
 from gptflow.data.indexed import idx_path
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file
+from gptflow.hardware import training_precision
 from gptflow.train import device
 from gptflow.train.loop import EXIT_PREEMPTED, MAX_NAN_STREAK, run, signals_received
 
@@ -61,6 +63,7 @@ def train(
     if wait_for_lock:  # every rank, read-only, before any collective can time out
         lock.wait_while_held(wait_for_lock)
     dev = device.setup(env, cfg.train.distributed_timeout_minutes)
+    cfg = on_device(cfg, dev, env.rank)
     failure = ""
     if env.rank == 0:
         try:
@@ -98,6 +101,17 @@ def setup_logging(rank: int, history: Path | None = None) -> None:
         logging.getLogger().addHandler(handler)
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def on_device(cfg: RunConfig, dev: device.Device, rank: int) -> RunConfig:
+    """`cfg` with ``train.precision: auto`` decided for this device: before the checkpoint
+    series is named, since the precision is part of its fingerprint (an fp32 run on a CPU and
+    a bf16 run on GPUs are different trajectories, each resuming its own checkpoints)."""
+    t = cfg.train
+    precision, why = training_precision(t.precision, t.zero_stage, dev.name, dev.capability)
+    if rank == 0 and t.precision == "auto":
+        log.info("precision %s: %s", precision, why)
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, precision=precision))
 
 
 def check_shards(cfg: RunConfig) -> None:

@@ -60,6 +60,13 @@ class Device:
         """The accelerator's name (for its peak FLOP/s), None on a CPU."""
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
 
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The GPU's CUDA compute capability, None on a CPU."""
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.get_device_capability(self.device)
+
     def zeros(self, *shape: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
