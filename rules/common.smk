@@ -26,6 +26,7 @@ try:
         schema_path=SCHEMA,
         models_dir=REPO / "config" / "models",
         source=CONFIG_SOURCE,
+        config_files=[str(p) for p in workflow.configfiles],
     )
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None

@@ -548,7 +548,12 @@ def expand_root(root: str) -> Path:
 
 
 def load_workflow_config(
-    config: dict, *, schema_path: str | os.PathLike, models_dir: str | os.PathLike, source: str
+    config: dict,
+    *,
+    schema_path: str | os.PathLike,
+    models_dir: str | os.PathLike,
+    source: str,
+    config_files: list[str] | None = None,
 ) -> dict:
     """Validate the merged workflow config, fill defaults, resolve the model preset.
 
