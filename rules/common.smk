@@ -107,16 +107,17 @@ def get_remote_file(wildcards):
 
 
 def get_download_args(wildcards):
-    """Mirrors, checksum and token options of one dataset file for `gptflow download`."""
+    """Mirrors, checksum and token options of one dataset file for `gptflow download`
+    (argv words: the rule quotes each)."""
     remote = get_remote_file(wildcards)
     d = DATASETS[wildcards.dataset]
-    args = [f"--mirror {shlex.quote(m)}" for m in remote.urls[1:]]
+    args = [word for m in remote.urls[1:] for word in ("--mirror", m)]
     if remote.sha256:
-        args.append(f"--sha256 {remote.sha256}")
+        args += ["--sha256", remote.sha256]
     if d.token_env:
-        args.append(f"--token-env {d.token_env}")
-        args += [f"--token-host {h}" for h in d.token_hosts]
-    return " ".join(args)
+        args += ["--token-env", d.token_env]
+        args += [word for h in d.token_hosts for word in ("--token-host", h)]
+    return args
 
 
 def get_download_url(wildcards):
@@ -128,7 +129,7 @@ def get_shard_input(wildcards):
 
 
 def get_reader_args(wildcards):
-    return " ".join(shard_of(wildcards).reader_args())
+    return shard_of(wildcards).reader_args()
 
 
 def shard_prefix(dataset, shard):
@@ -204,7 +205,7 @@ def get_merged_files(wildcards):
 
 
 def get_append_eod_flag(wildcards):
-    return "--append-eod" if CFG["tokenize"]["append_eod"] else ""
+    return ["--append-eod"] if CFG["tokenize"]["append_eod"] else []
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -218,13 +219,18 @@ def get_eod_token(wildcards):
     return CFG["tokenizer"]["eod_token"]
 
 
+def get_special_tokens(wildcards):
+    """Through a function: Snakemake would read "{...}" in a params string as a wildcard."""
+    return CFG["tokenizer"]["special_tokens"]
+
+
 def get_sample_inputs(wildcards):
     return [s.input for s in DATASETS[wildcards.dataset].shards]
 
 
 def get_sample_reader_args(wildcards):
     """Reader options for sampling a dataset (its shards share one reader setting)."""
-    return " ".join(DATASETS[wildcards.dataset].shards[0].reader_args())
+    return DATASETS[wildcards.dataset].shards[0].reader_args()
 
 
 def get_sample_mb(wildcards):
@@ -241,10 +247,13 @@ def get_tokenizer_samples(wildcards):
 def tokenizer_remote(key):
     """tokenizer.url / .vocab / .merges: (stored file name, spec)."""
     spec = CFG["tokenizer"][key]
-    name = spec.get("name") or (
-        sources.url_file_name(spec["url"]) if spec.get("url") else Path(spec["path"]).name
-    )
-    return name, spec
+    if not spec.get("url"):
+        return Path(spec["path"]).name, spec
+    name = spec.get("name") or sources.url_file_name(spec["url"])
+    try:
+        return sources.check_stored_name(name, f"{CONFIG_SOURCE}: tokenizer.{key}"), spec
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {e}") from None
 
 
 def tokenizer_asset(key):
@@ -257,11 +266,11 @@ def tokenizer_asset(key):
 
 def get_tokenizer_download(wildcards):
     _, spec = tokenizer_remote(wildcards.key)
-    args = [shlex.quote(spec["url"])]
-    args += [f"--mirror {shlex.quote(m)}" for m in spec.get("mirrors", [])]
+    args = [spec["url"]]
+    args += [word for m in spec.get("mirrors", []) for word in ("--mirror", m)]
     if spec.get("sha256"):
-        args.append(f"--sha256 {spec['sha256']}")
-    return " ".join(args)
+        args += ["--sha256", spec["sha256"]]
+    return args
 
 
 def get_tokenizer_file(wildcards):
@@ -302,9 +311,10 @@ def get_train_threads(wildcards):
 
 
 def get_train_launcher(wildcards, resources):
-    """Empty on one machine; under the Slurm profile (resources mpi="srun", nodes,
-    tasks_per_node, ...) the srun that starts one training task per GPU. With
-    the container enabled, Pyxis flags on that srun (sqsh) or `apptainer exec --nv IMAGE` (sif)."""
+    """Argv words before `gptflow train`: none on one machine; under the Slurm profile
+    (resources mpi="srun", nodes, tasks_per_node, ...) the srun that starts one training task
+    per GPU. With the container enabled, Pyxis flags on that srun (sqsh) or `apptainer exec
+    --nv IMAGE` (sif)."""
     from gptflow.distributed import srun_command
 
     def res(name):
@@ -334,7 +344,7 @@ def get_train_launcher(wildcards, resources):
         cpus_per_task=res("cpus_per_task"),
         container_options=pyxis,
     )
-    return " ".join(filter(None, [launcher, shlex.join(prefix)]))
+    return launcher + prefix
 
 
 def get_final_outputs():
@@ -360,14 +370,14 @@ def get_train_container_record(wildcards):
 
 def get_eval_args(wildcards):
     e = CFG["eval"]
-    args = [f"--prompt {shlex.quote(p)}" for p in e["prompts"]]
+    args = [f"--prompt={p}" for p in e["prompts"]]  # a prompt may start with "-"
     args += [
-        f"--extra {shlex.quote(name)} {shlex.quote(prefix)}"
+        word
         for name, prefixes in e["extra"].items()
         for prefix in prefixes
+        for word in ("--extra", name, prefix)
     ]
-    args += [f"--new-tokens {e['new_tokens']}", f"--max-windows {e['max_windows']}"]
-    return " ".join(args)
+    return args + ["--new-tokens", str(e["new_tokens"]), "--max-windows", str(e["max_windows"])]
 
 
 def get_eval_extra_files(wildcards):
@@ -421,25 +431,26 @@ def container_image_file(wildcards=None):
 
 def get_build_image_args(wildcards):
     args = [
-        f"--repo {shlex.quote(str(REPO))}",
-        f"--dockerfile {shlex.quote(str(container_dockerfile()))}",
-        f"--builder {CONTAINER['builder']}",
-        f"--base-image {shlex.quote(CONTAINER['base_image'])}",
+        *("--repo", str(REPO)),
+        *("--dockerfile", str(container_dockerfile())),
+        *("--builder", CONTAINER["builder"]),
+        *("--base-image", CONTAINER["base_image"]),
     ]
-    args += [f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER["build_args"].items()]
-    args += [f"--build-option={shlex.quote(o)}" for o in CONTAINER["build_options"]]
+    args += [w for k, v in CONTAINER["build_args"].items() for w in ("--build-arg", f"{k}={v}")]
+    args += [f"--build-option={o}" for o in CONTAINER["build_options"]]
     args += [
-        f"--registry-login {shlex.join([r['server'], r['username'], r['password_env']])}"
+        word
         for r in CONTAINER["registry_login"]
+        for word in ("--registry-login", r["server"], r["username"], r["password_env"])
     ]
-    return " ".join(args)
+    return args
 
 
 def get_squash_args(wildcards):
-    return (
-        f"--method {CONTAINER['squash']} "
-        f"--squash-options={shlex.quote(shlex.join(CONTAINER['squash_options']))}"
-    )
+    return [
+        *("--method", CONTAINER["squash"]),
+        f"--squash-options={shlex.join(CONTAINER['squash_options'])}",
+    ]
 
 
 def get_train_container(wildcards):

@@ -28,7 +28,7 @@ rule build_image:
     params:
         args=get_build_image_args,
     shell:
-        "gptflow build-image {params.args} --out {output} > {log} 2>&1"
+        "gptflow build-image {params.args:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule squash_image:
@@ -43,5 +43,5 @@ rule squash_image:
     params:
         args=get_squash_args,
     shell:
-        "gptflow squash-image --image {input} --out {output} --format {wildcards.format}"
-        " {params.args} > {log} 2>&1"
+        "gptflow squash-image --image {input:q} --out {output:q} --format {wildcards.format:q}"
+        " {params.args:q} > {log:q} 2>&1"

@@ -26,8 +26,9 @@ rule download_dataset:
         sums="resources/raw/{dataset}/SHA256SUMS",
         attempts=CFG["download"]["attempts"],
     shell:
-        "gptflow download {params.url:q} --out {output.file} {params.options} --dataset {wildcards.dataset}"
-        " --sha256sums {params.sums} --attempts {params.attempts} > {log} 2>&1"
+        "gptflow download {params.url:q} --out {output.file:q} {params.options:q}"
+        " --dataset {wildcards.dataset:q} --sha256sums {params.sums:q}"
+        " --attempts {params.attempts:q} > {log:q} 2>&1"
 
 
 rule download_tokenizer_file:
@@ -46,5 +47,5 @@ rule download_tokenizer_file:
         sums="resources/tokenizers/{tokenizer}/SHA256SUMS",
         attempts=CFG["download"]["attempts"],
     shell:
-        "gptflow download {params.source} --out {output.file} --sha256sums {params.sums}"
-        " --attempts {params.attempts} > {log} 2>&1"
+        "gptflow download {params.source:q} --out {output.file:q} --sha256sums {params.sums:q}"
+        " --attempts {params.attempts:q} > {log:q} 2>&1"

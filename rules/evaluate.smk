@@ -17,7 +17,7 @@ rule evaluate:
     params:
         args=get_eval_args,
     shell:
-        "gptflow evaluate --config {input.config} --out {output} {params.args} > {log} 2>&1"
+        "gptflow evaluate --config {input.config:q} --out {output:q} {params.args:q} > {log:q} 2>&1"
 
 
 rule export_hf:
@@ -31,7 +31,7 @@ rule export_hf:
     conda:
         "../envs/gptflow.yaml"
     shell:
-        "gptflow export-hf --config {input.config} --out {output} > {log} 2>&1"
+        "gptflow export-hf --config {input.config:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule report_assets:

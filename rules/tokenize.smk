@@ -44,8 +44,8 @@ if TOKENIZER_SOURCE == "train":
             reader=get_sample_reader_args,
             max_mb=get_sample_mb,
         shell:
-            "gptflow sample-documents --input {input} {params.reader}"
-            " --max-mb {params.max_mb} --out {output} > {log} 2>&1"
+            "gptflow sample-documents --input {input:q} {params.reader:q}"
+            " --max-mb {params.max_mb:q} --out {output:q} > {log:q} 2>&1"
 
     rule train_tokenizer:
         input:
@@ -61,13 +61,13 @@ if TOKENIZER_SOURCE == "train":
             vocab_size=CFG["tokenizer"]["train"]["vocab_size"],
             min_frequency=CFG["tokenizer"]["train"]["min_frequency"],
             sample_mb=CFG["tokenizer"]["train"]["sample_mb"],
-            special_tokens=CFG["tokenizer"]["special_tokens"],
+            special_tokens=get_special_tokens,
             eod_token=get_eod_token,
         shell:
-            "RAYON_NUM_THREADS={threads} gptflow train-tokenizer --input {input}"
-            " --vocab-size {params.vocab_size} --min-frequency {params.min_frequency}"
-            " --sample-mb {params.sample_mb} --special-tokens {params.special_tokens:q}"
-            " --eod-token {params.eod_token:q} --out {output} > {log} 2>&1"
+            "RAYON_NUM_THREADS={threads:q} gptflow train-tokenizer --input {input:q}"
+            " --vocab-size {params.vocab_size:q} --min-frequency {params.min_frequency:q}"
+            " --sample-mb {params.sample_mb:q} --special-tokens {params.special_tokens:q}"
+            " --eod-token={params.eod_token:q} --out {output:q} > {log:q} 2>&1"
 
 elif TOKENIZER_SOURCE == "gpt2":
 
@@ -82,8 +82,8 @@ elif TOKENIZER_SOURCE == "gpt2":
         conda:
             "../envs/gptflow.yaml"
         shell:
-            "gptflow convert-tokenizer --vocab {input.vocab} --merges {input.merges}"
-            " --out {output} > {log} 2>&1"
+            "gptflow convert-tokenizer --vocab {input.vocab:q} --merges {input.merges:q}"
+            " --out {output:q} > {log:q} 2>&1"
 
 else:
 
@@ -97,7 +97,7 @@ else:
         conda:
             "../envs/gptflow.yaml"
         shell:
-            "(cp {input} {output}.tmp && mv {output}.tmp {output}) > {log} 2>&1"
+            "(cp {input:q} {output:q}.tmp && mv {output:q}.tmp {output:q}) > {log:q} 2>&1"
 
 
 rule tokenize_shard:
@@ -121,10 +121,10 @@ rule tokenize_shard:
         engine=CFG["tokenize"]["engine"],
         on_bad=CFG["tokenize"]["on_bad_document"],
     shell:
-        "gptflow tokenize --input {input.documents} --tokenizer {input.tokenizer}"
-        " --output-prefix {params.prefix} {params.reader} {params.append_eod}"
-        " --eod-token {params.eod_token:q} --workers {threads} --engine {params.engine}"
-        " --on-bad-document {params.on_bad} --max-rss-mb {resources.mem_mb} > {log} 2>&1"
+        "gptflow tokenize --input {input.documents:q} --tokenizer {input.tokenizer:q}"
+        " --output-prefix {params.prefix:q} {params.reader:q} {params.append_eod:q}"
+        " --eod-token={params.eod_token:q} --workers {threads:q} --engine {params.engine:q}"
+        " --on-bad-document {params.on_bad:q} --max-rss-mb {resources.mem_mb:q} > {log:q} 2>&1"
 
 
 checkpoint count_documents:
@@ -140,8 +140,8 @@ checkpoint count_documents:
         reader=get_reader_args,
         on_bad=CFG["tokenize"]["on_bad_document"],
     shell:
-        "gptflow count-documents --input {input} {params.reader}"
-        " --on-bad-document {params.on_bad} --out {output} > {log} 2>&1"
+        "gptflow count-documents --input {input:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule tokenize_part:
@@ -167,11 +167,11 @@ rule tokenize_part:
         engine=CFG["tokenize"]["engine"],
         on_bad=CFG["tokenize"]["on_bad_document"],
     shell:
-        "gptflow tokenize --input {input.documents} --tokenizer {input.tokenizer}"
-        " --output-prefix {params.prefix} {params.reader} {params.append_eod}"
-        " --documents {params.documents} --counts {input.counts}"
-        " --eod-token {params.eod_token:q} --workers {threads} --engine {params.engine}"
-        " --on-bad-document {params.on_bad} --max-rss-mb {resources.mem_mb} > {log} 2>&1"
+        "gptflow tokenize --input {input.documents:q} --tokenizer {input.tokenizer:q}"
+        " --output-prefix {params.prefix:q} {params.reader:q} {params.append_eod:q}"
+        " --documents {params.documents:q} --counts {input.counts:q}"
+        " --eod-token={params.eod_token:q} --workers {threads:q} --engine {params.engine:q}"
+        " --on-bad-document {params.on_bad:q} --max-rss-mb {resources.mem_mb:q} > {log:q} 2>&1"
 
 
 rule merge_shards:
@@ -185,6 +185,6 @@ rule merge_shards:
         "../envs/gptflow.yaml"
     params:
         prefixes=get_dataset_shard_prefixes,
+        prefix="results/tokens/{tokenizer}/{dataset}/merged",
     shell:
-        "gptflow merge --input {params.prefixes} --output-prefix"
-        " results/tokens/{wildcards.tokenizer}/{wildcards.dataset}/merged > {log} 2>&1"
+        "gptflow merge --input {params.prefixes:q} --output-prefix {params.prefix:q} > {log:q} 2>&1"

@@ -42,7 +42,7 @@ rule build_data_index:
     conda:
         "../envs/gptflow.yaml"
     shell:
-        "gptflow build-index --config {input.config} --out {output} > {log} 2>&1"
+        "gptflow build-index --config {input.config:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule train_gpt:
@@ -67,5 +67,5 @@ rule train_gpt:
     # started again) waits for it (up to gptflow.checkpoint.LOCK_WAIT_S, 30 min) rather than
     # training beside it; a requeued job never waits on its own earlier run's lock
     shell:
-        "{params.launcher} gptflow train --config {input.config} --threads {threads}"
-        " --wait-for-lock >> {log} 2>&1"
+        "{params.launcher:q} gptflow train --config {input.config:q} --threads {threads:q}"
+        " --wait-for-lock >> {log:q} 2>&1"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 from dataclasses import dataclass
 
@@ -126,15 +125,16 @@ def srun_command(
     tasks: int | None = None,
     cpus_per_task: int | None = None,
     container_options: list[str] | None = None,
-) -> str:
-    """The launcher prefix of the training command inside a Slurm job: one task per GPU.
+) -> list[str]:
+    """The launcher prefix (argv words) of the training command inside a Slurm job: one task
+    per GPU.
 
     Snakemake's Slurm jobstep strips ``SLURM_NTASKS``, ``SLURM_CPUS_PER_TASK`` and the like
     from the batch step (and runs an ``mpi`` rule without its own srun), so every count is
     given explicitly. Empty when `mpi` is empty (one machine: a single process).
     """
     if not mpi:
-        return ""
+        return []
     args = [mpi, "--kill-on-bad-exit=1"]
     if tasks_per_node:
         args += [f"--nodes={nodes or 1}", f"--ntasks-per-node={tasks_per_node}"]
@@ -144,7 +144,7 @@ def srun_command(
         args.append(f"--cpus-per-task={cpus_per_task}")
     # Pyxis/enroot (gptflow.container.container_launch): every rank starts inside the image
     args += container_options or []
-    return shlex.join(args)
+    return args
 
 
 def requeue_job(job_id: str) -> str | None:

@@ -355,7 +355,8 @@ def _fast_decoder(key: str):
         except ImportError:  # pragma: no cover - msgspec is a dependency
             _decoders[key] = None
         else:
-            doc = msgspec.defstruct("Doc", [(key, str)])
+            # the key is data, not a Python name: a fixed field renamed to it
+            doc = msgspec.defstruct("Doc", [("text", str)], rename={"text": key})
             _decoders[key] = msgspec.json.Decoder(doc)
     return _decoders[key]
 
@@ -385,7 +386,7 @@ def parse_jsonl_batch(
         except Exception:  # malformed somewhere: the exact path finds and names it
             docs = None
         if docs is not None and len(docs) == lines:
-            return [getattr(d, key) for d in docs], Counter()
+            return [d.text for d in docs], Counter()
     return _parse_lines(path, first_line, chunk, key, on_bad)
 
 

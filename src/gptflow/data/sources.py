@@ -22,14 +22,41 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from gptflow.config import expand_root, fill_defaults, load_yaml, validate
+from gptflow.data.download import refuse_credentials_in_urls, token_origins
 from gptflow.data.readers import FORMATS, infer_format
 from gptflow.errors import GptflowError
+
+
+# The name a downloaded file is stored under (resources/raw/{dataset}/{name}) comes from a URL,
+# which is someone else's text: one path component of plain characters, not a name the
+# download stage keeps beside it (SHA256SUMS, NAME.sha256, NAME.part, NAME.lock).
+STORED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+RESERVED_SUFFIXES = (".sha256", ".part", ".lock")
+MAX_NAME_BYTES = 200
+
+
+def check_stored_name(name: str, where: str) -> str:
+    """`name` if a download may be stored under it, else an error naming it and the fix."""
+    problem = None
+    if not STORED_NAME.fullmatch(name):
+        problem = "is not a plain file name (letters, digits and . _ + - only, no leading dot)"
+    elif name == "SHA256SUMS" or name.endswith(RESERVED_SUFFIXES):
+        problem = "is a name the download stage keeps for its own files"
+    elif len(name.encode()) > MAX_NAME_BYTES:
+        problem = f"is longer than {MAX_NAME_BYTES} bytes"
+    if problem:
+        raise GptflowError(
+            f"{where}: the stored name {name!r} {problem}; set name: for this file (url "
+            f"datasets) or use a URL whose last path component is a plain file name"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -70,8 +97,14 @@ class Dataset:
     kind: str  # "collect" (local, one document per file), "files" (local data files), "url"
     shards: tuple[Shard, ...]
     root: str = ""  # local datasets: the root as written in the config
-    token_env: str | None = None
-    token_hosts: tuple[str, ...] = ()
+    token_env: str | None = None  # url datasets: the NAME of the variable holding a token
+    token_origins: tuple[str, ...] = ()  # https://host[:port] it is sent to (download.TokenScope)
+    token_allow_http: bool = False
+
+    @property
+    def token_hosts(self) -> tuple[str, ...]:
+        """The origins, for rules that still pass --token-host (which takes origins too)."""
+        return self.token_origins
 
     def shard(self, name: str) -> Shard:
         for s in self.shards:
@@ -243,7 +276,7 @@ def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
             url = _template(spec["url_template"], values, where)
             mirrors = [_template(m, values, where) for m in spec.get("mirror_templates", [])]
             files.append(RemoteFile(url_file_name(url), (url, *mirrors), None))
-    names = [f.name for f in files]
+    names = [check_stored_name(f.name, where) for f in files]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise GptflowError(
@@ -280,9 +313,13 @@ def _url_dataset(name: str, spec: dict, where: str) -> Dataset:
                 remote=f,
             )
         )
+    refuse_credentials_in_urls([u for f in files for u in f.urls], where)
     auth = spec.get("auth") or {}
-    hosts = tuple(auth.get("hosts") or sorted({urlsplit(f.urls[0]).hostname or "" for f in files}))
-    return Dataset(name, "url", tuple(shards), token_env=auth.get("token_env"), token_hosts=hosts)
+    origins = token_origins(auth, [f.urls[0] for f in files], where) if auth else ()
+    return Dataset(
+        name, "url", tuple(shards), token_env=auth.get("token_env"), token_origins=origins,
+        token_allow_http=bool(auth.get("allow_http")),
+    )  # fmt: skip
 
 
 def _format_of(file_name: str, where: str) -> str:
