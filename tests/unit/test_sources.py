@@ -55,7 +55,7 @@ def test_overrides_narrow_a_catalog_entry(catalog):
     )
     assert oscar.shards[1].remote.urls[0].endswith("/de_meta/de_meta_part_2.jsonl.zst")
     assert oscar.shards[0].json_key == "content"
-    assert (oscar.token_env, oscar.token_hosts) == ("HF_TOKEN", ("huggingface.co",))
+    assert (oscar.token_env, oscar.token_origins) == ("HF_TOKEN", ("https://huggingface.co",))
 
 
 def test_enwik8_is_a_zip_member_read_as_one_document(catalog):
@@ -98,3 +98,35 @@ def test_a_broken_catalog_entry_names_the_catalog(tmp_path, schema):
         match=r"datasets\.yaml \(entry mine\): unknown key 'licence' \(did you mean 'license'\?\)",
     ):
         load_catalog(bad, schema)
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://h/d/a%24(touch%20x).jsonl", "is not a plain file name"),  # $(...) decoded
+        ("https://h/d/%60id%60.jsonl", "is not a plain file name"),  # backquotes
+        ("https://h/d/..%2F..%2Fetc%2Fcron.jsonl", "is not a plain file name"),  # ../ decoded
+        ("https://h/d/x%0A.jsonl", "is not a plain file name"),  # a newline
+        ("https://h/d/-rf.jsonl", "is not a plain file name"),  # an option
+        ("https://h/d/.hidden.jsonl", "is not a plain file name"),
+        ("https://h/d/SHA256SUMS", "keeps for its own files"),
+        ("https://h/d/x.jsonl.sha256", "keeps for its own files"),
+        ("https://h/d/x.jsonl.part", "keeps for its own files"),
+        ("https://h/d/" + "a" * 201 + ".jsonl", "longer than 200 bytes"),
+    ],
+)
+def test_a_stored_name_from_a_url_is_a_plain_file_name(catalog, url, why):
+    """A URL is someone else's text: the file name it gives becomes a path and a wildcard."""
+    spec = {"type": "url", "format": "jsonl", "files": [{"url": url}]}
+    with pytest.raises(GptflowError, match=rf"my\.yaml: .*stored name .*{why}.*set name:"):
+        resolve("x", spec, catalog)
+    named = {"type": "url", "format": "jsonl", "files": [{"url": url, "name": "x.jsonl"}]}
+    assert resolve("x", named, catalog).shards[0].input == "resources/raw/x/x.jsonl"
+
+
+def test_templated_names_are_checked_too(catalog):
+    spec = {"type": "url", "url_template": "https://h/{v}-{part}.jsonl", "parts": [0, 0]}
+    with pytest.raises(GptflowError, match=r"stored name '\$\(x\)-0\.jsonl'"):
+        resolve("x", {**spec, "vars": {"v": "$(x)"}}, catalog)
+    ok = resolve("x", {**spec, "vars": {"v": "en_part+1"}}, catalog)
+    assert ok.shards[0].input == "resources/raw/x/en_part+1-0.jsonl"
