@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RULE_FILES = sorted((REPO / "rules").glob("*.smk")) + [REPO / "Snakefile"]
+RULE_FILES = [*sorted((REPO / "rules").glob("*.smk")), REPO / "Snakefile"]
 PLACEHOLDER = re.compile(r"(?<!\{)\{([^{}]*)\}(?!\})")
 
 

@@ -50,9 +50,7 @@ def hostile_config(tmp_path: Path) -> dict:
     docs = [{key: p.read_text()} for p in sorted(sources)]
     for i, name in enumerate(payloads("file")[:4]):
         part = docs[i::4]
-        (corpus / f"{name}.jsonl").write_text(
-            "".join(json.dumps(d) + "\n" for d in part)
-        )
+        (corpus / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in part))
     specials = payloads("special")
     cfg = yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
     cfg["datasets"] = {
