@@ -123,7 +123,8 @@ def cmd_download(a: argparse.Namespace) -> int:
             sha256=a.sha256,
             sha256sums=a.sha256sums,
             token_env=a.token_env,
-            token_hosts=a.token_host or None,
+            token_origins=[*a.token_origin, *a.token_host] or None,
+            allow_http=a.token_allow_http,
             policy=Policy(attempts=a.attempts),
         )
     except GptflowError as e:
@@ -385,10 +386,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--sha256sums", help="lock file: record the first verified sha256, check later ones"
     )
     s.add_argument(
-        "--token-env", help="environment variable holding a bearer token (never printed)"
+        "--token-env",
+        metavar="NAME",
+        help="NAME of the environment variable holding a bearer token (the token itself is "
+        "never on a command line, never printed)",
     )
+    s.add_argument("--token-origin", action="append", default=[], metavar="ORIGIN",
+                   help="https://HOST[:PORT] the token is sent to, redirects included "
+                   "(repeatable; default: the primary URL's origin)")  # fmt: skip
     s.add_argument("--token-host", action="append", default=[], metavar="HOST",
-                   help="hosts the token is sent to (default: the primary URL's host)")  # fmt: skip
+                   help="same as --token-origin; a bare HOST means https://HOST")  # fmt: skip
+    s.add_argument("--token-allow-http", action="store_true",
+                   help="also send the token to http:// origins (unencrypted)")  # fmt: skip
     s.add_argument("--attempts", type=int, default=8, help="attempts per URL that make no progress")
     s.add_argument("--dataset", help="name of the dataset the file belongs to (for messages)")
     s.set_defaults(func=cmd_download)

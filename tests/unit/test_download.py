@@ -213,16 +213,26 @@ def test_every_url_failing_names_them_all(policy, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_token_goes_only_to_its_host_and_is_never_printed(
+def test_token_over_http_only_when_allowed_and_on_every_resumed_request(
     server, policy, tmp_path, caplog, monkeypatch
 ):
+    """More in test_secrets.py (https origins, redirects, the command line)."""
     monkeypatch.setenv("MY_TOKEN", "s3cr3t-t0ken")
     url = server.add("a.bin", DATA, ("drop", 10))
-    caplog.set_level("INFO")
-    fetch(url, tmp_path / "a.bin", policy, token_env="MY_TOKEN", token_hosts=["127.0.0.1"])
-    assert {q["authorization"] for q in server.requests("a.bin")} == {"Bearer s3cr3t-t0ken"}
+    origin = f"http://127.0.0.1:{server.port}"
+    with pytest.raises(GptflowError) as e:
+        fetch(url, tmp_path / "a.bin", policy, token_env="MY_TOKEN")
+    assert str(e.value) == (
+        f"--token-origin {origin} is plain http: the token in $MY_TOKEN would cross the network "
+        f"unencrypted. Use https, or pass --token-allow-http (auth.allow_http: true) if that "
+        f"network is trusted"
+    )
+    assert server.requests("a.bin") == []  # refused before any request
+    caplog.set_level("DEBUG")
+    fetch(url, tmp_path / "a.bin", policy, token_env="MY_TOKEN", allow_http=True)
+    assert [q["authorization"] for q in server.requests("a.bin")] == ["Bearer s3cr3t-t0ken"] * 2
     other = server.add("b.bin", DATA)
-    fetch(other, tmp_path / "b.bin", policy, token_env="MY_TOKEN", token_hosts=["hf.example"])
+    fetch(other, tmp_path / "b.bin", policy, token_env="MY_TOKEN", token_origins=["hf.example"])
     assert server.requests("b.bin")[0]["authorization"] is None
     assert "s3cr3t" not in caplog.text
 

@@ -12,8 +12,12 @@ to ``out``. Details that matter:
 * the expected sha256 comes from the catalog, else from the lock file ``SHA256SUMS`` beside
   the data (recorded by the first verified download, checked by every later one), else from
   the host itself when it publishes one (Hugging Face's ``X-Linked-Etag``);
-* a bearer token for gated hosts is read from an environment variable, sent only to the
-  hosts it is meant for, and never printed;
+* a bearer token for gated hosts is read from an environment variable (never from a command
+  line) and sent only to the origins it is configured for -- scheme, host and port, https
+  unless allowed otherwise -- including across redirects: we follow them ourselves and a hop
+  to another origin goes without the token, as curl does since CVE-2018-1000007 (see
+  ``TokenScope``); URLs with a user name or password in them are refused, and messages
+  show URLs without query strings (they may carry signatures);
 * one downloader per file: the ``.part`` file is locked while written.
 """
 
@@ -35,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, fsync_dir, sha256_file
@@ -44,6 +48,9 @@ log = logging.getLogger("gptflow.download")
 
 CHUNK = 1 << 20  # bytes per read
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 10
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass
@@ -95,12 +102,155 @@ def _host(url: str) -> str:
     return urlsplit(url).hostname or ""
 
 
+# ----------------------------------------------------------------------------- token scope
+
+Origin = tuple[str, str, int]  # (scheme, host, port), the port explicit even when default
+
+
+def origin_of(url: str) -> Origin:
+    """(scheme, host, port) of an http(s) URL; ValueError if it has none."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"not an http(s) URL with a host: {_safe(url)}")
+    return scheme, parts.hostname.lower(), parts.port or DEFAULT_PORTS[scheme]
+
+
+def origin_text(origin: Origin) -> str:
+    """``https://host`` or ``https://host:port`` (the port only when not the default)."""
+    scheme, host, port = origin
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}" if port == DEFAULT_PORTS[scheme] else f"{scheme}://{host}:{port}"
+
+
+def parse_origin(text: str, where: str) -> Origin:
+    """An origin as written in a config or on a command line: ``https://host[:port]``, or a
+    bare host name, which means ``https://host`` (port 443)."""
+    value = text.strip()
+    if "://" not in value:
+        value = f"https://{value}"
+    try:
+        parts = urlsplit(value)
+        origin = origin_of(value)
+    except ValueError:
+        raise GptflowError(
+            f"{where}: '{text}' is not an origin; write https://HOST or https://HOST:PORT"
+        ) from None
+    if parts.username is not None or parts.password is not None:
+        raise GptflowError(f"{where}: an origin holds no user name or password; remove it")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise GptflowError(
+            f"{where}: '{_safe(value)}' is not an origin (it has a path or query); the token is "
+            f"scoped to scheme, host and port only: write {origin_text(origin)}"
+        )
+    return origin
+
+
+def refuse_credentials_in_urls(urls: list[str], where: str) -> None:
+    """URLs like https://user:pass@host/ put a secret where it gets logged and shown in `ps`."""
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            raise GptflowError(
+                f"{where}: {_safe(url)} has a user name or password in the URL; URLs are "
+                f"logged and passed on command lines. Remove it and put a token in an environment "
+                f"variable named by auth.token_env"
+            )
+
+
+def token_origins(auth: dict, primary_urls: list[str], where: str) -> tuple[str, ...]:
+    """The origins a dataset's token goes to (``auth.origins`` + ``auth.hosts``, default the
+    origins of the primary URLs), checked: an http origin needs ``auth.allow_http``."""
+    listed = [(o, f"{where}.auth.origins") for o in auth.get("origins") or []]
+    listed += [(h, f"{where}.auth.hosts") for h in auth.get("hosts") or []]
+    origins = {parse_origin(text, key): key for text, key in listed}
+    if not origins:
+        for url in primary_urls:
+            try:
+                origins.setdefault(origin_of(url), f"{where}: the origin of {_safe(url)}")
+            except ValueError:
+                continue  # not a URL: the download reports it
+    if not auth.get("allow_http"):
+        for origin, key in origins.items():
+            if origin[0] == "http":
+                raise GptflowError(
+                    f"{key}: {origin_text(origin)} is plain http; the token in "
+                    f"${auth['token_env']} goes only over https, so it would never be sent there. "
+                    f"Use https URLs, or set {where}.auth.allow_http: true if that network is "
+                    f"trusted"
+                )
+    return tuple(sorted(origin_text(o) for o in origins))
+
+
+@dataclass(frozen=True)
+class TokenScope:
+    """A bearer token and where it may go: an exact origin (scheme, host, port) of
+    `origins`, and over https unless `allow_http`. Decided per request, redirects included
+    -- the rule curl and requests apply to credentials across redirects. The token never
+    shows in a repr."""
+
+    env: str | None = None
+    origins: frozenset[Origin] = frozenset()
+    allow_http: bool = False
+    token: str | None = field(default=None, repr=False)
+
+    def allows(self, url: str) -> bool:
+        try:
+            origin = origin_of(url)
+        except ValueError:
+            return False
+        return origin in self.origins and (origin[0] == "https" or self.allow_http)
+
+    def headers_for(self, url: str) -> dict[str, str]:
+        if self.token and self.allows(url):
+            return {"Authorization": f"Bearer {self.token}"}
+        return {}
+
+    def hint(self, url: str) -> str:
+        """Why a 401/403 may have happened, naming the variable, never its value."""
+        if not self.env:
+            return " (gated? set auth.token_env)"
+        if not self.token:
+            return f" (gated: ${self.env} is not set)"
+        if not self.allows(url):
+            where = ", ".join(sorted(origin_text(o) for o in self.origins))
+            return (
+                f" (the token in ${self.env} goes only to {where}; list this origin in "
+                f"auth.origins if it needs the token)"
+            )
+        return f" (is the token in ${self.env} valid?)"
+
+
+def _scope(
+    urls: list[str], token_env: str | None, origins: list[str] | None, allow_http: bool
+) -> TokenScope:
+    if not token_env:
+        return TokenScope()
+    if origins:
+        scoped = {parse_origin(o, "--token-origin") for o in origins}
+    else:
+        try:
+            scoped = {origin_of(urls[0])} if urls else set()
+        except ValueError:
+            scoped = set()  # not an http(s) URL: the download reports it
+    if not allow_http:
+        for origin in sorted(scoped):
+            if origin[0] == "http":
+                raise GptflowError(
+                    f"--token-origin {origin_text(origin)} is plain http: the token in "
+                    f"${token_env} would cross the network unencrypted. Use https, or pass "
+                    f"--token-allow-http (auth.allow_http: true) if that network is trusted"
+                )
+    token = os.environ.get(token_env) or None
+    if token is None:
+        log.warning("$%s is not set (or empty): downloading without a token", token_env)
+    return TokenScope(token_env, frozenset(scoped), allow_http, token)
+
+
 def _safe(url: str) -> str:
     """The URL without credentials or query string, for messages."""
     parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
+    netloc = parts.netloc.rpartition("@")[2]  # host[:port] as written, credentials dropped
     return f"{parts.scheme}://{netloc}{parts.path}"
 
 
@@ -200,13 +350,19 @@ def download(
     sha256: str | None = None,
     sha256sums: str | os.PathLike | None = None,
     token_env: str | None = None,
-    token_hosts: list[str] | None = None,
+    token_origins: list[str] | None = None,
+    allow_http: bool = False,
     policy: Policy | None = None,
     session=None,
 ) -> Result:
-    """Download the first of `urls` that works to `out`; see the module docstring."""
+    """Download the first of `urls` that works to `out`; see the module docstring.
+
+    The token in ``$token_env`` goes to `token_origins` (``https://host[:port]``; a bare host
+    means https on port 443; default the origin of the first URL), over http only with
+    `allow_http`."""
     import requests
 
+    refuse_credentials_in_urls(urls, "download")
     policy = policy or Policy()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,11 +386,7 @@ def download(
         _finish(out, digest, sums_path)
         return Result(str(out), "", digest, out.stat().st_size, 0.0, 0, 0, source or "none", [])
 
-    token = None
-    if token_env:
-        token = os.environ.get(token_env)
-    hosts = set(token_hosts or ([_host(urls[0])] if urls else []))
-
+    scope = _scope(urls, token_env, token_origins, allow_http)
     session = session or requests.Session()
     part = Path(f"{out}.part")
     meta_path = Path(f"{out}.part.json")
@@ -250,7 +402,7 @@ def download(
         hasher = _RunningHash()
         try:
             result = _first_that_works(
-                urls, errors, session, part, meta_path, expected, source, token, hosts, policy, out.name, hasher
+                urls, errors, session, part, meta_path, expected, source, scope, policy, out.name, hasher
             )  # fmt: skip
         finally:
             hasher.close()
@@ -281,14 +433,13 @@ def download(
 
 
 def _first_that_works(
-    urls, errors, session, part, meta_path, expected, source, token, hosts, policy, name, hasher
+    urls, errors, session, part, meta_path, expected, source, scope, policy, name, hasher
 ):
     """(url, _fetch_one's result) of the first URL that delivers; failures go to `errors`."""
     for url in urls:
         try:
-            tok = token if _host(url) in hosts else None
             return url, _fetch_one(
-                session, url, part, meta_path, expected, source, tok, policy, name, hasher
+                session, url, part, meta_path, expected, source, scope, policy, name, hasher
             )
         except _NextUrl as e:
             errors.append(f"{_safe(url)}: {e}")
@@ -388,7 +539,7 @@ class _Flusher:
         self._thread.join()
 
 
-def _fetch_one(session, url, part, meta_path, expected, source, token, policy, name, hasher):
+def _fetch_one(session, url, part, meta_path, expected, source, scope, policy, name, hasher):
     """Download `url` into `part` until complete and verified. Returns (sha256, resumed_from,
     attempts, checksum source); raises _NextUrl when this URL cannot deliver."""
     import requests
@@ -401,7 +552,7 @@ def _fetch_one(session, url, part, meta_path, expected, source, token, policy, n
         offset = part.stat().st_size if part.exists() else 0
         before = offset
         try:
-            outcome = _attempt(session, url, part, meta_path, offset, token, policy, name, hasher)
+            outcome = _attempt(session, url, part, meta_path, offset, scope, policy, name, hasher)
         except _Retry as e:
             progressed = (part.stat().st_size if part.exists() else 0) > before
             failures = 0 if progressed else failures + 1
@@ -415,8 +566,9 @@ def _fetch_one(session, url, part, meta_path, expected, source, token, policy, n
             log.warning("%s: %s; retrying in %.1f s", _safe(url), e, wait)
             policy.sleep(wait)
             continue
-        except requests.exceptions.InvalidURL as e:
-            raise _NextUrl(f"invalid URL ({e})") from None
+        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as e:
+            # the exception's text may quote the URL with its query string: name the type only
+            raise _NextUrl(f"invalid URL ({type(e).__name__})") from None
         published = outcome
         hasher.sync_to(part, part.stat().st_size)
         digest = hasher.hexdigest()
@@ -432,25 +584,21 @@ def _fetch_one(session, url, part, meta_path, expected, source, token, policy, n
         return digest, resumed_from, attempts, why or "none published; recorded now"
 
 
-def _attempt(session, url, part, meta_path, offset, token, policy, name, hasher) -> str | None:
+def _attempt(session, url, part, meta_path, offset, scope, policy, name, hasher) -> str | None:
     """One HTTP request. Returns the server-published sha256 (or None) when the body is complete."""
     import requests
 
     headers = {"Accept-Encoding": "identity", "User-Agent": "gptflow-download"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
     validator = None
     if offset > 0:
         headers["Range"] = f"bytes={offset}-"
         meta = _read_meta(meta_path)
-        if meta.get("url") == url:
+        if meta.get("url_sha256") == _digest(url):
             validator = meta.get("etag") or meta.get("last_modified")
             if validator:
                 headers["If-Range"] = validator
     try:
-        resp = session.get(
-            url, headers=headers, stream=True, timeout=(policy.connect_timeout, policy.read_timeout)
-        )
+        at, resp = _get(session, url, headers, scope, policy)
     except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as e:
         raise _Retry(f"connection failed ({type(e).__name__})") from None
     with resp:
@@ -458,12 +606,8 @@ def _attempt(session, url, part, meta_path, offset, token, policy, name, hasher)
         if status == 429 or status >= 500:
             raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
         if status in (401, 403):
-            hint = (
-                " (gated: set the token environment variable)"
-                if not token
-                else " (is the token valid?)"
-            )
-            raise _NextUrl(f"HTTP {status}{hint}")
+            via = f" from {_safe(at)}" if at != url else ""
+            raise _NextUrl(f"HTTP {status}{via}{scope.hint(at)}")
         if status == 416 and offset > 0:
             total = _content_range_total(resp.headers.get("Content-Range"))
             if total == offset:
@@ -528,6 +672,34 @@ def _attempt(session, url, part, meta_path, offset, token, policy, name, hasher)
         return _published_sha256(resp.headers)
 
 
+def _get(session, url: str, headers: dict, scope: TokenScope, policy: Policy):
+    """GET `url`, following redirects ourselves so that every hop gets the token only if its
+    own origin is in scope (requests would carry it to another port or scheme of the same
+    host on some versions, and re-add ~/.netrc credentials). Returns (final URL, response)."""
+    for _ in range(MAX_REDIRECTS + 1):
+        resp = session.get(
+            url,
+            headers={**headers, **scope.headers_for(url)},
+            stream=True,
+            timeout=(policy.connect_timeout, policy.read_timeout),
+            allow_redirects=False,
+        )
+        location = resp.headers.get("Location")
+        if resp.status_code not in REDIRECTS or not location:
+            return url, resp
+        resp.close()
+        target = urljoin(url, location)
+        parts = urlsplit(target)
+        if parts.scheme not in DEFAULT_PORTS:
+            raise _NextUrl(f"redirected to a {parts.scheme or 'scheme-less'} URL; not followed")
+        if parts.username is not None or parts.password is not None:
+            raise _NextUrl("redirected to a URL with a user name or password in it; not followed")
+        token = "with the token" if scope.headers_for(target) else "without a token"
+        log.info("%s: redirected to %s (%s)", _safe(url), _safe(target), token)
+        url = target
+    raise _NextUrl(f"more than {MAX_REDIRECTS} redirects")
+
+
 def _urllib3_errors() -> tuple[type[BaseException], ...]:
     import urllib3.exceptions as u
 
@@ -556,7 +728,17 @@ def _read_meta(path: Path) -> dict:
         return {}
 
 
+def _digest(url: str) -> str:
+    """Which URL a partial file came from, without writing the URL (its query may be a
+    signature) to disk."""
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
 def _write_meta(path: Path, url: str, headers) -> None:
-    meta = {"url": url, "etag": headers.get("ETag"), "last_modified": headers.get("Last-Modified")}
+    meta = {
+        "url_sha256": _digest(url),
+        "etag": headers.get("ETag"),
+        "last_modified": headers.get("Last-Modified"),
+    }
     with atomic_write(path) as f:
         json.dump(meta, f)

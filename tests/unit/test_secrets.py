@@ -1,0 +1,424 @@
+"""Where a dataset's token goes: real HTTPS servers on loopback record every request's
+Authorization header.
+
+The token (``auth.token_env``) goes only to its configured origins -- scheme, host and port
+exactly -- over https unless ``allow_http``; a redirect is re-checked hop by hop, so a hop to
+another origin goes without it and a hop back to an allowed origin carries it again (curl's
+rule: CVE-2018-1000007, CVE-2022-27776). The value is never in a message, a log, a sidecar
+file or a command line. The servers' certificates come from a throwaway CA made with the
+openssl CLI; the downloader trusts it through REQUESTS_CA_BUNDLE, as a user behind a
+corporate CA would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from gptflow.data.download import Policy, download, parse_origin, token_origins
+from gptflow.data.sources import resolve_dataset
+from gptflow.errors import GptflowError
+from tests.support.ports import refused_port
+
+CANARY = "canary-7f3e9b1c-not-for-logs"
+ENV = "GPTFLOW_TEST_TOKEN"
+DATA = os.urandom(200_001)
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+class Origin:
+    """A real HTTP(S) server on 127.0.0.1: per path, bytes to serve (optionally slowly), a
+    redirect or a bare status; records (path, Authorization) of every request."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.routes: dict[str, tuple] = {}
+        self.log: list[tuple[str, str | None]] = []
+        origin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                origin._handle(self)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.scheme = "https" if tls else "http"
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"{self.scheme}://{host}:{self.port}/{path}"
+
+    @property
+    def origin(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def serve(self, path: str, data: bytes, bps: int | None = None) -> str:
+        self.routes["/" + path] = ("file", data, bps)
+        return self.url(path)
+
+    def redirect(self, path: str, location: str, code: int = 302) -> str:
+        self.routes["/" + path] = ("redirect", code, location)
+        return self.url(path)
+
+    def status(self, path: str, code: int) -> str:
+        self.routes["/" + path] = ("status", code)
+        return self.url(path)
+
+    def auth(self, path: str) -> list[str | None]:
+        """The Authorization header of each request for `path`, in order."""
+        return [a for p, a in self.log if p == "/" + path]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        path = h.path.split("?")[0]
+        self.log.append((path, h.headers.get("Authorization")))
+        route = self.routes.get(path, ("status", 404))
+        if route[0] == "status":
+            h.send_response(route[1])
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+        elif route[0] == "redirect":
+            h.send_response(route[1])
+            h.send_header("Location", route[2])
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+        else:
+            _, data, bps = route
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            step = max(1, (bps or len(data)) // 20)
+            try:
+                for i in range(0, len(data), step):
+                    h.wfile.write(data[i : i + step])
+                    if bps:
+                        h.wfile.flush()
+                        time.sleep(step / bps)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    """(server context, CA file): a CA and a certificate for 127.0.0.1 and localhost."""
+    if not shutil.which("openssl"):
+        pytest.skip("the openssl CLI is not installed (it makes the test certificates)")
+    d = tmp_path_factory.mktemp("tls")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=gptflow test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)  # fmt: skip
+    _openssl("req", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost", cwd=d)
+    (d / "ext.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    _openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf", cwd=d)  # fmt: skip
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "srv.pem", d / "srv.key")
+    return ctx, d / "ca.pem"
+
+
+@pytest.fixture
+def servers(tls, monkeypatch):
+    """Two HTTPS origins (same host, different ports) and one plain HTTP origin."""
+    ctx, ca = tls
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))
+    monkeypatch.setenv(ENV, CANARY)
+    made = [Origin(ctx), Origin(ctx), Origin()]
+    yield made
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def policy():
+    return Policy(attempts=2, read_timeout=10, sleep=lambda s: None)
+
+
+def test_token_goes_to_its_https_origin_only(servers, policy, tmp_path, caplog):
+    a, b, plain = servers
+    caplog.set_level("DEBUG")  # urllib3's request lines too
+    download([a.serve("a.bin", DATA)], tmp_path / "a.bin", token_env=ENV, policy=policy)
+    assert a.auth("a.bin") == [f"Bearer {CANARY}"]
+    # same host, another port: another origin
+    download([b.serve("b.bin", DATA)], tmp_path / "b.bin", token_env=ENV,
+             token_origins=[a.origin], policy=policy)  # fmt: skip
+    assert b.auth("b.bin") == [None]
+    # same port, another host name
+    download([a.url("a.bin", host="localhost")], tmp_path / "c.bin", token_env=ENV,
+             token_origins=[a.origin], policy=policy)  # fmt: skip
+    assert a.auth("a.bin") == [f"Bearer {CANARY}", None]
+    # http on a host:port whose https origin is allowed: another scheme, another origin
+    https_twin = f"https://127.0.0.1:{plain.port}"
+    download([plain.serve("d.bin", DATA)], tmp_path / "d.bin", token_env=ENV,
+             token_origins=[https_twin], allow_http=True, policy=policy)  # fmt: skip
+    assert plain.auth("d.bin") == [None]
+    assert CANARY not in caplog.text
+    for sidecar in tmp_path.glob("*.sha256"):
+        assert sidecar.read_text().split() == [SHA, sidecar.name.removesuffix(".sha256")]
+
+
+def test_a_mirror_on_another_origin_gets_no_token(servers, policy, tmp_path):
+    a, b, _ = servers
+    r = download([a.url("gone.bin"), b.serve("m.bin", DATA)], tmp_path / "m.bin",
+                 token_env=ENV, policy=policy)  # fmt: skip
+    assert r.sha256 == SHA
+    assert a.auth("gone.bin") == [f"Bearer {CANARY}"]  # 404; the primary's origin is the default
+    assert b.auth("m.bin") == [None]
+
+
+def test_http_origin_is_refused_without_allow_http_and_nothing_is_requested(
+    servers, policy, tmp_path
+):
+    _, _, plain = servers
+    url = plain.serve("p.bin", DATA)
+    with pytest.raises(GptflowError) as e:
+        download([url], tmp_path / "p.bin", token_env=ENV, policy=policy)
+    assert str(e.value) == (
+        f"--token-origin {plain.origin} is plain http: the token in ${ENV} would cross the "
+        f"network unencrypted. Use https, or pass --token-allow-http (auth.allow_http: true) "
+        f"if that network is trusted"
+    )
+    assert plain.log == [] and not list(tmp_path.iterdir())
+    download([url], tmp_path / "p.bin", token_env=ENV, allow_http=True, policy=policy)
+    assert plain.auth("p.bin") == [f"Bearer {CANARY}"]
+
+
+REDIRECT_TARGETS = ["other port", "other host name", "scheme-relative, other host name"]
+
+
+@pytest.mark.parametrize("target", REDIRECT_TARGETS)
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_redirect_to_another_origin_drops_the_token(
+    servers, policy, tmp_path, caplog, target, code
+):
+    a, b, _ = servers
+    caplog.set_level("INFO")
+    a.serve("x.bin", DATA)
+    landed, location, followed = {
+        "other port": (b, b.serve("x.bin", DATA), b.url("x.bin")),
+        "other host name": (a, a.url("x.bin", "localhost"), a.url("x.bin", "localhost")),
+        "scheme-relative, other host name": (
+            a, f"//localhost:{a.port}/x.bin?sig=1", a.url("x.bin", "localhost")
+        ),
+    }[target]  # fmt: skip
+    url = a.redirect("start.bin", location, code)
+    r = download([url], tmp_path / "x.bin", token_env=ENV, policy=policy)
+    assert r.sha256 == SHA
+    assert a.auth("start.bin") == [f"Bearer {CANARY}"]
+    assert landed.auth("x.bin") == [None]
+    assert f"{url}: redirected to {followed} (without a token)" in caplog.text
+    assert CANARY not in caplog.text
+
+
+def test_redirect_back_to_the_allowed_origin_carries_the_token_again(servers, policy, tmp_path):
+    """Decided per hop against the configured origins (curl compares each hop with the
+    origin it was given, so it does the same)."""
+    a, b, _ = servers
+    a.serve("final.bin", DATA)
+    b.redirect("bounce.bin", a.url("final.bin"), 302)
+    url = a.redirect("start.bin", b.url("bounce.bin"), 302)
+    download([url], tmp_path / "f.bin", token_env=ENV, policy=policy)
+    assert a.auth("start.bin") == [f"Bearer {CANARY}"]
+    assert b.auth("bounce.bin") == [None]
+    assert a.auth("final.bin") == [f"Bearer {CANARY}"]
+
+
+def test_https_to_http_downgrade_of_an_allowed_host_gets_no_token(servers, policy, tmp_path):
+    """Only https origins configured: a redirect to http on an allowed host name loses it."""
+    a, _, plain = servers
+    plain.serve("y.bin", DATA)
+    url = a.redirect("start.bin", plain.url("y.bin"), 302)
+    download([url], tmp_path / "y.bin", token_env=ENV,
+             token_origins=["127.0.0.1", a.origin], policy=policy)  # fmt: skip
+    assert plain.auth("y.bin") == [None]
+
+
+def test_redirects_not_followed(servers, policy, tmp_path):
+    a, _, _ = servers
+    a.redirect("cred.bin", f"https://user:{CANARY}@127.0.0.1:{a.port}/x.bin")
+    a.redirect("ftp.bin", "ftp://127.0.0.1/x.bin")
+    a.redirect("loop.bin", a.url("loop.bin"))
+    for name, why in [
+        ("cred.bin", "redirected to a URL with a user name or password in it; not followed"),
+        ("ftp.bin", "redirected to a ftp URL; not followed"),
+        ("loop.bin", "more than 10 redirects"),
+    ]:
+        with pytest.raises(GptflowError) as e:
+            download([a.url(name)], tmp_path / name, token_env=ENV, policy=policy)
+        assert str(e.value) == (
+            f"{name}: every URL failed ({a.url(name)}: {why}). Check the URLs, mirrors and network"
+        )
+    assert len(a.auth("loop.bin")) == 11
+
+
+def test_messages_show_no_credentials_or_query_strings(policy, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, CANARY)
+    with pytest.raises(GptflowError) as e:
+        download([f"https://user:{CANARY}@example.org/a.bin"], tmp_path / "a.bin", policy=policy)
+    assert str(e.value) == (
+        "download: https://example.org/a.bin has a user name or password in the URL; URLs are "
+        "logged and passed on command lines. Remove it and put a token in an environment "
+        "variable named by auth.token_env"
+    )
+    with refused_port() as port:
+        url = f"https://127.0.0.1:{port}/a.bin?X-Amz-Signature=SIG{CANARY}"
+        with pytest.raises(GptflowError) as e:
+            download([url], tmp_path / "a.bin", token_env=ENV,
+                     token_origins=[f"https://127.0.0.1:{port}"], policy=policy)  # fmt: skip
+    assert str(e.value) == (
+        f"a.bin: every URL failed (https://127.0.0.1:{port}/a.bin: gave up after 2 attempts "
+        f"(connection failed (ConnectionError))). Check the URLs, mirrors and network"
+    )
+    assert not list(tmp_path.iterdir())
+
+
+def test_unauthorised_answers_name_the_variable_not_the_value(
+    servers, policy, tmp_path, monkeypatch
+):
+    a, b, _ = servers
+    gated = a.status("gated.bin", 401)
+    with pytest.raises(GptflowError) as e:
+        download([gated], tmp_path / "g.bin", token_env=ENV, policy=policy)
+    assert f"{gated}: HTTP 401 (is the token in ${ENV} valid?)" in str(e.value)
+    moved = a.redirect("moved.bin", b.status("gated.bin", 403))
+    with pytest.raises(GptflowError) as e:
+        download([moved], tmp_path / "g.bin", token_env=ENV, policy=policy)
+    assert (
+        f"{moved}: HTTP 403 from {b.url('gated.bin')} (the token in ${ENV} goes only to "
+        f"{a.origin}; list this origin in auth.origins if it needs the token)" in str(e.value)
+    )
+    monkeypatch.delenv(ENV)
+    with pytest.raises(GptflowError) as e:
+        download([gated], tmp_path / "g.bin", token_env=ENV, policy=policy)
+    assert f"{gated}: HTTP 401 (gated: ${ENV} is not set)" in str(e.value)
+    assert b.auth("gated.bin") == [None] and a.auth("gated.bin") == [f"Bearer {CANARY}", None]
+
+
+def test_cli_reads_the_token_from_the_environment_never_from_its_command_line(servers, tmp_path):
+    """The real `gptflow download`, as the download rule runs it (output into a log file):
+    the running process's command line names the variable only; the token reaches the
+    server and nothing the job writes."""
+    a, _, _ = servers
+    data = os.urandom(1_500_000)
+    url = a.serve("slow.bin", data, bps=1_000_000)
+    out, log = tmp_path / "raw" / "slow.bin", tmp_path / "slow.log"
+    cmd = [str(Path(sys.executable).parent / "gptflow"), "download", url, "--out", str(out),
+           "--token-env", ENV, "--token-host", a.origin, "--sha256sums", str(tmp_path / "raw" / "SHA256SUMS")]  # fmt: skip
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=os.environ)
+        try:
+            deadline = time.time() + 30
+            part = Path(f"{out}.part")
+            while time.time() < deadline and not (part.exists() and part.stat().st_size):
+                time.sleep(0.05)
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+            assert proc.poll() is None, "the download ended before its command line was read"
+        finally:
+            assert proc.wait(timeout=60) == 0, log.read_text()
+    assert [b"--token-env", ENV.encode()] == cmdline[cmdline.index(b"--token-env") :][:2]
+    assert not any(CANARY.encode() in arg for arg in cmdline)
+    assert a.auth("slow.bin") == [f"Bearer {CANARY}"]
+    assert out.read_bytes() == data
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != out]
+    assert sorted(p.name for p in written) == [
+        "SHA256SUMS",
+        "SHA256SUMS.lock",
+        "slow.bin.sha256",
+        "slow.log",
+    ]
+    for p in written:
+        assert CANARY not in p.read_text(), p
+
+
+# ----------------------------------------------------------------------------- plan time
+
+
+def url_dataset(urls, auth=None, mirrors=()):
+    spec = {"type": "url", "files": [{"url": u} for u in urls]}
+    if mirrors:
+        spec["files"][0]["mirrors"] = list(mirrors)
+    if auth is not None:
+        spec["auth"] = auth
+    return resolve_dataset("gated", spec, catalog={}, catalog_path="", source="cfg.yaml")
+
+
+def test_origins_default_to_the_primary_urls_and_are_normalised():
+    d = url_dataset(["https://HF.example/a.jsonl", "https://hf.example:8443/b.jsonl"],
+                    {"token_env": ENV})  # fmt: skip
+    assert d.token_origins == ("https://hf.example", "https://hf.example:8443")
+    d = url_dataset(["https://hf.example/a.jsonl"],
+                    {"token_env": ENV, "origins": ["https://cdn.example:443/"], "hosts": ["hf.example"]})  # fmt: skip
+    assert (d.token_env, d.token_origins, d.token_allow_http) == (
+        ENV, ("https://cdn.example", "https://hf.example"), False
+    )  # fmt: skip
+    d = url_dataset(["http://10.0.0.1:8080/a.jsonl"], {"token_env": ENV, "allow_http": True})
+    assert (d.token_origins, d.token_allow_http) == (("http://10.0.0.1:8080",), True)
+    assert url_dataset(["http://10.0.0.1/a.jsonl"]).token_origins == ()
+
+
+def test_a_token_that_could_never_be_sent_is_a_plan_time_error():
+    with pytest.raises(GptflowError) as e:
+        url_dataset(["http://10.0.0.1:8080/a.jsonl"], {"token_env": ENV})
+    assert str(e.value) == (
+        "cfg.yaml: datasets.gated: the origin of http://10.0.0.1:8080/a.jsonl: "
+        f"http://10.0.0.1:8080 is plain http; the token in ${ENV} goes only over https, so it "
+        "would never be sent there. Use https URLs, or set cfg.yaml: datasets.gated.auth."
+        "allow_http: true if that network is trusted"
+    )
+    with pytest.raises(GptflowError, match=r"^cfg\.yaml: datasets\.gated\.auth\.origins: http://h"):
+        url_dataset(["https://h/a.jsonl"], {"token_env": ENV, "origins": ["http://h"]})
+    with pytest.raises(GptflowError) as e:
+        url_dataset(["https://h/a.jsonl"], {"token_env": ENV, "origins": ["https://h/path?q=1"]})
+    assert str(e.value) == (
+        "cfg.yaml: datasets.gated.auth.origins: 'https://h/path' is not an origin (it has a path "
+        "or query); the token is scoped to scheme, host and port only: write https://h"
+    )
+
+
+def test_credentials_in_a_config_url_are_refused_at_plan_time():
+    with pytest.raises(GptflowError) as e:
+        url_dataset(["https://h/a.jsonl"], mirrors=[f"https://u:{CANARY}@mirror.example/a.jsonl"])
+    assert str(e.value).startswith(
+        "cfg.yaml: datasets.gated: https://mirror.example/a.jsonl has a user name or password"
+    )
+    assert CANARY not in str(e.value)
+
+
+def test_parse_origin():
+    assert parse_origin("HF.example", "k") == ("https", "hf.example", 443)
+    assert parse_origin("http://[::1]:80/", "k") == ("http", "::1", 80)
+    with pytest.raises(
+        GptflowError, match=r"^k: 'https://h:x' is not an origin; write https://HOST"
+    ):
+        parse_origin("https://h:x", "k")
+    assert token_origins({"token_env": ENV, "origins": ["https://[::1]:8443"]}, [], "w") == (
+        "https://[::1]:8443",
+    )
