@@ -74,7 +74,7 @@ wildcard_constraints:
     part=r"\d{4}",
     run=RUN,
     tokenizer=TOKENIZER,
-    file=r"[^/]+(?<!\.sha256)(?<!\.part)(?<!\.lock)",
+    file=sources.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
     hash=r"[0-9a-f]{12}",
     format="sqsh|sif",
 
