@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -34,18 +35,142 @@ from gptflow.errors import GptflowError
 # ----------------------------------------------------------------------------- YAML + schema
 
 
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class DuplicateKeyError(Exception):
+    """A mapping gives one key twice (YAML and JSON parsers silently keep the last)."""
+
+    def __init__(self, key: str, line: int | None, first_line: int | None = None) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+    def describe(self, path: str | os.PathLike) -> str:
+        where = f"{path}:{self.line}" if self.line else str(path)
+        also = f" (first on line {self.first_line})" if self.first_line else ""
+        return (
+            f"{where}: key '{self.key}' is given twice{also}; only the last would count. "
+            f"Remove one of them from {path}."
+        )
+
+
+class UniqueKeyLoader(_BaseLoader):
+    """A safe YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last).
+
+    Keys merged in with ``<<`` may be overridden, as YAML intends."""
+
+    def construct_document(self, node):
+        self._root_node = node
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                    key_node, yaml.ScalarNode
+                ):
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    parent = _node_path(getattr(self, "_root_node", node), node)
+                    raise DuplicateKeyError(_dotted([*parent, key]), line, seen[key])
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _node_path(root, target) -> list:
+    """Keys and indices from the document's root node to `target` (a composed YAML node)."""
+    stack, visited = [(root, [])], set()
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.append((v, [*path, k.value if isinstance(k, yaml.ScalarNode) else "?"]))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, [*path, i]) for i, v in enumerate(node.value))
+    return []
+
+
+def parse_yaml(text: str, where: str | os.PathLike) -> Any:
+    """Parse YAML text; a syntax error or a key given twice names `where` and the line."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKeyError as e:
+        raise GptflowError(e.describe(where)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"{where}:{mark.line + 1}" if mark else str(where)
+        raise GptflowError(f"{at}: invalid YAML ({getattr(e, 'problem', e)})") from None
+
+
 def load_yaml(path: str | os.PathLike) -> Any:
-    """Parse a YAML file; a syntax error names the file and line."""
+    """Parse a YAML file; a syntax error or a key given twice names the file and line."""
     path = Path(path)
     if not path.is_file():
         raise GptflowError(f"{path}: no such file")
+    return parse_yaml(path.read_text(encoding="utf-8"), path)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key, None)
+        out[key] = value
+    return out
+
+
+def check_config_file(path: str | os.PathLike) -> None:
+    """Re-read a config file Snakemake merged: a key given twice is an error naming the file,
+    the line and the key (Snakemake keeps the last). Read as Snakemake reads it: JSON first,
+    else YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise GptflowError(f"{path}: config file not found")
+    text = path.read_text(encoding="utf-8")
     try:
-        with open(path) as f:
-            return yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise GptflowError(f"{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        json.loads(text, object_pairs_hook=_unique_pairs)
+    except DuplicateKeyError as e:
+        try:  # JSON is YAML: the YAML parser names the line and the full key
+            yaml.load(text, Loader=UniqueKeyLoader)
+        except DuplicateKeyError as full:
+            raise GptflowError(full.describe(path)) from None
+        except yaml.YAMLError:
+            pass
+        lines = [i + 1 for i, line in enumerate(text.splitlines()) if f'"{e.key}"' in line]
+        raise GptflowError(
+            DuplicateKeyError(e.key, lines[-1] if lines else None).describe(path)
+        ) from None
+    except ValueError:  # not JSON: YAML, as Snakemake falls back to
+        parse_yaml(text, path)
+
+
+def plain(value: Any) -> Any:
+    """`value` with every mapping a dict and every sequence a list (Snakemake reads JSON config
+    files into OrderedDicts, which yaml.safe_dump refuses)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def non_finite_numbers(value: Any, path: tuple = ()) -> list[tuple[str, float]]:
+    """(dotted key, value) of every NaN or infinity in a config tree."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [(_dotted(path), value)]
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in non_finite_numbers(v, (*path, k))]
+    if isinstance(value, list):
+        return [x for i, v in enumerate(value) for x in non_finite_numbers(v, (*path, i))]
+    return []
 
 
 def _resolve(schema: dict, root: dict) -> dict:
@@ -123,18 +248,40 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _choices(schema: dict, root: dict) -> list | None:
+    """The values an enum/const schema (or an anyOf of them) allows, else None."""
+    schema = _resolve(schema, root)
+    if "enum" in schema:
+        return list(schema["enum"])
+    if "const" in schema:
+        return [schema["const"]]
+    if "anyOf" in schema:
+        out: list = []
+        for sub in schema["anyOf"]:
+            more = _choices(sub, root)
+            if more is None:
+                return None
+            out += more
+        return out
+    return None
+
+
 def _describe_error(err, root: dict, what: str) -> str:
-    """One line for a jsonschema ValidationError."""
+    """One line for a jsonschema ValidationError: the key, its value and what is expected."""
     path = list(err.absolute_path)
     key = _dotted(path)
     v = err.validator
+    expected = err.schema.get("x-expected") if isinstance(err.schema, dict) else None
+    if "propertyNames" in err.absolute_schema_path:  # the key itself is the bad value
+        want = expected or f"a key matching {err.validator_value!r}"
+        return f"'{key}' has a key {err.instance!r}; expected {want}"
     if v in ("additionalProperties", "unevaluatedProperties"):
         allowed = set(_resolve(err.schema, root).get("properties", {}))
         unknown = sorted(k for k in err.instance if k not in allowed)
         parts = []
         for k in unknown:
             full = _dotted([*path, k])
-            close = difflib.get_close_matches(k, sorted(allowed), n=1)
+            close = difflib.get_close_matches(str(k), sorted(allowed), n=1)
             hint = f" (did you mean '{_dotted([*path, close[0]])}'?)" if close else ""
             parts.append(f"unknown key '{full}'{hint}")
         known = ", ".join(sorted(allowed)) or "none"
@@ -148,32 +295,82 @@ def _describe_error(err, root: dict, what: str) -> str:
         expected = expected if isinstance(expected, list) else [expected]
         names = " or ".join(_JSON_TYPE_NAMES.get(t, t) for t in expected)
         return f"'{key}' is {err.instance!r} ({_type_name(err.instance)}); expected {names}"
+    if v == "control":
+        return (
+            f"'{key}' is {err.instance!r}, which holds a control character (newline, tab, ...); "
+            f"remove it"
+        )
     if v in ("enum", "const"):
         choices = err.validator_value if v == "enum" else [err.validator_value]
         return f"'{key}' is {err.instance!r}; expected one of {choices}"
+    if v in ("anyOf", "oneOf") and _choices(err.schema, root) is not None:
+        return f"'{key}' is {err.instance!r}; expected one of {_choices(err.schema, root)}"
     if v == "pattern":
-        return f"'{key}' is {err.instance!r}, which does not match {err.validator_value!r}"
+        want = expected or f"a string matching {err.validator_value!r}"
+        return f"'{key}' is {err.instance!r}; expected {want}"
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
         return f"'{key}' is {err.instance!r}; it must be {op} {err.validator_value}"
-    if v in ("minItems", "minProperties"):
+    if v in ("minItems", "minProperties", "minLength"):
         return f"'{key}' must not be empty"
+    if v == "maxItems":
+        return f"'{key}' is {err.instance!r}; it takes at most {err.validator_value} items"
     return f"'{key}': {err.message}"
 
 
-def validate(instance: Any, schema: dict, *, source: str, root: dict | None = None) -> None:
-    """Raise one GptflowError listing every schema violation (one clause each), naming `source`."""
-    from jsonschema import Draft202012Validator
-    from jsonschema.validators import validator_for  # noqa: F401 - keeps the import local
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
+
+def _to_end(pattern: str) -> str:
+    r"""`pattern` with a final ``$`` made ``\Z``: in Python's re (which jsonschema's ``pattern``
+    uses) ``$`` also matches before a trailing newline, so ``^[a-z]+$`` would accept "abc\n"."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        return pattern[:-1] + r"\Z"
+    return pattern
+
+
+@functools.cache
+def _validator_class():
+    """Draft 2020-12, stricter where a config value can become a path or a command word:
+    ``pattern`` matches to the end of the string (see :func:`_to_end`), and a string holds no
+    control character unless its schema says ``x-text: true`` (free text, e.g. a prompt)."""
+    from jsonschema import Draft202012Validator, ValidationError, validators
+
+    draft_type = Draft202012Validator.VALIDATORS["type"]
+
+    def pattern(validator, patrn, instance, schema):
+        if validator.is_type(instance, "string") and not re.search(_to_end(patrn), instance):
+            yield ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    def type_(validator, types, instance, schema):
+        yield from draft_type(validator, types, instance, schema)
+        if (
+            isinstance(instance, str)
+            and not schema.get("x-text")
+            and _CONTROL_CHARACTER.search(instance)
+        ):
+            yield ValidationError(f"{instance!r} holds a control character", validator="control")
+
+    return validators.extend(Draft202012Validator, {"pattern": pattern, "type": type_})
+
+
+def validate(instance: Any, schema: dict, *, source: str, root: dict | None = None) -> None:
+    """Raise one GptflowError listing every violation (one clause each), naming `source`:
+    the schema's, and any NaN or infinity (refused everywhere, with its key)."""
     root = root or schema
     if root is not schema:
         schema = {**schema, "$defs": root.get("$defs", {})}
-    validator = Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        lines = sorted({_describe_error(e, root, source) for e in errors})
-        raise GptflowError(f"{source}: {'; '.join(lines)}. Fix {source}.")
+    non_finite = non_finite_numbers(instance)
+    lines = {
+        f"'{key}' is {value!r}; numbers must be finite (no .nan/.inf in YAML, NaN/Infinity in JSON)"
+        for key, value in non_finite
+    }
+    reported = {key for key, _ in non_finite}
+    for err in _validator_class()(schema).iter_errors(instance):
+        if _dotted(err.absolute_path) not in reported:  # a NaN is also out of range, ...
+            lines.add(_describe_error(err, root, source))
+    if lines:
+        raise GptflowError(f"{source}: {'; '.join(sorted(lines))}. Fix {source}.")
 
 
 # ----------------------------------------------------------------------------- model and train
@@ -557,11 +754,15 @@ def load_workflow_config(
 ) -> dict:
     """Validate the merged workflow config, fill defaults, resolve the model preset.
 
-    Returns a new dict; ``model`` then holds every architecture key. Raises GptflowError with
-    one line naming the key, the value and the file to fix.
+    `config_files` are the files Snakemake merged into `config` (it keeps the last of a key
+    given twice in one file, so they are re-read to refuse that). Returns a new dict of plain
+    dicts and lists; ``model`` then holds every architecture key. Raises GptflowError with one
+    line naming the key, the value and the file to fix.
     """
+    for path in config_files or []:
+        check_config_file(path)
     schema = load_yaml(schema_path)
-    cfg = copy.deepcopy(config)
+    cfg = plain(config)
     if not isinstance(cfg, dict) or not cfg:
         raise GptflowError(f"{source}: empty config; start from config/config.yaml")
     validate(cfg, schema, source=source)
@@ -614,15 +815,42 @@ def load_workflow_config(
                 _check_path(spec["path"], f"tokenizer.{key}.path", source)
 
     cfg["model"] = resolve_model(cfg["model"], schema, Path(models_dir), source)
-    train = TrainConfig(**cfg["train"])
-    train.check_trainable()
-    ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
+    try:  # the cross-field rules of the dataclasses, named in this file's terms
+        train = TrainConfig(**cfg["train"])
+        train.check_trainable()
+        ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
+    except GptflowError as e:
+        raise GptflowError(f"{source}: {e}. Fix {source}.") from None
     if train.seq_length > cfg["model"]["max_position_embeddings"]:
         raise GptflowError(
             f"{source}: train.seq_length {train.seq_length} exceeds "
             f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
         )
+    _check_split(cfg["data"]["split"], train, source)
     return cfg
+
+
+def _check_split(split: str, train: TrainConfig, source: str) -> None:
+    """data.split gives training a share, and validation one when train.eval_iters asks for it
+    (else the trainer would stop at its first step). Log, eval and save intervals longer than
+    train_iters are fine: the last step logs, evaluates and saves."""
+    from gptflow.data.dataset import parse_split
+
+    try:
+        train_share, valid_share, _ = parse_split(split)
+    except GptflowError as e:
+        raise GptflowError(f"{source}: {e}. Fix {source}.") from None
+    if train_share == 0:
+        raise GptflowError(
+            f"{source}: data.split '{split}' gives the train split nothing; give its first "
+            f"number a share (e.g. '969,30,1'). Fix {source}."
+        )
+    if valid_share == 0 and train.eval_iters > 0:
+        raise GptflowError(
+            f"{source}: data.split '{split}' gives the validation split nothing, but "
+            f"train.eval_iters is {train.eval_iters}; give its second number a share "
+            f"(e.g. '969,30,1') or set train.eval_iters 0. Fix {source}."
+        )
 
 
 def _check_path(path: str, key: str, source: str) -> None:

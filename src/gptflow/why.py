@@ -42,15 +42,19 @@ def dump_config(cfg: dict) -> None:
 
 
 def record_config(cfg: dict, workdir: str | os.PathLike = ".") -> None:
-    """After a successful run (the Snakefile's onsuccess): the config `why` compares against."""
+    """After a successful run (the Snakefile's onsuccess): the config `why` compares against.
+
+    Plain dicts and lists are written: Snakemake reads a JSON config file into OrderedDicts,
+    which yaml.safe_dump refuses (every run with a JSON --configfile failed here)."""
     import time
 
+    from gptflow.config import plain
     from gptflow.fsutil import atomic_write
 
     path = Path(workdir) / RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as f:
-        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg}
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": plain(cfg)}
         yaml.safe_dump(record, f, sort_keys=False)
 
 
