@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import ssl
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +24,7 @@ import pytest
 from gptflow.data.download import Policy, download, parse_origin, token_origins
 from gptflow.data.sources import resolve_dataset
 from gptflow.errors import GptflowError
+from tests.support.origins import Origin, make_tls
 from tests.support.ports import refused_port
 
 CANARY = "canary-7f3e9b1c-not-for-logs"
@@ -36,113 +33,13 @@ DATA = os.urandom(200_001)
 SHA = hashlib.sha256(DATA).hexdigest()
 
 
-class Origin:
-    """A real HTTP(S) server on 127.0.0.1: per path, bytes to serve (optionally slowly), a
-    redirect or a bare status; records (path, Authorization) of every request."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.routes: dict[str, tuple] = {}
-        self.log: list[tuple[str, str | None]] = []
-        origin = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                origin._handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
-        self.scheme = "https" if tls else "http"
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-    def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"{self.scheme}://{host}:{self.port}/{path}"
-
-    @property
-    def origin(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
-
-    def serve(self, path: str, data: bytes, bps: int | None = None) -> str:
-        self.routes["/" + path] = ("file", data, bps)
-        return self.url(path)
-
-    def redirect(self, path: str, location: str, code: int = 302) -> str:
-        self.routes["/" + path] = ("redirect", code, location)
-        return self.url(path)
-
-    def status(self, path: str, code: int) -> str:
-        self.routes["/" + path] = ("status", code)
-        return self.url(path)
-
-    def auth(self, path: str) -> list[str | None]:
-        """The Authorization header of each request for `path`, in order."""
-        return [a for p, a in self.log if p == "/" + path]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def _handle(self, h: BaseHTTPRequestHandler) -> None:
-        path = h.path.split("?")[0]
-        self.log.append((path, h.headers.get("Authorization")))
-        route = self.routes.get(path, ("status", 404))
-        if route[0] == "status":
-            h.send_response(route[1])
-            h.send_header("Content-Length", "0")
-            h.end_headers()
-        elif route[0] == "redirect":
-            h.send_response(route[1])
-            h.send_header("Location", route[2])
-            h.send_header("Content-Length", "0")
-            h.end_headers()
-        else:
-            _, data, bps = route
-            h.send_response(200)
-            h.send_header("Content-Length", str(len(data)))
-            h.end_headers()
-            step = max(1, (bps or len(data)) // 20)
-            try:
-                for i in range(0, len(data), step):
-                    h.wfile.write(data[i : i + step])
-                    if bps:
-                        h.wfile.flush()
-                        time.sleep(step / bps)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
     """(server context, CA file): a CA and a certificate for 127.0.0.1 and localhost."""
-    if not shutil.which("openssl"):
+    made = make_tls(tmp_path_factory.mktemp("tls"))
+    if made is None:
         pytest.skip("the openssl CLI is not installed (it makes the test certificates)")
-    d = tmp_path_factory.mktemp("tls")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-             "-subj", "/CN=gptflow test CA", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)  # fmt: skip
-    _openssl("req", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost", cwd=d)
-    (d / "ext.cnf").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
-        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
-    )
-    _openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf", cwd=d)  # fmt: skip
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(d / "srv.pem", d / "srv.key")
-    return ctx, d / "ca.pem"
+    return made
 
 
 @pytest.fixture
@@ -388,12 +285,13 @@ def test_a_token_that_could_never_be_sent_is_a_plan_time_error():
     with pytest.raises(GptflowError) as e:
         url_dataset(["http://10.0.0.1:8080/a.jsonl"], {"token_env": ENV})
     assert str(e.value) == (
-        "cfg.yaml: datasets.gated: the origin of http://10.0.0.1:8080/a.jsonl: "
-        f"http://10.0.0.1:8080 is plain http; the token in ${ENV} goes only over https, so it "
-        "would never be sent there. Use https URLs, or set cfg.yaml: datasets.gated.auth."
-        "allow_http: true if that network is trusted"
+        "cfg.yaml: datasets.gated.auth: http://10.0.0.1:8080 (of http://10.0.0.1:8080/a.jsonl) is "
+        f"plain http; the token in ${ENV} goes only over https, so it would never be sent there. "
+        "Use https, or set allow_http: true in this auth if that network is trusted"
     )
-    with pytest.raises(GptflowError, match=r"^cfg\.yaml: datasets\.gated\.auth\.origins: http://h"):
+    with pytest.raises(
+        GptflowError, match=r"^cfg\.yaml: datasets\.gated\.auth\.origins: http://h is plain http;"
+    ):
         url_dataset(["https://h/a.jsonl"], {"token_env": ENV, "origins": ["http://h"]})
     with pytest.raises(GptflowError) as e:
         url_dataset(["https://h/a.jsonl"], {"token_env": ENV, "origins": ["https://h/path?q=1"]})

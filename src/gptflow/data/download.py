@@ -161,23 +161,22 @@ def refuse_credentials_in_urls(urls: list[str], where: str) -> None:
 def token_origins(auth: dict, primary_urls: list[str], where: str) -> tuple[str, ...]:
     """The origins a dataset's token goes to (``auth.origins`` + ``auth.hosts``, default the
     origins of the primary URLs), checked: an http origin needs ``auth.allow_http``."""
-    listed = [(o, f"{where}.auth.origins") for o in auth.get("origins") or []]
-    listed += [(h, f"{where}.auth.hosts") for h in auth.get("hosts") or []]
-    origins = {parse_origin(text, key): key for text, key in listed}
+    listed = [(o, f"{where}.auth.origins: ", "") for o in auth.get("origins") or []]
+    listed += [(h, f"{where}.auth.hosts: ", "") for h in auth.get("hosts") or []]
+    origins = {parse_origin(text, key[:-2]): (key, why) for text, key, why in listed}
     if not origins:
         for url in primary_urls:
             try:
-                origins.setdefault(origin_of(url), f"{where}: the origin of {_safe(url)}")
+                origins.setdefault(origin_of(url), (f"{where}.auth: ", f" (of {_safe(url)})"))
             except ValueError:
                 continue  # not a URL: the download reports it
     if not auth.get("allow_http"):
-        for origin, key in origins.items():
+        for origin, (key, why) in origins.items():
             if origin[0] == "http":
                 raise GptflowError(
-                    f"{key}: {origin_text(origin)} is plain http; the token in "
+                    f"{key}{origin_text(origin)}{why} is plain http; the token in "
                     f"${auth['token_env']} goes only over https, so it would never be sent there. "
-                    f"Use https URLs, or set {where}.auth.allow_http: true if that network is "
-                    f"trusted"
+                    f"Use https, or set allow_http: true in this auth if that network is trusted"
                 )
     return tuple(sorted(origin_text(o) for o in origins))
 
