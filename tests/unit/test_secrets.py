@@ -158,6 +158,41 @@ def test_https_to_http_downgrade_of_an_allowed_host_gets_no_token(servers, polic
     assert plain.auth("y.bin") == [None]
 
 
+def test_netrc_credentials_are_not_sent_nor_replace_the_token(
+    servers, policy, tmp_path, monkeypatch
+):
+    a, _, _ = servers
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login me password netrc-{CANARY}\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    download([a.serve("n.bin", DATA)], tmp_path / "n1.bin", policy=policy)
+    download([a.url("n.bin")], tmp_path / "n2.bin", token_env=ENV, policy=policy)
+    assert a.auth("n.bin") == [None, f"Bearer {CANARY}"]
+
+
+def test_partial_download_state_holds_no_query_string(tmp_path, monkeypatch):
+    """The .part.json kept for resuming records which URL by its sha256, not the URL (whose
+    query may be a signature); the resumed request still sends If-Range."""
+    from tests.support.faultserver import FaultServer
+
+    server = FaultServer()
+    try:
+        url = server.add("q.bin", DATA, ("drop", 50_000), ("status", 500), ("status", 500))
+        signed = f"{url}?X-Amz-Signature={CANARY}"
+        policy = Policy(attempts=2, sleep=lambda s: None)
+        with pytest.raises(GptflowError):
+            download([signed], tmp_path / "q.bin", policy=policy)
+        state = (tmp_path / "q.bin.part.json").read_text()
+        assert CANARY not in state and "127.0.0.1" not in state
+        download([signed], tmp_path / "q.bin", policy=policy)
+        last = server.requests("q.bin")[-1]
+        assert (last["range"], last["if_range"] is not None) == ("bytes=50000-", True)
+        assert (tmp_path / "q.bin").read_bytes() == DATA
+    finally:
+        server.close()
+
+
 def test_redirects_not_followed(servers, policy, tmp_path):
     a, _, _ = servers
     a.redirect("cred.bin", f"https://user:{CANARY}@127.0.0.1:{a.port}/x.bin")

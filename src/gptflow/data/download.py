@@ -673,8 +673,8 @@ def _attempt(session, url, part, meta_path, offset, scope, policy, name, hasher)
 
 def _get(session, url: str, headers: dict, scope: TokenScope, policy: Policy):
     """GET `url`, following redirects ourselves so that every hop gets the token only if its
-    own origin is in scope (requests would carry it to another port or scheme of the same
-    host on some versions, and re-add ~/.netrc credentials). Returns (final URL, response)."""
+    own origin is in scope (requests' own rule differs across versions: older ones carried it
+    to another port or scheme of the same host). Returns (final URL, response)."""
     for _ in range(MAX_REDIRECTS + 1):
         resp = session.get(
             url,
@@ -682,6 +682,7 @@ def _get(session, url: str, headers: dict, scope: TokenScope, policy: Policy):
             stream=True,
             timeout=(policy.connect_timeout, policy.read_timeout),
             allow_redirects=False,
+            auth=_no_netrc,
         )
         location = resp.headers.get("Location")
         if resp.status_code not in REDIRECTS or not location:
@@ -697,6 +698,13 @@ def _get(session, url: str, headers: dict, scope: TokenScope, policy: Policy):
         log.info("%s: redirected to %s (%s)", _safe(url), _safe(target), token)
         url = target
     raise _NextUrl(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _no_netrc(request):
+    """An explicit no-op auth: requests otherwise adds ~/.netrc credentials (Basic) to any
+    request without one, replacing our Authorization header. As with curl without --netrc,
+    the only credential a download sends is the token of auth.token_env."""
+    return request
 
 
 def _urllib3_errors() -> tuple[type[BaseException], ...]:
