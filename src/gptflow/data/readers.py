@@ -16,6 +16,38 @@ parquet        one per row, text in a column, read in row batches
 processes, so that errors can still name the line) or texts. :func:`collect_local_documents`
 turns files on disk, one document each, into a JSONL shard. Dropped documents are counted by
 reason, never silently lost.
+
+Damaged inputs (a truncated download, flipped bits, an HTML error page saved under a corpus
+name) are found, not read as fewer documents: each layer's own integrity check is used --
+
+=============  ======================================================================
+format         what catches damage
+=============  ======================================================================
+gzip           the deflate decoder; the CRC-32 and length in each member's trailer; a
+               stream that ends before its trailer (truncation); an empty file
+xz             the LZMA2 decoder; the block check (CRC-64 by default); truncation
+zstd           the decoder; the frame's content checksum when the writer stored one (the
+               ``zstd`` CLI does, by default); truncation, by walking the frame layout as
+               the bytes go by (zstandard's stream reader takes a cut frame for an end)
+zip            the central directory; each member's CRC-32 and its deflate decoder
+tar            header checksums and sizes (``tarfile``), under the compression's checks;
+               a flipped byte inside a plain tar member's data has no check to fail
+parquet        the footer (length, magic, thrift metadata); the page decoders; page
+               CRC-32s when the writer stored them (``write_page_checksum``); invalid
+               UTF-8 in the text column is a bad row, as in JSONL
+=============  ======================================================================
+
+A damaged stream cannot in general be resynchronised, so damage ends what can be read of it:
+the whole lines decoded before the decoder stopped are kept, and the rest of the stream (of
+the tar archive; of the zip member; of the parquet row group -- the next row group and the
+next zip member are read again) is one ``corrupt_data`` *region*. :func:`batch_texts` turns a
+region into an error naming the file, the byte where the decoder stopped and the line, or with
+``on_bad="skip"`` into one count under ``corrupt_data`` (regions, not documents: how many
+documents a cut stream held is unknown). A checksum covers a whole gzip member or zstd frame
+and is checked at its end, so with "skip" the documents kept before a checksum failure may
+themselves hold the damaged bytes -- re-download inputs you cannot trust. Decompressed data is
+read in fixed pieces (:data:`DECOMPRESS_CHUNK`) whatever the batch size, so what is kept
+before the damage is the same for ``count-documents`` and every ``tokenize`` range job.
 """
 
 from __future__ import annotations
@@ -23,6 +55,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import logging
 import os
 import tarfile
 import zipfile
@@ -34,6 +67,8 @@ from typing import IO
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
+
+log = logging.getLogger(__name__)
 
 
 def collect_local_documents(
@@ -48,7 +83,13 @@ def collect_local_documents(
     text_bytes = 0
     with atomic_write(out, "w") as f:
         for path in files:
-            data = path.read_bytes()
+            try:
+                data = path.read_bytes()
+            except OSError as e:
+                raise GptflowError(
+                    f"{path}: cannot read the file ({e.strerror or e}); check that it exists "
+                    f"and is readable, or exclude it from the dataset's files"
+                ) from None
             if not data.strip():
                 dropped["empty"] += 1
                 continue
@@ -85,13 +126,18 @@ FORMATS: dict[str, tuple[str, str | None]] = {
     "txt.gz": ("txt", "gz"),
     "zip": ("zip", None),
     "tar": ("tar", None),
-    "tar.gz": ("tar", None),
-    "tgz": ("tar", None),
-    "tar.xz": ("tar", None),
+    # decompressed here, not by tarfile: its gzip reader checks no CRC and no trailer
+    "tar.gz": ("tar", "gz"),
+    "tgz": ("tar", "gz"),
+    "tar.xz": ("tar", "xz"),
     "tar.zst": ("tar", "zst"),
     "parquet": ("parquet", None),
 }
 SUFFIXES = sorted(FORMATS, key=len, reverse=True)
+COMPRESSION_NAMES = {"gz": "gzip", "xz": "xz", "zst": "zstd"}
+
+DECOMPRESS_CHUNK = 1 << 20  # decompressed streams are read in pieces of this size (see above)
+CORRUPT_DATA = "corrupt_data"  # the drop reason of a damaged region
 
 
 def infer_format(name: str, default: str | None = None) -> str:
@@ -117,7 +163,8 @@ def check_format(fmt: str, where: str) -> str:
 
 
 def open_decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
-    """A streaming, decompressing binary reader over `raw`."""
+    """A streaming, decompressing binary reader over `raw` (wrap `raw` in :class:`Tracked`
+    to have truncation and empty input raised, and positions for messages)."""
     if compression is None:
         return raw
     if compression == "gz":
@@ -138,15 +185,176 @@ def open_decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
     raise AssertionError(compression)
 
 
+class StreamDamage(Exception):
+    """Damage found by our own checks (a cut zstd frame, an empty compressed file)."""
+
+
+_damage_errors: tuple[type[BaseException], ...] = ()
+
+
+def damage_errors() -> tuple[type[BaseException], ...]:
+    """What decoders raise on damaged data (disk read errors are not among them)."""
+    global _damage_errors
+    if not _damage_errors:
+        import gzip
+        import lzma
+        import zlib
+
+        import zstandard
+
+        _damage_errors = (
+            StreamDamage,
+            EOFError,  # gzip, lzma, zipfile: the stream ended before its end marker
+            gzip.BadGzipFile,
+            lzma.LZMAError,
+            zlib.error,
+            zstandard.ZstdError,
+            zipfile.BadZipFile,  # a zip member's CRC-32 or header
+            tarfile.TarError,
+        )
+    return _damage_errors
+
+
+class Tracked:
+    """The raw bytes under a decoder, counted as it reads them, so that an error can name the
+    byte where the decoder stopped; the end of the input is checked: an empty compressed
+    stream is damage, and a zstd stream must end on a frame boundary."""
+
+    def __init__(self, raw: IO[bytes], compression: str | None, size: int | None) -> None:
+        self._raw = raw
+        self.compression = compression
+        self.size = size
+        self.position = 0
+        self._frames = ZstdFrames() if compression == "zst" else None
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        if data:
+            self.position += len(data)
+            if self._frames is not None:
+                self._frames.feed(data)
+        elif n != 0 and self.compression is not None:
+            if self.position == 0:
+                raise StreamDamage("the file is empty, not a compressed stream")
+            if self._frames is not None and not self._frames.complete():
+                raise StreamDamage("truncated: the data ends inside a zstd frame")
+        return data
+
+    def where(self) -> str:
+        unit = "compressed byte" if self.compression else "byte"
+        of = f" of {self.size}" if self.size is not None else ""
+        return f"{unit} {self.position}{of}"
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_FCS_BYTES = (0, 2, 4, 8)  # frame content size field by its flag (flag 0: 1 byte if single segment)
+
+
+class ZstdFrames:
+    """Follows the frame layout of a zstd stream (RFC 8878, 3.1) as its bytes go by: frame
+    headers, block headers (3 bytes: last flag, type, size), skipped payloads, checksums.
+
+    Only the layout is read, so that a stream cut anywhere -- inside a header, a block or the
+    checksum -- is told from a complete one; decoding and checksums are the decoder's. A layout
+    that is not zstd's stops the walk (the decoder reports that input itself)."""
+
+    def __init__(self) -> None:
+        self._state, self._need, self._head, self._skip = "magic", 4, b"", 0
+        self._checksum = False
+        self.frames = 0
+        self.foreign = False
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n and not self.foreign:
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                continue
+            take = min(self._need - len(self._head), n - i)
+            self._head += data[i : i + take]
+            i += take
+            if len(self._head) == self._need:
+                head, self._head = self._head, b""
+                self._advance(head)
+
+    def _advance(self, head: bytes) -> None:
+        state = self._state
+        if state == "magic":
+            magic = int.from_bytes(head, "little")
+            if magic == _ZSTD_MAGIC:
+                self._state, self._need = "descriptor", 1
+            elif magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame: 4-byte size, then data
+                self._state, self._need = "skippable", 4
+            else:
+                self.foreign = True
+        elif state == "skippable":
+            self._skip = int.from_bytes(head, "little")
+            self._end_frame()
+        elif state == "descriptor":
+            d = head[0]
+            fcs_flag, single = d >> 6, (d >> 5) & 1
+            self._checksum = bool(d & 4)
+            rest = (0 if single else 1) + (0, 1, 2, 4)[d & 3]
+            rest += single if fcs_flag == 0 else _FCS_BYTES[fcs_flag]
+            self._state, self._need = ("header", rest) if rest else ("block", 3)
+        elif state == "header":
+            self._state, self._need = "block", 3
+        elif state == "block":
+            h = int.from_bytes(head, "little")
+            btype = (h >> 1) & 3
+            if btype == 3:  # reserved
+                self.foreign = True
+                return
+            self._skip = 1 if btype == 1 else h >> 3  # an RLE block stores one byte
+            if h & 1:  # last block
+                if self._checksum:
+                    self._state, self._need = "checksum", 4
+                else:
+                    self._end_frame()
+        elif state == "checksum":
+            self._end_frame()
+
+    def _end_frame(self) -> None:
+        self.frames += 1
+        self._state, self._need = "magic", 4
+
+    def complete(self) -> bool:
+        """Whether the bytes so far end where a frame ends (or are not zstd at all)."""
+        if self.foreign:
+            return True
+        return self.frames > 0 and self._state == "magic" and not self._head and not self._skip
+
+
 @dataclass
 class Batch:
-    """Documents of one input, in order: raw JSON lines ("jsonl") or texts ("text")."""
+    """Documents of one input, in order: raw JSON lines ("jsonl") or texts ("text"); or a
+    damaged region ("damaged": `damage` says what and where, `items` is empty)."""
 
     origin: str  # file, or file!member
-    first_line: int  # line number of items[0] in a JSONL stream (1 for texts)
+    first_line: int  # line number of items[0] in a JSONL stream; row number in parquet; else 1
     kind: str
     items: list  # jsonl: one chunk of whole lines (bytes); text: the texts
     lines: int = 0  # jsonl: lines in the chunk
+    damage: str | None = None
+
+
+def _damaged(origin: str, line: int | None, error: BaseException | str, where) -> Batch:
+    if isinstance(error, str):
+        what = error
+    elif isinstance(error, EOFError | StreamDamage):
+        what = str(error) or "truncated"
+        if isinstance(error, EOFError):
+            what = f"truncated ({error})"
+    else:
+        what = f"corrupt data ({type(error).__name__}: {error})"
+    at = f", in line {line}" if line is not None else ""
+    message = f"{origin}: {what}; the decoder stopped at {where()}{at}"
+    return Batch(origin, line or 1, "damaged", [], 0, message.replace("\n", " "))
 
 
 class HashingReader(io.RawIOBase):
@@ -183,32 +391,47 @@ def iter_batches(
 ) -> Iterator[Batch]:
     """Stream the documents of `path` (format inferred from the name unless given).
 
-    With `digest` (a hashlib object), the file's bytes are hashed as they are read, once the
-    iteration has run to its end; formats read out of order (zip, parquet) are not hashed and
-    leave `digest` untouched -- see :func:`hashes_while_reading`.
+    Damage ends the stream it is in with a "damaged" batch (see the module docstring); a
+    disk read error is a :class:`GptflowError`. With `digest` (a hashlib object), the file's
+    bytes are hashed as they are read, once the iteration has run to its end; formats read out
+    of order (zip, parquet) are not hashed and leave `digest` untouched -- see
+    :func:`hashes_while_reading`.
     """
     path = str(path)
     fmt = check_format(fmt or infer_format(path), path)
     kind, compression = FORMATS[fmt]
-    if kind == "parquet":
-        yield from _parquet_batches(path, json_key)
-        return
-    with open(path, "rb", buffering=0) as f:
-        raw = f
-        if digest is not None and hashes_while_reading(fmt):
-            raw = HashingReader(f, digest)
-        buffered = io.BufferedReader(raw, buffer_size=1 << 20)
-        if kind == "zip":
-            yield from _zip_batches(path, buffered, member, member_format, json_key, batch_bytes)
-        elif kind == "tar":
-            stream = open_decompressed(buffered, compression)
-            yield from _tar_batches(path, stream, member, member_format, json_key, batch_bytes)
-        else:
-            stream = open_decompressed(buffered, compression)
-            yield from _stream_batches(path, stream, kind, batch_bytes)
-        if isinstance(raw, HashingReader):
-            buffered.detach()
-            raw.drain()
+    try:
+        if kind == "parquet":
+            yield from _parquet_batches(path, json_key)
+            return
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f
+            if digest is not None and hashes_while_reading(fmt):
+                raw = HashingReader(f, digest)
+            buffered = io.BufferedReader(raw, buffer_size=1 << 20)
+            if kind == "zip":
+                yield from _zip_batches(path, buffered, size, member, member_format, batch_bytes)
+            elif kind == "tar":
+                source = Tracked(buffered, compression, size)
+                stream = open_decompressed(source, compression)
+                yield from _tar_batches(
+                    path, stream, source.where, member, member_format, batch_bytes
+                )
+            elif compression is None:
+                yield from _stream_batches(path, buffered, kind, batch_bytes)
+            else:
+                source = Tracked(buffered, compression, size)
+                stream = open_decompressed(source, compression)
+                yield from _stream_batches(path, stream, kind, batch_bytes, source.where)
+            if isinstance(raw, HashingReader):
+                buffered.detach()
+                raw.drain()
+    except OSError as e:
+        raise GptflowError(
+            f"{path}: cannot read the file ({e.strerror or e}); check that it exists, is "
+            f"readable and that its disk is healthy"
+        ) from None
 
 
 def hashes_while_reading(fmt: str) -> bool:
@@ -216,27 +439,57 @@ def hashes_while_reading(fmt: str) -> bool:
     return FORMATS[fmt][0] in ("jsonl", "txt", "tar")
 
 
-def _stream_batches(origin: str, stream: IO[bytes], kind: str, batch_bytes: int) -> Iterator[Batch]:
+def _stream_batches(
+    origin: str, stream: IO[bytes], kind: str, batch_bytes: int, where=None
+) -> Iterator[Batch]:
+    """Batches of a byte stream; `where` (a decoded stream's) names the position of damage:
+    what the decoder raises ends the stream with a "damaged" batch, after the whole lines
+    read before it."""
+    damage = damage_errors() if where is not None else ()
     if kind == "txt":
-        yield Batch(origin, 1, "text", [_decode(stream.read(), origin)])
+        try:
+            data = stream.read()
+        except damage as e:
+            yield _damaged(origin, None, e, where)
+            return
+        yield Batch(origin, 1, "text", [_decode(data, origin)])
         return
     # JSONL: chunks of whole lines, about `batch_bytes` each (a longer line is one chunk)
-    line, rest = 1, b""
+    step = batch_bytes if where is None else DECOMPRESS_CHUNK
+    line, pieces, size, failure = 1, [], 0, None
     while True:
-        data = stream.read(batch_bytes)
+        try:
+            data = stream.read(step)
+        except damage as e:
+            failure = e
+            break
         if not data:
             break
-        data = rest + data if rest else data
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            rest = data
+        pieces.append(data)
+        size += len(data)
+        if size < batch_bytes:
             continue
-        chunk, rest = data[:cut], data[cut:]
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # no line ends in the newest piece: read on
+            continue
+        # one copy of the lines, whatever the pieces
+        chunk = data[:cut] if len(pieces) == 1 else b"".join([*pieces[:-1], memoryview(data)[:cut]])
+        rest = data[cut:]
+        pieces, size = ([rest], len(rest)) if rest else ([], 0)
         lines = chunk.count(b"\n")
         yield Batch(origin, line, "jsonl", [chunk], lines)
         line += lines
-    if rest:
-        yield Batch(origin, line, "jsonl", [rest], rest.count(b"\n") + 1)
+    rest = b"".join(pieces)
+    if failure is not None:
+        cut = rest.rfind(b"\n") + 1  # the line cut by the damage is part of the damage
+        if cut:
+            lines = rest.count(b"\n", 0, cut)
+            yield Batch(origin, line, "jsonl", [rest[:cut]], lines)
+            line += lines
+        yield _damaged(origin, line, failure, where)
+    elif rest:  # whole lines not yet handed on, and a last line without its newline
+        lines = rest.count(b"\n") + (not rest.endswith(b"\n"))
+        yield Batch(origin, line, "jsonl", [rest], lines)
 
 
 def _decode(data: bytes, origin: str) -> str:
@@ -256,13 +509,29 @@ def _member_kind(name: str, member_format: str | None, origin: str) -> tuple[str
     return kind, compression
 
 
-def _zip_batches(path, raw, member, member_format, json_key, batch_bytes) -> Iterator[Batch]:
+def _member_batches(origin, fh, kind, compression, batch_bytes, where) -> Iterator[Batch]:
+    """One archive member's batches; a compressed member's damage is placed inside it."""
+    if compression is None:
+        yield from _stream_batches(origin, fh, kind, batch_bytes, where)
+        return
+    inner = Tracked(fh, compression, None)
+    stream = open_decompressed(inner, compression)
+    yield from _stream_batches(
+        origin, stream, kind, batch_bytes, lambda: f"{inner.where()} of the member, {where()}"
+    )
+
+
+def _zip_batches(path, raw, size, member, member_format, batch_bytes) -> Iterator[Batch]:
+    """Members are found through the central directory, so a damaged member ends only itself."""
+
+    def where() -> str:
+        return f"byte {raw.tell()} of {size}"
+
     try:
         zf = zipfile.ZipFile(raw)
-    except zipfile.BadZipFile as e:
-        raise GptflowError(
-            f"{path}: not a zip archive ({e}); delete it to download it again"
-        ) from None
+    except (*damage_errors(), ValueError) as e:
+        yield _damaged(path, None, f"not a zip archive ({e})", where)
+        return
     names = [
         i.filename
         for i in zf.infolist()
@@ -271,76 +540,179 @@ def _zip_batches(path, raw, member, member_format, json_key, batch_bytes) -> Ite
     if not names:
         raise GptflowError(f"{path}: no member matches '{member}' (members: {zf.namelist()[:10]})")
     for name in names:
-        kind, compression = _member_kind(name, member_format, f"{path}!{name}")
-        with zf.open(name) as fh:
-            yield from _stream_batches(
-                f"{path}!{name}", open_decompressed(fh, compression), kind, batch_bytes
-            )
+        origin = f"{path}!{name}"
+        kind, compression = _member_kind(name, member_format, origin)
+        try:
+            fh = zf.open(name)
+        except damage_errors() as e:
+            yield _damaged(origin, None, e, where)
+            continue
+        except (NotImplementedError, RuntimeError) as e:  # a compression method, encryption
+            raise GptflowError(
+                f"{origin}: cannot read this member ({e}); repack the archive with deflate, "
+                f"unencrypted, or select other members (--member / member)"
+            ) from None
+        with fh:
+            yield from _member_batches(origin, fh, kind, compression, batch_bytes, where)
 
 
-def _tar_batches(path, stream, member, member_format, json_key, batch_bytes) -> Iterator[Batch]:
+def _tar_batches(path, stream, where, member, member_format, batch_bytes) -> Iterator[Batch]:
+    """A tar stream has no index to resynchronise on: damage ends the archive."""
     matched = 0
     try:
-        with tarfile.open(fileobj=stream, mode="r|*") as tf:
-            for info in tf:
-                if not info.isfile() or not fnmatch.fnmatchcase(info.name, member):
-                    continue
-                matched += 1
-                kind, compression = _member_kind(info.name, member_format, f"{path}!{info.name}")
-                fh = tf.extractfile(info)
-                yield from _stream_batches(
-                    f"{path}!{info.name}", open_decompressed(fh, compression), kind, batch_bytes
-                )
-    except tarfile.TarError as e:
-        raise GptflowError(
-            f"{path}: not a readable tar archive ({e}); delete it to download it again"
-        ) from None
+        tf = tarfile.open(fileobj=stream, mode="r|*")  # noqa: SIM115 - closed below
+    except damage_errors() as e:
+        yield _damaged(path, None, _tar_error(e), where)
+        return
+    with tf:
+        members = iter(tf)
+        while True:
+            try:
+                info = next(members, None)
+            except damage_errors() as e:
+                yield _damaged(path, None, _tar_error(e), where)
+                return
+            if info is None:
+                break
+            if not info.isfile() or not fnmatch.fnmatchcase(info.name, member):
+                continue
+            matched += 1
+            origin = f"{path}!{info.name}"
+            kind, compression = _member_kind(info.name, member_format, origin)
+            fh = tf.extractfile(info)
+            for batch in _member_batches(origin, fh, kind, compression, batch_bytes, where):
+                yield batch
+                if batch.damage is not None:
+                    return
     if not matched:
         raise GptflowError(f"{path}: no member matches '{member}'")
 
 
+def _tar_error(e: BaseException) -> BaseException | str:
+    if isinstance(e, tarfile.TarError):
+        return f"not a readable tar archive ({e})"
+    return e
+
+
 def _parquet_batches(path: str, column: str) -> Iterator[Batch]:
+    """Row groups are found through the footer, so a damaged row group ends only itself.
+    Batches carry their first row number (from 1) as `first_line`."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    size = os.path.getsize(path)
+    errors = (pa.ArrowException, OSError, ValueError)
     try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises ArrowInvalid and friends
-        raise GptflowError(f"{path}: not a readable parquet file ({e})") from None
-    if column not in pf.schema_arrow.names:
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        names = pf.schema_arrow.names
+    except errors as e:  # ArrowInvalid and friends
+        footer = max(0, size - 8)
+        yield _damaged(
+            path, None, f"not a readable parquet file ({e})", lambda: f"byte {footer} of {size}"
+        )
+        return
+    if column not in names:
         raise GptflowError(
-            f"{path}: no column '{column}' (columns: {pf.schema_arrow.names}); set the JSON key "
+            f"{path}: no column '{column}' (columns: {names}); set the JSON key "
             f"(--json-key / json_key) to the column holding the text"
         )
-    for rb in pf.iter_batches(columns=[column], batch_size=2048):
-        yield Batch(path, 1, "text", rb.column(0).to_pylist())
+    ctype = pf.schema_arrow.field(column).type
+    if pa.types.is_binary(ctype) or pa.types.is_large_binary(ctype):
+        raise GptflowError(
+            f"{path}: column '{column}' is {ctype}, not string; store the text as a string "
+            f"(UTF-8) column"
+        )
+    meta = pf.metadata
+    ci = names.index(column) if meta.num_columns == len(names) else 0
+    row = 1
+    for group in range(pf.num_row_groups):
+        rg = meta.row_group(group)
+        start = rg.column(ci).file_offset if ci < rg.num_columns else 0
+        end = row + rg.num_rows
+        try:
+            for rb in pf.iter_batches(columns=[column], batch_size=2048, row_groups=[group]):
+                col = rb.column(0)
+                try:
+                    texts = col.to_pylist()
+                except UnicodeDecodeError:  # a bad row: handed on as bytes, named in batch_texts
+                    texts = [_utf8_or_bytes(b) for b in col.cast(pa.binary()).to_pylist()]
+                yield Batch(path, row, "text", texts)
+                row += len(texts)
+        except errors as e:
+            yield _damaged(
+                path,
+                None,
+                f"corrupt row group {group} (rows {row}-{end - 1}; {type(e).__name__}: {e})",
+                lambda start=start: f"the row group's column data at byte {start} of {size}",
+            )
+        row = end
+
+
+def _utf8_or_bytes(b: bytes | None) -> str | bytes | None:
+    if b is None:
+        return None
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b
 
 
 ON_BAD_DOCUMENT = ("error", "skip")
+_DAMAGE_FIX = (
+    "download the file again (delete it and rerun), or set tokenize.on_bad_document: skip "
+    "(--on-bad-document skip) to keep what was read before the damage and count the rest as "
+    f"one '{CORRUPT_DATA}' region"
+)
 
 
 def batch_texts(batch: Batch, key: str, on_bad: str = "error") -> tuple[list[str], Counter[str]]:
-    """The document texts of a batch (parsing JSON lines), with drops counted by reason."""
+    """The document texts of a batch (parsing JSON lines), with drops counted by reason; a
+    damaged region is an error, or with ``on_bad="skip"`` one ``corrupt_data`` count."""
     if batch.kind == "jsonl":
         return parse_jsonl_batch(
             batch.origin, batch.first_line, batch.items[0], key, on_bad, batch.lines
         )
+    if batch.kind == "damaged":
+        if on_bad == "skip":
+            log.warning("skipped: %s", batch.damage)
+            return [], Counter({CORRUPT_DATA: 1})
+        raise GptflowError(f"{batch.damage}; {_DAMAGE_FIX}")
     texts, dropped = [], Counter()
-    for t in batch.items:
-        if t is None:
-            dropped["null_text"] += 1
-        elif not isinstance(t, str):
-            raise GptflowError(f"{batch.origin}: '{key}' holds {type(t).__name__}, not text")
-        else:
+    for i, t in enumerate(batch.items):
+        if t.__class__ is str:
             texts.append(t)
+        elif t is None:
+            dropped["null_text"] += 1
+        elif isinstance(t, bytes) and on_bad == "skip":
+            dropped["invalid_utf8"] += 1
+        elif isinstance(t, bytes):
+            e = _utf8_error(t)
+            raise GptflowError(
+                f"{batch.origin}: row {batch.first_line + i}: '{key}' is not valid UTF-8 (at "
+                f"byte {e.start}); fix the row, or set tokenize.on_bad_document: skip "
+                f"(--on-bad-document skip) to skip and count it"
+            )
+        else:
+            raise GptflowError(f"{batch.origin}: '{key}' holds {type(t).__name__}, not text")
     return texts, dropped
 
 
-def iter_texts(path, fmt=None, *, member="*", member_format=None, json_key="text") -> Iterator[str]:
-    """Every document text of `path`, in order."""
+def _utf8_error(b: bytes) -> UnicodeDecodeError:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e
+    raise AssertionError("valid UTF-8")
+
+
+def iter_texts(
+    path, fmt=None, *, member="*", member_format=None, json_key="text", on_bad="error"
+) -> Iterator[str]:
+    """Every document text of `path`, in order (bad documents and damage per `on_bad`)."""
     for batch in iter_batches(
         path, fmt, member=member, member_format=member_format, json_key=json_key
     ):
-        texts, _ = batch_texts(batch, json_key)
+        texts, _ = batch_texts(batch, json_key, on_bad)
         yield from texts
 
 
@@ -371,8 +743,8 @@ def parse_jsonl_batch(
 ) -> tuple[list[str], Counter[str]]:
     """Texts of a chunk of JSONL lines starting at line `first_line` of `path`.
 
-    Blank lines are skipped and counted. A bad line -- not JSON, not UTF-8, not an object, no
-    `key`, or not a string under it -- raises an error naming file and line, or with
+    Blank lines are skipped and counted. A bad line -- not JSON, not UTF-8, nested too deep
+    for the parser, not an object, no `key`, or not a string under it -- raises an error naming file and line, or with
     ``on_bad="skip"`` is skipped and counted by reason. The chunk is first decoded in one call
     (msgspec, ~1 GB/s); only a chunk that is not all clean lines goes through the exact
     per-line parser, so the result is the same either way.
@@ -412,6 +784,9 @@ def _parse_lines(
             message = f"invalid UTF-8 at byte {e.start} of the line"
         except ValueError as e:
             reason, message = "invalid_json", f"invalid JSON ({e})"
+        except RecursionError:
+            reason = "too_deep"
+            message = "JSON nested deeper than the parser's recursion limit"
         else:
             if not isinstance(obj, dict):
                 reason = "not_object"
