@@ -1,6 +1,8 @@
 """The config tree: schema errors name the key and the fix; derived numbers; the run identity."""
 
+import copy
 import dataclasses
+import re
 
 import pytest
 
@@ -160,3 +162,172 @@ def test_shards_of_another_tokenizer_are_refused(repo, tiny_config, shards, tmp_
         GptflowError, match=r"shard was tokenized with tokenizer .*delete the shard"
     ):
         render_run_config(cfg, tokenizer_path=str(other), shards={"stdlib": shards}, run_dir="r")
+
+
+# --------------------------------------------------------------------------- untrusted input
+
+
+def test_a_key_given_twice_is_an_error_naming_file_line_and_key(tmp_path):
+    from gptflow.config import load_yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text("run: a\ntrain:\n  lr: 1.0\n  seed: 2\n  lr: 3.0\n")
+    with pytest.raises(GptflowError) as e:
+        load_yaml(path)
+    assert str(e.value) == (
+        f"{path}:5: key 'train.lr' is given twice (first on line 3); only the last would "
+        f"count. Remove one of them from {path}."
+    )
+    path.write_text("blend:\n  - {dataset: a, weight: 1, dataset: b}\n")
+    with pytest.raises(GptflowError, match=r":2: key 'blend\[0\]\.dataset' is given twice"):
+        load_yaml(path)
+    # a key merged in with << may be overridden: that is what YAML merge keys are for
+    path.write_text("base: &b {lr: 1, seed: 2}\ntrain:\n  <<: *b\n  lr: 3\n")
+    assert load_yaml(path)["train"] == {"lr": 3, "seed": 2}
+
+
+def test_config_files_are_reread_for_keys_given_twice(repo, tiny_config, tmp_path):
+    import json
+
+    yml = tmp_path / "c.yaml"
+    yml.write_text("run: tiny\nrun: other\n")
+    with pytest.raises(GptflowError) as e:
+        load_workflow_config(
+            tiny_config,
+            schema_path=repo / "config/schema/config.schema.yaml",
+            models_dir=repo / "config/models",
+            source=str(yml),
+            config_files=[str(yml)],
+        )
+    assert str(e.value).startswith(f"{yml}:2: key 'run' is given twice (first on line 1)")
+    js = tmp_path / "c.json"
+    js.write_text(
+        json.dumps({"train": {"lr": 1}}, indent=1).replace('"lr": 1', '"lr": 1,\n"lr": 2')
+    )
+    with pytest.raises(GptflowError) as e:
+        load_workflow_config(
+            tiny_config,
+            schema_path=repo / "config/schema/config.schema.yaml",
+            models_dir=repo / "config/models",
+            source=str(js),
+            config_files=[str(js)],
+        )
+    assert str(e.value).startswith(f"{js}:4: key 'train.lr' is given twice (first on line 3)")
+    js.write_text(json.dumps(tiny_config))  # once each: fine
+    load_workflow_config(
+        tiny_config,
+        schema_path=repo / "config/schema/config.schema.yaml",
+        models_dir=repo / "config/models",
+        source=str(js),
+        config_files=[str(js)],
+    )
+
+
+@pytest.mark.parametrize(
+    "suffix, text",
+    [
+        (".json", '{"train": {"lr": NaN}}'),
+        (".json", '{"train": {"lr": -Infinity}}'),
+        (".yaml", "train: {lr: .nan}"),
+        (".yaml", "train:\n  lr: .inf\n"),
+    ],
+)
+def test_nan_and_infinity_from_snakemakes_own_reader_are_refused(
+    repo, tiny_config, tmp_path, suffix, text
+):
+    from snakemake.common.configfile import load_configfile
+    from snakemake.utils import update_config
+
+    path = tmp_path / f"c{suffix}"
+    path.write_text(text)
+    cfg = copy.deepcopy(tiny_config)
+    update_config(cfg, load_configfile(str(path)))  # as Snakemake merges a --configfile
+    with pytest.raises(GptflowError) as e:
+        load(repo, cfg)
+    assert re.fullmatch(
+        r"my\.yaml: 'train\.lr' is -?(nan|inf); numbers must be finite \(no \.nan/\.inf in "
+        r"YAML, NaN/Infinity in JSON\)\. Fix my\.yaml\.",
+        str(e.value),
+    ), str(e.value)
+
+
+NAME_KEYS = {
+    "run": lambda cfg, v: cfg.update(run=v),
+    "tokenizer.name": lambda cfg, v: cfg["tokenizer"].update(name=v),
+    "model.preset": lambda cfg, v: cfg["model"].update(preset=v),
+    "datasets": lambda cfg, v: cfg["datasets"].update({v: cfg["datasets"]["stdlib"]}),
+    "data.blend[0].dataset": lambda cfg, v: cfg["data"]["blend"][0].update(dataset=v),
+    "tokenizer.train.datasets[0]": lambda cfg, v: cfg["tokenizer"]["train"].update(datasets=[v]),
+    "eval.extra": lambda cfg, v: cfg.update(eval={"extra": {v: ["x/00000"]}}),
+}
+
+
+@pytest.mark.parametrize("bad", ["..", ".hidden", "-rf", "a/b", "tiny\n", "a b", "", "ü"])
+@pytest.mark.parametrize("key", sorted(NAME_KEYS))
+def test_names_that_become_paths_are_strict(repo, tiny_config, key, bad):
+    cfg = copy.deepcopy(tiny_config)
+    NAME_KEYS[key](cfg, bad)
+    with pytest.raises(GptflowError) as e:
+        load(repo, cfg)
+    msg = str(e.value)
+    assert f"'{key}'" in msg and repr(bad) in msg and "\n" not in msg, msg
+    assert "that starts with a letter or digit" in msg and msg.endswith("Fix my.yaml."), msg
+
+
+def test_good_names_pass(repo, edit_config):
+    cfg = edit_config(run="gpt-2.small_v1", tokenizer={"name": "bpe.8k"})
+    assert load(repo, cfg)["run"] == "gpt-2.small_v1"
+
+
+@pytest.mark.parametrize(
+    "split, eval_iters, message",
+    [
+        ("0,0,0", 2, "data.split '0,0,0' must be 1-3 non-negative numbers with a positive sum"),
+        ("0,1,0", 0, "data.split '0,1,0' gives the train split nothing"),
+        ("100,0,0", 2, "data.split '100,0,0' gives the validation split nothing, but "
+         "train.eval_iters is 2; give its second number a share (e.g. '969,30,1') or set "
+         "train.eval_iters 0. Fix my.yaml."),
+        ("1.2.3", 2, "'data.split' is '1.2.3'; expected 1 to 3 numbers separated by ',' or '/'"),
+        ("969,30,1,0", 2, "'data.split' is '969,30,1,0'; expected 1 to 3 numbers"),
+    ],
+)  # fmt: skip
+def test_split_rules_at_load(repo, edit_config, split, eval_iters, message):
+    cfg = edit_config(data={"split": split}, train={"eval_iters": eval_iters})
+    with pytest.raises(GptflowError) as e:
+        load(repo, cfg)
+    assert message in str(e.value) and str(e.value).startswith("my.yaml: ")
+
+
+def test_what_is_fine_stays_fine(repo, edit_config):
+    # no validation share and no evaluation; intervals past train_iters (the last step logs,
+    # evaluates and saves anyway); a '/' separated split
+    cfg = edit_config(
+        data={"split": "100/0/0"},
+        train={"eval_iters": 0, "log_interval": 1000, "eval_interval": 1000, "save_interval": 999},
+    )
+    assert load(repo, cfg)["train"]["save_interval"] == 999
+    cfg = edit_config(eval={"prompts": ["line one\nline two"]})  # free text
+    assert load(repo, cfg)["eval"]["prompts"] == ["line one\nline two"]
+
+
+def test_dataclass_rules_name_the_file(repo, edit_config):
+    with pytest.raises(GptflowError) as e:
+        load(repo, edit_config(train={"min_lr": 1.0}))
+    assert (
+        str(e.value) == "my.yaml: train.min_lr 1.0 is above train.lr 0.003; lower it. Fix my.yaml."
+    )
+
+
+def test_a_json_config_loads_as_plain_data_and_is_recorded(repo, tiny_config, tmp_path):
+    import collections
+    import json
+
+    from gptflow.why import RECORD, record_config
+
+    ordered = json.loads(json.dumps(tiny_config), object_pairs_hook=collections.OrderedDict)
+    cfg = load(repo, ordered)  # as Snakemake reads a JSON --configfile
+    assert type(cfg["data"]["blend"][0]) is dict and type(cfg["train"]) is dict
+    record_config(ordered, tmp_path)  # the raw OrderedDicts too
+    import yaml
+
+    assert yaml.safe_load((tmp_path / RECORD).read_text())["config"]["run"] == "tiny"
