@@ -313,6 +313,8 @@ def _describe_error(err, root: dict, what: str) -> str:
         return f"'{key}' is {err.instance!r}; it must be {op} {err.validator_value}"
     if v in ("minItems", "minProperties", "minLength"):
         return f"'{key}' must not be empty"
+    if v == "uniqueItems":
+        return f"'{key}' is {err.instance!r}; give each item once"
     if v == "maxItems":
         return f"'{key}' is {err.instance!r}; it takes at most {err.validator_value} items"
     return f"'{key}': {err.message}"
@@ -827,13 +829,14 @@ def load_workflow_config(
             f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
         )
     _check_split(cfg["data"]["split"], train, source)
+    # Not errors: log, eval and save intervals longer than train_iters (the last step logs,
+    # evaluates and saves anyway), an eval_interval with eval_iters 0 (nothing to evaluate).
     return cfg
 
 
 def _check_split(split: str, train: TrainConfig, source: str) -> None:
     """data.split gives training a share, and validation one when train.eval_iters asks for it
-    (else the trainer would stop at its first step). Log, eval and save intervals longer than
-    train_iters are fine: the last step logs, evaluates and saves."""
+    (else the data index of the run fails to build, after the whole data stage)."""
     from gptflow.data.dataset import parse_split
 
     try:

@@ -341,6 +341,8 @@ def cases_of(leaf: Leaf, value) -> list[Case]:
         out.append(Case("wrong_type", leaf, leaf.path, {"k": 1}))
         if "minItems" in s:
             out.append(Case("out_of_range", leaf, leaf.path, [], "minItems"))
+        if s.get("uniqueItems"):
+            out.append(Case("out_of_range", leaf, leaf.path, value + value[:1], "uniqueItems"))
         if "maxItems" in s:
             out.append(Case("out_of_range", leaf, leaf.path, value * s["maxItems"], "maxItems"))
         targets = [((*leaf.path, 0), resolve(s["items"]))]
