@@ -140,3 +140,32 @@ def nginx(tmp_path_factory):
     server = Nginx(binary, root, tmp_path_factory.mktemp("nginx"))
     yield server, made
     server.stop()
+
+
+@pytest.fixture
+def make_run(repo, tiny_config, tokenizer_json, shards, tmp_path):
+    """make_run(name, model=None, **train) -> a run directory with run.yaml rendered from the
+    tiny config (model and train keys overridden), for `gptflow train`."""
+
+    def make(name="run", model=None, **train) -> Path:
+        from gptflow.config import load_workflow_config, render_run_config, write_run_config
+
+        cfg = load_workflow_config(
+            {
+                **tiny_config,
+                "model": {**tiny_config["model"], **(model or {})},
+                "train": {**tiny_config["train"], **train},
+            },
+            schema_path=repo / "config/schema/config.schema.yaml",
+            models_dir=repo / "config/models",
+            source="test",
+        )
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        run = render_run_config(
+            cfg, tokenizer_path=str(tokenizer_json), shards={"stdlib": shards}, run_dir=str(run_dir)
+        )
+        write_run_config(run, run_dir / "run.yaml")
+        return run_dir
+
+    return make

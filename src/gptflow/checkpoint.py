@@ -7,6 +7,8 @@ Layout of a run directory::
       checkpoints/{series}/        one series per trajectory fingerprint (RunConfig.series)
         fingerprint.json           what the series is (checked on every resume)
         step00000100/              DeepSpeed's files for one step, + COMPLETE written last
+          universal/               the step in DeepSpeed's universal format, made when a run
+                                   resumes in another layout (ranks or ZeRO stage changed)
         latest                     name of the newest complete step, replaced atomically
 
 DeepSpeed writes its own ``latest`` with a plain ``open().write()`` before the other ranks
@@ -35,6 +37,8 @@ from gptflow.fsutil import atomic_write, fsync_dir, sha256_file, write_json
 
 TAG_RE = re.compile(r"^step(\d{8})$")
 COMPLETE = "COMPLETE"
+UNIVERSAL = "universal"
+UNIVERSAL_WAIT_S = 4 * 3600  # the other ranks' wait for rank 0's conversion of a checkpoint
 
 
 log = logging.getLogger("gptflow.train")
@@ -86,6 +90,37 @@ class CheckpointSeries:
                 f"{', '.join(changed) or 'unknown keys'}); they were copied or edited by hand. "
                 f"Move {self.dir} away or pick a new run name"
             )
+
+    def saved_layout(self, step: int) -> dict | None:
+        """The layout (ranks, ZeRO stage, precision) a complete step was saved in."""
+        return json.loads((self.dir / tag_for(step) / COMPLETE).read_text()).get("layout")
+
+    def universal_tag(self, step: int, rank: int, convert) -> str:
+        """The tag of `step` in DeepSpeed's universal format, converted once and kept with the
+        step (``stepN/universal``). Rank 0 converts, into a temporary directory renamed when
+        done; the other ranks wait for that directory on the file system, not in a collective,
+        so a long conversion cannot trip NCCL's watchdog."""
+        step_dir = self.dir / tag_for(step)
+        out = step_dir / UNIVERSAL
+        if rank == 0 and not out.is_dir():
+            for debris in step_dir.glob(f"{UNIVERSAL}.tmp-*"):  # a conversion cut short
+                shutil.rmtree(debris, ignore_errors=True)
+            tmp = step_dir / f"{UNIVERSAL}.tmp-{os.getpid()}"
+            started = time.monotonic()
+            convert(step_dir, tmp)
+            os.replace(tmp, out)
+            fsync_dir(step_dir)
+            log.info("converted %s to DeepSpeed's universal format in %.1f s", step_dir,
+                     time.monotonic() - started)  # fmt: skip
+        deadline = time.monotonic() + UNIVERSAL_WAIT_S
+        while not out.is_dir():
+            if time.monotonic() > deadline:
+                raise GptflowError(
+                    f"{out}: rank 0 did not finish converting {step_dir} within "
+                    f"{UNIVERSAL_WAIT_S // 3600} h; see rank 0's log"
+                )
+            time.sleep(1.0)
+        return f"{tag_for(step)}/{UNIVERSAL}"
 
     # -- writing (call on every rank; rank 0 does the bookkeeping) ------------------
     def save(
@@ -401,3 +436,32 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
+    """How a step saved in layout `saved` loads into layout `now` ({world_size, zero_stage,
+    precision}): "native" (DeepSpeed's own files, as saved) or "universal" (converted, for a
+    change of the number of ranks or of the ZeRO stage among 1-3). A change DeepSpeed cannot
+    carry the optimizer state across is an error naming the way on."""
+    if not saved:
+        return "native"  # saved before layouts were recorded: DeepSpeed checks what it can
+    was_zero, now_zero = saved.get("zero_stage", 0), now["zero_stage"]
+    was_world, now_world = saved.get("world_size"), now["world_size"]
+    if was_zero == now_zero and (now_zero == 0 or was_world == now_world):
+        return "native"  # ZeRO 0 keeps whole optimizer states: any number of ranks reads them
+    if was_zero == 0 or now_zero == 0:
+        raise GptflowError(
+            f"{path}: saved at ZeRO stage {was_zero} on {was_world} ranks, now ZeRO stage "
+            f"{now_zero} on {now_world} ranks: DeepSpeed moves optimizer states between layouts "
+            f"only among ZeRO stages 1-3. Set train.zero_stage {was_zero} to continue this run "
+            f"(on any number of ranks)"
+        )
+    if 3 in (was_zero, now_zero):
+        raise GptflowError(
+            f"{path}: saved at ZeRO stage {was_zero} on {was_world} ranks, now ZeRO stage "
+            f"{now_zero} on {now_world} ranks: DeepSpeed's universal checkpoint does not carry "
+            f"ZeRO-3's optimizer state exactly (measured with DeepSpeed 0.19: the losses leave "
+            f"the unmoved run's from the second step after the move). Continue at ZeRO stage "
+            f"{was_zero} on {was_world} ranks; layouts move freely among ZeRO stages 1 and 2"
+        )
+    return "universal"

@@ -18,8 +18,9 @@ from gptflow.config import TrainConfig
 from gptflow.errors import GptflowError
 
 
-def deepspeed_config(train: TrainConfig, world_size: int) -> dict:
-    """The DeepSpeed config for `train` on `world_size` data-parallel ranks."""
+def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool = False) -> dict:
+    """The DeepSpeed config for `train` on `world_size` data-parallel ranks; `load_universal`:
+    the engine will resume from a universal checkpoint (another layout's, converted)."""
     train.check_trainable()
     if train.precision not in ("fp32", "bf16", "fp16"):
         raise GptflowError(
@@ -36,7 +37,7 @@ def deepspeed_config(train: TrainConfig, world_size: int) -> dict:
         "zero_allow_untested_optimizer": True,  # torch AdamW as the client optimizer under ZeRO
         "steps_per_print": 2**31 - 1,  # we log ourselves
         "wall_clock_breakdown": False,
-        "checkpoint": {"tag_validation": "FAIL"},
+        "checkpoint": {"tag_validation": "FAIL", "load_universal": load_universal},
     }
     if train.offload != "none":
         zero = cfg["zero_optimization"]
@@ -127,7 +128,11 @@ def fused_adamw(param_groups: list[dict]) -> bool | None:
 
 
 def build_engine(
-    model: torch.nn.Module, param_groups: list[dict], train: TrainConfig, world_size: int
+    model: torch.nn.Module,
+    param_groups: list[dict],
+    train: TrainConfig,
+    world_size: int,
+    load_universal: bool = False,
 ):
     """``deepspeed.initialize`` with a torch AdamW and our LR schedule; returns the engine."""
     import deepspeed
@@ -147,7 +152,7 @@ def build_engine(
         model=model,
         optimizer=optimizer,
         lr_scheduler=scheduler,
-        config=deepspeed_config(train, world_size),
+        config=deepspeed_config(train, world_size, load_universal),
     )
     if train.compile:  # in place: parameter names and checkpoints stay those of the module
         engine.compile()
@@ -198,3 +203,30 @@ def loss_scale(engine) -> float:
 def skipped_steps(engine) -> int:
     """Optimizer steps DeepSpeed skipped (fp16 overflow: the loss scale is lowered instead)."""
     return int(getattr(engine, "skipped_steps", 0) or 0)
+
+
+def convert_to_universal(step_dir: str | os.PathLike, out_dir: str | os.PathLike) -> None:
+    """DeepSpeed's ``ds_to_universal`` on one saved step: the ZeRO partitions of every rank
+    merged into one file per parameter and optimizer state (fp32 weights, Adam's moments and
+    step), which a DeepSpeed engine of any data-parallel size and ZeRO stage 1-3 loads with
+    ``checkpoint.load_universal``. Runs in this process (one worker each for extraction and
+    merging); its progress goes to stderr, into the job's log."""
+    import argparse
+    import contextlib
+    import sys
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = argparse.Namespace(
+        input_folder=str(step_dir),
+        output_folder=str(out_dir),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        # checkpoints without DeepSpeed's universal_checkpoint_info (a plain module, no
+        # tensor parallel merge patterns) get the empty record it expects
+        inject_missing_state=True,
+    )
+    with contextlib.redirect_stdout(sys.stderr):
+        ds_to_universal.main(args)

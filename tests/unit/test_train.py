@@ -14,34 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gptflow.config import RunConfig, load_workflow_config, render_run_config, write_run_config
+from gptflow.config import RunConfig
 from gptflow.errors import GptflowError
 
 BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def make_run(repo, tiny_config, tokenizer_json, shards, tmp_path):
-    def make(name="run", model=None, **train) -> Path:
-        cfg = load_workflow_config(
-            {
-                **tiny_config,
-                "model": {**tiny_config["model"], **(model or {})},
-                "train": {**tiny_config["train"], **train},
-            },
-            schema_path=repo / "config/schema/config.schema.yaml",
-            models_dir=repo / "config/models",
-            source="test",
-        )
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        run = render_run_config(
-            cfg, tokenizer_path=str(tokenizer_json), shards={"stdlib": shards}, run_dir=str(run_dir)
-        )
-        write_run_config(run, run_dir / "run.yaml")
-        return run_dir
-
-    return make
 
 
 def gptflow_train(run_dir: Path, *extra: str, **popen):

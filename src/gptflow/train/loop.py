@@ -28,7 +28,7 @@ import torch
 
 from gptflow import distributed
 from gptflow import engine as ds
-from gptflow.checkpoint import COMPLETE, CheckpointSeries, checkpoint_digest, tag_for
+from gptflow.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
 from gptflow.config import RunConfig
 from gptflow.data.dataset import run_split_datasets
 from gptflow.errors import GptflowError
@@ -62,6 +62,8 @@ class Trainer:
     flops_per_token: float
     peak_tflops: float | None
     exit_interval: int | None
+    resume_from: int | None  # the newest complete step of the series
+    resume_mode: str  # how it loads: "native", or "universal" (saved in another layout)
     metrics: MetricsLog | None = None  # rank 0
 
 
@@ -112,6 +114,11 @@ def build(
     if (series.dir / DIVERGED).is_file():  # retrying would diverge the same way
         earlier = json.loads((series.dir / DIVERGED).read_text())["message"]
         raise GptflowError(f"{series.dir / DIVERGED}: an earlier attempt stopped: {earlier}")
+    resume_from, mode = series.latest_step(), "native"
+    if resume_from is not None:
+        saved = series.saved_layout(resume_from)
+        now = layout_of(t, dev.world_size)
+        mode = resume_mode(saved, now, series.dir / tag_for(resume_from))
     # The indices are normally built by the build_data_index rule before this job; rank 0
     # builds any that are missing (a direct `gptflow train`), the others then load them.
     data = run_split_datasets(cfg) if rank == 0 else None
@@ -120,7 +127,9 @@ def build(
         data = run_split_datasets(cfg, build_allowed=False)
     torch.manual_seed(t.seed)  # identical initialisation on every rank
     model = ds.build_model(cfg.model, t, dev.world_size, dev.device)
-    engine = ds.build_engine(model, decay_groups(model, t.weight_decay), t, dev.world_size)
+    engine = ds.build_engine(
+        model, decay_groups(model, t.weight_decay), t, dev.world_size, mode == "universal"
+    )
     peak, source = peak_tflops(dev.name, t.peak_tflops)
     if rank == 0 and t.compile and engine.is_compiled:
         log.info("model compiled (torch.compile through DeepSpeed's engine.compile)")
@@ -139,28 +148,39 @@ def build(
         flops_per_token=cfg.model.flops_per_token(t.seq_length),
         peak_tflops=peak,
         exit_interval=exit_interval,
+        resume_from=resume_from,
+        resume_mode=mode,
     )
 
 
+def layout_of(t, world_size: int) -> dict:
+    """What a checkpoint's files depend on beyond the trajectory (kept in its COMPLETE)."""
+    return {"world_size": world_size, "zero_stage": t.zero_stage, "precision": t.precision}
+
+
 def layout(tr: Trainer) -> dict:
-    t = tr.cfg.train
-    return {"world_size": tr.dev.world_size, "zero_stage": t.zero_stage, "precision": t.precision}
+    return layout_of(tr.cfg.train, tr.dev.world_size)
 
 
 def resume(tr: Trainer) -> Progress:
     """Load the newest complete checkpoint of the series, if any; open metrics.jsonl."""
     t, cfg = tr.cfg.train, tr.cfg
     step, saved_interval = 0, None
-    resumed_from = tr.series.latest_step()
+    resumed_from = tr.resume_from
     if resumed_from is not None:
         path = tr.series.dir / tag_for(resumed_from)
-        check_layout(json.loads((path / COMPLETE).read_text()).get("layout"), layout(tr), path)
+        tag = tag_for(resumed_from)
+        if tr.resume_mode == "universal":
+            if tr.rank == 0:
+                log.info("%s was saved in layout %s, this run's is %s: loading it through "
+                         "DeepSpeed's universal checkpoint", path,
+                         tr.series.saved_layout(resumed_from), layout(tr))  # fmt: skip
+            tag = tr.series.universal_tag(resumed_from, tr.rank, ds.convert_to_universal)
         load_path, client = tr.engine.load_checkpoint(
-            str(tr.series.dir), tag=tag_for(resumed_from), load_module_strict=True
+            str(tr.series.dir), tag=tag, load_module_strict=True
         )
         if load_path is None:
             raise GptflowError(f"{path}: DeepSpeed could not load it")
-        check_layout(client.get("layout"), layout(tr), path)
         step, saved_interval = int(client["step"]), client.get("interval")
     if tr.rank == 0:
         # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
@@ -169,16 +189,6 @@ def resume(tr: Trainer) -> Progress:
         tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir)
         log_start(tr, step, resumed_from is not None)
     return Progress(step=step, interval=Interval(tr.dev, saved_interval), first_step=step)
-
-
-def check_layout(saved: dict | None, now: dict, path: Path) -> None:
-    """ZeRO partitions belong to the number of ranks that wrote them."""
-    if saved and saved.get("world_size") != now["world_size"] and now["zero_stage"] > 0:
-        raise GptflowError(
-            f"{path}: saved by {saved.get('world_size')} ranks with ZeRO stage "
-            f"{now['zero_stage']}, now {now['world_size']} ranks; resume with the same number of "
-            f"ranks"
-        )
 
 
 def log_start(tr: Trainer, step: int, resumed: bool) -> None:
