@@ -114,9 +114,11 @@ def get_download_args(wildcards):
     args = [word for m in remote.urls[1:] for word in ("--mirror", m)]
     if remote.sha256:
         args += ["--sha256", remote.sha256]
-    if d.token_env:
+    if d.token_env:  # the variable's name; the job reads the token from its environment
         args += ["--token-env", d.token_env]
-        args += [word for h in d.token_hosts for word in ("--token-host", h)]
+        args += [word for o in d.token_origins for word in ("--token-origin", o)]
+        if d.token_allow_http:
+            args.append("--token-allow-http")
     return args
 
 

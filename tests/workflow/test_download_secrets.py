@@ -51,7 +51,7 @@ def test_token_reaches_its_origin_and_nothing_snakemake_prints_or_writes(
         target = "resources/raw/gated/gated.jsonl"
         plan = run(wd, config, "-n", target, env=env)
         assert plan.returncode == 0, plan.stdout + plan.stderr
-        assert f"--token-env {ENV} --token-host {origin.origin}" in plan.stdout
+        assert f"--token-env {ENV} --token-origin {origin.origin}" in plan.stdout
         done = run(wd, config, target, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
     finally:

@@ -101,11 +101,6 @@ class Dataset:
     token_origins: tuple[str, ...] = ()  # https://host[:port] it is sent to (download.TokenScope)
     token_allow_http: bool = False
 
-    @property
-    def token_hosts(self) -> tuple[str, ...]:
-        """The origins, for rules that still pass --token-host (which takes origins too)."""
-        return self.token_origins
-
     def shard(self, name: str) -> Shard:
         for s in self.shards:
             if s.name == name:
