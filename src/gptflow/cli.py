@@ -135,8 +135,11 @@ def cmd_download(a: argparse.Namespace) -> int:
 
 
 def cmd_sample_documents(a: argparse.Namespace) -> int:
+    from collections import Counter
+
     from gptflow.data.tokenizer import sample_texts, write_sample
 
+    dropped: Counter[str] = Counter()
     texts = sample_texts(
         a.input,
         a.json_key,
@@ -144,9 +147,14 @@ def cmd_sample_documents(a: argparse.Namespace) -> int:
         fmt=None if a.format == "auto" else a.format,
         member=a.member,
         member_format=a.member_format,
+        on_bad=a.on_bad_document,
+        dropped=dropped,
     )
     summary = write_sample(texts, a.out)
-    print(f"{a.out}: {summary['documents']} documents, {summary['chars'] / 1e6:.1f} M characters")
+    print(
+        f"{a.out}: {summary['documents']} documents, {summary['chars'] / 1e6:.1f} M characters; "
+        f"dropped {dict(sorted(dropped.items())) or 'none'}"
+    )
     return 0
 
 
@@ -408,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-mb", type=float, required=True, help="MB of text in all, split over the inputs"
     )
+    s.add_argument(
+        "--on-bad-document",
+        choices=["error", "skip"],
+        default="error",
+        help="as for tokenize: a bad document or a damaged input stops with an error, or is "
+        "skipped and counted",
+    )
     s.add_argument("--out", required=True, help="JSONL to write")
     s.set_defaults(func=cmd_sample_documents)
 
@@ -452,7 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["error", "skip"],
         default="error",
         help="a malformed JSON line, missing key, non-string text or invalid UTF-8: stop with "
-        "an error naming file and line, or skip it and count it in the manifest",
+        "an error naming file and line, or skip it and count it in the manifest; a damaged "
+        "input (truncated, corrupt): stop with an error naming the byte where decoding "
+        "stopped, or keep what was read before it and count the rest as one corrupt_data",
     )
     s.add_argument(
         "--documents",

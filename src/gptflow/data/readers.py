@@ -217,14 +217,19 @@ def damage_errors() -> tuple[type[BaseException], ...]:
 
 class Tracked:
     """The raw bytes under a decoder, counted as it reads them, so that an error can name the
-    byte where the decoder stopped; the end of the input is checked: an empty compressed
-    stream is damage, and a zstd stream must end on a frame boundary."""
+    byte where the decoder stopped (:meth:`where`), and how they end checked
+    (:meth:`end_damage`): an empty compressed stream is damage, and a zstd stream must end on
+    a frame boundary. `outer` places a member's stream inside its archive."""
 
-    def __init__(self, raw: IO[bytes], compression: str | None, size: int | None) -> None:
+    def __init__(
+        self, raw: IO[bytes], compression: str | None, size: int | None, outer=None
+    ) -> None:
         self._raw = raw
         self.compression = compression
         self.size = size
+        self.outer = outer
         self.position = 0
+        self.eof = False
         self._frames = ZstdFrames() if compression == "zst" else None
 
     def readable(self) -> bool:
@@ -236,17 +241,37 @@ class Tracked:
             self.position += len(data)
             if self._frames is not None:
                 self._frames.feed(data)
-        elif n != 0 and self.compression is not None:
-            if self.position == 0:
-                raise StreamDamage("the file is empty, not a compressed stream")
-            if self._frames is not None and not self._frames.complete():
-                raise StreamDamage("truncated: the data ends inside a zstd frame")
+        elif n != 0:
+            # not raised here: the decoder first hands on all it could decode
+            self.eof = True
         return data
+
+    def end_damage(self) -> StreamDamage | None:
+        """What is wrong with the way the input ended, once it has (else None)."""
+        if not self.eof or self.compression is None:
+            return None
+        if self.position == 0:
+            return StreamDamage("the file is empty, not a compressed stream")
+        if self._frames is not None and not self._frames.complete():
+            return StreamDamage("truncated: the data ends inside a zstd frame")
+        return None
 
     def where(self) -> str:
         unit = "compressed byte" if self.compression else "byte"
+        if self.outer is not None:
+            return f"{unit} {self.position} of the member, {self.outer.where()}"
         of = f" of {self.size}" if self.size is not None else ""
         return f"{unit} {self.position}{of}"
+
+
+class _Place:
+    """Where a decoder without a :class:`Tracked` under it stopped (a zip member)."""
+
+    def __init__(self, where) -> None:
+        self.where = where
+
+    def end_damage(self) -> None:
+        return None
 
 
 _ZSTD_MAGIC = 0xFD2FB528
@@ -343,7 +368,8 @@ class Batch:
     damage: str | None = None
 
 
-def _damaged(origin: str, line: int | None, error: BaseException | str, where) -> Batch:
+def _damaged(origin: str, line: int | None, error: BaseException | str, source) -> Batch:
+    error = source.end_damage() or error  # a cut stream makes the layers above it fail too
     if isinstance(error, str):
         what = error
     elif isinstance(error, EOFError | StreamDamage):
@@ -353,7 +379,7 @@ def _damaged(origin: str, line: int | None, error: BaseException | str, where) -
     else:
         what = f"corrupt data ({type(error).__name__}: {error})"
     at = f", in line {line}" if line is not None else ""
-    message = f"{origin}: {what}; the decoder stopped at {where()}{at}"
+    message = f"{origin}: {what}; the decoder stopped at {source.where()}{at}"
     return Batch(origin, line or 1, "damaged", [], 0, message.replace("\n", " "))
 
 
@@ -415,15 +441,13 @@ def iter_batches(
             elif kind == "tar":
                 source = Tracked(buffered, compression, size)
                 stream = open_decompressed(source, compression)
-                yield from _tar_batches(
-                    path, stream, source.where, member, member_format, batch_bytes
-                )
+                yield from _tar_batches(path, stream, source, member, member_format, batch_bytes)
             elif compression is None:
                 yield from _stream_batches(path, buffered, kind, batch_bytes)
             else:
                 source = Tracked(buffered, compression, size)
                 stream = open_decompressed(source, compression)
-                yield from _stream_batches(path, stream, kind, batch_bytes, source.where)
+                yield from _stream_batches(path, stream, kind, batch_bytes, source)
             if isinstance(raw, HashingReader):
                 buffered.detach()
                 raw.drain()
@@ -440,22 +464,25 @@ def hashes_while_reading(fmt: str) -> bool:
 
 
 def _stream_batches(
-    origin: str, stream: IO[bytes], kind: str, batch_bytes: int, where=None
+    origin: str, stream: IO[bytes], kind: str, batch_bytes: int, source=None
 ) -> Iterator[Batch]:
-    """Batches of a byte stream; `where` (a decoded stream's) names the position of damage:
-    what the decoder raises ends the stream with a "damaged" batch, after the whole lines
-    read before it."""
-    damage = damage_errors() if where is not None else ()
+    """Batches of a byte stream. For a decoded stream, `source` (:class:`Tracked`) places the
+    damage: what the decoder raises, or a bad end of its input, ends the stream with a
+    "damaged" batch, after the whole lines read before it."""
+    damage = damage_errors() if source is not None else ()
     if kind == "txt":
         try:
             data = stream.read()
         except damage as e:
-            yield _damaged(origin, None, e, where)
+            yield _damaged(origin, None, e, source)
+            return
+        if source is not None and (failure := source.end_damage()):
+            yield _damaged(origin, None, failure, source)
             return
         yield Batch(origin, 1, "text", [_decode(data, origin)])
         return
     # JSONL: chunks of whole lines, about `batch_bytes` each (a longer line is one chunk)
-    step = batch_bytes if where is None else DECOMPRESS_CHUNK
+    step = batch_bytes if source is None else DECOMPRESS_CHUNK
     line, pieces, size, failure = 1, [], 0, None
     while True:
         try:
@@ -464,6 +491,8 @@ def _stream_batches(
             failure = e
             break
         if not data:
+            if source is not None:
+                failure = source.end_damage()
             break
         pieces.append(data)
         size += len(data)
@@ -486,7 +515,7 @@ def _stream_batches(
             lines = rest.count(b"\n", 0, cut)
             yield Batch(origin, line, "jsonl", [rest[:cut]], lines)
             line += lines
-        yield _damaged(origin, line, failure, where)
+        yield _damaged(origin, line, failure, source)
     elif rest:  # whole lines not yet handed on, and a last line without its newline
         lines = rest.count(b"\n") + (not rest.endswith(b"\n"))
         yield Batch(origin, line, "jsonl", [rest], lines)
@@ -509,28 +538,25 @@ def _member_kind(name: str, member_format: str | None, origin: str) -> tuple[str
     return kind, compression
 
 
-def _member_batches(origin, fh, kind, compression, batch_bytes, where) -> Iterator[Batch]:
+def _member_batches(origin, fh, kind, compression, batch_bytes, source) -> Iterator[Batch]:
     """One archive member's batches; a compressed member's damage is placed inside it."""
     if compression is None:
-        yield from _stream_batches(origin, fh, kind, batch_bytes, where)
+        yield from _stream_batches(origin, fh, kind, batch_bytes, source)
         return
-    inner = Tracked(fh, compression, None)
-    stream = open_decompressed(inner, compression)
+    inner = Tracked(fh, compression, None, outer=source)
     yield from _stream_batches(
-        origin, stream, kind, batch_bytes, lambda: f"{inner.where()} of the member, {where()}"
+        origin, open_decompressed(inner, compression), kind, batch_bytes, inner
     )
 
 
 def _zip_batches(path, raw, size, member, member_format, batch_bytes) -> Iterator[Batch]:
     """Members are found through the central directory, so a damaged member ends only itself."""
 
-    def where() -> str:
-        return f"byte {raw.tell()} of {size}"
-
+    place = _Place(lambda: f"byte {raw.tell()} of {size}")
     try:
         zf = zipfile.ZipFile(raw)
     except (*damage_errors(), ValueError) as e:
-        yield _damaged(path, None, f"not a zip archive ({e})", where)
+        yield _damaged(path, None, f"not a zip archive ({e})", place)
         return
     names = [
         i.filename
@@ -545,7 +571,7 @@ def _zip_batches(path, raw, size, member, member_format, batch_bytes) -> Iterato
         try:
             fh = zf.open(name)
         except damage_errors() as e:
-            yield _damaged(origin, None, e, where)
+            yield _damaged(origin, None, e, place)
             continue
         except (NotImplementedError, RuntimeError) as e:  # a compression method, encryption
             raise GptflowError(
@@ -553,16 +579,16 @@ def _zip_batches(path, raw, size, member, member_format, batch_bytes) -> Iterato
                 f"unencrypted, or select other members (--member / member)"
             ) from None
         with fh:
-            yield from _member_batches(origin, fh, kind, compression, batch_bytes, where)
+            yield from _member_batches(origin, fh, kind, compression, batch_bytes, place)
 
 
-def _tar_batches(path, stream, where, member, member_format, batch_bytes) -> Iterator[Batch]:
+def _tar_batches(path, stream, source, member, member_format, batch_bytes) -> Iterator[Batch]:
     """A tar stream has no index to resynchronise on: damage ends the archive."""
     matched = 0
     try:
         tf = tarfile.open(fileobj=stream, mode="r|*")  # noqa: SIM115 - closed below
     except damage_errors() as e:
-        yield _damaged(path, None, _tar_error(e), where)
+        yield _damaged(path, None, _tar_error(e), source)
         return
     with tf:
         members = iter(tf)
@@ -570,9 +596,12 @@ def _tar_batches(path, stream, where, member, member_format, batch_bytes) -> Ite
             try:
                 info = next(members, None)
             except damage_errors() as e:
-                yield _damaged(path, None, _tar_error(e), where)
+                yield _damaged(path, None, _tar_error(e), source)
                 return
             if info is None:
+                if failure := source.end_damage():  # tarfile may take a cut stream's end
+                    yield _damaged(path, None, failure, source)
+                    return
                 break
             if not info.isfile() or not fnmatch.fnmatchcase(info.name, member):
                 continue
@@ -580,7 +609,7 @@ def _tar_batches(path, stream, where, member, member_format, batch_bytes) -> Ite
             origin = f"{path}!{info.name}"
             kind, compression = _member_kind(info.name, member_format, origin)
             fh = tf.extractfile(info)
-            for batch in _member_batches(origin, fh, kind, compression, batch_bytes, where):
+            for batch in _member_batches(origin, fh, kind, compression, batch_bytes, source):
                 yield batch
                 if batch.damage is not None:
                     return
@@ -606,10 +635,9 @@ def _parquet_batches(path: str, column: str) -> Iterator[Batch]:
         pf = pq.ParquetFile(path, page_checksum_verification=True)
         names = pf.schema_arrow.names
     except errors as e:  # ArrowInvalid and friends
-        footer = max(0, size - 8)
-        yield _damaged(
-            path, None, f"not a readable parquet file ({e})", lambda: f"byte {footer} of {size}"
-        )
+        footer = max(0, size - 8)  # the footer's length and magic: the last 8 bytes
+        place = _Place(lambda: f"byte {footer} of {size}")
+        yield _damaged(path, None, f"not a readable parquet file ({e})", place)
         return
     if column not in names:
         raise GptflowError(
@@ -626,9 +654,10 @@ def _parquet_batches(path: str, column: str) -> Iterator[Batch]:
     ci = names.index(column) if meta.num_columns == len(names) else 0
     row = 1
     for group in range(pf.num_row_groups):
-        rg = meta.row_group(group)
-        start = rg.column(ci).file_offset if ci < rg.num_columns else 0
-        end = row + rg.num_rows
+        chunk = meta.row_group(group).column(ci)
+        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else 0
+        start = start or chunk.data_page_offset
+        end = row + meta.row_group(group).num_rows
         try:
             for rb in pf.iter_batches(columns=[column], batch_size=2048, row_groups=[group]):
                 col = rb.column(0)
@@ -639,12 +668,11 @@ def _parquet_batches(path: str, column: str) -> Iterator[Batch]:
                 yield Batch(path, row, "text", texts)
                 row += len(texts)
         except errors as e:
-            yield _damaged(
-                path,
-                None,
-                f"corrupt row group {group} (rows {row}-{end - 1}; {type(e).__name__}: {e})",
-                lambda start=start: f"the row group's column data at byte {start} of {size}",
+            place = _Place(
+                lambda start=start: f"the row group's column data at byte {start} of {size}"
             )
+            what = f"corrupt row group {group} (rows {row}-{end - 1}; {type(e).__name__}: {e})"
+            yield _damaged(path, None, what, place)
         row = end
 
 

@@ -8,6 +8,7 @@ here and shards made by Megatron's tools agree token for token.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -117,16 +118,29 @@ def sample_texts(
     fmt: str | None = "jsonl",
     member: str = "*",
     member_format: str | None = None,
+    on_bad: str = "error",
+    dropped: Counter[str] | None = None,
 ) -> Iterator[str]:
-    """Up to `max_bytes` of document text, an equal budget from each input, in file order."""
-    from gptflow.data.readers import iter_texts
+    """Up to `max_bytes` of document text, an equal budget from each input, in file order.
+
+    Bad documents and damaged inputs are handled by `on_bad` as tokenization handles them
+    (see :func:`gptflow.data.readers.batch_texts`); what is skipped is counted in `dropped`.
+    """
+    from gptflow.data.readers import batch_texts, iter_batches
 
     budget = max(1, max_bytes // max(1, len(inputs)))
     for path in inputs:
         used = 0
-        for text in iter_texts(path, fmt, member=member, member_format=member_format, json_key=key):
-            yield text
-            used += len(text)
+        batches = iter_batches(path, fmt, member=member, member_format=member_format, json_key=key)
+        for batch in batches:
+            texts, skipped = batch_texts(batch, key, on_bad)
+            if dropped is not None:
+                dropped.update(skipped)
+            for text in texts:
+                yield text
+                used += len(text)
+                if used >= budget:
+                    break
             if used >= budget:
                 break
 
@@ -141,8 +155,8 @@ def write_sample(texts: Iterator[str], out: str | os.PathLike) -> dict:
             f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
             documents += 1
             size += len(text)
-    if documents == 0:
-        raise GptflowError(f"{out}: no documents in the inputs; nothing to sample")
+        if documents == 0:  # inside: an empty sample is never published
+            raise GptflowError(f"{out}: no documents in the inputs; nothing to sample")
     return {"documents": documents, "chars": size}
 
 
