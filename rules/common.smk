@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -69,11 +70,11 @@ except GptflowError as e:
 
 
 wildcard_constraints:
-    dataset="|".join(DATASETS) or "-",
+    dataset="|".join(re.escape(d) for d in DATASETS) or "-",
     shard=r"\d{5}",
     part=r"\d{4}",
-    run=RUN,
-    tokenizer=TOKENIZER,
+    run=re.escape(RUN),
+    tokenizer=re.escape(TOKENIZER),
     file=sources.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
     hash=r"[0-9a-f]{12}",
     format="sqsh|sif",
@@ -251,9 +252,8 @@ def tokenizer_remote(key):
     spec = CFG["tokenizer"][key]
     if not spec.get("url"):
         return Path(spec["path"]).name, spec
-    name = spec.get("name") or sources.url_file_name(spec["url"])
     try:
-        return sources.check_stored_name(name, f"{CONFIG_SOURCE}: tokenizer.{key}"), spec
+        return sources.tokenizer_file_name(key, spec, CONFIG_SOURCE), spec
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None
 

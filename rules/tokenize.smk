@@ -19,7 +19,7 @@ rule collect_local_documents:
     log:
         "logs/collect_local_documents/{dataset}/{shard}.log",
     wildcard_constraints:
-        dataset="|".join(datasets_of_kind("collect")) or "-",
+        dataset="|".join(re.escape(d) for d in datasets_of_kind("collect")) or "-",
     conda:
         "../envs/gptflow.yaml"
     params:

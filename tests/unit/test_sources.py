@@ -130,3 +130,21 @@ def test_templated_names_are_checked_too(catalog):
         resolve("x", {**spec, "vars": {"v": "$(x)"}}, catalog)
     ok = resolve("x", {**spec, "vars": {"v": "en_part+1"}}, catalog)
     assert ok.shards[0].input == "resources/raw/x/en_part+1-0.jsonl"
+
+
+def test_credentials_in_a_url_are_refused_without_being_shown(catalog):
+    spec = {"type": "url", "files": [{"url": "https://me:s3cret@h/d/"}]}  # no file name either
+    with pytest.raises(GptflowError, match="user name or password") as e:
+        resolve("x", spec, catalog)
+    assert "s3cret" not in str(e.value)
+
+
+def test_tokenizer_files_get_the_same_checks():
+    from gptflow.data.sources import tokenizer_file_name
+
+    ok = {"url": "https://h/gpt2/vocab.json", "mirrors": ["https://m/vocab.json"]}
+    assert tokenizer_file_name("vocab", ok, "c.yaml") == "vocab.json"
+    with pytest.raises(GptflowError, match=r"c\.yaml: tokenizer\.vocab: .*user name or password"):
+        tokenizer_file_name("vocab", {**ok, "mirrors": ["https://u:p@m/vocab.json"]}, "c.yaml")
+    with pytest.raises(GptflowError, match=r"tokenizer\.merges: the stored name 'SHA256SUMS'"):
+        tokenizer_file_name("merges", {"url": "https://h/x/SHA256SUMS"}, "c.yaml")
