@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from gptflow.errors import GptflowError
-from gptflow.fsutil import publish, temp_path, write_json
+from gptflow.fsutil import publish, temp_dir, temp_path, write_json
 
 IMAGE_NAME = "localhost/gptflow"
 # enroot's defaults (ENROOT_SQUASH_OPTIONS): lzo, data blocks uncompressed (fast to start)
@@ -409,7 +409,10 @@ def squash_image(
         else:
             require_tool("mksquashfs", "container.squash builtin")
             scheme = "dockerd" if builder == "docker" else "podman"  # enroot's provenance
-            rootfs = Path(tempfile.mkdtemp(prefix=f".{out.name}.rootfs.", dir=out.parent))
+            # a temporary of gptflow.fsutil's naming, so a killed squash's rootfs is removed by
+            # the next one; 0700 as mkdtemp made it (the mode of the image's / comes from it)
+            rootfs = temp_dir(out.with_name(f"{out.name}.rootfs"))
+            rootfs.chmod(0o700)
             try:
                 export_rootfs(builder, tag, rootfs)
                 fix_permissions(rootfs)
@@ -447,7 +450,8 @@ def sif_image(*, image: str | os.PathLike, out: str | os.PathLike, log=print) ->
     out = Path(out)
     require_tool("apptainer", "container.format sif")
     tmp = temp_path(out)
-    archive = tmp.with_suffix(".tar")
+    archive = temp_path(out.with_name(f"{out.name}.tar"))  # removed by the next run if killed
+    archive.unlink()
     try:
         saved = _run([builder, "save", "-o", str(archive), tag], "save image")
         if saved.returncode != 0:

@@ -34,7 +34,6 @@ import math
 import os
 import shutil
 import struct
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -44,7 +43,7 @@ import torch
 
 from gptflow.config import ModelConfig, RunConfig
 from gptflow.errors import GptflowError
-from gptflow.fsutil import fsync_dir
+from gptflow.fsutil import publish, temp_dir
 
 MAX_SHARD_SIZE = 5 * 10**9  # bytes per safetensors shard: Hugging Face's default ("5GB")
 
@@ -208,7 +207,7 @@ def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
         zero_to_fp32.get_model_state_file(str(ckpt), stage),
         map_location="cpu",
         mmap=True,
-        weights_only=False,
+        weights_only=True,
     )
     if states.get(FROZEN_PARAM_SHAPES):
         raise GptflowError(f"{ckpt}: frozen parameters are not supported by the export")
@@ -419,7 +418,7 @@ def export_hf(
     weights = {("lm_head.weight" if k == "embed_out.weight" else k): w for k, w in weights.items()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temp_dir(out)
     try:
         plan = write_hf_weights(tmp, weights, max_shard_size)
         tok = cfg.tokenizer
@@ -448,15 +447,7 @@ def export_hf(
             if f.name not in plan:  # the shards are fsynced as they are written
                 with open(f, "rb+") as fh:
                     os.fsync(fh.fileno())
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        fsync_dir(out.parent)
+        publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

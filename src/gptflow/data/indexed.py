@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from gptflow.errors import GptflowError
-from gptflow.fsutil import fsync_dir, temp_path
+from gptflow.fsutil import publish, temp_path
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -137,9 +137,8 @@ class IndexedDatasetWriter:
         idx_tmp = temp_path(idx_path(self.prefix))
         try:
             write_index(idx_tmp, self.dtype, lengths, seq_counts)
-            os.replace(self._bin_tmp, bin_path(self.prefix))
-            os.replace(idx_tmp, idx_path(self.prefix))
-            fsync_dir(self.prefix.parent)
+            publish(self._bin_tmp, bin_path(self.prefix))
+            publish(idx_tmp, idx_path(self.prefix))
         except BaseException:
             idx_tmp.unlink(missing_ok=True)
             raise
@@ -299,9 +298,8 @@ def merge_datasets(prefixes: list[str | os.PathLike], output_prefix: str | os.Pa
         lengths = np.concatenate([p.sequence_lengths for p in parts])
         seq_counts = np.concatenate([np.diff(p.document_indices) for p in parts])
         write_index(idx_tmp, dtype, lengths, seq_counts)
-        os.replace(bin_tmp, bin_path(out))
-        os.replace(idx_tmp, idx_path(out))
-        fsync_dir(out.parent)
+        publish(bin_tmp, bin_path(out))
+        publish(idx_tmp, idx_path(out))
     except BaseException:
         bin_tmp.unlink(missing_ok=True)
         idx_tmp.unlink(missing_ok=True)
