@@ -449,3 +449,59 @@ def test_invalid_utf8_in_a_parquet_row_is_named_by_row(tokenizer_json, tmp_path,
     assert _run([*args, "--out", str(tmp_path / "c.json")], capsys)[0] == 0
     counted = json.loads((tmp_path / "c.json").read_text())
     assert (counted["documents"], counted["dropped"]) == (1, {"invalid_utf8": 1})
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+A_LINES = b'{"text": "one"}\n' * 40  # 640 bytes: member a.jsonl is 512 + 1024 bytes
+GOOD_TAR = _tar([("a.jsonl", A_LINES), ("b.jsonl", b'{"text": "two"}\n' * 40)])
+SECOND = 1536  # the second header ("b.jsonl" in its first bytes: a flipped "j" is a "k")
+END = SECOND + 512 + 1024  # the end blocks
+
+
+@pytest.mark.parametrize(
+    ("name", "blob", "kept", "message"),
+    [
+        ("flip-in-second-header", GOOD_TAR[: SECOND + 2] + b"k" + GOOD_TAR[SECOND + 3 :], 40,
+         r"corrupt tar header at byte 1536 of the archive \(bad checksum or fields\); the "
+         r"decoder stopped at byte 10240 of 10240;"),
+        ("cut-at-second-header", GOOD_TAR[:SECOND], 40,
+         r"truncated: the tar archive ends at byte 1536, without its end blocks; the decoder "
+         r"stopped at byte 1536 of 1536;"),
+        ("cut-inside-second-header", GOOD_TAR[: SECOND + 100], 40,
+         r"truncated: the tar archive ends at byte 1636, without its end blocks"),
+        ("no-end-blocks", GOOD_TAR[:END], 80,
+         r"truncated: the tar archive ends at byte 3072, without its end blocks"),
+        ("one-end-block", GOOD_TAR[: END + 512], 80, None),
+        ("whole", GOOD_TAR, 80, None),
+    ],
+)  # fmt: skip
+def test_tar_headers_tarfile_takes_for_the_end_are_found(
+    tmp_path, capsys, name, blob, kept, message
+):
+    """tarfile ends a stream quietly on an unreadable header after the first (a flipped byte, a
+    cut); the block where it stopped tells a real end (zero blocks) from damage."""
+    src = tmp_path / "in.tar"
+    src.write_bytes(blob)
+    rc, _, err = _run(
+        ["count-documents", "--input", str(src), "--out", str(tmp_path / "e")], capsys
+    )
+    if message is None:
+        assert rc == 0, err
+        assert json.loads((tmp_path / "e").read_text())["documents"] == kept
+        return
+    assert rc == 1 and re.match(
+        rf"gptflow count-documents: error: {re.escape(str(src))}: {message}", err
+    ), err
+    args = ["count-documents", "--input", str(src), "--on-bad-document", "skip"]
+    assert _run([*args, "--out", str(tmp_path / "c.json")], capsys)[0] == 0
+    counted = json.loads((tmp_path / "c.json").read_text())
+    assert (counted["documents"], counted["dropped"]) == (kept, {"corrupt_data": 1})

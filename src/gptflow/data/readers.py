@@ -31,7 +31,9 @@ zstd           the decoder; the frame's content checksum when the writer stored 
                the bytes go by (zstandard's stream reader takes a cut frame for an end)
 zip            the central directory; each member's CRC-32 and its deflate decoder
 tar            header checksums and sizes (``tarfile``), under the compression's checks;
-               a flipped byte inside a plain tar member's data has no check to fail
+               a bad header after the first, or no end blocks, which ``tarfile`` takes
+               for the end, by looking at the block where it stopped; a flipped byte
+               inside a plain tar member's data has no check to fail
 parquet        the footer (length, magic, thrift metadata); the page decoders; page
                CRC-32s when the writer stored them (``write_page_checksum``); invalid
                UTF-8 in the text column is a bad row, as in JSONL
@@ -582,11 +584,55 @@ def _zip_batches(path, raw, size, member, member_format, batch_bytes) -> Iterato
             yield from _member_batches(origin, fh, kind, compression, batch_bytes, place)
 
 
+class _Recent:
+    """A stream that keeps its last bytes read (`KEEP`), so that a block tarfile has read can
+    be looked at again."""
+
+    KEEP = 1 << 16  # tarfile reads 10 kB records
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self.position = 0
+        self._recent: list[tuple[int, bytes]] = []  # (stream offset, bytes)
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        if data:
+            self._recent.append((self.position, data))
+            self.position += len(data)
+            while len(self._recent) > 1 and self.position - self._recent[1][0] >= self.KEEP:
+                del self._recent[0]
+        return data
+
+    def block(self, offset: int, size: int = tarfile.BLOCKSIZE) -> bytes | None:
+        """The bytes at [offset, offset + size) that were read (fewer at the stream's end);
+        None when they are no longer kept."""
+        if not self._recent or offset < self._recent[0][0]:
+            return None
+        return b"".join(
+            data[max(0, offset - start) : offset + size - start]
+            for start, data in self._recent
+            if start < offset + size and start + len(data) > offset
+        )
+
+
+def _tar_end_damage(recent: _Recent, offset: int) -> str | None:
+    """tarfile ends a stream quietly on a header it cannot read after the first; a real end
+    is a zero block (POSIX writes two, and pads to a 10 kB record)."""
+    block = recent.block(offset)
+    if block is None or (len(block) == tarfile.BLOCKSIZE and not block.strip(b"\0")):
+        return None
+    if len(block) < tarfile.BLOCKSIZE:
+        return f"truncated: the tar archive ends at byte {recent.position}, without its end blocks"
+    return f"corrupt tar header at byte {offset} of the archive (bad checksum or fields)"
+
+
 def _tar_batches(path, stream, source, member, member_format, batch_bytes) -> Iterator[Batch]:
     """A tar stream has no index to resynchronise on: damage ends the archive."""
     matched = 0
+    recent = _Recent(stream)
     try:
-        tf = tarfile.open(fileobj=stream, mode="r|*")  # noqa: SIM115 - closed below
+        tf = tarfile.open(fileobj=recent, mode="r|*")  # noqa: SIM115 - closed below
     except damage_errors() as e:
         yield _damaged(path, None, _tar_error(e), source)
         return
@@ -599,7 +645,8 @@ def _tar_batches(path, stream, source, member, member_format, batch_bytes) -> It
                 yield _damaged(path, None, _tar_error(e), source)
                 return
             if info is None:
-                if failure := source.end_damage():  # tarfile may take a cut stream's end
+                # tarfile may take a cut stream or an unreadable header for the end
+                if failure := source.end_damage() or _tar_end_damage(recent, tf.offset):
                     yield _damaged(path, None, failure, source)
                     return
                 break
