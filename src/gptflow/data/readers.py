@@ -484,11 +484,12 @@ def _stream_batches(
         yield Batch(origin, 1, "text", [_decode(data, origin)])
         return
     # JSONL: chunks of whole lines, about `batch_bytes` each (a longer line is one chunk)
-    step = batch_bytes if source is None else DECOMPRESS_CHUNK
-    line, pieces, size, failure = 1, [], 0, None
+    if source is not None:
+        stream = _Pieces(stream, damage)
+    line, rest, failure = 1, b"", None
     while True:
         try:
-            data = stream.read(step)
+            data = stream.read(batch_bytes)
         except damage as e:
             failure = e
             break
@@ -496,31 +497,53 @@ def _stream_batches(
             if source is not None:
                 failure = source.end_damage()
             break
-        pieces.append(data)
-        size += len(data)
-        if size < batch_bytes:
-            continue
+        data = rest + data if rest else data
         cut = data.rfind(b"\n") + 1
-        if cut == 0:  # no line ends in the newest piece: read on
+        if cut == 0:
+            rest = data
             continue
-        # one copy of the lines, whatever the pieces
-        chunk = data[:cut] if len(pieces) == 1 else b"".join([*pieces[:-1], memoryview(data)[:cut]])
-        rest = data[cut:]
-        pieces, size = ([rest], len(rest)) if rest else ([], 0)
+        chunk, rest = data[:cut], data[cut:]
         lines = chunk.count(b"\n")
         yield Batch(origin, line, "jsonl", [chunk], lines)
         line += lines
-    rest = b"".join(pieces)
-    if failure is not None:
-        cut = rest.rfind(b"\n") + 1  # the line cut by the damage is part of the damage
-        if cut:
-            lines = rest.count(b"\n", 0, cut)
-            yield Batch(origin, line, "jsonl", [rest[:cut]], lines)
-            line += lines
+    if failure is not None:  # `rest`, the line the damage cut, is part of the damage
         yield _damaged(origin, line, failure, source)
-    elif rest:  # whole lines not yet handed on, and a last line without its newline
-        lines = rest.count(b"\n") + (not rest.endswith(b"\n"))
-        yield Batch(origin, line, "jsonl", [rest], lines)
+    elif rest:
+        yield Batch(origin, line, "jsonl", [rest], rest.count(b"\n") + 1)
+
+
+class _Pieces:
+    """``read(n)`` of a decoded stream, done by reading it in :data:`DECOMPRESS_CHUNK` pieces:
+    the good bytes before damage are the same whatever `n` (a decoder's error loses what the
+    failing read would have returned), and are all handed on before the error is raised."""
+
+    def __init__(self, stream: IO[bytes], damage: tuple[type[BaseException], ...]) -> None:
+        self._stream, self._damage = stream, damage
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._end = False
+        self._failure: BaseException | None = None
+
+    def read(self, n: int) -> bytes:
+        while self._size < n and not self._end:
+            try:
+                part = self._stream.read(DECOMPRESS_CHUNK)
+            except self._damage as e:
+                self._failure, self._end = e, True
+                break
+            if not part:
+                self._end = True
+                break
+            self._parts.append(part)
+            self._size += len(part)
+        if not self._parts:
+            if self._failure is not None:
+                raise self._failure
+            return b""
+        data = b"".join(self._parts)
+        out, rest = (data, b"") if len(data) <= n else (data[:n], data[n:])
+        self._parts, self._size = ([rest], len(rest)) if rest else ([], 0)
+        return out
 
 
 def _decode(data: bytes, origin: str) -> str:
