@@ -290,6 +290,18 @@ def test_skip_counts_each_damaged_input_as_one_region(
         assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 
+def test_hf_worker_processes_stop_and_publish_nothing(corpus, tokenizer_json, tmp_path, capsys):
+    """The hf engine's worker pool is torn down when the reader meets damage."""
+    path, _ = corpus["zst", "flip"]
+    rc, _, err = _run(
+        ["tokenize", "--input", str(path), "--tokenizer", str(tokenizer_json), "--engine", "hf",
+         "--workers", "2", "--output-prefix", str(tmp_path / "shard")],
+        capsys,
+    )  # fmt: skip
+    assert rc == 1 and re.search(REASON["zst", "flip"], err), err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_real_process_prints_one_line_per_damaged_format(corpus, tmp_path):
     """The console script's stderr itself: one line, exit status 1, no traceback."""
     procs = {}
@@ -512,3 +524,47 @@ def test_tar_headers_tarfile_takes_for_the_end_are_found(
     assert _run([*args, "--out", str(tmp_path / "c.json")], capsys)[0] == 0
     counted = json.loads((tmp_path / "c.json").read_text())
     assert (counted["documents"], counted["dropped"]) == (kept, {"corrupt_data": 1})
+
+
+@pytest.mark.parametrize("fmt", ["gz", "xz", "zst"])
+def test_a_damaged_text_document_is_one_region(tmp_path, capsys, fmt):
+    """A .txt.* file is one document: damage anywhere loses it whole."""
+    text = "\n".join(documents(N_DOCS)).encode()
+    blob = _clean(fmt, text, [])
+    src = tmp_path / f"book.txt.{FORMATS[fmt].split('.')[-1]}"
+    src.write_bytes(blob[: len(blob) // 2])
+    rc, _, err = _run(
+        ["count-documents", "--input", str(src), "--out", str(tmp_path / "e")], capsys
+    )
+    size = len(blob) // 2
+    assert rc == 1 and f"{src}: truncated" in err and f"compressed byte {size} of {size};" in err
+    args = ["count-documents", "--input", str(src), "--on-bad-document", "skip"]
+    assert _run([*args, "--out", str(tmp_path / "c.json")], capsys)[0] == 0
+    counted = json.loads((tmp_path / "c.json").read_text())
+    assert (counted["documents"], counted["dropped"]) == (0, {"corrupt_data": 1})
+
+
+def test_a_damaged_zip_member_ends_only_itself(tmp_path, capsys):
+    """Members are found through the central directory: the next one is read again."""
+    lines = [json.dumps({"text": f"document {i}"}).encode() + b"\n" for i in range(30)]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("a.jsonl", b"".join(lines[:10]))
+        z.writestr("b.jsonl", b"".join(lines[10:20]))
+        z.writestr("c.jsonl", b"".join(lines[20:]))
+    blob = bytearray(buf.getvalue())
+    at = blob.index(b"document 15")
+    blob[at] ^= 0x20  # stored, so only b.jsonl's CRC-32 can tell
+    src = tmp_path / "in.zip"
+    src.write_bytes(bytes(blob))
+    rc, _, err = _run(
+        ["count-documents", "--input", str(src), "--out", str(tmp_path / "e")], capsys
+    )
+    assert (
+        rc == 1
+        and f"{src}!b.jsonl: corrupt data (BadZipFile: Bad CRC-32 for file 'b.jsonl')" in err
+    )
+    args = ["count-documents", "--input", str(src), "--on-bad-document", "skip"]
+    assert _run([*args, "--out", str(tmp_path / "c.json")], capsys)[0] == 0
+    counted = json.loads((tmp_path / "c.json").read_text())
+    assert (counted["documents"], counted["dropped"]) == (20, {"corrupt_data": 1})

@@ -549,8 +549,13 @@ class _Pieces:
 def _decode(data: bytes, origin: str) -> str:
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as e:
         # e.g. enwik8 is the first 10^8 bytes of a dump and may cut a character in two
+        log.warning(
+            "%s: invalid UTF-8 at byte %d of the text; decoded with U+FFFD in its place",
+            origin,
+            e.start,
+        )
         return data.decode("utf-8", errors="replace")
 
 
