@@ -43,9 +43,11 @@ if TOKENIZER_SOURCE == "train":
         params:
             reader=get_sample_reader_args,
             max_mb=get_sample_mb,
+            on_bad=CFG["tokenize"]["on_bad_document"],
         shell:
             "gptflow sample-documents --input {input:q} {params.reader:q}"
-            " --max-mb {params.max_mb:q} --out {output:q} > {log:q} 2>&1"
+            " --max-mb {params.max_mb:q} --on-bad-document {params.on_bad:q}"
+            " --out {output:q} > {log:q} 2>&1"
 
     rule train_tokenizer:
         input:
