@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from gptflow.errors import GptflowError
-from gptflow.fsutil import atomic_write, fsync_dir, sha256_file, write_json
+from gptflow.fsutil import atomic_write, fsync_dir, publish, sha256_file, write_json
 
 TAG_RE = re.compile(r"^step(\d{8})$")
 COMPLETE = "COMPLETE"
@@ -108,8 +108,7 @@ class CheckpointSeries:
             tmp = step_dir / f"{UNIVERSAL}.tmp-{os.getpid()}"
             started = time.monotonic()
             convert(step_dir, tmp)
-            os.replace(tmp, out)
-            fsync_dir(step_dir)
+            publish(tmp, out)
             log.info("converted %s to DeepSpeed's universal format in %.1f s", step_dir,
                      time.monotonic() - started)  # fmt: skip
         deadline = time.monotonic() + UNIVERSAL_WAIT_S
