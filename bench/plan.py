@@ -1,4 +1,4 @@
-"""Planning cost: `snakemake -n` of this workflow vs a plain Snakefile with the same job count.
+"""Planning cost: `snakemake -n` of this workflow vs plain Snakefiles with the same job count.
 
 For each N, two gptflow configs in a scratch directory (the tiny test config otherwise):
 
@@ -7,9 +7,17 @@ For each N, two gptflow configs in a scratch directory (the tiny test config oth
          jobs; the URLs point at a closed loopback port: a dry run never opens them).
 
 Each is timed as the whole `snakemake -n` command (process start, Snakefile parsing, DAG),
-against a generated Snakefile of trivial two-step chains with exactly the same job count, run
-by the same snakemake. Median of --repeats, interleaved. Two values of N show whether the cost is
-linear in N: the per-job figure should not grow with N.
+run by the same snakemake as two generated baselines with exactly the same job count:
+
+- plain:  trivial two-step chains (one input, one output, no log, no params);
+- shaped: plain strings, no functions, but gptflow's DAG shape (a fetch job with a sidecar
+          and a log, a tokenize job with three outputs and a log, four jobs that each take
+          all 3N token files, as render_run_config, build_data_index, train_gpt and
+          report_assets do) -- what Snakemake itself costs for this shape.
+
+Median of --repeats, interleaved (the host may be shared: compare ratios, not seconds). Two
+values of N show whether the cost is linear: the "ms per extra job" line should match the
+baselines'.
 
 --profile writes a cProfile of one planning run per config (largest N) and prints the top
 entries by cumulative and by own time.
@@ -74,11 +82,11 @@ def plain_snakefile(jobs: int) -> str:
     )
 
 
-def shaped_snakefile(jobs: int, consumers: int = 5) -> str:
+def shaped_snakefile(jobs: int, consumers: int = 4) -> str:
     """`jobs` jobs shaped like gptflow's data stage, with plain strings for rules: N fetch jobs
     (a file and a sidecar, a log), N tokenize jobs (that file and one shared file in, three
     files and a log out), `consumers` jobs that each take all 3N files (gptflow's
-    render_run_config, build_data_index, train_gpt, evaluate, report_assets), fillers to
+    render_run_config, build_data_index, train_gpt, report_assets), fillers to
     make up the count, and `all`."""
     n = (jobs - 2 - consumers) // 2
     fillers = jobs - 2 - consumers - 2 * n
