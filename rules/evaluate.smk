@@ -39,7 +39,6 @@ rule report_assets:
         config="results/runs/{run}/run.yaml",
         done="results/runs/{run}/DONE.json",
         evaluation="results/runs/{run}/eval.json",
-        shards=get_blend_shard_files,
         container=get_train_container_record,
     output:
         loss=report(
