@@ -51,7 +51,9 @@ def hostile_config(tmp_path: Path) -> dict:
     for i, name in enumerate(payloads("file")[:4]):
         part = docs[i::4]
         (corpus / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in part))
-    specials = payloads("special")
+    # a control character is refused in any name-like value (the schema's rule, checked
+    # below); free text (prompts) takes every payload
+    specials = [v for v in payloads("special") if "\n" not in v]
     cfg = yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
     cfg["datasets"] = {
         "hostile": {
@@ -87,6 +89,15 @@ def test_hostile_values_reach_the_package_verbatim_and_run_nothing(
     assert [w for w in words if w.startswith("--prompt=")] == [
         f"--prompt={p}" for p in cfg["eval"]["prompts"]
     ]
+
+    newline = {**cfg, "tokenizer": {**cfg["tokenizer"], "special_tokens": payloads("special")}}
+    refused = snakemake(tmp_path / "wd2", write_config(tmp_path / "nl.yaml", newline), "-n")
+    assert refused.returncode == 1
+    assert (
+        "'tokenizer.special_tokens[6]' is 'x\\ntouch CANARY-special-6', which holds a "
+        "control character" in refused.out
+    )
+    assert not (tmp_path / "wd2" / "results").exists()
 
     run = snakemake(wd, config, "data")
     assert sorted(tmp_path.rglob("CANARY-*")) == []
