@@ -199,9 +199,13 @@ def test_encode_cache_guard_drops_caches_and_keeps_the_bytes(
     tmp_path, corpus_jsonl, tokenizer_json
 ):
     """gigatoken 0.10.0's encode caches grow without bound; past the RSS limit they are
-    rebuilt. A limit below the process's size forces a rebuild after every batch."""
+    rebuilt. A limit below the process's size forces a rebuild after every batch; a limit far
+    above it never does (the test session's own process is large: the default limit, 1 GB,
+    could be reached by the time this test runs)."""
     inputs = [str(p) for p in corpus_jsonl]
-    free = tokenize_to_shard(inputs, str(tokenizer_json), str(tmp_path / "a"), batch_bytes=300_000)
+    free = tokenize_to_shard(
+        inputs, str(tokenizer_json), str(tmp_path / "a"), batch_bytes=300_000, max_rss_mb=10**6
+    )
     tight = tokenize_to_shard(
         inputs, str(tokenizer_json), str(tmp_path / "b"), batch_bytes=300_000, max_rss_mb=1
     )
