@@ -50,6 +50,7 @@ bench: setup
 	python bench/download.py
 	python bench/tokenize.py
 	python bench/blend_index.py
+	python bench/plan.py
 
 clean:
 	rm -rf results logs .snakemake

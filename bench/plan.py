@@ -11,9 +11,9 @@ run by the same snakemake as two generated baselines with exactly the same job c
 
 - plain:  trivial two-step chains (one input, one output, no log, no params);
 - shaped: plain strings, no functions, but gptflow's DAG shape (a fetch job with a sidecar
-          and a log, a tokenize job with three outputs and a log, four jobs that each take
-          all 3N token files, as render_run_config, build_data_index, train_gpt and
-          report_assets do) -- what Snakemake itself costs for this shape.
+          and a log, a tokenize job with three outputs and a log, one job that takes all 3N
+          token files, as render_run_config does; independent jobs make up the count) --
+          what Snakemake itself costs for this shape.
 
 Median of --repeats, interleaved (the host may be shared: compare ratios, not seconds). Two
 values of N show whether the cost is linear: the "ms per extra job" line should match the
@@ -82,11 +82,11 @@ def plain_snakefile(jobs: int) -> str:
     )
 
 
-def shaped_snakefile(jobs: int, consumers: int = 4) -> str:
+def shaped_snakefile(jobs: int, consumers: int = 1) -> str:
     """`jobs` jobs shaped like gptflow's data stage, with plain strings for rules: N fetch jobs
     (a file and a sidecar, a log), N tokenize jobs (that file and one shared file in, three
     files and a log out), `consumers` jobs that each take all 3N files (gptflow's
-    render_run_config, build_data_index, train_gpt, report_assets), fillers to
+    render_run_config; the jobs after it follow the shards through run.yaml), fillers to
     make up the count, and `all`."""
     n = (jobs - 2 - consumers) // 2
     fillers = jobs - 2 - consumers - 2 * n
