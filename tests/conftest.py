@@ -169,3 +169,18 @@ def make_run(repo, tiny_config, tokenizer_json, shards, tmp_path):
         return run_dir
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory):
+    """(server context, CA file): a throwaway CA and a certificate for 127.0.0.1 and localhost,
+    for the loopback HTTPS origins of the token tests (tests/support/origins.py)."""
+    from tests.support.origins import make_tls
+
+    made = make_tls(tmp_path_factory.mktemp("tls"))
+    if made is None:
+        pytest.skip(
+            "the openssl CLI is not on PATH: the test CA and server certificate are made with "
+            "it (apt-get install openssl)"
+        )
+    return made

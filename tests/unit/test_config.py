@@ -189,38 +189,29 @@ def test_a_key_given_twice_is_an_error_naming_file_line_and_key(tmp_path):
 def test_config_files_are_reread_for_keys_given_twice(repo, tiny_config, tmp_path):
     import json
 
-    yml = tmp_path / "c.yaml"
-    yml.write_text("run: tiny\nrun: other\n")
-    with pytest.raises(GptflowError) as e:
-        load_workflow_config(
+    def load_from(path):
+        return load_workflow_config(
             tiny_config,
             schema_path=repo / "config/schema/config.schema.yaml",
             models_dir=repo / "config/models",
-            source=str(yml),
-            config_files=[str(yml)],
+            source=str(path),
+            config_files=[str(path)],
         )
+
+    yml = tmp_path / "c.yaml"
+    yml.write_text("run: tiny\nrun: other\n")
+    with pytest.raises(GptflowError) as e:
+        load_from(yml)
     assert str(e.value).startswith(f"{yml}:2: key 'run' is given twice (first on line 1)")
     js = tmp_path / "c.json"
     js.write_text(
         json.dumps({"train": {"lr": 1}}, indent=1).replace('"lr": 1', '"lr": 1,\n"lr": 2')
     )
     with pytest.raises(GptflowError) as e:
-        load_workflow_config(
-            tiny_config,
-            schema_path=repo / "config/schema/config.schema.yaml",
-            models_dir=repo / "config/models",
-            source=str(js),
-            config_files=[str(js)],
-        )
+        load_from(js)
     assert str(e.value).startswith(f"{js}:4: key 'train.lr' is given twice (first on line 3)")
     js.write_text(json.dumps(tiny_config))  # once each: fine
-    load_workflow_config(
-        tiny_config,
-        schema_path=repo / "config/schema/config.schema.yaml",
-        models_dir=repo / "config/models",
-        source=str(js),
-        config_files=[str(js)],
-    )
+    load_from(js)
 
 
 @pytest.mark.parametrize(

@@ -24,22 +24,13 @@ import pytest
 from gptflow.data.download import Policy, download, parse_origin, token_origins
 from gptflow.data.sources import resolve_dataset
 from gptflow.errors import GptflowError
-from tests.support.origins import Origin, make_tls
+from tests.support.origins import Origin
 from tests.support.ports import refused_port
 
 CANARY = "canary-7f3e9b1c-not-for-logs"
 ENV = "GPTFLOW_TEST_TOKEN"
 DATA = os.urandom(200_001)
 SHA = hashlib.sha256(DATA).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory):
-    """(server context, CA file): a CA and a certificate for 127.0.0.1 and localhost."""
-    made = make_tls(tmp_path_factory.mktemp("tls"))
-    if made is None:
-        pytest.skip("the openssl CLI is not installed (it makes the test certificates)")
-    return made
 
 
 @pytest.fixture

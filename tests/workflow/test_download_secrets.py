@@ -5,23 +5,14 @@ the server (the job reads it from its environment) and nothing Snakemake prints 
 import os
 import subprocess
 
-import pytest
 import yaml
 
-from tests.support.origins import Origin, make_tls
+from tests.support.origins import Origin
 
 from .conftest import REPO, snakemake_cmd
 
 CANARY = "canary-5d1f0a9e-not-for-logs"
 ENV = "GPTFLOW_TEST_TOKEN"
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory):
-    made = make_tls(tmp_path_factory.mktemp("tls"))
-    if made is None:
-        pytest.skip("the openssl CLI is not installed (it makes the test certificates)")
-    return made
 
 
 def gated_config(url: str) -> dict:
