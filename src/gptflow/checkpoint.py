@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from gptflow.errors import GptflowError
-from gptflow.fsutil import atomic_write, fsync_dir, publish, sha256_file, write_json
+from gptflow.fsutil import atomic_write, fsync_dir, publish, sha256_file, temp_dir, write_json
 
 TAG_RE = re.compile(r"^step(\d{8})$")
 COMPLETE = "COMPLETE"
@@ -103,9 +103,7 @@ class CheckpointSeries:
         step_dir = self.dir / tag_for(step)
         out = step_dir / UNIVERSAL
         if rank == 0 and not out.is_dir():
-            for debris in step_dir.glob(f"{UNIVERSAL}.tmp-*"):  # a conversion cut short
-                shutil.rmtree(debris, ignore_errors=True)
-            tmp = step_dir / f"{UNIVERSAL}.tmp-{os.getpid()}"
+            tmp = temp_dir(out)  # and a conversion cut short by a kill is cleared
             started = time.monotonic()
             convert(step_dir, tmp)
             publish(tmp, out)

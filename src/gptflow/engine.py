@@ -22,7 +22,7 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
     """The DeepSpeed config for `train` on `world_size` data-parallel ranks; `load_universal`:
     the engine will resume from a universal checkpoint (another layout's, converted)."""
     train.check_trainable()
-    if train.precision not in ("fp32", "bf16", "fp16"):
+    if train.precision == "auto":
         raise GptflowError(
             f"train.precision {train.precision!r} is decided on the training device "
             f"(gptflow.train.on_device) before an engine is configured"
