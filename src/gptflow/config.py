@@ -777,6 +777,29 @@ def load_workflow_config(
                 f"{source}: data.blend[{i}].dataset is '{item['dataset']}', which is not in "
                 f"datasets ({', '.join(sorted(names))}). Fix {source}."
             )
+    _check_tokenizer(cfg, schema, names, source)
+
+    cfg["model"] = resolve_model(cfg["model"], schema, Path(models_dir), source)
+    try:  # the cross-field rules of the dataclasses, named in this file's terms
+        train = TrainConfig(**cfg["train"])
+        train.check_trainable()
+        ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
+    except GptflowError as e:
+        raise GptflowError(f"{source}: {e}. Fix {source}.") from None
+    if train.seq_length > cfg["model"]["max_position_embeddings"]:
+        raise GptflowError(
+            f"{source}: train.seq_length {train.seq_length} exceeds "
+            f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
+        )
+    _check_split(cfg["data"]["split"], train, source)
+    # Not errors: log, eval and save intervals longer than train_iters (the last step logs,
+    # evaluates and saves anyway), an eval_interval with eval_iters 0 (nothing to evaluate).
+    return cfg
+
+
+def _check_tokenizer(cfg: dict, schema: dict, names: set[str], source: str) -> None:
+    """What each tokenizer source needs: datasets and an eod token among the special tokens
+    to train on, a path that exists, a URL, or GPT-2's vocab and merges (defaults filled in)."""
     tok = cfg["tokenizer"]
     if tok["source"] == "train":
         train = tok.setdefault("train", {})
@@ -815,23 +838,6 @@ def load_workflow_config(
                 )
             if spec.get("path") and not spec.get("url"):
                 _check_path(spec["path"], f"tokenizer.{key}.path", source)
-
-    cfg["model"] = resolve_model(cfg["model"], schema, Path(models_dir), source)
-    try:  # the cross-field rules of the dataclasses, named in this file's terms
-        train = TrainConfig(**cfg["train"])
-        train.check_trainable()
-        ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
-    except GptflowError as e:
-        raise GptflowError(f"{source}: {e}. Fix {source}.") from None
-    if train.seq_length > cfg["model"]["max_position_embeddings"]:
-        raise GptflowError(
-            f"{source}: train.seq_length {train.seq_length} exceeds "
-            f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
-        )
-    _check_split(cfg["data"]["split"], train, source)
-    # Not errors: log, eval and save intervals longer than train_iters (the last step logs,
-    # evaluates and saves anyway), an eval_interval with eval_iters 0 (nothing to evaluate).
-    return cfg
 
 
 def _check_split(split: str, train: TrainConfig, source: str) -> None:
