@@ -200,6 +200,7 @@ class Signalled:
     frozen: list[int]  # per signal, the last step the ranks had logged when they were frozen
     log: str  # results/runs/tiny/train.log from this trajectory's start on (every attempt)
     jobs: list[str]  # the training jobs this test submitted, in order
+    out: str  # Snakemake's output
 
 
 def usr1_mid_training(
@@ -270,7 +271,7 @@ def usr1_mid_training(
     assert proc.returncode == 0, out[-5000:]
     assert json.loads(done.read_text())["final_step"] == 300
     jobs = sorted(set(train_job_ids(wd)) - before, key=int)
-    return Signalled(jobs[0], frozen, history.read_text()[start:], jobs)
+    return Signalled(jobs[0], frozen, history.read_text()[start:], jobs, out)
 
 
 def saved_steps(signalled: Signalled, how: str) -> list[int]:
@@ -304,15 +305,22 @@ def test_usr1_saves_and_the_job_requeues_itself_and_resumes(slurm_pipeline, tiny
     signalled = usr1_mid_training(wd, tiny_config, "requeue.yaml", seed=11, times=3)
     saved = saved_steps(signalled, f"requeued Slurm job {signalled.job} to resume")
     assert saved == sorted(saved) and len(set(saved)) == 3, saved
-    assert signalled.jobs == [signalled.job], signalled.jobs  # requeued, not resubmitted
     records = sacct_records(signalled.job)
     job = signalled.job
+    # Slurm's account first: when a run of the job did not end as REQUEUED (or the last as
+    # COMPLETED), that is what made Snakemake submit another job, and the message says which
+    why = "\n".join(
+        line for line in signalled.out.splitlines() if re.search(r"(?i)error|fail|SLURM-job", line)
+    )
     assert [r for r in records if r.startswith(f"{job}|")] == [
         f"{job}|REQUEUED|0:0",
         f"{job}|REQUEUED|0:0",
         f"{job}|REQUEUED|0:0",
         f"{job}|COMPLETED|0:0",
-    ], records
+    ], (records, why[-3000:])
+    # requeued, not resubmitted
+    others = {j: sacct_records(j) for j in signalled.jobs if j != job}
+    assert signalled.jobs == [job], (others, why[-3000:])
     # each requeued run's training step (srun, JOBID.0) ended with EXIT_PREEMPTED -- or, when
     # one rank exited 75 a moment before the other, srun's --kill-on-bad-exit ended it
     steps = [r for r in records if r.startswith(f"{job}.0|")]

@@ -386,23 +386,28 @@ def save(tr: Trainer, prog: Progress) -> None:
 
 
 def announce_stop(tr: Trainer, step: int, reason: str) -> int:
-    """After the save: requeue the Slurm job on a time-limit warning, else exit for a retry.
+    """After the save: rank 0 requeues the Slurm job or leaves the resume to a retry; every
+    rank then waits for it and exits 75. Without the wait a rank's early exit 75 would make
+    srun (``--kill-on-bad-exit``) kill rank 0 before its requeue, failing the job."""
+    if tr.rank == 0:
+        requeue_or_retry(tr, step, reason)
+    tr.dev.barrier()
+    return EXIT_PREEMPTED
 
-    SIGUSR1 is the profile's warning before the time limit: rank 0 puts the job back in the
-    queue (same id) and the next allocation resumes, as many times as the run needs, without
-    using one of Snakemake's retries. A preemption (SIGTERM) is requeued by Slurm itself when
-    the cluster is set up for it. Otherwise, or when the requeue is refused (a job submitted
-    without --requeue, no scontrol in the container), exit 75 and the workflow's retry resumes.
-    """
-    if tr.rank != 0:
-        return EXIT_PREEMPTED
+
+def requeue_or_retry(tr: Trainer, step: int, reason: str) -> None:
+    """SIGUSR1 is the profile's warning before the time limit: put the job back in the queue
+    (same id) and the next allocation resumes, as many times as the run needs, without using
+    one of Snakemake's retries. A preemption (SIGTERM) is requeued by Slurm itself when the
+    cluster is set up for it. Otherwise, or when the requeue is refused (a job submitted
+    without --requeue, no scontrol in the container), the workflow's retry resumes."""
     tr.series.finish_pruning()
     job = os.environ.get("SLURM_JOB_ID")
     if job and signals_received[:1] == [signal.SIGUSR1]:
         refused = distributed.requeue_job(job)
         if refused is None:
             log.warning("%s: saved step %d; requeued Slurm job %s to resume", reason, step, job)
-            return EXIT_PREEMPTED
+            return
         log.warning("could not requeue the job (%s); leaving it to the workflow's retry", refused)
     log.warning(
         "%s: saved step %d; exiting with code %d so the workflow retries and resumes",
@@ -410,7 +415,6 @@ def announce_stop(tr: Trainer, step: int, reason: str) -> int:
         step,
         EXIT_PREEMPTED,
     )
-    return EXIT_PREEMPTED
 
 
 def finish(tr: Trainer, step: int) -> None:
