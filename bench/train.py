@@ -119,7 +119,7 @@ def engine_runner(cfg, train, rows, gas: int, stage: int) -> tuple[Runner, float
     trainer = Trainer(
         cfg=SimpleNamespace(train=t), dev=dev, rank=0, launcher="single", engine=engine,
         series=None, train_data=rows, valid_data=None, gas=gas, flops_per_token=0.0,
-        peak_tflops=None, exit_interval=None,
+        peak_tflops=None, exit_interval=None, resume_from=None, resume_mode="native",
     )  # fmt: skip
     progress = Progress(step=0, interval=Interval(dev))
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
 from gptflow import why
-from gptflow.config import load_workflow_config, load_yaml
+from gptflow.config import TrainConfig, load_workflow_config, load_yaml
 from gptflow.data import sources
+from gptflow.distributed import launched_ranks
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 
@@ -40,6 +41,29 @@ why.dump_config(CFG)
 def record_config():
     """Snakefile onsuccess: the config `gptflow why` compares the next plan against."""
     why.record_config(CFG)
+
+
+def profile_train_ranks():
+    """The training ranks the profile's resources give train_gpt (tasks, or nodes x
+    tasks_per_node, as its srun reads them); one when it sets none (a local run). None when
+    a count is a function of the job, known only when it runs."""
+    resources = workflow.resource_settings.overwrite_resources.get("train_gpt") or {}
+    counts = {}
+    for key in ("nodes", "tasks_per_node", "tasks"):
+        try:
+            counts[key] = int(resources[key].value) if key in resources else None
+        except (ValueError, TypeError):  # evaluated per job
+            return None
+    return launched_ranks(**counts)
+
+
+# The layout against the ranks, at -n: a tensor-parallel size that does not divide them
+# would otherwise fail only once the training job has waited in the queue.
+if (TRAIN_RANKS := profile_train_ranks()) is not None:
+    try:
+        TrainConfig(**CFG["train"]).data_parallel_size(TRAIN_RANKS)
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config ({CONFIG_SOURCE}) and profile: {e}") from None
 
 
 RUN = CFG["run"]

@@ -102,13 +102,8 @@ class CheckpointSeries:
         so a long conversion cannot trip NCCL's watchdog."""
         step_dir = self.dir / tag_for(step)
         out = step_dir / UNIVERSAL
-        if rank == 0 and not out.is_dir():
-            tmp = temp_dir(out)  # and a conversion cut short by a kill is cleared
-            started = time.monotonic()
-            convert(step_dir, tmp)
-            publish(tmp, out)
-            log.info("converted %s to DeepSpeed's universal format in %.1f s", step_dir,
-                     time.monotonic() - started)  # fmt: skip
+        if rank == 0:
+            universal_dir(step_dir, convert)
         deadline = time.monotonic() + UNIVERSAL_WAIT_S
         while not out.is_dir():
             if time.monotonic() > deadline:
@@ -183,6 +178,21 @@ class CheckpointSeries:
             with contextlib.suppress(FileNotFoundError):
                 os.replace(self.dir / tag_for(s), trash)
             shutil.rmtree(trash, ignore_errors=True)
+
+
+def universal_dir(step_dir: Path, convert) -> Path:
+    """``stepN/universal``: the step in DeepSpeed's universal format (one file per parameter
+    and optimizer state, tensor-parallel slices merged), converted by `convert` the first time
+    into a temporary directory renamed when done. One process at a time (rank 0, the export)."""
+    out = step_dir / UNIVERSAL
+    if not out.is_dir():
+        tmp = temp_dir(out)  # and a conversion cut short by a kill is cleared
+        started = time.monotonic()
+        convert(step_dir, tmp)
+        publish(tmp, out)
+        log.info("converted %s to DeepSpeed's universal format in %.1f s", step_dir,
+                 time.monotonic() - started)  # fmt: skip
+    return out
 
 
 def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
@@ -437,28 +447,33 @@ class RunLock:
 
 def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
     """How a step saved in layout `saved` loads into layout `now` ({world_size, zero_stage,
-    precision}): "native" (DeepSpeed's own files, as saved) or "universal" (converted, for a
-    change of the number of ranks or of the ZeRO stage among 1-3). A change DeepSpeed cannot
-    carry the optimizer state across is an error naming the way on."""
+    precision, tensor_parallel}): "native" (DeepSpeed's own files, as saved) or "universal"
+    (converted, for a change of the number of ranks, of the tensor-parallel size or of the ZeRO
+    stage among 1-3). A change DeepSpeed cannot carry the optimizer state across is an error
+    naming the way on."""
     if not saved:
         return "native"  # saved before layouts were recorded: DeepSpeed checks what it can
     was_zero, now_zero = saved.get("zero_stage", 0), now["zero_stage"]
     was_world, now_world = saved.get("world_size"), now["world_size"]
-    if was_zero == now_zero and (now_zero == 0 or was_world == now_world):
+    was_tp, now_tp = saved.get("tensor_parallel", 1), now.get("tensor_parallel", 1)
+    where = (
+        f"saved at ZeRO stage {was_zero} on {was_world} ranks (tensor parallel {was_tp}), now "
+        f"ZeRO stage {now_zero} on {now_world} ranks (tensor parallel {now_tp})"
+    )
+    if was_zero == now_zero and was_tp == now_tp and (now_zero == 0 or was_world == now_world):
         return "native"  # ZeRO 0 keeps whole optimizer states: any number of ranks reads them
     if was_zero == 0 or now_zero == 0:
         raise GptflowError(
-            f"{path}: saved at ZeRO stage {was_zero} on {was_world} ranks, now ZeRO stage "
-            f"{now_zero} on {now_world} ranks: DeepSpeed moves optimizer states between layouts "
-            f"only among ZeRO stages 1-3. Set train.zero_stage {was_zero} to continue this run "
-            f"(on any number of ranks)"
+            f"{path}: {where}: DeepSpeed moves optimizer states between layouts only among ZeRO "
+            f"stages 1-3. Set train.zero_stage {was_zero} and train.tensor_parallel {was_tp} to "
+            f"continue this run"
+            + (" (on any number of ranks)" if was_tp == 1 and was_zero == 0 else "")
         )
     if 3 in (was_zero, now_zero):
         raise GptflowError(
-            f"{path}: saved at ZeRO stage {was_zero} on {was_world} ranks, now ZeRO stage "
-            f"{now_zero} on {now_world} ranks: DeepSpeed's universal checkpoint does not carry "
-            f"ZeRO-3's optimizer state exactly (measured with DeepSpeed 0.19: the losses leave "
-            f"the unmoved run's from the second step after the move). Continue at ZeRO stage "
+            f"{path}: {where}: DeepSpeed's universal checkpoint does not carry ZeRO-3's "
+            f"optimizer state exactly (measured with DeepSpeed 0.19: the losses leave the "
+            f"unmoved run's from the second step after the move). Continue at ZeRO stage "
             f"{was_zero} on {was_world} ranks; layouts move freely among ZeRO stages 1 and 2"
         )
     return "universal"

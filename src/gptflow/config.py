@@ -472,6 +472,7 @@ class TrainConfig:
     clip_grad: float = 1.0
     precision: str = "fp32"
     zero_stage: int = 0
+    tensor_parallel: int = 1  # ranks that share each layer's matrices (Megatron's split)
     offload: str = "none"
     compile: bool = False  # torch.compile through DeepSpeed's engine.compile
     peak_tflops: float | None = None  # per device, for MFU; None = from the GPU's name
@@ -517,18 +518,55 @@ class TrainConfig:
                 "sum gradients in fp32. Set train.zero_stage 1 (DeepSpeed's BF16_Optimizer: fp32 "
                 "master weights and gradient accumulation; on one rank it partitions nothing)"
             )
+        if self.tensor_parallel > 1 and self.zero_stage == 0:
+            raise GptflowError(
+                f"train.tensor_parallel {self.tensor_parallel} needs train.zero_stage 1 or 2: a "
+                "tensor-parallel checkpoint is exported and moved to other layouts through "
+                "DeepSpeed's universal checkpoint, which reads ZeRO 1/2 optimizer partitions. "
+                "Set train.zero_stage 1 (Megatron's distributed optimizer)"
+            )
+        if self.tensor_parallel > 1 and self.zero_stage == 3:
+            raise GptflowError(
+                f"train.tensor_parallel {self.tensor_parallel} with train.zero_stage 3 is not "
+                "supported: DeepSpeed's AutoTP splits a model built whole on every rank, which "
+                "is what ZeRO-3's partitioned construction exists to avoid, and the two together "
+                "have not been verified here. Use train.zero_stage 1 or 2 with tensor parallel "
+                "(stage 1 is Megatron's distributed optimizer)"
+            )
 
     @property
     def decay_iters(self) -> int:
         return self.lr_decay_iters or self.train_iters
 
+    def data_parallel_size(self, world_size: int) -> int:
+        """Data-parallel ranks: the ranks / tensor_parallel. Ranks ``[k*tp, (k+1)*tp)`` form
+        tensor-parallel group k (neighbours, so a group stays inside a node) and read the
+        same samples as data-parallel rank k."""
+        if world_size % self.tensor_parallel:
+            raise GptflowError(
+                f"train.tensor_parallel {self.tensor_parallel} does not divide the {world_size} "
+                f"training ranks; give the training rule a multiple of {self.tensor_parallel} "
+                f"ranks (the profile's nodes x tasks per node) or change train.tensor_parallel"
+            )
+        return world_size // self.tensor_parallel
+
+    def data_parallel_rank(self, rank: int) -> int:
+        return rank // self.tensor_parallel
+
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each rank: global / (micro x data-parallel ranks)."""
-        per_pass = self.micro_batch_size * world_size
+        dp = self.data_parallel_size(world_size)
+        per_pass = self.micro_batch_size * dp
         if self.global_batch_size % per_pass:
+            ranks = f"{dp} ranks"
+            if self.tensor_parallel > 1:
+                ranks = (
+                    f"{dp} data-parallel ranks ({world_size} ranks / train.tensor_parallel "
+                    f"{self.tensor_parallel})"
+                )
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
-                f"train.micro_batch_size {self.micro_batch_size} x {world_size} ranks = {per_pass}; "
+                f"train.micro_batch_size {self.micro_batch_size} x {ranks} = {per_pass}; "
                 f"change the batch sizes or the number of ranks"
             )
         return self.global_batch_size // per_pass
@@ -550,6 +588,22 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_length
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """Megatron's split needs whole heads and whole MLP columns on every rank."""
+    if tp == 1:
+        return
+    for key, value in (
+        ("model.num_attention_heads", model.num_attention_heads),
+        ("model.intermediate_size (default 4 x hidden_size)", model.ffn_size),
+    ):
+        if value % tp:
+            raise GptflowError(
+                f"train.tensor_parallel {tp} does not divide {key} {value}: each rank holds "
+                f"1/{tp} of the attention heads and of the MLP; pick a tensor_parallel that "
+                f"divides both ({model.num_attention_heads} heads, {model.ffn_size} MLP columns)"
+            )
 
 
 # ----------------------------------------------------------------------------- run config
@@ -783,7 +837,8 @@ def load_workflow_config(
     try:  # the cross-field rules of the dataclasses, named in this file's terms
         train = TrainConfig(**cfg["train"])
         train.check_trainable()
-        ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
+        model = ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
+        check_tensor_parallel(model, train.tensor_parallel)
     except GptflowError as e:
         raise GptflowError(f"{source}: {e}. Fix {source}.") from None
     if train.seq_length > cfg["model"]["max_position_embeddings"]:

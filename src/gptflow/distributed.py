@@ -147,6 +147,16 @@ def srun_command(
     return args
 
 
+def launched_ranks(
+    nodes: int | None = None, tasks_per_node: int | None = None, tasks: int | None = None
+) -> int:
+    """How many training ranks :func:`srun_command` starts with these counts (tasks per node
+    before a total, as srun reads them); one without any (a single process)."""
+    if tasks_per_node:
+        return (nodes or 1) * tasks_per_node
+    return tasks or 1
+
+
 def requeue_job(job_id: str) -> str | None:
     """``scontrol requeue`` this Slurm job: it goes back to the queue under the same id and runs
     the rule again (the trainer resumes), which Snakemake's Slurm executor sees as a job still

@@ -17,9 +17,29 @@ import torch
 from gptflow.config import TrainConfig
 from gptflow.errors import GptflowError
 
+# How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
+# specs, matched against gptflow.model's parameter names). Column-parallel: the output rows are
+# split, so each rank computes whole heads (query_key_value's rows are grouped per head as
+# [q_h; k_h; v_h], so a contiguous block is whole heads) and 1/tp of the MLP's columns.
+# Row-parallel: the input columns are split and the outputs summed over the group (their
+# biases replicated, added once). Embeddings, LayerNorms and the output head are replicated.
+TENSOR_PARALLEL_PLAN = [
+    {
+        "patterns": [
+            r".*\.attention\.query_key_value\.(weight|bias)$",
+            r".*\.mlp\.dense_h_to_4h\.(weight|bias)$",
+        ],
+        "partition_type": "column",
+    },
+    {
+        "patterns": [r".*\.attention\.dense\.weight$", r".*\.mlp\.dense_4h_to_h\.weight$"],
+        "partition_type": "row",
+    },
+]
+
 
 def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool = False) -> dict:
-    """The DeepSpeed config for `train` on `world_size` data-parallel ranks; `load_universal`:
+    """The DeepSpeed config for `train` on `world_size` ranks (data x tensor parallel); `load_universal`:
     the engine will resume from a universal checkpoint (another layout's, converted)."""
     train.check_trainable()
     if train.precision == "auto":
@@ -29,7 +49,6 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
         )
     gas = train.grad_accum_steps(world_size)
     cfg: dict = {
-        "train_batch_size": train.global_batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": train.clip_grad,
@@ -39,6 +58,16 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
         "wall_clock_breakdown": False,
         "checkpoint": {"tag_validation": "FAIL", "load_universal": load_universal},
     }
+    if train.tensor_parallel == 1:
+        # checked by DeepSpeed against micro x accumulation x ranks; under tensor parallel it
+        # counts the ranks of a tensor-parallel group as data-parallel ones at some ZeRO
+        # stages and not at others, so it is left for DeepSpeed to derive
+        cfg["train_batch_size"] = train.global_batch_size
+    else:
+        cfg["tensor_parallel"] = {
+            "autotp_size": train.tensor_parallel,
+            "partition_config": {"use_default_specs": False, "layer_specs": TENSOR_PARALLEL_PLAN},
+        }
     if train.offload != "none":
         zero = cfg["zero_optimization"]
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}

@@ -98,6 +98,9 @@ def checkpoint_weights(
                 f"{ckpt}: ZeRO shards are unpickled by DeepSpeed's zero_to_fp32, so they are "
                 f"read only from inside the run directory {run_dir}; copy the run there"
             )
+        layout = json.loads((ckpt / "COMPLETE").read_text()).get("layout") or {}
+        if layout.get("tensor_parallel", 1) > 1:
+            return _universal_weights(ckpt)
         return _zero_partitioned_weights(ckpt)
     return _zero0_weights(ckpt, lambda: model or RunConfig.load(Path(run_dir) / "run.yaml").model)
 
@@ -224,6 +227,32 @@ def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
     order = [name for name in states["module"] if name in weights]
     order += [name for name in weights if name not in states["module"]]
     return {name: weights[name] for name in order}
+
+
+def _universal_weights(ckpt: Path) -> dict[str, Weight]:
+    """A tensor-parallel checkpoint (ZeRO 1/2): through DeepSpeed's universal format, whose
+    conversion merges each parameter's tensor-parallel slices and ZeRO partitions into one
+    fp32 file (``stepN/universal/zero/NAME/fp32.pt``; converted once, kept with the step)."""
+    from gptflow.checkpoint import universal_dir
+    from gptflow.engine import convert_to_universal
+
+    zero = universal_dir(ckpt, convert_to_universal) / "zero"
+    # the module's order: rank 0's model states name every parameter (its own slices unread)
+    states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True,
+                        weights_only=True)  # fmt: skip
+    weights = {}
+    for name in states["module"]:
+        path = zero / name / "fp32.pt"
+        if not path.is_file():
+            raise GptflowError(f"{path}: missing from the universal conversion of {ckpt}")
+        # mmap'd, so a shape costs no read of the values
+        shape = tuple(torch.load(path, mmap=True, weights_only=True)["param"].shape)
+        weights[name] = Weight(shape, torch.float32, partial(_universal_param, path))
+    return weights
+
+
+def _universal_param(path: Path) -> torch.Tensor:
+    return torch.load(path, mmap=True, weights_only=True)["param"].float().contiguous()
 
 
 def _zero12_weights(ckpt, param_shapes, flat_groups, paddings, world) -> dict[str, Weight]:

@@ -48,21 +48,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
         self.head_dim = cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = cfg.attention_dropout
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        qkv = self.query_key_value(x).view(B, T, self.num_heads, 3 * self.head_dim)
+        # heads counted from the projection's width: under tensor parallelism a rank holds
+        # whole heads, a contiguous block of `query_key_value`'s rows ([q_h; k_h; v_h] each)
+        qkv = self.query_key_value(x).unflatten(-1, (-1, 3 * self.head_dim))
         q, k, v = qkv.permute(0, 2, 1, 3).chunk(3, dim=-1)  # each (B, H, T, hd)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )  # (B, H, T, hd)
-        return self.dense(y.transpose(1, 2).reshape(B, T, C))
+        return self.dense(y.transpose(1, 2).flatten(2))
 
 
 class MLP(nn.Module):

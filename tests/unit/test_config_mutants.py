@@ -109,6 +109,7 @@ def kitchen_sink() -> dict:
         peak_tflops=1.0,
         distributed_timeout_minutes=30,
         tensorboard=False,
+        tensor_parallel=1,
     )
     cfg["eval"] = {
         "prompts": ["def ", "The "],

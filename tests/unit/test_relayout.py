@@ -66,7 +66,9 @@ def test_two_ranks_continue_on_one_and_zero1_continues_at_zero2(make_run):
     assert (series / "step00000004" / "universal" / "zero").is_dir()
     assert not list((series / "step00000004").glob(".universal.*.tmp"))  # fsutil temp names
     done = json.loads((series / "step00000008" / "COMPLETE").read_text())
-    assert done["layout"] == {"world_size": 1, "zero_stage": 1, "precision": "fp32"}
+    assert done["layout"] == {
+        "world_size": 1, "zero_stage": 1, "precision": "fp32", "tensor_parallel": 1
+    }  # fmt: skip
     assert_continues(want, losses(moved))
 
     restaged = make_run("restaged", zero_stage=1, **SETTINGS)
@@ -84,8 +86,11 @@ def test_a_zero0_checkpoint_refuses_zero1_with_the_way_on(make_run):
     continue_with(run_dir, zero_stage=1)
     refused = gptflow_train(run_dir)
     assert refused.returncode == 1
-    assert "saved at ZeRO stage 0 on 1 ranks, now ZeRO stage 1 on 1 ranks" in refused.stderr
-    assert "Set train.zero_stage 0 to continue this run" in refused.stderr
+    assert (
+        "saved at ZeRO stage 0 on 1 ranks (tensor parallel 1), now ZeRO stage 1 on 1 ranks "
+        "(tensor parallel 1)" in refused.stderr
+    )
+    assert "Set train.zero_stage 0 and train.tensor_parallel 1 to continue" in refused.stderr
     assert "Traceback" not in refused.stderr
 
 
@@ -93,8 +98,8 @@ def test_which_layout_changes_load_how(tmp_path):
     from gptflow.checkpoint import resume_mode
     from gptflow.errors import GptflowError
 
-    def layout(world, zero):
-        return {"world_size": world, "zero_stage": zero, "precision": "fp32"}
+    def layout(world, zero, tp=1):
+        return {"world_size": world, "zero_stage": zero, "precision": "fp32", "tensor_parallel": tp}
 
     assert resume_mode(None, layout(2, 1), tmp_path) == "native"  # no layout recorded
     assert resume_mode(layout(4, 0), layout(1, 0), tmp_path) == "native"  # whole states
@@ -102,9 +107,14 @@ def test_which_layout_changes_load_how(tmp_path):
     assert resume_mode(layout(2, 3), layout(2, 3), tmp_path) == "native"
     assert resume_mode(layout(2, 1), layout(1, 1), tmp_path) == "universal"
     assert resume_mode(layout(8, 2), layout(16, 1), tmp_path) == "universal"
+    assert resume_mode(layout(4, 0, tp=2), layout(2, 0, tp=2), tmp_path) == "native"
+    assert resume_mode(layout(4, 1, tp=2), layout(4, 1, tp=2), tmp_path) == "native"
+    assert resume_mode(layout(2, 1, tp=2), layout(1, 1), tmp_path) == "universal"
+    assert resume_mode(layout(2, 2), layout(4, 1, tp=4), tmp_path) == "universal"
     for saved, now, message in [
-        (layout(2, 1), layout(2, 0), "Set train.zero_stage 1 to continue"),
-        (layout(1, 0), layout(1, 2), "Set train.zero_stage 0 to continue"),
+        (layout(2, 1), layout(2, 0), "Set train.zero_stage 1 and train.tensor_parallel 1"),
+        (layout(1, 0), layout(1, 2), "Set train.zero_stage 0 and train.tensor_parallel 1"),
+        (layout(2, 0, tp=2), layout(2, 0), "Set train.zero_stage 0 and train.tensor_parallel 2"),
         (layout(2, 3), layout(1, 3), "Continue at ZeRO stage 3 on 2 ranks"),
         (layout(2, 1), layout(2, 3), "Continue at ZeRO stage 1 on 2 ranks"),
     ]:

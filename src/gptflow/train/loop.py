@@ -155,7 +155,12 @@ def build(
 
 def layout_of(t, world_size: int) -> dict:
     """What a checkpoint's files depend on beyond the trajectory (kept in its COMPLETE)."""
-    return {"world_size": world_size, "zero_stage": t.zero_stage, "precision": t.precision}
+    return {
+        "world_size": world_size,
+        "zero_stage": t.zero_stage,
+        "precision": t.precision,
+        "tensor_parallel": t.tensor_parallel,
+    }
 
 
 def layout(tr: Trainer) -> dict:
@@ -195,8 +200,9 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
     cfg, t = tr.cfg, tr.cfg.train
     total_tokens = t.train_iters * t.tokens_per_step
     data_tokens = sum(d.tokens for d in cfg.datasets)
+    dp = t.data_parallel_size(tr.dev.world_size)
     log.info(
-        "run %s, series %s: %s; %s parameters; %d ranks (%s), micro batch %d x grad accum %d "
+        "run %s, series %s: %s; %s parameters; %d ranks (%s)%s, micro batch %d x grad accum %d "
         "x %d ranks = global batch %d; %d tokens/step; %d steps = %.3g tokens (%.2f epochs of "
         "%.3g data tokens); %s FLOPs per token, %.3g training FLOPs",
         cfg.run,
@@ -205,9 +211,10 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
         f"{cfg.model.num_parameters():,}",
         tr.dev.world_size,
         tr.launcher,
+        f" = {t.tensor_parallel} tensor x {dp} data parallel" if t.tensor_parallel > 1 else "",
         t.micro_batch_size,
         tr.gas,
-        tr.dev.world_size,
+        dp,
         t.global_batch_size,
         t.tokens_per_step,
         t.train_iters,
@@ -242,7 +249,9 @@ def grad_norm(model: torch.nn.Module) -> torch.Tensor:
 
 def train_step(tr: Trainer, prog: Progress) -> None:
     """One optimizer step: `gas` micro-batches forward and backward, then the update."""
-    t, rank, world = tr.cfg.train, tr.rank, tr.dev.world_size
+    t = tr.cfg.train
+    # the ranks of a tensor-parallel group read the same samples: the data-parallel rank's
+    rank, world = t.data_parallel_rank(tr.rank), t.data_parallel_size(tr.dev.world_size)
     consumed = prog.step * t.global_batch_size
     logs_next = (prog.step + 1) % t.log_interval == 0 or prog.step + 1 == t.train_iters
     step_loss = tr.dev.zeros()
@@ -254,7 +263,8 @@ def train_step(tr: Trainer, prog: Progress) -> None:
         tr.engine.backward(loss)
         if micro == tr.gas - 1:
             prog.lr = tr.engine.get_lr()[0]  # not lr_at(step): skipped steps hold the schedule
-            if logs_next and t.zero_stage == 0 and t.precision == "fp32":
+            own_norm = t.zero_stage == 0 and t.precision == "fp32" and t.tensor_parallel == 1
+            if logs_next and own_norm:
                 prog.grad_norm = grad_norm(tr.engine.module)  # DeepSpeed does not report it
         tr.engine.step()
         step_loss += loss.detach()
@@ -331,8 +341,9 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
 
 def evaluate(tr: Trainer, dataset) -> float:
     """Mean loss over the first `eval_iters` global batches of `dataset` (the same every time)."""
-    t, rank = tr.cfg.train, tr.rank
-    per_rank = t.global_batch_size // tr.dev.world_size
+    t = tr.cfg.train
+    rank = t.data_parallel_rank(tr.rank)  # a tensor-parallel group evaluates the same rows
+    per_rank = t.global_batch_size // t.data_parallel_size(tr.dev.world_size)
     sums = tr.dev.zeros(2)  # [loss x sequences, sequences]
     tr.engine.eval()
     with torch.no_grad():

@@ -1,0 +1,136 @@
+"""Throughput of one layout against another on 2 ranks: data parallel (tp 1) and tensor parallel 2.
+
+Both runs are `torchrun --nproc_per_node 2` with gloo on this machine's CPUs, fp32, ZeRO 1, the
+same model (a preset from config/models), the same global batch, sequence length and random
+token ids (numpy seed: the compute of a dense model does not depend on which ids it sees). Each
+rank does the trainer's own step (gptflow.train.loop.train_step on build_engine's engine):
+--warmup untimed steps, then --steps timed ones. Rank 0 reports the median ms/step; printed per
+layout: ms/step, tokens/s, and the ratio to data parallel (the baseline, run in the same command).
+
+On CPUs tensor parallel trades compute for two all-reduces per layer in each direction over gloo,
+so expect it to lose here: the figure says what the split costs where there is no NVLink, not
+what it gains on GPUs (not measurable on this machine).
+
+Usage: python bench/parallel.py [--preset small] [--seq-length 256] [--global-batch 8]
+       [--steps 10] [--warmup 2] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# bench/ first on sys.path would shadow the standard library's tokenize with bench/tokenize.py
+if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
+    del sys.path[0]
+
+
+def worker(a) -> None:
+    """One rank of a layout (under torchrun): time the trainer's step, rank 0 prints JSON."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from gptflow import distributed
+    from gptflow import engine as ds
+    from gptflow.config import ModelConfig, TrainConfig, load_yaml, padded_vocab_size
+    from gptflow.model import decay_groups
+    from gptflow.train import device
+    from gptflow.train.loop import Progress, Trainer, train_step
+    from gptflow.train.metrics import Interval
+
+    torch.set_num_threads(a.threads)
+    env = distributed.resolve()
+    distributed.export(env)
+    dev = device.setup(env, timeout_minutes=30)
+    preset = load_yaml(REPO / "config/models" / f"{a.preset}.yaml") or {}
+    vocab = padded_vocab_size(a.vocab, preset.get("make_vocab_size_divisible_by", 128))
+    cfg = ModelConfig(**{**preset, "vocab_size": vocab, "hidden_dropout": 0.0,
+                         "attention_dropout": 0.0})  # fmt: skip
+    total = a.warmup + a.steps
+    dp = env.world_size // a.tp
+    t = TrainConfig(
+        train_iters=total, seq_length=a.seq_length, micro_batch_size=a.global_batch // dp,
+        global_batch_size=a.global_batch, zero_stage=1, tensor_parallel=a.tp,
+    )  # fmt: skip
+    rows = np.random.default_rng(1234).integers(
+        0, a.vocab, size=(total * a.global_batch, a.seq_length + 1), dtype=np.int64
+    )
+    torch.manual_seed(t.seed)
+    model = ds.build_model(cfg, t, env.world_size, dev.device)
+    engine = ds.build_engine(model, decay_groups(model, t.weight_decay), t, env.world_size)
+    trainer = Trainer(
+        cfg=SimpleNamespace(train=t), dev=dev, rank=env.rank, launcher="torchrun",
+        engine=engine, series=None, train_data=rows, valid_data=None,
+        gas=t.grad_accum_steps(env.world_size), flops_per_token=0.0, peak_tflops=None,
+        exit_interval=None, resume_from=None, resume_mode="native",
+    )  # fmt: skip
+    prog = Progress(step=0, interval=Interval(dev))
+    times = []
+    for i in range(total):
+        dev.barrier()
+        started = time.perf_counter()
+        prog.step = i
+        train_step(trainer, prog)
+        dev.barrier()
+        if i >= a.warmup:
+            times.append(time.perf_counter() - started)
+    if env.rank == 0:
+        print(json.dumps({"ms_per_step": 1000 * statistics.median(times),
+                          "parameters": cfg.num_parameters()}))  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="small", help="config/models/<preset>.yaml (default small)")
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--seq-length", type=int, default=256)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--tp", type=int, default=0, help=argparse.SUPPRESS)  # worker mode
+    a = p.parse_args()
+    if a.tp:
+        worker(a)
+        return 0
+
+    tokens = a.global_batch * a.seq_length
+    print(
+        f"layouts on 2 ranks (torchrun, gloo, CPU, {a.threads} thread(s) each): preset "
+        f"{a.preset}, global batch {a.global_batch} x {a.seq_length} = {tokens} tokens/step, fp32, "
+        f"ZeRO 1; {a.warmup} warm-up + {a.steps} timed steps, median"
+    )
+    base = None
+    for tp, name in ((1, "data parallel 2 (baseline)"), (2, "tensor parallel 2")):
+        cmd = [
+            str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2",
+            __file__, "--tp", str(tp), "--preset", a.preset, "--vocab", str(a.vocab),
+            "--seq-length", str(a.seq_length), "--global-batch", str(a.global_batch),
+            "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONWARNINGS": "ignore"}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if out.returncode != 0 or not lines:
+            print(f"  {name:28s} failed (exit {out.returncode}): {out.stderr[-1500:]}")
+            continue
+        ms = json.loads(lines[-1])["ms_per_step"]
+        base = base or ms
+        print(
+            f"  {name:28s} {ms:9.1f} ms/step {tokens / ms * 1000:10.0f} tokens/s  "
+            f"{base / ms:5.2f}x the baseline's tokens/s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

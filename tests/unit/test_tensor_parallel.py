@@ -1,0 +1,204 @@
+"""Tensor parallel (train.tensor_parallel, DeepSpeed AutoTP) on CPU with real torchrun ranks and
+gloo: the losses of one rank, an exact resume within the layout, moves to other layouts through
+DeepSpeed's universal checkpoint, and the export of the whole model.
+
+No GPU exists here: NCCL, the speed of split layers and tensor parallel across GPUs of a node
+are not exercised; the arithmetic, the data order and the checkpoints are."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from .test_relayout import continue_with, losses, stopped_at_4
+from .test_train import BIN, gptflow_train
+
+# No dropout: a split layer draws its masks per rank, so only dropout-free losses match 1 rank's.
+NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+SETTINGS = dict(
+    train_iters=8, log_interval=1, eval_iters=1, eval_interval=8, save_interval=8,
+    global_batch_size=8, zero_stage=1,
+)  # fmt: skip
+# the tiny model (hidden 64, 4 heads, MLP 256) split in two: what each rank holds
+HALVES = {
+    "attention.query_key_value.weight": (96, 64),
+    "attention.query_key_value.bias": (96,),
+    "attention.dense.weight": (64, 32),
+    "attention.dense.bias": (64,),  # row-parallel: the bias is added once, after the sum
+    "mlp.dense_h_to_4h.weight": (128, 64),
+    "mlp.dense_h_to_4h.bias": (128,),
+    "mlp.dense_4h_to_h.weight": (64, 128),
+    "input_layernorm.weight": (64,),
+}
+
+
+def torchrun(run_dir, ranks: int, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={ranks}", "-m", "gptflow",
+        "train", "--config", str(run_dir / "run.yaml"), "--threads", "1", *extra,
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
+def assert_close(want: dict, got: dict, rel: float = 1e-4) -> None:
+    """fp32 losses of another layout: the same sums in another order."""
+    assert sorted(got) == sorted(want) == list(range(1, 9)), (want, got)
+    worst = max(abs(want[s] - got[s]) / abs(want[s]) for s in want)
+    assert worst < rel, (worst, want, got)
+
+
+def final_step(run_dir):
+    done = json.loads((run_dir / "DONE.json").read_text())
+    return done["checkpoint"]
+
+
+def module_slices(step_dir) -> list[dict]:
+    """Each tensor-parallel rank's module weights, as DeepSpeed saved them (fp32 training:
+    these are the weights themselves)."""
+    files = sorted(step_dir.glob("mp_rank_*_model_states.pt"))
+    return [torch.load(f, map_location="cpu", weights_only=True)["module"] for f in files]
+
+
+def merged_by_hand(slices: list[dict]) -> dict:
+    """The whole model from the slices, by Megatron's split: column-parallel rows and
+    row-parallel columns concatenated, everything else identical on every rank."""
+    whole = {}
+    for name, first in slices[0].items():
+        parts = [s[name] for s in slices]
+        if re.search(r"(query_key_value|dense_h_to_4h)\.(weight|bias)$", name):
+            whole[name] = torch.cat(parts, dim=0)
+        elif re.search(r"(attention\.dense|dense_4h_to_h)\.weight$", name):
+            whole[name] = torch.cat(parts, dim=1)
+        else:
+            assert all(torch.equal(first, p) for p in parts), name  # replicated, in step
+            whole[name] = first
+    return whole
+
+
+def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make_run):
+    from gptflow.export import checkpoint_weights
+
+    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
+    assert gptflow_train(one).returncode == 0
+    straight = make_run("straight", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
+    out = torchrun(straight, 2)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "2 ranks (torchrun) = 2 tensor x 1 data parallel, micro batch 4 x grad accum 2" in (
+        out.stderr
+    )
+    assert_close(losses(one), losses(straight))
+
+    # each rank holds its half of every split layer (a plan that matched nothing would
+    # replicate the layers and still train right)
+    step = final_step(straight)
+    slices = module_slices(Path(step))
+    assert len(slices) == 2
+    for suffix, shape in HALVES.items():
+        for s in slices:
+            assert tuple(s[f"gpt_neox.layers.1.{suffix}"].shape) == shape, suffix
+
+    # killed at step 4 by the exit interval, resumed in the same layout: the same run, bit
+    # for bit (losses and weights)
+    resumed = make_run("resumed", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
+    assert stopped_at_4(torchrun(resumed, 2, "--exit-interval", "4"))
+    again = torchrun(resumed, 2)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resuming from step 4" in again.stderr and "universal" not in again.stderr
+    assert losses(resumed) == losses(straight)
+    a = checkpoint_weights(step, straight)
+    b = checkpoint_weights(final_step(resumed), resumed)
+    assert all(torch.equal(a[k].read(), b[k].read()) for k in a)
+
+    # the export reads the whole model: DeepSpeed's slices merged as Megatron splits them,
+    # and within fp32 rounding of the model one rank trained
+    whole = {k: w.read() for k, w in a.items()}
+    by_hand = merged_by_hand(slices)
+    assert list(whole) == list(by_hand)
+    assert all(torch.equal(whole[k], by_hand[k]) for k in whole)
+    single = checkpoint_weights(final_step(one), one)
+    diffs = {k: (whole[k] - single[k].read()).abs().max().item() for k in whole}
+    # measured: 2.3e-4 on query_key_value's bias, whose key part has no gradient in exact
+    # arithmetic (softmax ignores a shift of all scores) -- Adam scales that rounding noise up
+    # to lr-sized steps -- and at most 3.6e-6 everywhere else
+    assert all(
+        d < (1e-3 if k.endswith("query_key_value.bias") else 1e-5) for k, d in diffs.items()
+    ), diffs
+
+
+def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(make_run):
+    """A tp 2 checkpoint continued at tp 1 on one rank and on 2 data-parallel ranks, and a
+    2-rank data-parallel ZeRO-2 checkpoint continued at tp 2: each through DeepSpeed's
+    universal checkpoint (converted once, kept with the step), never from step 0."""
+    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
+    assert gptflow_train(one).returncode == 0
+    want = losses(one)
+
+    to_one = make_run("to_one", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
+    assert stopped_at_4(torchrun(to_one, 2, "--exit-interval", "4"))
+    continue_with(to_one, tensor_parallel=1)
+    moved = gptflow_train(to_one)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "resuming from step 4" in moved.stderr
+    assert "loading it through DeepSpeed's universal checkpoint" in moved.stderr
+    assert_close(want, losses(to_one))
+
+    to_dp = make_run("to_dp", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
+    assert stopped_at_4(torchrun(to_dp, 2, "--exit-interval", "4"))
+    continue_with(to_dp, tensor_parallel=1, zero_stage=2)
+    moved = torchrun(to_dp, 2)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "universal checkpoint" in moved.stderr and "resuming from step 4" in moved.stderr
+    assert_close(want, losses(to_dp))
+
+    to_tp = make_run("to_tp", model=NO_DROPOUT, **{**SETTINGS, "zero_stage": 2})
+    assert stopped_at_4(torchrun(to_tp, 2, "--exit-interval", "4"))
+    continue_with(to_tp, tensor_parallel=2, zero_stage=1)
+    moved = torchrun(to_tp, 2)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "universal checkpoint" in moved.stderr and "resuming from step 4" in moved.stderr
+    assert_close(want, losses(to_tp))
+
+
+@pytest.mark.parametrize(
+    ("model", "train", "message"),
+    [
+        ({}, {"tensor_parallel": 3, "zero_stage": 1}, "train.tensor_parallel 3 does not divide model.num_attention_heads 4"),
+        ({"num_attention_heads": 8, "intermediate_size": 100}, {"tensor_parallel": 8, "zero_stage": 1},
+         r"does not divide model.intermediate_size \(default 4 x hidden_size\) 100"),
+        ({}, {"tensor_parallel": 2, "zero_stage": 0}, "needs train.zero_stage 1 or 2"),
+        ({}, {"tensor_parallel": 2, "zero_stage": 3}, "with train.zero_stage 3 is not supported"),
+    ],
+)  # fmt: skip
+def test_layouts_that_cannot_split_are_refused_when_planned(
+    repo, edit_config, model, train, message
+):
+    from gptflow.config import load_workflow_config
+    from gptflow.errors import GptflowError
+
+    cfg = edit_config(model={"preset": "tiny", **model}, train=train)
+    with pytest.raises(GptflowError, match=message):
+        load_workflow_config(
+            cfg, schema_path=repo / "config/schema/config.schema.yaml",
+            models_dir=repo / "config/models", source="test",
+        )  # fmt: skip
+
+
+def test_ranks_the_tensor_parallel_size_does_not_divide_are_refused():
+    from gptflow.config import TrainConfig
+    from gptflow.errors import GptflowError
+
+    t = TrainConfig(train_iters=1, global_batch_size=8, micro_batch_size=2, tensor_parallel=2)
+    assert t.data_parallel_size(4) == 2 and t.grad_accum_steps(4) == 2
+    assert [t.data_parallel_rank(r) for r in range(4)] == [0, 0, 1, 1]  # neighbours share
+    with pytest.raises(GptflowError, match=r"train.tensor_parallel 2 does not divide the 3"):
+        t.grad_accum_steps(3)
+    with pytest.raises(GptflowError, match=r"x 2 data-parallel ranks \(4 ranks / train.tensor"):
+        TrainConfig(train_iters=1, global_batch_size=12, micro_batch_size=4,
+                    tensor_parallel=2).grad_accum_steps(4)  # fmt: skip
