@@ -47,6 +47,7 @@ format: setup
 bench: setup
 	python bench/run.py
 	python bench/train.py
+	python bench/parallel.py
 	python bench/download.py
 	python bench/tokenize.py
 	python bench/blend_index.py

@@ -1,18 +1,20 @@
-"""Throughput of one layout against another on 2 ranks: data parallel (tp 1) and tensor parallel 2.
+"""Throughput of the layouts of 2 ranks: data parallel, tensor parallel 2, pipeline parallel 2.
 
 Both runs are `torchrun --nproc_per_node 2` with gloo on this machine's CPUs, fp32, ZeRO 1, the
-same model (a preset from config/models), the same global batch, sequence length and random
-token ids (numpy seed: the compute of a dense model does not depend on which ids it sees). Each
+same model (a preset from config/models), the same global batch, micro-batch size, sequence
+length and random token ids (numpy seed: the compute of a dense model does not depend on which ids it sees). Each
 rank does the trainer's own step (gptflow.train.loop.train_step on build_engine's engine):
 --warmup untimed steps, then --steps timed ones. Rank 0 reports the median ms/step; printed per
 layout: ms/step, tokens/s, and the ratio to data parallel (the baseline, run in the same command).
 
 On CPUs tensor parallel trades compute for two all-reduces per layer in each direction over gloo,
-so expect it to lose here: the figure says what the split costs where there is no NVLink, not
-what it gains on GPUs (not measurable on this machine).
+and a pipeline of 2 stages idles each stage for part of every step (the 1F1B bubble) and sends
+activations between them, so expect both to lose here: the figures say what the split costs
+where there is no NVLink and no memory pressure, not what it gains on GPUs (not measurable on
+this machine).
 
 Usage: python bench/parallel.py [--preset small] [--seq-length 256] [--global-batch 8]
-       [--steps 10] [--warmup 2] [--threads 1]
+       [--micro-batch 2] [--steps 10] [--warmup 2] [--threads 1]
 """
 
 from __future__ import annotations
@@ -56,10 +58,10 @@ def worker(a) -> None:
     cfg = ModelConfig(**{**preset, "vocab_size": vocab, "hidden_dropout": 0.0,
                          "attention_dropout": 0.0})  # fmt: skip
     total = a.warmup + a.steps
-    dp = env.world_size // a.tp
     t = TrainConfig(
-        train_iters=total, seq_length=a.seq_length, micro_batch_size=a.global_batch // dp,
+        train_iters=total, seq_length=a.seq_length, micro_batch_size=a.micro_batch,
         global_batch_size=a.global_batch, zero_stage=1, tensor_parallel=a.tp,
+        pipeline_parallel=a.pp,
     )  # fmt: skip
     rows = np.random.default_rng(1234).integers(
         0, a.vocab, size=(total * a.global_batch, a.seq_length + 1), dtype=np.int64
@@ -94,10 +96,12 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--seq-length", type=int, default=256)
     p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--tp", type=int, default=0, help=argparse.SUPPRESS)  # worker mode
+    p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.tp:
         worker(a)
@@ -106,14 +110,18 @@ def main() -> int:
     tokens = a.global_batch * a.seq_length
     print(
         f"layouts on 2 ranks (torchrun, gloo, CPU, {a.threads} thread(s) each): preset "
-        f"{a.preset}, global batch {a.global_batch} x {a.seq_length} = {tokens} tokens/step, fp32, "
+        f"{a.preset}, global batch {a.global_batch} (micro {a.micro_batch}) x {a.seq_length} = "
+        f"{tokens} tokens/step, fp32, "
         f"ZeRO 1; {a.warmup} warm-up + {a.steps} timed steps, median"
     )
     base = None
-    for tp, name in ((1, "data parallel 2 (baseline)"), (2, "tensor parallel 2")):
+    layouts = [(1, 1, "data parallel 2 (baseline)"), (2, 1, "tensor parallel 2"),
+               (1, 2, "pipeline parallel 2")]  # fmt: skip
+    for tp, pp, name in layouts:
         cmd = [
             str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2",
-            __file__, "--tp", str(tp), "--preset", a.preset, "--vocab", str(a.vocab),
+            __file__, "--tp", str(tp), "--pp", str(pp), "--preset", a.preset,
+            "--vocab", str(a.vocab), "--micro-batch", str(a.micro_batch),
             "--seq-length", str(a.seq_length), "--global-batch", str(a.global_batch),
             "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
         ]  # fmt: skip

@@ -460,6 +460,14 @@ def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
         f"saved at ZeRO stage {was_zero} on {was_world} ranks (tensor parallel {was_tp}), now "
         f"ZeRO stage {now_zero} on {now_world} ranks (tensor parallel {now_tp})"
     )
+    was_pp, now_pp = saved.get("pipeline_parallel", 1), now.get("pipeline_parallel", 1)
+    if was_pp != now_pp:
+        raise GptflowError(
+            f"{path}: saved with {was_pp} pipeline stages, now {now_pp}: a change of the "
+            f"pipeline layout is not supported yet (a pipeline's parameters are named by stage "
+            f"layer, which the universal checkpoint does not map to the model's names). Set "
+            f"train.pipeline_parallel {was_pp} to continue this run"
+        )
     if was_zero == now_zero and was_tp == now_tp and (now_zero == 0 or was_world == now_world):
         return "native"  # ZeRO 0 keeps whole optimizer states: any number of ranks reads them
     if was_zero == 0 or now_zero == 0:

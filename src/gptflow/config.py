@@ -473,6 +473,7 @@ class TrainConfig:
     precision: str = "fp32"
     zero_stage: int = 0
     tensor_parallel: int = 1  # ranks that share each layer's matrices (Megatron's split)
+    pipeline_parallel: int = 1  # stages the layers are split into (DeepSpeed's PipelineModule)
     offload: str = "none"
     compile: bool = False  # torch.compile through DeepSpeed's engine.compile
     peak_tflops: float | None = None  # per device, for MFU; None = from the GPU's name
@@ -525,6 +526,20 @@ class TrainConfig:
                 "DeepSpeed's universal checkpoint, which reads ZeRO 1/2 optimizer partitions. "
                 "Set train.zero_stage 1 (Megatron's distributed optimizer)"
             )
+        if self.pipeline_parallel > 1 and self.zero_stage != 1:
+            raise GptflowError(
+                f"train.pipeline_parallel {self.pipeline_parallel} needs train.zero_stage 1 (it "
+                f"is {self.zero_stage}): DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (each "
+                "stage would partition gradients it accumulates over micro-batches), and "
+                "gptflow exports pipeline checkpoints from ZeRO 1's fp32 partitions"
+            )
+        if self.pipeline_parallel > 1 and self.tensor_parallel > 1:
+            raise GptflowError(
+                f"train.pipeline_parallel {self.pipeline_parallel} with train.tensor_parallel "
+                f"{self.tensor_parallel} is not supported yet: DeepSpeed's pipeline engine and "
+                "AutoTP have not been combined here. Use one of them (tensor parallel within a "
+                "node, pipeline stages across nodes come together in a later version)"
+            )
         if self.tensor_parallel > 1 and self.zero_stage == 3:
             raise GptflowError(
                 f"train.tensor_parallel {self.tensor_parallel} with train.zero_stage 3 is not "
@@ -538,19 +553,41 @@ class TrainConfig:
     def decay_iters(self) -> int:
         return self.lr_decay_iters or self.train_iters
 
-    def data_parallel_size(self, world_size: int) -> int:
-        """Data-parallel ranks: the ranks / tensor_parallel. Ranks ``[k*tp, (k+1)*tp)`` form
-        tensor-parallel group k (neighbours, so a group stays inside a node) and read the
-        same samples as data-parallel rank k."""
-        if world_size % self.tensor_parallel:
-            raise GptflowError(
-                f"train.tensor_parallel {self.tensor_parallel} does not divide the {world_size} "
-                f"training ranks; give the training rule a multiple of {self.tensor_parallel} "
-                f"ranks (the profile's nodes x tasks per node) or change train.tensor_parallel"
-            )
-        return world_size // self.tensor_parallel
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of the model between them: tensor x pipeline parallel."""
+        return self.tensor_parallel * self.pipeline_parallel
 
-    def data_parallel_rank(self, rank: int) -> int:
+    def data_parallel_size(self, world_size: int) -> int:
+        """Data-parallel ranks: the ranks / (tensor_parallel x pipeline_parallel)."""
+        if world_size % self.model_parallel:
+            parts = [
+                f"train.{key} {n}"
+                for key, n in (
+                    ("tensor_parallel", self.tensor_parallel),
+                    ("pipeline_parallel", self.pipeline_parallel),
+                )
+                if n > 1
+            ]
+            keys = " x ".join(parts)
+            if len(parts) > 1:
+                keys += f" = {self.model_parallel}"
+            raise GptflowError(
+                f"{keys} does not divide the {world_size} training ranks; give the training rule "
+                f"a multiple of {self.model_parallel} ranks (the profile's nodes x tasks per "
+                f"node) or change {' or '.join(p.split()[0] for p in parts)}"
+            )
+        return world_size // self.model_parallel
+
+    def data_parallel_rank(self, rank: int, world_size: int) -> int:
+        """The data-parallel rank of global rank `rank`, as DeepSpeed lays the ranks out.
+
+        Tensor parallel: ranks ``[k*tp, (k+1)*tp)`` form group k (neighbours, so a group stays
+        inside a node) and read the samples of data-parallel rank k. Pipeline parallel
+        (DeepSpeed's PipeDataParallelTopology, pipe-major): rank = stage x dp + data rank,
+        so each stage's ranks are a contiguous block and a pipeline spans the blocks."""
+        if self.pipeline_parallel > 1:
+            return rank % self.data_parallel_size(world_size)
         return rank // self.tensor_parallel
 
     def grad_accum_steps(self, world_size: int) -> int:
@@ -559,10 +596,10 @@ class TrainConfig:
         per_pass = self.micro_batch_size * dp
         if self.global_batch_size % per_pass:
             ranks = f"{dp} ranks"
-            if self.tensor_parallel > 1:
+            if self.model_parallel > 1:
                 ranks = (
-                    f"{dp} data-parallel ranks ({world_size} ranks / train.tensor_parallel "
-                    f"{self.tensor_parallel})"
+                    f"{dp} data-parallel ranks ({world_size} ranks / {self.model_parallel} "
+                    f"per model copy)"
                 )
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
@@ -590,8 +627,16 @@ class TrainConfig:
         return self.global_batch_size * self.seq_length
 
 
-def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
-    """Megatron's split needs whole heads and whole MLP columns on every rank."""
+def check_model_parallel(model: ModelConfig, train: TrainConfig) -> None:
+    """Megatron's split needs whole heads and whole MLP columns on every rank; every pipeline
+    stage needs a layer."""
+    pp = train.pipeline_parallel
+    if pp > model.num_layers:
+        raise GptflowError(
+            f"train.pipeline_parallel {pp} exceeds model.num_layers {model.num_layers}: every "
+            f"stage holds at least one layer; lower train.pipeline_parallel"
+        )
+    tp = train.tensor_parallel
     if tp == 1:
         return
     for key, value in (
@@ -838,7 +883,7 @@ def load_workflow_config(
         train = TrainConfig(**cfg["train"])
         train.check_trainable()
         model = ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
-        check_tensor_parallel(model, train.tensor_parallel)
+        check_model_parallel(model, train)
     except GptflowError as e:
         raise GptflowError(f"{source}: {e}. Fix {source}.") from None
     if train.seq_length > cfg["model"]["max_position_embeddings"]:

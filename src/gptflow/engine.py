@@ -132,6 +132,8 @@ def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.de
     """
     from gptflow.model import GPTNeoX
 
+    if train.pipeline_parallel > 1:
+        return pipeline_model(GPTNeoX(model_cfg), train.pipeline_parallel)
     if train.zero_stage != 3:
         return GPTNeoX(model_cfg).to(device)
     import deepspeed
@@ -146,6 +148,23 @@ def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.de
                 if rank == 0:
                     model.init_module(name, module)
     return model
+
+
+def pipeline_model(model, stages: int):
+    """`model` split into `stages` consecutive pipeline stages (DeepSpeed's PipelineModule, as
+    GPT-NeoX does): the decoder layers balanced over the stages, the embedding on the first
+    and the head on the last; each rank keeps its stage's layers (on its device). Built whole
+    first, from the single-rank initialisation; the other stages' layers are then dropped."""
+    from deepspeed.pipe import PipelineModule
+
+    from gptflow.model import lm_loss, pipeline_stages
+
+    return PipelineModule(
+        layers=pipeline_stages(model),
+        num_stages=stages,
+        loss_fn=lm_loss,
+        partition_method="type:LayerStage",
+    )
 
 
 def fused_adamw(param_groups: list[dict]) -> bool | None:

@@ -99,8 +99,9 @@ def checkpoint_weights(
                 f"read only from inside the run directory {run_dir}; copy the run there"
             )
         layout = json.loads((ckpt / "COMPLETE").read_text()).get("layout") or {}
-        if layout.get("tensor_parallel", 1) > 1:
-            return _universal_weights(ckpt)
+        if layout.get("tensor_parallel", 1) > 1 or layout.get("pipeline_parallel", 1) > 1:
+            cfg = model or RunConfig.load(Path(run_dir) / "run.yaml").model
+            return _universal_weights(ckpt, cfg, pipeline=layout.get("pipeline_parallel", 1) > 1)
         return _zero_partitioned_weights(ckpt)
     return _zero0_weights(ckpt, lambda: model or RunConfig.load(Path(run_dir) / "run.yaml").model)
 
@@ -229,25 +230,32 @@ def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
     return {name: weights[name] for name in order}
 
 
-def _universal_weights(ckpt: Path) -> dict[str, Weight]:
-    """A tensor-parallel checkpoint (ZeRO 1/2): through DeepSpeed's universal format, whose
-    conversion merges each parameter's tensor-parallel slices and ZeRO partitions into one
-    fp32 file (``stepN/universal/zero/NAME/fp32.pt``; converted once, kept with the step)."""
+def _universal_weights(ckpt: Path, model: ModelConfig, pipeline: bool) -> dict[str, Weight]:
+    """A tensor- or pipeline-parallel checkpoint (ZeRO 1/2): through DeepSpeed's universal
+    format, whose conversion merges each parameter's tensor-parallel slices, pipeline stages and
+    ZeRO partitions into one fp32 file (``stepN/universal/zero/NAME/fp32.pt``; converted once,
+    kept with the step). A pipeline names its parameters by stage layer (``3.layer.*``), mapped
+    back to the model's names (gptflow.model.hf_name)."""
     from gptflow.checkpoint import universal_dir
     from gptflow.engine import convert_to_universal
+    from gptflow.model import GPTNeoX, hf_name
 
     zero = universal_dir(ckpt, convert_to_universal) / "zero"
-    # the module's order: rank 0's model states name every parameter (its own slices unread)
-    states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True,
-                        weights_only=True)  # fmt: skip
+    saved = {p.name: p / "fp32.pt" for p in zero.iterdir() if (p / "fp32.pt").is_file()}
+    if pipeline:
+        saved = {hf_name(name, model.num_layers): path for name, path in saved.items()}
+    with torch.device("meta"):  # the model's names in its order, at no memory cost
+        names = [name for name, _ in GPTNeoX(model).named_parameters()]
+    if sorted(names) != sorted(saved):
+        raise GptflowError(
+            f"{zero}: the universal conversion of {ckpt} holds {len(saved)} parameters that do "
+            f"not match the run's model ({len(names)}); was the run config changed?"
+        )
     weights = {}
-    for name in states["module"]:
-        path = zero / name / "fp32.pt"
-        if not path.is_file():
-            raise GptflowError(f"{path}: missing from the universal conversion of {ckpt}")
+    for name in names:
         # mmap'd, so a shape costs no read of the values
-        shape = tuple(torch.load(path, mmap=True, weights_only=True)["param"].shape)
-        weights[name] = Weight(shape, torch.float32, partial(_universal_param, path))
+        shape = tuple(torch.load(saved[name], mmap=True, weights_only=True)["param"].shape)
+        weights[name] = Weight(shape, torch.float32, partial(_universal_param, saved[name]))
     return weights
 
 

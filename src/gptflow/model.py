@@ -153,7 +153,72 @@ class GPTNeoX(nn.Module):
         logits = self.embed_out(self.gpt_neox.final_layer_norm(x))  # (B, T, V)
         if labels is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
+        return lm_loss(logits, labels)
+
+
+# ----------------------------------------------------------------------------- pipeline form
+#
+# The same modules as consecutive stages (DeepSpeed's PipelineModule takes a list of layers, each
+# mapping one tensor to the next): the embedding, each decoder layer, then the final LayerNorm
+# with the output head; the loss is applied by the engine on the last stage. The stages hold the
+# parameters of a built GPTNeoX, so a pipeline starts from the single-rank initialisation.
+
+
+class EmbedStage(nn.Module):
+    def __init__(self, model: GPTNeoX) -> None:
+        super().__init__()
+        self.embed_in = model.gpt_neox.embed_in
+        self.emb_dropout = model.gpt_neox.emb_dropout
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.emb_dropout(self.embed_in(input_ids))
+
+
+class LayerStage(nn.Module):
+    def __init__(self, model: GPTNeoX, index: int) -> None:
+        super().__init__()
+        self.layer = model.gpt_neox.layers[index]
+        self.rotary = model.gpt_neox.rotary  # no parameters: a buffer, not saved
+        self.checkpointed = model.cfg.activation_checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rotary(x.shape[1], x.device)
+        if self.checkpointed and self.training:
+            return checkpoint(self.layer, x, cos, sin, use_reentrant=False)
+        return self.layer(x, cos, sin)
+
+
+class HeadStage(nn.Module):
+    def __init__(self, model: GPTNeoX) -> None:
+        super().__init__()
+        self.final_layer_norm = model.gpt_neox.final_layer_norm
+        self.embed_out = model.embed_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed_out(self.final_layer_norm(x))
+
+
+def pipeline_stages(model: GPTNeoX) -> list[nn.Module]:
+    """`model` as the layer list of a pipeline: embedding, decoder layers, head."""
+    n = model.cfg.num_layers
+    return [EmbedStage(model), *(LayerStage(model, i) for i in range(n)), HeadStage(model)]
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, in fp32 (the model's, and the last pipeline stage's)."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def hf_name(pipeline_name: str, num_layers: int) -> str:
+    """A pipeline parameter's name (``{stage index}.{name in the stage}``, as PipelineModule
+    names them) -> the Hugging Face name :class:`GPTNeoX` gives it."""
+    index, rest = pipeline_name.split(".", 1)
+    i = int(index)
+    if i == 0:
+        return f"gpt_neox.{rest}"  # embed_in.*
+    if i <= num_layers:
+        return f"gpt_neox.layers.{i - 1}.{rest.removeprefix('layer.')}"
+    return rest if rest.startswith("embed_out.") else f"gpt_neox.{rest}"
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:

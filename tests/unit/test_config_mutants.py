@@ -110,6 +110,7 @@ def kitchen_sink() -> dict:
         distributed_timeout_minutes=30,
         tensorboard=False,
         tensor_parallel=1,
+        pipeline_parallel=1,
     )
     cfg["eval"] = {
         "prompts": ["def ", "The "],

@@ -296,15 +296,15 @@ def wait_for(predicate, proc: subprocess.Popen, log: Path, timeout: float = 180,
 
 
 @pytest.mark.parametrize(
-    "zero_stage, tp, kills",
-    [(1, 1, ("step", "save", "step")), (2, 1, ("save",)), (3, 1, ("step",)),
-     (1, 2, ("step", "save"))],
-    ids=["zero1", "zero2", "zero3", "zero1-tp2"],
+    "zero_stage, tp, pp, kills",
+    [(1, 1, 1, ("step", "save", "step")), (2, 1, 1, ("save",)), (3, 1, 1, ("step",)),
+     (1, 2, 1, ("step", "save")), (1, 1, 2, ("save", "step"))],
+    ids=["zero1", "zero2", "zero3", "zero1-tp2", "zero1-pp2"],
 )  # fmt: skip
-def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, kills):
-    """Two ranks with ZeRO (or one tensor-parallel pair), the whole job SIGKILLed at random
-    steps and in the middle of a checkpoint save, then rerun: the logged losses and the
-    consolidated final weights equal the uninterrupted run's exactly."""
+def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, pp, kills):
+    """Two ranks with ZeRO (or one tensor-parallel pair, or two pipeline stages), the whole job
+    SIGKILLed at random steps and in the middle of a checkpoint save, then rerun: the logged
+    losses and the consolidated final weights equal the uninterrupted run's exactly."""
     import random
 
     import torch
@@ -314,6 +314,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, 
     settings = dict(
         train_iters=14, log_interval=1, eval_interval=7, eval_iters=1, save_interval=2,
         keep_last=2, global_batch_size=8, zero_stage=zero_stage, tensor_parallel=tp,
+        pipeline_parallel=pp,
     )  # fmt: skip
     straight = make_run("straight", **settings)
     log = tmp_path / "straight.log"
@@ -352,7 +353,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, 
         assert a == b, f"seed {seed}"  # exact float equality
     series = next(p for p in (killed / "checkpoints").iterdir() if p.is_dir())
     ckpt = series / (series / "latest").read_text().strip()
-    if tp > 1:  # zero_to_fp32 knows no tensor-parallel slices: the export's merge of them
+    if tp > 1 or pp > 1:  # zero_to_fp32 knows no slices or stages: the export's merge of them
         (other,) = (straight / "checkpoints").iterdir()
         want = load_checkpoint_weights(other / ckpt.name, straight)
         got = load_checkpoint_weights(ckpt, killed)

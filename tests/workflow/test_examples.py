@@ -85,7 +85,7 @@ def test_model_parallel_examples_split_over_the_shipped_profile(name, tmp_path):
     """The published layout on the shipped profile's ranks: the tensor-parallel size divides
     them, the heads and the MLP, and the global batch splits over the data-parallel ranks; a
     laptop's plan (one rank) refuses it with the way on named."""
-    from gptflow.config import ModelConfig, TrainConfig, check_tensor_parallel, load_yaml
+    from gptflow.config import ModelConfig, TrainConfig, check_model_parallel, load_yaml
     from gptflow.distributed import launched_ranks
 
     example = load_yaml(REPO / "config" / "examples" / f"{name}.yaml")
@@ -94,7 +94,7 @@ def test_model_parallel_examples_split_over_the_shipped_profile(name, tmp_path):
     train = TrainConfig(**example["train"])
     assert train.tensor_parallel == ON_THE_CLUSTER[name] and ranks == 16
     model = load_yaml(REPO / "config" / "models" / f"{example['model']['preset']}.yaml")
-    check_tensor_parallel(ModelConfig(**{**model, "vocab_size": 50304}), train.tensor_parallel)
+    check_model_parallel(ModelConfig(**{**model, "vocab_size": 50304}), train)
     dp = train.data_parallel_size(ranks)
     assert train.micro_batch_size * train.grad_accum_steps(ranks) * dp == 1024
     local = subprocess.run(

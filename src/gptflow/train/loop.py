@@ -130,6 +130,15 @@ def build(
     engine = ds.build_engine(
         model, decay_groups(model, t.weight_decay), t, dev.world_size, mode == "universal"
     )
+    if t.pipeline_parallel > 1 and engine.grid.get_data_parallel_rank() != t.data_parallel_rank(
+        rank, dev.world_size
+    ):  # the data order assumes DeepSpeed's pipe-major layout of the ranks
+        raise GptflowError(
+            f"rank {rank}: DeepSpeed's pipeline grid makes it data-parallel rank "
+            f"{engine.grid.get_data_parallel_rank()}, gptflow expected "
+            f"{t.data_parallel_rank(rank, dev.world_size)}; this DeepSpeed lays ranks out "
+            f"differently (report it with the DeepSpeed version)"
+        )
     peak, source = peak_tflops(dev.name, t.peak_tflops)
     if rank == 0 and t.compile and engine.is_compiled:
         log.info("model compiled (torch.compile through DeepSpeed's engine.compile)")
@@ -160,6 +169,7 @@ def layout_of(t, world_size: int) -> dict:
         "zero_stage": t.zero_stage,
         "precision": t.precision,
         "tensor_parallel": t.tensor_parallel,
+        "pipeline_parallel": t.pipeline_parallel,
     }
 
 
@@ -211,7 +221,7 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
         f"{cfg.model.num_parameters():,}",
         tr.dev.world_size,
         tr.launcher,
-        f" = {t.tensor_parallel} tensor x {dp} data parallel" if t.tensor_parallel > 1 else "",
+        parallel_line(t, dp),
         t.micro_batch_size,
         tr.gas,
         dp,
@@ -224,6 +234,13 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
         f"{tr.flops_per_token:,.0f}",
         tr.flops_per_token * total_tokens,
     )
+
+
+def parallel_line(t, dp: int) -> str:
+    """` = 2 tensor x 4 data parallel` (only the model-parallel sizes in use), or nothing."""
+    sizes = [(t.tensor_parallel, "tensor"), (t.pipeline_parallel, "pipeline")]
+    used = [f"{n} {kind}" for n, kind in sizes if n > 1]
+    return f" = {' x '.join([*used, f'{dp} data'])} parallel" if used else ""
 
 
 # ----------------------------------------------------------------------------- one step
@@ -247,18 +264,26 @@ def grad_norm(model: torch.nn.Module) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
 
+def micro_batch_start(t, step: int, micro: int, rank: int, world: int) -> int:
+    """The first sample of micro-batch `micro` of data-parallel rank `rank` (of `world`) in
+    optimizer step `step` (Megatron's pretraining sampler)."""
+    return step * t.global_batch_size + (micro * world + rank) * t.micro_batch_size
+
+
 def train_step(tr: Trainer, prog: Progress) -> None:
     """One optimizer step: `gas` micro-batches forward and backward, then the update."""
     t = tr.cfg.train
-    # the ranks of a tensor-parallel group read the same samples: the data-parallel rank's
-    rank, world = t.data_parallel_rank(tr.rank), t.data_parallel_size(tr.dev.world_size)
-    consumed = prog.step * t.global_batch_size
+    if t.pipeline_parallel > 1:
+        return pipeline_step(tr, prog)
+    # the ranks of a model-parallel group read the same samples: the data-parallel rank's
+    rank = t.data_parallel_rank(tr.rank, tr.dev.world_size)
+    world = t.data_parallel_size(tr.dev.world_size)
     logs_next = (prog.step + 1) % t.log_interval == 0 or prog.step + 1 == t.train_iters
     step_loss = tr.dev.zeros()
     for micro in range(tr.gas):
         reseed(t.seed, prog.step, micro, rank, world, tr.gas)
-        x, y = batch(tr.train_data, consumed + (micro * world + rank) * t.micro_batch_size,
-                     t.micro_batch_size, tr.dev)  # fmt: skip
+        start = micro_batch_start(t, prog.step, micro, rank, world)
+        x, y = batch(tr.train_data, start, t.micro_batch_size, tr.dev)
         loss = tr.engine(x, y)
         tr.engine.backward(loss)
         if micro == tr.gas - 1:
@@ -270,6 +295,27 @@ def train_step(tr: Trainer, prog: Progress) -> None:
         step_loss += loss.detach()
     prog.step += 1
     prog.interval.add(step_loss, tr.gas)
+
+
+def pipeline_step(tr: Trainer, prog: Progress) -> None:
+    """One optimizer step through the pipeline: DeepSpeed's ``train_batch`` runs this
+    data-parallel rank's `gas` micro-batches under its 1F1B schedule (the first stage reads the
+    inputs, the last the labels) and returns their mean loss, averaged over the data-parallel
+    ranks and sent to every stage. Dropout is reseeded once per step, not per micro-batch (the
+    schedule interleaves them): its masks differ from other layouts', the resume stays exact."""
+    t = tr.cfg.train
+    rank = t.data_parallel_rank(tr.rank, tr.dev.world_size)
+    world = t.data_parallel_size(tr.dev.world_size)
+    reseed(t.seed, prog.step, 0, rank, world, tr.gas)
+    size = t.micro_batch_size
+    micro_batches = (
+        batch(tr.train_data, micro_batch_start(t, prog.step, m, rank, world), size, tr.dev)
+        for m in range(tr.gas)
+    )
+    prog.lr = tr.engine.get_lr()[0]
+    loss = tr.engine.train_batch(data_iter=micro_batches)
+    prog.step += 1
+    prog.interval.add(loss.detach().reshape(()) * tr.gas, tr.gas)
 
 
 def stop_reason(tr: Trainer, step: int) -> str | None:
@@ -342,7 +388,8 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
 def evaluate(tr: Trainer, dataset) -> float:
     """Mean loss over the first `eval_iters` global batches of `dataset` (the same every time)."""
     t = tr.cfg.train
-    rank = t.data_parallel_rank(tr.rank)  # a tensor-parallel group evaluates the same rows
+    # a model-parallel group evaluates the same rows
+    rank = t.data_parallel_rank(tr.rank, tr.dev.world_size)
     per_rank = t.global_batch_size // t.data_parallel_size(tr.dev.world_size)
     sums = tr.dev.zeros(2)  # [loss x sequences, sequences]
     tr.engine.eval()
@@ -352,11 +399,20 @@ def evaluate(tr: Trainer, dataset) -> float:
             for off in range(0, per_rank, t.micro_batch_size):
                 n = min(t.micro_batch_size, per_rank - off)
                 x, y = batch(dataset, base + off, n, tr.dev)
-                sums[0] += tr.engine(x, y).detach() * n
+                sums[0] += forward_loss(tr, x, y) * n
                 sums[1] += n
     tr.engine.train()
     total, count = tr.dev.sum_over_ranks(sums).tolist()
     return total / max(1, count)
+
+
+def forward_loss(tr: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss of one batch without gradients: through the pipeline (``eval_batch``: the
+    last stage's loss, averaged over the data-parallel ranks and sent to every stage) or
+    the module."""
+    if tr.cfg.train.pipeline_parallel > 1:
+        return tr.engine.eval_batch(iter([(x, y)]), num_micro_batches=1).detach().reshape(())
+    return tr.engine(x, y).detach()
 
 
 def evaluate_and_log(tr: Trainer, step: int) -> None:

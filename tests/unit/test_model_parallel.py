@@ -1,9 +1,10 @@
-"""Tensor parallel (train.tensor_parallel, DeepSpeed AutoTP) on CPU with real torchrun ranks and
-gloo: the losses of one rank, an exact resume within the layout, moves to other layouts through
-DeepSpeed's universal checkpoint, and the export of the whole model.
+"""Model parallelism on CPU with real torchrun ranks and gloo: tensor parallel (DeepSpeed AutoTP)
+and pipeline parallel (DeepSpeed's PipelineModule). The losses of one rank, an exact resume within
+the layout, moves to other layouts through DeepSpeed's universal checkpoint (tensor parallel),
+and the export of the whole model.
 
-No GPU exists here: NCCL, the speed of split layers and tensor parallel across GPUs of a node
-are not exercised; the arithmetic, the data order and the checkpoints are."""
+No GPU exists here: NCCL, the speed of split layers and of pipeline stages across GPUs are not
+exercised; the arithmetic, the data order, the schedules' results and the checkpoints are."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from .test_relayout import continue_with, losses, stopped_at_4
-from .test_train import BIN, gptflow_train
+from .test_train import BIN, gptflow_train, records
 
 # No dropout: a split layer draws its masks per rank, so only dropout-free losses match 1 rank's.
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
@@ -174,6 +175,9 @@ def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(make_run):
          r"does not divide model.intermediate_size \(default 4 x hidden_size\) 100"),
         ({}, {"tensor_parallel": 2, "zero_stage": 0}, "needs train.zero_stage 1 or 2"),
         ({}, {"tensor_parallel": 2, "zero_stage": 3}, "with train.zero_stage 3 is not supported"),
+        ({}, {"pipeline_parallel": 3, "zero_stage": 1}, "exceeds model.num_layers 2"),
+        ({}, {"pipeline_parallel": 2, "zero_stage": 2}, "needs train.zero_stage 1 \\(it is 2\\)"),
+        ({}, {"pipeline_parallel": 2, "tensor_parallel": 2, "zero_stage": 1}, "not supported yet"),
     ],
 )  # fmt: skip
 def test_layouts_that_cannot_split_are_refused_when_planned(
@@ -190,15 +194,84 @@ def test_layouts_that_cannot_split_are_refused_when_planned(
         )  # fmt: skip
 
 
-def test_ranks_the_tensor_parallel_size_does_not_divide_are_refused():
+def test_ranks_the_model_parallel_size_does_not_divide_are_refused():
     from gptflow.config import TrainConfig
     from gptflow.errors import GptflowError
 
     t = TrainConfig(train_iters=1, global_batch_size=8, micro_batch_size=2, tensor_parallel=2)
     assert t.data_parallel_size(4) == 2 and t.grad_accum_steps(4) == 2
-    assert [t.data_parallel_rank(r) for r in range(4)] == [0, 0, 1, 1]  # neighbours share
+    assert [t.data_parallel_rank(r, 4) for r in range(4)] == [0, 0, 1, 1]  # neighbours share
     with pytest.raises(GptflowError, match=r"train.tensor_parallel 2 does not divide the 3"):
         t.grad_accum_steps(3)
-    with pytest.raises(GptflowError, match=r"x 2 data-parallel ranks \(4 ranks / train.tensor"):
+    # pipeline stages are blocks of ranks (DeepSpeed's pipe-major grid; the trainer checks it
+    # against DeepSpeed's own at start): rank = stage x dp + data-parallel rank
+    p = TrainConfig(train_iters=1, global_batch_size=8, micro_batch_size=2, pipeline_parallel=2)
+    assert [p.data_parallel_rank(r, 4) for r in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(GptflowError, match=r"train.pipeline_parallel 2 does not divide the 5"):
+        p.grad_accum_steps(5)
+    with pytest.raises(
+        GptflowError, match=r"x 2 data-parallel ranks \(4 ranks / 2 per model copy\)"
+    ):
         TrainConfig(train_iters=1, global_batch_size=12, micro_batch_size=4,
                     tensor_parallel=2).grad_accum_steps(4)  # fmt: skip
+
+
+def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make_run):
+    """Two pipeline stages (embedding + layer 0, layer 1 + head) under DeepSpeed's 1F1B
+    schedule, two micro-batches per step."""
+    from gptflow.export import checkpoint_weights
+    from gptflow.model import hf_name
+
+    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
+    assert gptflow_train(one).returncode == 0
+    straight = make_run("straight", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
+    out = torchrun(straight, 2)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "2 ranks (torchrun) = 2 pipeline x 1 data parallel" in out.stderr
+    assert_close(losses(one), losses(straight))
+    evals = (
+        [r["val_loss"] for r in records(one, "eval")],
+        [r["val_loss"] for r in records(straight, "eval")],
+    )
+    assert len(evals[0]) == len(evals[1]) == 2  # eval_batch through the stages, steps 0 and 8
+    assert all(abs(a - b) < 1e-4 * a for a, b in zip(*evals, strict=True)), evals
+
+    step = Path(final_step(straight))
+    layer_files = sorted(step.glob("layer_*-model_states.pt"))
+    assert len(layer_files) == 4  # embedding, 2 layers, head: one file per pipeline layer
+
+    resumed = make_run("resumed", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
+    assert stopped_at_4(torchrun(resumed, 2, "--exit-interval", "4"))
+    again = torchrun(resumed, 2)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resuming from step 4" in again.stderr
+    assert losses(resumed) == losses(straight)
+    a = checkpoint_weights(step, straight)
+    b = checkpoint_weights(final_step(resumed), resumed)
+    assert all(torch.equal(a[k].read(), b[k].read()) for k in a)
+
+    # the export: the model's names and order, equal to the stages' own files (fp32 training:
+    # their module weights are the weights), and within rounding of one rank's model
+    single = checkpoint_weights(final_step(one), one)
+    assert list(a) == list(single)
+    by_hand = {}
+    for i, f in enumerate(layer_files):
+        for name, t in torch.load(f, map_location="cpu", weights_only=True).items():
+            by_hand[hf_name(f"{i}.{name}", 2)] = t
+    assert sorted(by_hand) == sorted(a)
+    assert all(torch.equal(a[k].read(), by_hand[k]) for k in a)
+    diffs = {k: (a[k].read() - single[k].read()).abs().max().item() for k in a}
+    assert all(
+        d < (1e-3 if k.endswith("query_key_value.bias") else 1e-5) for k, d in diffs.items()
+    ), diffs
+
+
+def test_a_pipeline_checkpoint_refuses_another_pipeline_layout_with_the_way_on(make_run):
+    run = make_run("pp", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
+    assert stopped_at_4(torchrun(run, 2, "--exit-interval", "2"))
+    continue_with(run, pipeline_parallel=1)
+    refused = gptflow_train(run)
+    assert refused.returncode == 1
+    assert "saved with 2 pipeline stages, now 1" in refused.stderr
+    assert "Set train.pipeline_parallel 2 to continue this run" in refused.stderr
+    assert "Traceback" not in refused.stderr
