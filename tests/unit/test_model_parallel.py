@@ -275,3 +275,20 @@ def test_a_pipeline_checkpoint_refuses_another_pipeline_layout_with_the_way_on(m
     assert "saved with 2 pipeline stages, now 1" in refused.stderr
     assert "Set train.pipeline_parallel 2 to continue this run" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("layout", [{"tensor_parallel": 2}, {"pipeline_parallel": 2}],
+                         ids=["tp2xdp2", "pp2xdp2"])  # fmt: skip
+def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(make_run, layout):
+    """Four ranks: two data-parallel copies of a model split two ways, each copy reading its
+    half of every batch (the rank count is the point: 2 x 2)."""
+    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
+    assert gptflow_train(one).returncode == 0
+    run = make_run("four", model=NO_DROPOUT, **{**SETTINGS, **layout})
+    out = torchrun(run, 4)
+    assert out.returncode == 0, out.stderr[-4000:]
+    kind = "tensor" if "tensor_parallel" in layout else "pipeline"
+    assert f"4 ranks (torchrun) = 2 {kind} x 2 data parallel, micro batch 4 x grad accum 1" in (
+        out.stderr
+    )
+    assert_close(losses(one), losses(run))
