@@ -95,7 +95,7 @@ class CheckpointSeries:
         """The layout (ranks, ZeRO stage, precision) a complete step was saved in."""
         return json.loads((self.dir / tag_for(step) / COMPLETE).read_text()).get("layout")
 
-    def universal_tag(self, step: int, rank: int, convert) -> str:
+    def universal_tag(self, step: int, rank: int, convert, num_layers: int) -> str:
         """The tag of `step` in DeepSpeed's universal format, converted once and kept with the
         step (``stepN/universal``). Rank 0 converts, into a temporary directory renamed when
         done; the other ranks wait for that directory on the file system, not in a collective,
@@ -103,7 +103,7 @@ class CheckpointSeries:
         step_dir = self.dir / tag_for(step)
         out = step_dir / UNIVERSAL
         if rank == 0:
-            universal_dir(step_dir, convert)
+            universal_dir(step_dir, convert, num_layers)
         deadline = time.monotonic() + UNIVERSAL_WAIT_S
         while not out.is_dir():
             if time.monotonic() > deadline:
@@ -180,19 +180,39 @@ class CheckpointSeries:
             shutil.rmtree(trash, ignore_errors=True)
 
 
-def universal_dir(step_dir: Path, convert) -> Path:
+def universal_dir(step_dir: Path, convert, num_layers: int) -> Path:
     """``stepN/universal``: the step in DeepSpeed's universal format (one file per parameter
-    and optimizer state, tensor-parallel slices merged), converted by `convert` the first time
-    into a temporary directory renamed when done. One process at a time (rank 0, the export)."""
+    and optimizer state, tensor-parallel slices and pipeline stages merged), converted by
+    `convert` the first time into a temporary directory renamed when done, its parameters
+    named both ways (:func:`name_both_ways`). One process at a time (rank 0, the export)."""
     out = step_dir / UNIVERSAL
     if not out.is_dir():
         tmp = temp_dir(out)  # and a conversion cut short by a kill is cleared
         started = time.monotonic()
         convert(step_dir, tmp)
+        name_both_ways(tmp / "zero", num_layers)
         publish(tmp, out)
         log.info("converted %s to DeepSpeed's universal format in %.1f s", step_dir,
                  time.monotonic() - started)  # fmt: skip
     return out
+
+
+def name_both_ways(zero: Path, num_layers: int) -> None:
+    """Each parameter's directory of a universal checkpoint under the model's name, with a
+    relative symlink under the pipeline's (``3.layer.attention...``): DeepSpeed loads a
+    universal checkpoint by the engine's parameter names, which differ between a plain model
+    and a pipeline of any number of stages (gptflow.model.hf_name)."""
+    from gptflow.model import hf_name, pipeline_name
+
+    for entry in list(zero.iterdir()):
+        if not entry.is_dir() or entry.is_symlink():
+            continue
+        if entry.name[0].isdigit():  # saved by a pipeline
+            model_name = hf_name(entry.name, num_layers)
+            entry.rename(zero / model_name)
+            (zero / entry.name).symlink_to(model_name)
+        else:
+            (zero / pipeline_name(entry.name, num_layers)).symlink_to(entry.name)
 
 
 def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
@@ -447,9 +467,9 @@ class RunLock:
 
 def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
     """How a step saved in layout `saved` loads into layout `now` ({world_size, zero_stage,
-    precision, tensor_parallel}): "native" (DeepSpeed's own files, as saved) or "universal"
-    (converted, for a change of the number of ranks, of the tensor-parallel size or of the ZeRO
-    stage among 1-3). A change DeepSpeed cannot carry the optimizer state across is an error
+    precision, tensor_parallel, pipeline_parallel}): "native" (DeepSpeed's own files, as
+    saved) or "universal" (converted, for a change of the number of ranks, of the tensor- or
+    pipeline-parallel size or of the ZeRO stage among 1-3). A change DeepSpeed cannot carry the optimizer state across is an error
     naming the way on."""
     if not saved:
         return "native"  # saved before layouts were recorded: DeepSpeed checks what it can
@@ -461,14 +481,8 @@ def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
         f"ZeRO stage {now_zero} on {now_world} ranks (tensor parallel {now_tp})"
     )
     was_pp, now_pp = saved.get("pipeline_parallel", 1), now.get("pipeline_parallel", 1)
-    if was_pp != now_pp:
-        raise GptflowError(
-            f"{path}: saved with {was_pp} pipeline stages, now {now_pp}: a change of the "
-            f"pipeline layout is not supported yet (a pipeline's parameters are named by stage "
-            f"layer, which the universal checkpoint does not map to the model's names). Set "
-            f"train.pipeline_parallel {was_pp} to continue this run"
-        )
-    if was_zero == now_zero and was_tp == now_tp and (now_zero == 0 or was_world == now_world):
+    same_split = was_tp == now_tp and was_pp == now_pp
+    if was_zero == now_zero and same_split and (now_zero == 0 or was_world == now_world):
         return "native"  # ZeRO 0 keeps whole optimizer states: any number of ranks reads them
     if was_zero == 0 or now_zero == 0:
         raise GptflowError(

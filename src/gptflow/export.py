@@ -101,7 +101,7 @@ def checkpoint_weights(
         layout = json.loads((ckpt / "COMPLETE").read_text()).get("layout") or {}
         if layout.get("tensor_parallel", 1) > 1 or layout.get("pipeline_parallel", 1) > 1:
             cfg = model or RunConfig.load(Path(run_dir) / "run.yaml").model
-            return _universal_weights(ckpt, cfg, pipeline=layout.get("pipeline_parallel", 1) > 1)
+            return _universal_weights(ckpt, cfg)
         return _zero_partitioned_weights(ckpt)
     return _zero0_weights(ckpt, lambda: model or RunConfig.load(Path(run_dir) / "run.yaml").model)
 
@@ -230,20 +230,21 @@ def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
     return {name: weights[name] for name in order}
 
 
-def _universal_weights(ckpt: Path, model: ModelConfig, pipeline: bool) -> dict[str, Weight]:
+def _universal_weights(ckpt: Path, model: ModelConfig) -> dict[str, Weight]:
     """A tensor- or pipeline-parallel checkpoint (ZeRO 1/2): through DeepSpeed's universal
     format, whose conversion merges each parameter's tensor-parallel slices, pipeline stages and
     ZeRO partitions into one fp32 file (``stepN/universal/zero/NAME/fp32.pt``; converted once,
-    kept with the step). A pipeline names its parameters by stage layer (``3.layer.*``), mapped
-    back to the model's names (gptflow.model.hf_name)."""
+    kept with the step, under the model's names -- a pipeline's ``3.layer.*`` are symlinks)."""
     from gptflow.checkpoint import universal_dir
     from gptflow.engine import convert_to_universal
-    from gptflow.model import GPTNeoX, hf_name
+    from gptflow.model import GPTNeoX
 
-    zero = universal_dir(ckpt, convert_to_universal) / "zero"
-    saved = {p.name: p / "fp32.pt" for p in zero.iterdir() if (p / "fp32.pt").is_file()}
-    if pipeline:
-        saved = {hf_name(name, model.num_layers): path for name, path in saved.items()}
+    zero = universal_dir(ckpt, convert_to_universal, model.num_layers) / "zero"
+    saved = {
+        p.name: p / "fp32.pt"
+        for p in zero.iterdir()
+        if not p.is_symlink() and (p / "fp32.pt").is_file()
+    }
     with torch.device("meta"):  # the model's names in its order, at no memory cost
         names = [name for name, _ in GPTNeoX(model).named_parameters()]
     if sorted(names) != sorted(saved):

@@ -221,6 +221,16 @@ def hf_name(pipeline_name: str, num_layers: int) -> str:
     return rest if rest.startswith("embed_out.") else f"gpt_neox.{rest}"
 
 
+def pipeline_name(hf: str, num_layers: int) -> str:
+    """The inverse of :func:`hf_name`: the model's parameter name -> the pipeline's."""
+    if hf.startswith("gpt_neox.embed_in."):
+        return f"0.{hf.removeprefix('gpt_neox.')}"
+    if hf.startswith("gpt_neox.layers."):
+        index, rest = hf.removeprefix("gpt_neox.layers.").split(".", 1)
+        return f"{int(index) + 1}.layer.{rest}"
+    return f"{num_layers + 1}.{hf.removeprefix('gpt_neox.')}"
+
+
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups: decay on matrices, none on biases and LayerNorms.
 

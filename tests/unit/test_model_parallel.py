@@ -266,15 +266,33 @@ def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make
     ), diffs
 
 
-def test_a_pipeline_checkpoint_refuses_another_pipeline_layout_with_the_way_on(make_run):
-    run = make_run("pp", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
-    assert stopped_at_4(torchrun(run, 2, "--exit-interval", "2"))
-    continue_with(run, pipeline_parallel=1)
-    refused = gptflow_train(run)
-    assert refused.returncode == 1
-    assert "saved with 2 pipeline stages, now 1" in refused.stderr
-    assert "Set train.pipeline_parallel 2 to continue this run" in refused.stderr
-    assert "Traceback" not in refused.stderr
+def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(make_run):
+    """A 2-stage pipeline checkpoint continued on one rank (no pipeline), and a 2-rank
+    data-parallel ZeRO-2 checkpoint continued as 2 pipeline stages: through the universal
+    checkpoint, whose parameters carry the model's names and the pipeline's (symlinks)."""
+    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
+    assert gptflow_train(one).returncode == 0
+    want = losses(one)
+
+    to_one = make_run("to_one", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
+    assert stopped_at_4(torchrun(to_one, 2, "--exit-interval", "4"))
+    continue_with(to_one, pipeline_parallel=1)
+    moved = gptflow_train(to_one)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "resuming from step 4" in moved.stderr and "universal checkpoint" in moved.stderr
+    assert_close(want, losses(to_one))
+    (series,) = (to_one / "checkpoints").iterdir()
+    zero = series / "step00000004" / "universal" / "zero"
+    link = zero / "2.layer.attention.dense.weight"
+    assert link.is_symlink() and os.readlink(link) == "gpt_neox.layers.1.attention.dense.weight"
+
+    to_pp = make_run("to_pp", model=NO_DROPOUT, **{**SETTINGS, "zero_stage": 2})
+    assert stopped_at_4(torchrun(to_pp, 2, "--exit-interval", "4"))
+    continue_with(to_pp, pipeline_parallel=2, zero_stage=1)
+    moved = torchrun(to_pp, 2)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "resuming from step 4" in moved.stderr and "universal checkpoint" in moved.stderr
+    assert_close(want, losses(to_pp))
 
 
 @pytest.mark.parametrize("layout", [{"tensor_parallel": 2}, {"pipeline_parallel": 2}],

@@ -67,7 +67,8 @@ def test_two_ranks_continue_on_one_and_zero1_continues_at_zero2(make_run):
     assert not list((series / "step00000004").glob(".universal.*.tmp"))  # fsutil temp names
     done = json.loads((series / "step00000008" / "COMPLETE").read_text())
     assert done["layout"] == {
-        "world_size": 1, "zero_stage": 1, "precision": "fp32", "tensor_parallel": 1
+        "world_size": 1, "zero_stage": 1, "precision": "fp32", "tensor_parallel": 1,
+        "pipeline_parallel": 1,
     }  # fmt: skip
     assert_continues(want, losses(moved))
 
@@ -98,8 +99,9 @@ def test_which_layout_changes_load_how(tmp_path):
     from gptflow.checkpoint import resume_mode
     from gptflow.errors import GptflowError
 
-    def layout(world, zero, tp=1):
-        return {"world_size": world, "zero_stage": zero, "precision": "fp32", "tensor_parallel": tp}
+    def layout(world, zero, tp=1, pp=1):
+        return {"world_size": world, "zero_stage": zero, "precision": "fp32",
+                "tensor_parallel": tp, "pipeline_parallel": pp}  # fmt: skip
 
     assert resume_mode(None, layout(2, 1), tmp_path) == "native"  # no layout recorded
     assert resume_mode(layout(4, 0), layout(1, 0), tmp_path) == "native"  # whole states
@@ -111,6 +113,9 @@ def test_which_layout_changes_load_how(tmp_path):
     assert resume_mode(layout(4, 1, tp=2), layout(4, 1, tp=2), tmp_path) == "native"
     assert resume_mode(layout(2, 1, tp=2), layout(1, 1), tmp_path) == "universal"
     assert resume_mode(layout(2, 2), layout(4, 1, tp=4), tmp_path) == "universal"
+    assert resume_mode(layout(4, 1, pp=2), layout(4, 1, pp=2), tmp_path) == "native"
+    assert resume_mode(layout(2, 1, pp=2), layout(1, 1), tmp_path) == "universal"
+    assert resume_mode(layout(2, 2), layout(4, 1, pp=4), tmp_path) == "universal"
     for saved, now, message in [
         (layout(2, 1), layout(2, 0), "Set train.zero_stage 1 and train.tensor_parallel 1"),
         (layout(1, 0), layout(1, 2), "Set train.zero_stage 0 and train.tensor_parallel 1"),

@@ -190,7 +190,9 @@ def resume(tr: Trainer) -> Progress:
                 log.info("%s was saved in layout %s, this run's is %s: loading it through "
                          "DeepSpeed's universal checkpoint", path,
                          tr.series.saved_layout(resumed_from), layout(tr))  # fmt: skip
-            tag = tr.series.universal_tag(resumed_from, tr.rank, ds.convert_to_universal)
+            tag = tr.series.universal_tag(
+                resumed_from, tr.rank, ds.convert_to_universal, cfg.model.num_layers
+            )
         load_path, client = tr.engine.load_checkpoint(
             str(tr.series.dir), tag=tag, load_module_strict=True
         )
