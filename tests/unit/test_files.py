@@ -322,6 +322,8 @@ def test_every_torch_load_is_weights_only():
 NOT_PUBLISHING = {
     ("src/gptflow/data/download.py", "os.replace"): 1,  # NAME.part -> NAME, resumable by design
     ("src/gptflow/checkpoint.py", "os.replace"): 1,  # a pruned step moved to the trash
+    # a parameter's directory renamed inside a universal conversion not yet published
+    ("src/gptflow/checkpoint.py", "entry.rename"): 1,
     ("src/gptflow/train/metrics.py", "os.replace"): 1,  # metrics.jsonl archived on resume
     ("src/gptflow/container.py", "tempfile.TemporaryDirectory"): 2,  # build context, shim
     ("src/gptflow/why.py", "tempfile.TemporaryDirectory"): 1,  # a config dump for a dry run

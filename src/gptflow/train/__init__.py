@@ -77,7 +77,9 @@ def train(
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: signals_received.append(signum))
     try:
-        return run(cfg, dev, env.rank, env.launcher, exit_interval)
+        code = run(cfg, dev, env.rank, env.launcher, exit_interval)
+        dev.shutdown()
+        return code
     finally:
         if env.rank == 0:
             lock.release()

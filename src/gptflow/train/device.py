@@ -94,6 +94,14 @@ class Device:
         if self.world_size > 1:
             dist.barrier()
 
+    def shutdown(self) -> None:
+        """Destroy the process group (and DeepSpeed's groups within it) before the process
+        exits: a rank leaving with live gloo/NCCL threads can abort in the interpreter's
+        teardown ("terminate called without an active exception"), which srun's
+        --kill-on-bad-exit turns into a failed job after a finished run."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
 
 def setup(env: DistEnv, timeout_minutes: float) -> Device:
     """Pick and bind the rank's device, then create the process group and DeepSpeed's view of it."""
