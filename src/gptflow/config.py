@@ -533,13 +533,6 @@ class TrainConfig:
                 "stage would partition gradients it accumulates over micro-batches), and "
                 "gptflow exports pipeline checkpoints from ZeRO 1's fp32 partitions"
             )
-        if self.pipeline_parallel > 1 and self.tensor_parallel > 1:
-            raise GptflowError(
-                f"train.pipeline_parallel {self.pipeline_parallel} with train.tensor_parallel "
-                f"{self.tensor_parallel} is not supported yet: DeepSpeed's pipeline engine and "
-                "AutoTP have not been combined here. Use one of them (tensor parallel within a "
-                "node, pipeline stages across nodes come together in a later version)"
-            )
         if self.tensor_parallel > 1 and self.zero_stage == 3:
             raise GptflowError(
                 f"train.tensor_parallel {self.tensor_parallel} with train.zero_stage 3 is not "
@@ -580,15 +573,13 @@ class TrainConfig:
         return world_size // self.model_parallel
 
     def data_parallel_rank(self, rank: int, world_size: int) -> int:
-        """The data-parallel rank of global rank `rank`, as DeepSpeed lays the ranks out.
+        """The data-parallel rank of global rank `rank`, as DeepSpeed lays the ranks out:
+        rank = (stage x dp + data rank) x tp + tensor rank (its pipe x data x model grid).
 
-        Tensor parallel: ranks ``[k*tp, (k+1)*tp)`` form group k (neighbours, so a group stays
-        inside a node) and read the samples of data-parallel rank k. Pipeline parallel
-        (DeepSpeed's PipeDataParallelTopology, pipe-major): rank = stage x dp + data rank,
-        so each stage's ranks are a contiguous block and a pipeline spans the blocks."""
-        if self.pipeline_parallel > 1:
-            return rank % self.data_parallel_size(world_size)
-        return rank // self.tensor_parallel
+        A tensor-parallel group is `tp` neighbouring ranks (so it stays inside a node) and
+        reads the samples of its data-parallel rank; each pipeline stage is a contiguous block
+        of ranks, and a pipeline spans the blocks."""
+        return (rank // self.tensor_parallel) % self.data_parallel_size(world_size)
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each rank: global / (micro x data-parallel ranks)."""
@@ -628,13 +619,20 @@ class TrainConfig:
 
 
 def check_model_parallel(model: ModelConfig, train: TrainConfig) -> None:
-    """Megatron's split needs whole heads and whole MLP columns on every rank; every pipeline
-    stage needs a layer."""
+    """Megatron's split needs whole heads and whole MLP columns on every rank, and as many
+    layers on every pipeline stage (a stage with one layer more than the others sets the
+    pace of the whole pipeline)."""
     pp = train.pipeline_parallel
     if pp > model.num_layers:
         raise GptflowError(
             f"train.pipeline_parallel {pp} exceeds model.num_layers {model.num_layers}: every "
             f"stage holds at least one layer; lower train.pipeline_parallel"
+        )
+    if model.num_layers % pp:
+        fits = [n for n in range(2, model.num_layers + 1) if model.num_layers % n == 0]
+        raise GptflowError(
+            f"train.pipeline_parallel {pp} does not divide model.num_layers {model.num_layers}: "
+            f"every stage holds as many layers (Megatron's rule); use one of {fits[:8]}"
         )
     tp = train.tensor_parallel
     if tp == 1:

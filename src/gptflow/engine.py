@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import torch
 
@@ -58,12 +59,13 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
         "wall_clock_breakdown": False,
         "checkpoint": {"tag_validation": "FAIL", "load_universal": load_universal},
     }
-    if train.tensor_parallel == 1:
-        # checked by DeepSpeed against micro x accumulation x ranks; under tensor parallel it
-        # counts the ranks of a tensor-parallel group as data-parallel ones at some ZeRO
-        # stages and not at others, so it is left for DeepSpeed to derive
+    if train.tensor_parallel == 1 or train.pipeline_parallel > 1:
+        # checked by DeepSpeed against micro x accumulation x data-parallel ranks; under
+        # AutoTP's own groups it counts the ranks of a tensor-parallel group as data-parallel
+        # ones at some ZeRO stages and not at others, so it is left for DeepSpeed to derive
+        # (a pipeline's grid counts them right)
         cfg["train_batch_size"] = train.global_batch_size
-    else:
+    if train.tensor_parallel > 1 and train.pipeline_parallel == 1:
         cfg["tensor_parallel"] = {
             "autotp_size": train.tensor_parallel,
             "partition_config": {"use_default_specs": False, "layer_specs": TENSOR_PARALLEL_PLAN},
@@ -123,48 +125,189 @@ class SkippingAdamW(torch.optim.AdamW):
 
 
 def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.device):
-    """The GPT-NeoX, on `device`; under ZeRO-3 born partitioned (``deepspeed.zero.Init``).
+    """The GPT-NeoX as this rank holds it, initialised from ``train.seed``
+    (:func:`gptflow.model.initial_value`: every layout starts from the same weights).
 
-    Without it every rank would first build the whole fp32 model in host memory (an 18B model
-    is ~75 GB per rank, ~600 GB on an 8-GPU node). Partitioned parameters are empty at
-    construction, so each module is then initialised gathered, by rank 0, with the random
-    numbers of the unpartitioned model, and broadcast.
+    No rank ever builds the whole fp32 model (an 18B model is ~75 GB per rank, ~600 GB on an
+    8-GPU node). Under ZeRO-3 it is born partitioned (``deepspeed.zero.Init``), each module
+    then initialised gathered, by rank 0, and broadcast. Otherwise it is built on the meta
+    device (no memory), cut there into this rank's pipeline stage and tensor-parallel slices,
+    and only those are allocated on `device` and initialised, one parameter at a time.
     """
-    from gptflow.model import GPTNeoX
+    from gptflow.model import GPTNeoX, initial_value, reset_buffers
 
+    if train.zero_stage == 3:
+        return zero3_model(model_cfg, train, world_size)
+    with torch.device("meta"):
+        whole = GPTNeoX(model_cfg)
+    shapes = {name: tuple(p.shape) for name, p in whole.named_parameters()}
+    module = whole
     if train.pipeline_parallel > 1:
-        return pipeline_model(GPTNeoX(model_cfg), train.pipeline_parallel)
-    if train.zero_stage != 3:
-        return GPTNeoX(model_cfg).to(device)
+        module = pipeline_model(whole, train.pipeline_parallel, train.tensor_parallel, world_size)
+    if train.tensor_parallel > 1:
+        if train.pipeline_parallel == 1:  # the groups deepspeed.initialize would make itself
+            from deepspeed.utils import groups
+
+            groups._init_tp_mesh_device(tensor_model_parallel_size=train.tensor_parallel)
+            split_tensor_parallel(module, groups.get_tensor_model_parallel_group())
+        else:
+            split_tensor_parallel(module, module.mpu().get_slice_parallel_group())
+    materialize(module, device)
+    reset_buffers(module)
+    tp_rank = tensor_parallel_rank(train.tensor_parallel)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            full = model_name(name, train.pipeline_parallel, model_cfg.num_layers)
+            value = initial_value(model_cfg, full, shapes[full], train.seed)
+            p.copy_(tensor_parallel_slice(full, value, tp_rank, train.tensor_parallel))
+    return module
+
+
+def materialize(module: torch.nn.Module, device: torch.device) -> None:
+    """Allocate `module`'s meta parameters on `device` (uninitialised), keeping what DeepSpeed
+    marked on them: ``to_empty`` makes new Parameter objects, and without AutoTP's marks
+    (``tensor_model_parallel``, its universal-checkpoint metadata) the gradient norm would
+    count each tensor-parallel slice once instead of on every rank -- wrong clipping."""
+    marks = {name: dict(vars(p)) for name, p in module.named_parameters()}
+    module.to_empty(device=device)
+    for name, p in module.named_parameters():
+        vars(p).update(marks[name])
+
+
+def zero3_model(model_cfg, train: TrainConfig, world_size: int):
+    """The GPT-NeoX born partitioned over the ranks (``deepspeed.zero.Init``): its parameters
+    are empty at construction, so each module is initialised gathered, by rank 0."""
     import deepspeed
 
+    from gptflow.model import GPTNeoX
+
     with deepspeed.zero.Init(config_dict_or_path=deepspeed_config(train, world_size)):
-        model = GPTNeoX(model_cfg)
+        model = GPTNeoX(model_cfg, seed=train.seed)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     for name, module in model.named_modules():
         own = list(module.parameters(recurse=False))
         if own:
             with deepspeed.zero.GatheredParameters(own, modifier_rank=0):
                 if rank == 0:
-                    model.init_module(name, module)
+                    model.init_module(name, module, train.seed)
     return model
 
 
-def pipeline_model(model, stages: int):
-    """`model` split into `stages` consecutive pipeline stages (DeepSpeed's PipelineModule, as
-    GPT-NeoX does): the decoder layers balanced over the stages, the embedding on the first
-    and the head on the last; each rank keeps its stage's layers (on its device). Built whole
-    first, from the single-rank initialisation; the other stages' layers are then dropped."""
+def model_name(name: str, pipeline_parallel: int, num_layers: int) -> str:
+    """The :class:`~gptflow.model.GPTNeoX` name of an engine module's parameter."""
+    from gptflow.model import hf_name
+
+    return hf_name(name, num_layers) if pipeline_parallel > 1 else name
+
+
+def tensor_parallel_rank(tensor_parallel: int) -> int:
+    if tensor_parallel == 1:
+        return 0
+    from deepspeed.utils import groups
+
+    return groups.get_tensor_model_parallel_rank()
+
+
+def tensor_parallel_slice(name: str, whole: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """The part of parameter `name` that tensor-parallel rank `rank` of `size` holds, by
+    :data:`TENSOR_PARALLEL_PLAN`: rows of a column-parallel matrix (and its bias), columns of
+    a row-parallel one, the whole of anything else."""
+    if size == 1:
+        return whole
+    for spec in TENSOR_PARALLEL_PLAN:
+        if any(re.fullmatch(pattern, name) for pattern in spec["patterns"]):
+            dim = 0 if spec["partition_type"] == "column" else 1
+            return whole.chunk(size, dim=dim)[rank]
+    return whole
+
+
+def pipeline_model(model, stages: int, tensor_parallel: int, world_size: int):
+    """`model` (on the meta device) split into `stages` consecutive pipeline stages
+    (DeepSpeed's PipelineModule, as GPT-NeoX does): the decoder layers balanced over the
+    stages, the embedding on the first and the head on the last; each rank keeps its stage's
+    layers. The ranks form DeepSpeed's pipe x data x model grid: with tensor parallel, a
+    tensor-parallel group is `tensor_parallel` neighbouring ranks of one stage."""
     from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     from gptflow.model import lm_loss, pipeline_stages
 
-    return PipelineModule(
+    class MetaPipeline(PipelineModule):
+        """PipelineModule's constructor moves the stage to the rank's device; here its layers
+        stay on the meta device until they are split, and are allocated after."""
+
+        def to(self, *args, **kwargs):
+            if any(p.is_meta for p in self.parameters()):
+                return self
+            return super().to(*args, **kwargs)
+
+    topology = PipeModelDataParallelTopology(
+        num_pp=stages, num_mp=tensor_parallel, num_dp=world_size // (stages * tensor_parallel)
+    )
+    return MetaPipeline(
         layers=pipeline_stages(model),
-        num_stages=stages,
+        topology=topology,
         loss_fn=lm_loss,
         partition_method="type:LayerStage",
     )
+
+
+def split_tensor_parallel(module, group) -> None:
+    """AutoTP's split of `module` (on the meta device) by :data:`TENSOR_PARALLEL_PLAN` over
+    `group`, before ``deepspeed.initialize``: so that it is split before it is allocated, and
+    because the engine would make its tensor-parallel groups over all ranks as data x tensor,
+    which a pipeline's stages are not. AutoTP's training layers take their group from
+    DeepSpeed's `groups`, which is pointed at `group` first."""
+    from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+    from deepspeed.module_inject.auto_tp import AutoTP
+    from deepspeed.module_inject.autotp_config import AutoTPConfig
+    from deepspeed.module_inject.layers import (
+        collect_autotp_universal_checkpoint_info,
+        set_autotp_mode,
+    )
+    from deepspeed.utils import groups
+
+    if groups._TENSOR_MODEL_PARALLEL_GROUP is None:  # a pipeline's: the grid's slice
+        groups._TENSOR_MODEL_PARALLEL_GROUP = groups._MODEL_PARALLEL_GROUP = group
+        groups._DATA_PARALLEL_GROUP = module.mpu().get_data_parallel_group()
+    set_autotp_mode(training=True)
+    config = AutoTPConfig.from_dict(
+        {"use_default_specs": False, "layer_specs": TENSOR_PARALLEL_PLAN}
+    )
+    config.tp_size = torch.distributed.get_world_size(group)
+    autotp = AutoTP(
+        module=module,
+        all_reduce_linears=(),
+        prefix="",
+        state_dict=None,
+        linear_layer_setting=(torch.nn.Linear, torch.nn.Embedding),
+        orig_layer_impl=None,
+        partition_config=config,
+        training_mode=True,
+    )
+    autotp.set_tensor_parallel_config(config.tp_size, group)
+    autotp.update_linear_policies()
+    autotp._replace_module(module)
+    # how ds_to_universal merges each parameter's slices: rank 0's record is the one saved, so
+    # under a pipeline it must name every stage's parameters, not only the first stage's
+    records = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(records, collect_autotp_universal_checkpoint_info(module))
+    setattr(module, UNIVERSAL_CHECKPOINT_INFO, merge_records(records))
+    module.ds_autotp_parsed = True  # deepspeed.initialize splits nothing again
+
+
+def merge_records(records: list):
+    """Nested records of several ranks as one: dicts merged key by key, lists of names joined
+    without repeats (in first-seen order), anything else equal on every rank that has it."""
+    first = records[0]
+    if isinstance(first, dict):
+        keys = list(dict.fromkeys(k for r in records for k in r))
+        return {k: merge_records([r[k] for r in records if k in r]) for k in keys}
+    if isinstance(first, list) and all(isinstance(x, str) for r in records for x in r):
+        return list(dict.fromkeys(x for r in records for x in r))
+    if any(r != first for r in records):
+        raise GptflowError(f"ranks disagree on a tensor-parallel record: {records}")
+    return first
 
 
 def fused_adamw(param_groups: list[dict]) -> bool | None:

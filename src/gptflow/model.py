@@ -7,6 +7,7 @@ fused ``query_key_value`` with rows grouped per head as ``[q_h; k_h; v_h]``, unt
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -22,8 +23,16 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, base: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.dim, self.base = dim, base
+        self.register_buffer("inv_freq", torch.empty(dim // 2), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """The frequencies, computed on the CPU (as Hugging Face computes them) and copied to
+        the buffer's device; also after ``to_empty``, which leaves buffers unset."""
+        arange = torch.arange(0, self.dim, 2, dtype=torch.int64, device="cpu").float()
+        with torch.no_grad():
+            self.inv_freq.copy_(1.0 / (self.base ** (arange / self.dim)))
 
     def forward(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         t = torch.arange(seq_len, device=device, dtype=torch.float32)
@@ -108,38 +117,30 @@ class Backbone(nn.Module):
 class GPTNeoX(nn.Module):
     """Causal LM: token ids (B, T) -> logits (B, T, vocab), or the mean loss given labels."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, seed: int | None = None) -> None:
+        """`seed`: of the initialisation (default ``torch.initial_seed()``, the seed last given
+        to ``torch.manual_seed``); on the meta device nothing is drawn."""
         super().__init__()
         if cfg.vocab_size <= 0:
             raise ValueError("ModelConfig.vocab_size must be set (padded tokenizer vocabulary)")
         self.cfg = cfg
         self.gpt_neox = Backbone(cfg)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.reset_parameters()
+        if self.embed_out.weight.device.type != "meta":
+            self.reset_parameters(torch.initial_seed() if seed is None else seed)
 
-    def reset_parameters(self) -> None:
-        """NeoX init: 'small_init' N(0, sqrt(2/5d)) everywhere, 'wang_init' N(0, 2/(L sqrt d))
-        on the two output projections of each layer; zero biases, unit LayerNorm."""
+    def reset_parameters(self, seed: int) -> None:
         for name, module in self.named_modules():
-            self.init_module(name, module)
+            self.init_module(name, module, seed)
 
-    def init_module(self, name: str, module: nn.Module) -> None:
-        """Initialise the parameters `module` holds itself (not its children's), in the
-        order of :meth:`reset_parameters`: so that a partitioned model (ZeRO-3) can be
-        initialised one gathered module at a time with the same random numbers."""
-        d, n = self.cfg.hidden_size, self.cfg.num_layers
-        std = self.cfg.init_std or math.sqrt(2.0 / (5.0 * d))
-        out_std = 2.0 / (n * math.sqrt(d))
-        if isinstance(module, nn.Linear):
-            is_out = name.endswith("attention.dense") or name.endswith("mlp.dense_4h_to_h")
-            nn.init.normal_(module.weight, 0.0, out_std if is_out else std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+    def init_module(self, name: str, module: nn.Module, seed: int) -> None:
+        """Set the parameters `module` holds itself (not its children's) to their initial
+        values (:func:`initial_value`): module by module, so that a partitioned model (ZeRO-3)
+        can be initialised one gathered module at a time."""
+        with torch.no_grad():
+            for own, p in module.named_parameters(recurse=False):
+                full = f"{name}.{own}" if name else own
+                p.copy_(initial_value(self.cfg, full, tuple(p.shape), seed))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -154,6 +155,37 @@ class GPTNeoX(nn.Module):
         if labels is None:
             return logits
         return lm_loss(logits, labels)
+
+
+def initial_value(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The initial value of parameter `name` (its :class:`GPTNeoX` name), whole, in fp32 on the
+    CPU. NeoX's init: 'small_init' N(0, sqrt(2/5d)) for the embedding, the head and the input
+    projections, 'wang_init' N(0, 2/(L sqrt d)) for each layer's two output projections
+    (``attention.dense``, ``mlp.dense_4h_to_h``), zero biases, unit LayerNorm weights.
+
+    Each parameter draws from a generator of its own, seeded by (seed, name): so every layout
+    starts from the same weights -- one rank, ZeRO-3 partitions, tensor-parallel slices,
+    pipeline stages -- while each rank draws only the parameters it holds, one at a time."""
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    if "layernorm" in name or "layer_norm" in name:
+        return torch.ones(shape)
+    d, n = cfg.hidden_size, cfg.num_layers
+    std = cfg.init_std or math.sqrt(2.0 / (5.0 * d))
+    is_out = name.endswith(("attention.dense.weight", "mlp.dense_4h_to_h.weight"))
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return torch.empty(shape).normal_(
+        0.0, 2.0 / (n * math.sqrt(d)) if is_out else std, generator=generator
+    )
+
+
+def reset_buffers(module: nn.Module) -> None:
+    """Recompute the buffers of `module` (the rotary tables): after ``to_empty`` of a model
+    built on the meta device they hold whatever the allocation held."""
+    for m in module.modules():
+        if isinstance(m, RotaryEmbedding):
+            m.reset_buffers()
 
 
 # ----------------------------------------------------------------------------- pipeline form

@@ -27,6 +27,7 @@ from gptflow.config import (
     write_run_config,
 )
 from gptflow.errors import GptflowError
+from tests.support.memory import peak_allocated
 
 BIN = Path(sys.executable).parent
 LAYERS = 16
@@ -309,28 +310,6 @@ def test_a_zero0_bf16_export_holds_deepspeeds_fp32_master_weights(tmp_path):
     # named through another model's groups, the masters are refused, not mislabelled
     with pytest.raises(GptflowError, match=r"groups of \[66, 130\], but .* \[62, 122\]"):
         checkpoint_weights(ckpt, tmp_path, dataclasses.replace(MODEL_16, num_layers=LAYERS - 1))
-
-
-def peak_allocated(fn) -> int:
-    """Peak bytes of CPU tensor memory allocated while `fn()` runs, above what was allocated
-    before: PyTorch's own allocator accounting (the profiler's ``[memory]`` events with
-    profile_memory=True report every CPU allocation and free with the running total).
-    Memory-mapped checkpoint files are not allocations (the kernel pages them in and out as
-    page cache), so they do not count; every tensor the export creates does (copies, torch.cat,
-    dtype conversions). Python objects other than tensors are not counted; the export holds no
-    tensor data outside tensors (it writes tensors' memory as it is)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"gptflow-trace-{os.getpid()}.json"
-    try:
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())["traceEvents"]
-    finally:
-        path.unlink(missing_ok=True)
-    totals = [e["args"]["Total Allocated"] for e in trace if e.get("name") == "[memory]"]
-    return max(totals, default=0)
 
 
 @pytest.mark.parametrize(("zero", "precision"), STAGES, ids=STAGE_IDS)

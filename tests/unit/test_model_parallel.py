@@ -22,8 +22,9 @@ from .test_train import BIN, gptflow_train, records
 
 # No dropout: a split layer draws its masks per rank, so only dropout-free losses match 1 rank's.
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+STEPS = 10  # the losses compared: every step of the run
 SETTINGS = dict(
-    train_iters=8, log_interval=1, eval_iters=1, eval_interval=8, save_interval=8,
+    train_iters=STEPS, log_interval=1, eval_iters=1, eval_interval=STEPS, save_interval=STEPS,
     global_batch_size=8, zero_stage=1,
 )  # fmt: skip
 # the tiny model (hidden 64, 4 heads, MLP 256) split in two: what each rank holds
@@ -50,7 +51,7 @@ def torchrun(run_dir, ranks: int, *extra: str) -> subprocess.CompletedProcess:
 
 def assert_close(want: dict, got: dict, rel: float = 1e-4) -> None:
     """fp32 losses of another layout: the same sums in another order."""
-    assert sorted(got) == sorted(want) == list(range(1, 9)), (want, got)
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1)), (want, got)
     worst = max(abs(want[s] - got[s]) / abs(want[s]) for s in want)
     assert worst < rel, (worst, want, got)
 
@@ -176,8 +177,10 @@ def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(make_run):
         ({}, {"tensor_parallel": 2, "zero_stage": 0}, "needs train.zero_stage 1 or 2"),
         ({}, {"tensor_parallel": 2, "zero_stage": 3}, "with train.zero_stage 3 is not supported"),
         ({}, {"pipeline_parallel": 3, "zero_stage": 1}, "exceeds model.num_layers 2"),
+        ({"num_layers": 6}, {"pipeline_parallel": 4, "zero_stage": 1},
+         r"train.pipeline_parallel 4 does not divide model.num_layers 6: .* use one of \[2, 3, 6\]"),
         ({}, {"pipeline_parallel": 2, "zero_stage": 2}, "needs train.zero_stage 1 \\(it is 2\\)"),
-        ({}, {"pipeline_parallel": 2, "tensor_parallel": 2, "zero_stage": 1}, "not supported yet"),
+        ({}, {"pipeline_parallel": 2, "tensor_parallel": 2, "zero_stage": 2}, "needs train.zero_stage 1 \\(it is 2\\)"),
     ],
 )  # fmt: skip
 def test_layouts_that_cannot_split_are_refused_when_planned(
@@ -310,3 +313,78 @@ def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(make_run,
         out.stderr
     )
     assert_close(losses(one), losses(run))
+
+
+def test_tp2xpp2_on_4_ranks_follows_one_rank_exports_and_moves(make_run):
+    """Tensor parallel 2 inside each of 2 pipeline stages (DeepSpeed's pipe x model grid,
+    AutoTP on each stage's layers with the grid's group): one rank's losses, each rank holding
+    half of its stage's split matrices, the export of the whole model, and moves out of and
+    into the layout through the universal checkpoint (whose record names every stage's
+    parameters, not only rank 0's)."""
+    from gptflow.export import checkpoint_weights
+
+    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
+    assert gptflow_train(one).returncode == 0
+    want = losses(one)
+    split = dict(tensor_parallel=2, pipeline_parallel=2)
+    both = make_run("both", model=NO_DROPOUT, **SETTINGS, **split)
+    out = torchrun(both, 4)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "4 ranks (torchrun) = 2 tensor x 2 pipeline x 1 data parallel, micro batch 4 x " in (
+        out.stderr
+    )
+    assert_close(want, losses(both))
+    assert max(r["grad_norm"] for r in records(both, "train")) > 1.0  # clipping was at work
+
+    step = Path(final_step(both))
+    # embedding, 2 layers, head: one file per pipeline layer and tensor-parallel rank
+    assert len(list(step.glob("layer_*-model_0[01]-model_states.pt"))) == 8
+    for tp_rank in (0, 1):
+        layer = torch.load(step / f"layer_02-model_0{tp_rank}-model_states.pt", weights_only=True)
+        for suffix, shape in HALVES.items():
+            assert tuple(layer[f"layer.{suffix}"].shape) == shape, suffix
+    whole = checkpoint_weights(step, both)
+    single = checkpoint_weights(final_step(one), one)
+    assert list(whole) == list(single)
+    diffs = {k: (whole[k].read() - single[k].read()).abs().max().item() for k in whole}
+    assert all(
+        d < (1e-3 if k.endswith("query_key_value.bias") else 1e-5) for k, d in diffs.items()
+    ), diffs
+
+    out_of = make_run("out_of", model=NO_DROPOUT, **SETTINGS, **split)
+    assert stopped_at_4(torchrun(out_of, 4, "--exit-interval", "4"))
+    continue_with(out_of, tensor_parallel=1, pipeline_parallel=1)
+    moved = gptflow_train(out_of)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "resuming from step 4" in moved.stderr and "universal checkpoint" in moved.stderr
+    assert_close(want, losses(out_of))
+
+    into = make_run("into", model=NO_DROPOUT, **SETTINGS)
+    assert stopped_at_4(torchrun(into, 2, "--exit-interval", "4"))
+    continue_with(into, **split)
+    moved = torchrun(into, 4)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "resuming from step 4" in moved.stderr and "universal checkpoint" in moved.stderr
+    assert_close(want, losses(into))
+
+
+def test_no_rank_builds_the_whole_model(repo):
+    """Each of 4 ranks at tensor 2 x pipeline 2 allocates, while its model is built, at most
+    what it then holds plus two of the whole model's largest tensor (one drawn whole, one
+    slice of it being copied): the model is made on the meta device, split there, and only the
+    rank's part is allocated and initialised. A whole fp32 model on every rank would be
+    ~600 GB per 8-GPU node for an 18B model."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=4",
+           str(repo / "tests" / "support" / "build_peak.py"), "2", "2"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+    for r in ranks:
+        assert r["held"] < r["whole"] / 3, r  # a quarter of the layers' weights, or so
+        assert 0 < r["peak"] <= r["held"] + 2 * r["largest"], r
