@@ -47,7 +47,6 @@ format: setup
 bench: setup
 	python bench/run.py
 	python bench/train.py
-	python bench/parallel.py
 	python bench/download.py
 	python bench/tokenize.py
 	python bench/blend_index.py

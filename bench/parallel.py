@@ -1,20 +1,24 @@
-"""Throughput of the layouts of 2 ranks: data parallel, tensor parallel 2, pipeline parallel 2.
+"""Throughput of the model-parallel layouts against data parallel on the same ranks.
 
-Both runs are `torchrun --nproc_per_node 2` with gloo on this machine's CPUs, fp32, ZeRO 1, the
-same model (a preset from config/models), the same global batch, micro-batch size, sequence
-length and random token ids (numpy seed: the compute of a dense model does not depend on which ids it sees). Each
-rank does the trainer's own step (gptflow.train.loop.train_step on build_engine's engine):
---warmup untimed steps, then --steps timed ones. Rank 0 reports the median ms/step; printed per
-layout: ms/step, tokens/s, and the ratio to data parallel (the baseline, run in the same command).
+Two tables, each run with `torchrun` and gloo on this machine's CPUs, fp32, ZeRO 1, the same
+model (a preset from config/models), the same global batch, micro-batch size, sequence length
+and random token ids (numpy seed: the compute of a dense model does not depend on which ids it
+sees): on 2 ranks, data parallel 2 (the baseline), tensor parallel 2, pipeline parallel 2; on 4
+ranks, data parallel 4 (the baseline), tensor 2 x data 2, pipeline 2 x data 2, tensor 2 x
+pipeline 2. Each rank does the trainer's own step (gptflow.train.loop.train_step on
+build_engine's engine): --warmup untimed steps, then --steps timed ones. Rank 0 reports the
+median ms/step; printed per layout: ms/step, tokens/s, and the ratio to its table's baseline,
+run in the same command.
 
 On CPUs tensor parallel trades compute for two all-reduces per layer in each direction over gloo,
 and a pipeline of 2 stages idles each stage for part of every step (the 1F1B bubble) and sends
 activations between them, so expect both to lose here: the figures say what the split costs
 where there is no NVLink and no memory pressure, not what it gains on GPUs (not measurable on
-this machine).
+this machine). On a 2-core machine the 4-rank table runs two ranks per core: it shows that
+the layouts run and what they cost relative to each other, not their speed.
 
 Usage: python bench/parallel.py [--preset small] [--seq-length 256] [--global-batch 8]
-       [--micro-batch 2] [--steps 10] [--warmup 2] [--threads 1]
+       [--micro-batch 2] [--steps 10] [--warmup 2] [--threads 1] [--ranks 2,4]
 """
 
 from __future__ import annotations
@@ -90,6 +94,48 @@ def worker(a) -> None:
                           "parameters": cfg.num_parameters()}))  # fmt: skip
 
 
+LAYOUTS = {  # ranks -> (tensor, pipeline, name); the first is the table's baseline
+    2: [(1, 1, "data parallel 2 (baseline)"), (2, 1, "tensor parallel 2"),
+        (1, 2, "pipeline parallel 2")],
+    4: [(1, 1, "data parallel 4 (baseline)"), (2, 1, "tensor 2 x data 2"),
+        (1, 2, "pipeline 2 x data 2"), (2, 2, "tensor 2 x pipeline 2")],
+}  # fmt: skip
+
+
+def layout_tables(a, ranks: list[int]) -> None:
+    """Run and print the table of each number of ranks in `ranks` (options as main's)."""
+    tokens = a.global_batch * a.seq_length
+    for n in ranks:
+        print(
+            f"layouts on {n} ranks (torchrun, gloo, CPU, {a.threads} thread(s) each): preset "
+            f"{a.preset}, global batch {a.global_batch} (micro {a.micro_batch}) x "
+            f"{a.seq_length} = {tokens} tokens/step, fp32, ZeRO 1; {a.warmup} warm-up + "
+            f"{a.steps} timed steps, median"
+        )
+        base = None
+        for tp, pp, name in LAYOUTS[n]:
+            cmd = [
+                str(Path(sys.executable).parent / "torchrun"), "--standalone",
+                f"--nproc_per_node={n}", __file__, "--tp", str(tp), "--pp", str(pp),
+                "--preset", a.preset, "--vocab", str(a.vocab), "--micro-batch",
+                str(a.micro_batch), "--seq-length", str(a.seq_length), "--global-batch",
+                str(a.global_batch), "--steps", str(a.steps), "--warmup", str(a.warmup),
+                "--threads", str(a.threads),
+            ]  # fmt: skip
+            env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONWARNINGS": "ignore"}
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if out.returncode != 0 or not lines:
+                print(f"  {name:28s} failed (exit {out.returncode}): {out.stderr[-1500:]}")
+                continue
+            ms = json.loads(lines[-1])["ms_per_step"]
+            base = base or ms
+            print(
+                f"  {name:28s} {ms:9.1f} ms/step {tokens / ms * 1000:10.0f} tokens/s  "
+                f"{base / ms:5.2f}x the baseline's tokens/s"
+            )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="small", help="config/models/<preset>.yaml (default small)")
@@ -100,6 +146,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--ranks", default="2,4", help="the tables to run: 2 and/or 4 ranks")
     p.add_argument("--tp", type=int, default=0, help=argparse.SUPPRESS)  # worker mode
     p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -107,36 +154,7 @@ def main() -> int:
         worker(a)
         return 0
 
-    tokens = a.global_batch * a.seq_length
-    print(
-        f"layouts on 2 ranks (torchrun, gloo, CPU, {a.threads} thread(s) each): preset "
-        f"{a.preset}, global batch {a.global_batch} (micro {a.micro_batch}) x {a.seq_length} = "
-        f"{tokens} tokens/step, fp32, "
-        f"ZeRO 1; {a.warmup} warm-up + {a.steps} timed steps, median"
-    )
-    base = None
-    layouts = [(1, 1, "data parallel 2 (baseline)"), (2, 1, "tensor parallel 2"),
-               (1, 2, "pipeline parallel 2")]  # fmt: skip
-    for tp, pp, name in layouts:
-        cmd = [
-            str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2",
-            __file__, "--tp", str(tp), "--pp", str(pp), "--preset", a.preset,
-            "--vocab", str(a.vocab), "--micro-batch", str(a.micro_batch),
-            "--seq-length", str(a.seq_length), "--global-batch", str(a.global_batch),
-            "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONWARNINGS": "ignore"}
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-        if out.returncode != 0 or not lines:
-            print(f"  {name:28s} failed (exit {out.returncode}): {out.stderr[-1500:]}")
-            continue
-        ms = json.loads(lines[-1])["ms_per_step"]
-        base = base or ms
-        print(
-            f"  {name:28s} {ms:9.1f} ms/step {tokens / ms * 1000:10.0f} tokens/s  "
-            f"{base / ms:5.2f}x the baseline's tokens/s"
-        )
+    layout_tables(a, [int(n) for n in a.ranks.split(",")])
     return 0
 
 

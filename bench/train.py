@@ -26,8 +26,12 @@ Then, as a check that all did the same work, the max |parameter difference| of e
 model from the plain loop's after the same steps; last, what the ZeRO-0 step adds to the plain
 one (gradient all-reduce, DeepSpeed's clipping, the trainer's grad norm), each timed alone.
 
+Then, in the same run, bench/parallel.py's tables: tokens/s of tensor parallel 2, pipeline
+parallel 2 and both together against data parallel on the same ranks (2 and 4 torchrun ranks).
+
 Usage: python bench/train.py [--preset small] [--seq-length 256] [--micro-batch 8]
        [--grad-accum 1] [--steps 2] [--warmup 2] [--repeat 20] [--threads 1] [--zero 0,1,2,3]
+       [--layouts 2,4]
 """
 
 from __future__ import annotations
@@ -210,6 +214,11 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to run (default 0,1,2,3)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--layouts", default="2,4",
+        help="then bench/parallel.py's tables of model-parallel layouts on these rank counts "
+        "(default 2,4; none to skip)",
+    )  # fmt: skip
     a = p.parse_args()
 
     import warnings
@@ -343,7 +352,26 @@ def main() -> int:
     if z0 and base.wall:
         print("ZeRO-0 extras per step, each timed alone (median of 20 calls):")
         print(zero0_extras(z0, batches[0], 1000 * min(base.wall)))
+    if a.layouts != "none":  # tensor and pipeline parallel, on 2 and 4 torchrun ranks
+        layouts = _bench_module("parallel")
+        layouts.layout_tables(
+            argparse.Namespace(
+                preset=a.preset, vocab=a.vocab, seq_length=a.seq_length, global_batch=8,
+                micro_batch=2, steps=10, warmup=2, threads=a.threads,
+            ),
+            [int(n) for n in a.layouts.split(",")],
+        )  # fmt: skip
     return 0
+
+
+def _bench_module(name: str):
+    """bench/<name>.py, imported by path (bench/ is not on sys.path; see above)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":
