@@ -1,7 +1,9 @@
 """The example configs plan cleanly (no network is touched by a dry run): the exact jobs of each
 recipe, and download commands with the URLs and mirrors its config and the catalog name."""
 
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,22 +35,13 @@ PLANS = {
 }
 
 
-# Model-parallel recipes: planned through the shipped Slurm profile (2 nodes x 8 GPUs), whose
-# ranks the tensor-parallel size must divide; their data is neox-pile-enwik8's
-PLANS["pythia-6.9b"] = PLANS["pythia-12b"] = PLANS["neox-pile-enwik8"]
-ON_THE_CLUSTER = {"pythia-6.9b": 2, "pythia-12b": 4}  # example: its tensor_parallel
-
-
 def download_command(url: str, mirrors: list[str]) -> str:
     return " ".join([f"gptflow download {url}", *(f"--mirror {m}" for m in mirrors)])
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_config_dry_runs(example, tmp_path, snakemake):
-    if example.stem in ON_THE_CLUSTER:
-        out = plan_on_the_cluster(tmp_path, example)
-    else:
-        out = snakemake(tmp_path, example, "-n")
+    out = snakemake(tmp_path, example, "-n")
     assert out.returncode == 0, out.out[-3000:]
     assert job_counts(out.out) == PLANS[example.stem]
     cfg = yaml.safe_load(example.read_text())
@@ -67,46 +60,108 @@ def test_example_config_dry_runs(example, tmp_path, snakemake):
     assert not list(tmp_path.glob("resources/**/*.part")) and not (tmp_path / "results").exists()
 
 
-def plan_on_the_cluster(workdir, example):
-    """`snakemake --profile profiles/slurm ... -n`: a dry run submits nothing (the Slurm
-    executor is not started), so it needs no cluster."""
-    cmd = [
-        str(BIN / "snakemake"), "-n", "--snakefile", str(REPO / "Snakefile"),
-        "--directory", str(workdir), "--profile", str(REPO / "profiles" / "slurm"),
-        "--configfile", str(example), "--replace-workflow-config",
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proc.out = proc.stdout
-    return proc
+LAYOUTS = sorted((REPO / "config" / "examples" / "layouts").glob("*.yaml"))
+# the published GPU counts (Pythia's ymls, GPT-NeoX's configs/20B.yml, Megatron-LM's 2021
+# table), global batches and tensor x pipeline splits each layout file states
+PUBLISHED = {
+    **{f"pythia-{n}": (gpus, 1024, tp, 1) for n, gpus, tp in [
+        ("14m", 32, 1), ("31m", 32, 1), ("70m", 32, 1), ("160m", 32, 1), ("410m", 32, 1),
+        ("1b", 64, 1), ("1.4b", 64, 1), ("2.8b", 64, 1), ("6.9b", 128, 2), ("12b", 256, 4)]},
+    "gpt-neox-20b": (96, 1536, 2, 4),
+    **{f"megatron-gpt3-{size}": (gpus, batch, tp, pp) for size, gpus, batch, tp, pp in [
+        ("1.7b", 32, 512, 1, 1), ("3.6b", 64, 512, 2, 1), ("7.5b", 128, 512, 4, 1),
+        ("18.4b", 256, 1024, 8, 1), ("39.1b", 512, 1536, 8, 2), ("76.1b", 1024, 1792, 8, 4),
+        ("145.6b", 1536, 2304, 8, 8), ("310.1b", 1920, 2160, 8, 16)]},
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(ON_THE_CLUSTER))
-def test_model_parallel_examples_split_over_the_shipped_profile(name, tmp_path):
-    """The published layout on the shipped profile's ranks: the tensor-parallel size divides
-    them, the heads and the MLP, and the global batch splits over the data-parallel ranks; a
-    laptop's plan (one rank) refuses it with the way on named."""
-    from gptflow.config import ModelConfig, TrainConfig, check_model_parallel, load_yaml
+def layout_recipe(layout: Path) -> tuple[Path, int]:
+    """The data recipe and the node count a layout file's header names."""
+    text = layout.read_text()
+    (recipe,) = set(re.findall(r"config/examples/([a-z0-9-]+)\.yaml", text))
+    (nodes,) = {int(n) for n in re.findall(r"nodes: (\d+)", text)}
+    return REPO / "config" / "examples" / f"{recipe}.yaml", nodes
+
+
+def slurm_profile(directory: Path, nodes: int) -> Path:
+    """profiles/slurm with train_gpt's nodes edited, as a layout's header says to."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["set-resources"]["train_gpt"]["nodes"] = nodes
+    directory.mkdir()
+    (directory / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return directory
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[p.stem for p in LAYOUTS])
+def test_each_published_layout_splits_over_the_nodes_its_header_names(layout):
+    """The layout on the ranks of the profile edited as its header says (nodes x 8 GPUs): the
+    published GPU count, tensor x pipeline x data = the ranks, the global batch made of
+    micro-batches over the data-parallel ranks, and the model checks -n makes (heads, MLP and
+    layers divide; ZeRO stage allowed), on the config merged as Snakemake merges it."""
+    from snakemake.utils import update_config
+
+    from gptflow.config import TrainConfig, load_workflow_config
     from gptflow.distributed import launched_ranks
 
-    example = load_yaml(REPO / "config" / "examples" / f"{name}.yaml")
-    profile = load_yaml(REPO / "profiles" / "slurm" / "config.yaml")["set-resources"]["train_gpt"]
-    ranks = launched_ranks(profile["nodes"], profile["tasks_per_node"])
-    train = TrainConfig(**example["train"])
-    assert train.tensor_parallel == ON_THE_CLUSTER[name] and ranks == 16
-    model = load_yaml(REPO / "config" / "models" / f"{example['model']['preset']}.yaml")
-    check_model_parallel(ModelConfig(**{**model, "vocab_size": 50304}), train)
-    dp = train.data_parallel_size(ranks)
-    assert train.micro_batch_size * train.grad_accum_steps(ranks) * dp == 1024
-    local = subprocess.run(
-        [str(BIN / "snakemake"), "-n", "--snakefile", str(REPO / "Snakefile"), "--directory",
-         str(tmp_path), "--configfile", str(REPO / "config" / "examples" / f"{name}.yaml"),
-         "--replace-workflow-config", "--cores", "1"],
-        capture_output=True, text=True,
+    recipe, nodes = layout_recipe(layout)
+    cfg = yaml.safe_load(recipe.read_text())
+    update_config(cfg, yaml.safe_load(layout.read_text()))
+    cfg = load_workflow_config(
+        cfg, schema_path=REPO / "config/schema/config.schema.yaml",
+        models_dir=REPO / "config/models", source=layout.name,
     )  # fmt: skip
-    assert local.returncode != 0
-    assert f"train.tensor_parallel {train.tensor_parallel} does not divide the 1 training" in (
-        local.stdout + local.stderr
+    gpus, batch, tp, pp = PUBLISHED[layout.stem]
+    tasks = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())["set-resources"][
+        "train_gpt"
+    ]["tasks_per_node"]
+    ranks = launched_ranks(nodes=nodes, tasks_per_node=tasks)
+    assert ranks == gpus
+    train = TrainConfig(**cfg["train"])
+    assert (train.tensor_parallel, train.pipeline_parallel, train.global_batch_size) == (
+        tp,
+        pp,
+        batch,
     )
+    dp = train.data_parallel_size(ranks)
+    assert dp * tp * pp == gpus
+    assert train.micro_batch_size * train.grad_accum_steps(ranks) * dp == batch
+    assert cfg["model"]["preset"] == layout.stem  # each layout trains its own model
+
+
+@pytest.mark.parametrize("name", ["pythia-12b", "gpt-neox-20b", "megatron-gpt3-310.1b"])
+def test_layouts_plan_through_the_slurm_profile(name, tmp_path):
+    """`snakemake --profile <profiles/slurm with the header's nodes> -n train`, with the data
+    recipe and the layout: the data recipe's jobs, and training as one srun of nodes x 8
+    ranks. A dry run submits nothing, so it needs no cluster."""
+    layout = REPO / "config" / "examples" / "layouts" / f"{name}.yaml"
+    recipe, nodes = layout_recipe(layout)
+    cmd = [
+        str(BIN / "snakemake"), "-n", "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(tmp_path), "--profile", str(slurm_profile(tmp_path / "profile", nodes)),
+        "--replace-workflow-config", "--configfile", str(recipe), str(layout),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert job_counts(out.stdout) == PLANS[recipe.stem]
+    assert f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=8 " in out.stdout
+
+
+def test_the_largest_layout_is_refused_on_the_shipped_profile(tmp_path):
+    """Megatron's 310B layout (tensor 8 x pipeline 16 = 128 ranks a copy) on the shipped
+    profile's 16 ranks: refused at -n with the way on named, not after the queue."""
+    layout = REPO / "config" / "examples" / "layouts" / "megatron-gpt3-310.1b.yaml"
+    recipe, _ = layout_recipe(layout)
+    cmd = [
+        str(BIN / "snakemake"), "-n", "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(tmp_path), "--profile", str(REPO / "profiles" / "slurm"),
+        "--replace-workflow-config", "--configfile", str(recipe), str(layout),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert out.returncode != 0
+    assert (
+        "train.tensor_parallel 8 x train.pipeline_parallel 16 = 128 does not divide the 16 "
+        "training ranks; give the training rule a multiple of 128 ranks"
+    ) in out.stdout
 
 
 def test_examples_cover_the_recipes():
