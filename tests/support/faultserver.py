@@ -11,6 +11,8 @@ consumed one request at a time (then the path is served correctly):
     "ignore_range"      always 200 with the whole body
     "corrupt"           serve other bytes of the same length
     ("slow", bps)       serve at about bps bytes per second
+    ("no_length", bps)  like slow, without Content-Length: the body ends when the connection
+                        closes (HTTP/1.1 servers streaming a body of unknown size do this)
 """
 
 from __future__ import annotations
@@ -93,7 +95,10 @@ class FaultServer:
                 return self._status(h, 416, {"Content-Range": f"bytes */{len(data)}"})
         body = data[start:]
         h.send_response(206 if start else 200)
-        h.send_header("Content-Length", str(len(body)))
+        if name == "no_length":
+            h.send_header("Connection", "close")  # the end of the body
+        else:
+            h.send_header("Content-Length", str(len(body)))
         h.send_header("ETag", f'"{len(data)}-{hash(data) & 0xFFFF:x}"')
         h.send_header("Accept-Ranges", "bytes")
         for k, v in self.headers.get(path, {}).items():
@@ -111,7 +116,7 @@ class FaultServer:
 
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
-        if name == "slow":
+        if name in ("slow", "no_length"):
             step = max(1, arg // 20)
             try:
                 for i in range(0, len(body), step):

@@ -8,6 +8,7 @@ import email.utils
 import hashlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -280,3 +281,59 @@ def test_second_downloader_of_the_same_file_is_refused(server, tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+@pytest.fixture
+def log_stream(monkeypatch):
+    """What a job's log file receives: the gptflow loggers' lines on a stream that is not a
+    terminal (jobs run without one, so no tqdm bar)."""
+    import io
+    import logging
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = logging.getLogger("gptflow")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+SIZE = r"[\d.]+ [kMG]?B"
+RATE = r"[\d.]+ MB/s"
+
+
+def test_progress_lines_with_share_rate_and_eta_then_the_totals(server, tmp_path, log_stream):
+    """2 MB served at ~2 MB/s, a line every 0.3 s: several lines with the share, rate and
+    ETA of the announced length, then the closing line with the totals."""
+    data = os.urandom(2_000_000)
+    url = server.add("a.bin", data, ("slow", 2_000_000))
+    fetch(url, tmp_path / "a.bin", Policy(report_every=0.3))
+    lines = log_stream.getvalue().splitlines()
+    progress = [line for line in lines if "ETA" in line]
+    assert len(progress) >= 2, lines
+    for line in progress:
+        assert re.fullmatch(rf"a\.bin: {SIZE} of 2\.0 MB \([\d.]+%\) at {RATE}, ETA .+", line)
+    assert re.fullmatch(
+        rf"a\.bin: done, 2\.0 MB in [\d.]+ s at {RATE} from {re.escape(url)}, sha256 "
+        rf"{hashlib.sha256(data).hexdigest()} \(none published; recorded now\)",
+        lines[-1],
+    ), lines
+
+
+def test_progress_without_content_length_says_the_total_is_unknown(server, tmp_path, log_stream):
+    data = os.urandom(2_000_000)
+    url = server.add("a.bin", data, ("no_length", 2_000_000))
+    fetch(url, tmp_path / "a.bin", Policy(report_every=0.3))
+    assert (tmp_path / "a.bin").read_bytes() == data
+    lines = log_stream.getvalue().splitlines()
+    progress = [line for line in lines if "unknown" in line]
+    assert len(progress) >= 2, lines
+    for line in progress:
+        assert re.fullmatch(
+            rf"a\.bin: {SIZE} at {RATE} \(total unknown: the server sent no Content-Length\)", line
+        )
+    assert lines[-1].startswith("a.bin: done, 2.0 MB in "), lines

@@ -200,3 +200,43 @@ def test_indented_long_documents_find_safe_cuts_without_a_search(tokenizer_json)
     assert len(cuts) >= len(text) // 6_000
     assert len(checks) <= 3 * len(cuts), f"{len(checks)} cut checks for {len(cuts)} cuts"
     assert engines.encode_long(tok, text, piece_chars=3_000).tolist() == tok.encode(text).ids
+
+
+@pytest.mark.parametrize(
+    ("suffix", "documents", "shows"),
+    [
+        (".jsonl", (0, None), r"[\d.]+ [kM]B of ([\d.]+ [kM]B) \([\d.]+%\), [\d,]+ documents at"),
+        (".jsonl", (5, 25), r"\d+ of 20 documents \([\d.]+%\), [\d.]+ [kM]?B at"),
+        (".jsonl.gz", (0, None), r".* \(total unknown: compressed jsonl.gz input: its decoded"),
+    ],
+)
+def test_progress_lines_and_the_closing_totals(
+    tmp_path, corpus_jsonl, tokenizer_json, caplog, monkeypatch, suffix, documents, shows
+):
+    """A line per batch here (every=0), counted against the input bytes of plain JSONL, the
+    documents of a range, or nothing (compressed input, and the line says so); then the
+    closing line with the documents written."""
+    import functools
+    import gzip
+    import re
+
+    import gptflow.data.tokenize as tokenize
+
+    monkeypatch.setattr(tokenize, "Progress", functools.partial(tokenize.Progress, every=0))
+    src = tmp_path / f"in{suffix}"
+    data = corpus_jsonl[0].read_bytes()
+    src.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    caplog.set_level("INFO", logger="gptflow")
+    m = tokenize_to_shard(
+        [str(src)], str(tokenizer_json), str(tmp_path / "o"), documents=documents,
+        batch_bytes=20_000,
+    )  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("o: ")]
+    assert len(lines) >= 3, lines
+    for line in lines[:-1]:
+        assert re.match(rf"o: {shows}", line), line
+    assert re.fullmatch(rf"o: done, [\d.]+ [kM]B, {m['documents']} documents in .*", lines[-1])
+    if documents == (0, None) and suffix == ".jsonl":
+        total = re.match(rf"o: {shows}", lines[0])[1]
+        assert total == f"{len(data) / 1000:.1f} kB" or total == f"{len(data) / 1e6:.1f} MB"
+        assert "(100.0%)" in lines[-2]

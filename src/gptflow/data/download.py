@@ -43,6 +43,7 @@ from urllib.parse import urljoin, urlsplit
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, fsync_dir, sha256_file
+from gptflow.progress import Progress, progress_line
 
 log = logging.getLogger("gptflow.download")
 
@@ -296,34 +297,30 @@ def record_sha256(path: Path, name: str, digest: str) -> None:
 # ----------------------------------------------------------------------------- progress
 
 
-class _Progress:
-    def __init__(self, name: str, total: int | None, start: int, every: float) -> None:
-        self.name, self.total, self.done, self.every = name, total, start, every
-        self.t0 = self.last = time.monotonic()
-        self.start = start
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
+class _TerminalBar:
+    """tqdm's bar, for a download run by hand on a terminal (jobs log lines instead)."""
 
-            self.bar = tqdm(
-                total=total, initial=start, unit="B", unit_scale=True, desc=name, leave=False
-            )
+    def __init__(self, name: str, total: int | None, start: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total, initial=start, unit="B", unit_scale=True, desc=name, leave=False
+        )
 
     def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-            return
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            rate = (self.done - self.start) / max(1e-9, now - self.t0)
-            pct = f" ({100 * self.done / self.total:.1f}%)" if self.total else ""
-            log.info("%s: %.1f MB%s at %.1f MB/s", self.name, self.done / 1e6, pct, rate / 1e6)
+        self.bar.update(n)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
+
+
+def _progress(name: str, total: int | None, start: int, every: float) -> _TerminalBar | Progress:
+    if sys.stderr.isatty():
+        return _TerminalBar(name, total, start)
+    unknown = "the server sent no Content-Length"
+    return Progress(
+        name, log.info, every=every, total_bytes=total, start_bytes=start, unknown=unknown
+    )
 
 
 # ----------------------------------------------------------------------------- download
@@ -415,11 +412,13 @@ def download(
             _finish(out, digest, sums_path)
             seconds = time.monotonic() - t0
             size = out.stat().st_size
+            done = progress_line(
+                out.name, seconds=seconds, nbytes=size, start_bytes=resumed_from, final=True
+            )
+            resumed = f", resumed at byte {resumed_from}" if resumed_from else ""
             log.info(
-                "%s: %.1f MB from %s in %.1f s (%.1f MB/s), sha256 %s (%s)",
-                out.name, size / 1e6, _safe(url), seconds, size / 1e6 / max(seconds, 1e-9),
-                digest, checksum_source,
-            )  # fmt: skip
+                "%s from %s%s, sha256 %s (%s)", done, _safe(url), resumed, digest, checksum_source
+            )
             return Result(str(out), _safe(url), digest, size, seconds, resumed_from, attempts, checksum_source,
                           [*errors, f"{_safe(url)}: ok"])  # fmt: skip
         if part.exists() and part.stat().st_size == 0:  # nothing to resume from: leave no trace
@@ -638,7 +637,7 @@ def _attempt(session, url, part, meta_path, offset, scope, policy, name, hasher)
         _write_meta(meta_path, url, resp.headers)
         expected_body = (total - offset) if total is not None else None
         received = 0
-        progress = _Progress(name, total, offset, policy.report_every)
+        progress = _progress(name, total, offset, policy.report_every)
         # Read the raw stream ourselves: urllib3 would raise on a short body and drop the bytes
         # of the read in progress; we keep every byte that arrived and check the length after.
         resp.raw.enforce_content_length = False
@@ -660,7 +659,8 @@ def _attempt(session, url, part, meta_path, offset, scope, policy, name, hasher)
                 finally:
                     flusher.close()
         finally:
-            progress.close()
+            if isinstance(progress, _TerminalBar):
+                progress.close()
         if expected_body is not None and received < expected_body:
             raise _Retry(f"body ended after {received} of {expected_body} bytes")
         if expected_body is not None and received > expected_body:

@@ -42,6 +42,7 @@ from gptflow.data.engines import (
 )
 from gptflow.data.indexed import IndexedDatasetWriter, dtype_for_vocab
 from gptflow.data.readers import (
+    FORMATS,
     ON_BAD_DOCUMENT,
     batch_texts,
     check_format,
@@ -52,6 +53,7 @@ from gptflow.data.readers import (
 from gptflow.data.tokenizer import load_tokenizer, tokenizer_info
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file, write_json
+from gptflow.progress import Progress
 
 __all__ = [
     "LONG_DOCUMENT_CHARS",
@@ -351,7 +353,7 @@ def tokenize_to_shard(
         name = "hf" if gt is None else "gigatoken"
 
         dropped: Counter[str] = Counter()
-        stats = {"bytes": 0, "last_report": t0}
+        progress = Progress(prefix.name, log.info, **_progress_totals(inputs, fmt, documents))
 
         with IndexedDatasetWriter(prefix, dtype) as writer:
             checked: set[str] = set()
@@ -366,17 +368,7 @@ def tokenize_to_shard(
                     flat, lengths = with_eod(flat, lengths, info.eod_id, dtype)
                 writer.add_flat(flat, lengths)
                 dropped.update(p.dropped)
-                stats["bytes"] += p.nbytes
-                now = time.perf_counter()
-                if now - stats["last_report"] > 10:
-                    stats["last_report"] = now
-                    log.info(
-                        "%s: %d documents, %.1f MB, %.2f MB/s",
-                        prefix.name,
-                        writer.documents,
-                        stats["bytes"] / 1e6,
-                        stats["bytes"] / 1e6 / (now - t0),
-                    )
+                progress.update(p.nbytes, len(lengths))
 
             sink = _Sink(write)
             try:
@@ -385,8 +377,9 @@ def tokenize_to_shard(
             finally:
                 sink.close()
             writer.finalize()
+        progress.finish()
     seconds = time.perf_counter() - t0
-    read_bytes = stats["bytes"]
+    read_bytes = progress.nbytes
 
     engine_info: dict = {"name": name, "workers": workers}
     if gt is not None:
@@ -429,6 +422,23 @@ def tokenize_to_shard(
     }
     write_json(f"{prefix}.json", manifest)
     return manifest
+
+
+def _progress_totals(inputs: list[str], fmt: str | None, documents: tuple[int, int | None]) -> dict:
+    """What the progress lines count against (:class:`gptflow.progress.Progress` keywords):
+    the documents of a range with an end; the input bytes when they are read as they are
+    (plain JSONL); else why the total is unknown."""
+    start, stop = documents
+    if documents != (0, None):
+        if stop is None:
+            return {"unknown": f"documents {start:,} to the end of the input"}
+        return {"total_documents": stop - start}
+    formats = [check_format(fmt or infer_format(p), p) for p in inputs]
+    if all(FORMATS[f] == ("jsonl", None) for f in formats):
+        return {"total_bytes": sum(os.path.getsize(p) for p in inputs)}
+    other = sorted({f for f in formats if FORMATS[f] != ("jsonl", None)})
+    what = ("compressed " if any(FORMATS[f][1] for f in other) else "") + ", ".join(other)
+    return {"unknown": f"{what} input: its decoded size is known only once read"}
 
 
 def _sources(inputs: list[str], digests: dict, known: dict[str, str] | None = None) -> list[dict]:
@@ -474,11 +484,14 @@ def count_documents(
         and hashes_while_reading(check_format(fmt or infer_format(p), p))
     }
     total, nbytes, dropped = 0, 0, Counter()
+    progress = Progress(Path(out).name, log.info, **_progress_totals(inputs, fmt, (0, None)))
     batches = _parsed(inputs, reader, 16 << 20, on_bad_document, (0, None), digests)
     for parsed in _Prefetch(batches):
         total += len(parsed.texts)
         nbytes += parsed.nbytes
         dropped.update(parsed.dropped)
+        progress.update(parsed.nbytes, len(parsed.texts))
+    progress.finish()
     seconds = time.perf_counter() - t0
     summary = {
         "sources": _sources(inputs, digests),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 
 from gptflow.fsutil import atomic_write
+from gptflow.progress import hms
 from gptflow.train.device import Device
 
 log = logging.getLogger("gptflow.train")
@@ -155,12 +155,5 @@ def iteration_line(step: int, total: int, rec: dict, elapsed_s: float, remaining
         f"number of skipped iterations: {rec['skipped_iters']:3d} | number of nan iterations: "
         f"{rec['nan_iters']:3d} | tokens per second: {rec['tokens_per_s']:.0f} | TFLOP/s per "
         f"device: {rec['tflops_per_device']:.3f} | MFU: {mfu} | elapsed: "
-        f"{_hms(elapsed_s)} | remaining: {_hms(remaining_s)} |"
+        f"{hms(elapsed_s)} | remaining: {hms(remaining_s)} |"
     )
-
-
-def _hms(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
