@@ -97,8 +97,18 @@ fi
 # 4. slurm.conf: no cgroup plugin (no systemd, no delegation); a default memory per CPU so
 # jobs without --mem do not take the whole node; short requeue hold; frequent scheduling
 # 8 CPUs whatever the machine has (config_overrides): on a 2-core test machine two jobs of
-# 2 tasks must be able to run at once, e.g. a rerun training job beside its predecessor
+# 2 tasks must be able to run at once, e.g. a rerun training job beside its predecessor.
+# 4 GPUs as a generic resource backed by character devices that are /dev/null (major 1,
+# minor 3) under /var/lib/gptflow-test-gpus: jobs ask for --gres=gpu:N as on a GPU cluster
+# and Slurm schedules them (and sets CUDA_VISIBLE_DEVICES), while the ranks find no CUDA
+# device and train on the CPU
 CPUS=8
+GPUS=4
+FAKE_GPUS=/var/lib/gptflow-test-gpus
+mkdir -p "$FAKE_GPUS"
+for ((i = 0; i < GPUS; i++)); do
+  [[ -c "$FAKE_GPUS/gpu$i" ]] || mknod "$FAKE_GPUS/gpu$i" c 1 3
+done
 HW="CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1"
 MEM=$(($(slurmd -C | head -1 | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') * 95 / 100))
 CONF="# written by gptflow tests/slurm/start-cluster.sh
@@ -113,6 +123,7 @@ MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/linux
+GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=6819
@@ -137,11 +148,16 @@ StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
-NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE $HW RealMemory=$MEM State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE $HW RealMemory=$MEM Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+GRES="NodeName=$NODE Name=gpu File=$FAKE_GPUS/gpu[0-$((GPUS - 1))]"
 RESTART_SLURM=0
 if [[ "$(cat "$ETC/slurm.conf" 2>/dev/null)" != "$CONF" ]]; then
   printf '%s\n' "$CONF" > "$ETC/slurm.conf" && chmod 644 "$ETC/slurm.conf"
+  RESTART_SLURM=1
+fi
+if [[ "$(cat "$ETC/gres.conf" 2>/dev/null)" != "$GRES" ]]; then
+  printf '%s\n' "$GRES" > "$ETC/gres.conf" && chmod 644 "$ETC/gres.conf"
   RESTART_SLURM=1
 fi
 if [[ -f /var/spool/slurmctld/clustername && "$(cat /var/spool/slurmctld/clustername)" != "$CLUSTER" ]]; then
