@@ -39,6 +39,7 @@ rule report_assets:
         config="results/runs/{run}/run.yaml",
         done="results/runs/{run}/DONE.json",
         evaluation="results/runs/{run}/eval.json",
+        hf="results/runs/{run}/hf",
         container=get_train_container_record,
     output:
         loss=report(
@@ -59,11 +60,26 @@ rule report_assets:
             category="Training",
             labels={"run": "{run}", "figure": "tokens per second"},
         ),
+        mfu=report(
+            "results/runs/{run}/report/mfu.svg",
+            caption="../workflow/report/mfu.rst",
+            category="Training",
+            labels={"run": "{run}", "figure": "MFU"},
+        ),
+        grad_norm=report(
+            "results/runs/{run}/report/grad_norm.svg",
+            caption="../workflow/report/grad_norm.rst",
+            category="Training",
+            labels={"run": "{run}", "figure": "gradient norm"},
+        ),
         card=report(
             "results/runs/{run}/report/card.html",
             caption="../workflow/report/card.rst",
             category="Run card",
-            labels={"run": "{run}", "content": "data, evaluation, container, config"},
+            labels={
+                "run": "{run}",
+                "content": "model, versions, export, data, evaluation, container, config",
+            },
         ),
     log:
         "logs/report_assets/{run}.log",

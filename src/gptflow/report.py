@@ -25,8 +25,24 @@ def _records(metrics: Path) -> list[dict]:
     return out
 
 
+# what a plot says instead of points when every record holds null
+NO_MFU = (
+    "MFU was not measured: it is null in every record, because the device's peak TFLOP/s\n"
+    "is unknown (a CPU, or a GPU not in gptflow.hardware's table). Set train.peak_tflops."
+)
+NO_GRAD_NORM = "No gradient norm was reported: it is null in every record."
+
+
+def _present(records: list[dict], key: str, scale: float = 1.0) -> tuple[list, list]:
+    """(steps, values) of the records where `key` is not null."""
+    kept = [r for r in records if r.get(key) is not None]
+    return [r["step"] for r in kept], [scale * r[key] for r in kept]
+
+
 def plot_metrics(metrics: str | os.PathLike, series: str, out_dir: str | os.PathLike) -> dict:
-    """loss.svg (train and validation loss), lr.svg and throughput.svg of one run's series."""
+    """loss.svg (train and validation loss), lr.svg, throughput.svg, mfu.svg (in percent) and
+    grad_norm.svg of one run's series. A plot whose values are null in every record (MFU on
+    a CPU) says so in place of points."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,12 +62,19 @@ def plot_metrics(metrics: str | os.PathLike, series: str, out_dir: str | os.Path
         "throughput": [
             ("tokens/s", [r["step"] for r in train], [r["tokens_per_s"] for r in train])
         ],
+        "mfu": [("MFU (%)", *_present(train, "mfu", 100.0))],
+        "grad_norm": [("gradient norm", *_present(train, "grad_norm"))],
     }
+    empty = {"mfu": NO_MFU, "grad_norm": NO_GRAD_NORM}
     paths = {}
     for name, lines in figures.items():
         fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
         for label, xs, ys in lines:
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=label)
+        if name in empty and not lines[0][1]:
+            ax.text(0.5, 0.5, empty[name], ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])  # no scale to show
+            ax.set_yticks([])
         ax.set_xlabel("step")
         ax.set_ylabel(lines[0][0] if len(lines) == 1 else "loss")
         ax.set_title(f"{name} (series {series})")
@@ -75,6 +98,48 @@ def _table(headers: list[str], rows: list[list]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _model_and_software(run: dict, finished: dict) -> list[str]:
+    """The parameter count (ModelConfig's, the trainer's number) and the versions training
+    ran with (recorded in DONE.json; else this environment's, said so)."""
+    from gptflow.config import ModelConfig
+    from gptflow.environment import versions
+
+    m = ModelConfig(**run["model"])
+    shape = (
+        f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
+        f"vocabulary {m.vocab_size}"
+    )
+    parts = ["<h2>Model and software</h2>"]
+    parts.append(_table(["parameters", "architecture"], [[f"{m.num_parameters():,}", shape]]))
+    recorded = finished.get("versions")
+    names = {"deepspeed": "DeepSpeed", "cuda": "CUDA", "python": "Python"}
+    shown = recorded or versions()
+    parts.append(_table([names.get(k, k) for k in shown], [list(shown.values())]))
+    if not recorded:
+        parts.append(
+            "<p>versions of the environment that made this report: the trainer that wrote "
+            "DONE.json did not record its own</p>"
+        )
+    return parts
+
+
+def _export(hf_export: str | os.PathLike | None) -> list[str]:
+    """Where the Hugging Face export is, and its files."""
+    parts = ["<h2>Hugging Face export</h2>"]
+    if hf_export is None or not Path(hf_export).is_dir():
+        return [*parts, "<p>not exported</p>"]
+    path = Path(hf_export)
+    # not Snakemake's .snakemake_timestamp marker of a directory() output
+    files = sorted(f for f in path.iterdir() if f.is_file() and not f.name.startswith("."))
+    listing = ", ".join(f"{f.name} ({f.stat().st_size / 1e6:.1f} MB)" for f in files)
+    load = f"transformers.AutoModelForCausalLM.from_pretrained({str(path)!r})"
+    parts.append(
+        _table(["directory", "absolute path", "files", "load with"],
+               [[str(path), str(path.resolve()), listing, load]])
+    )  # fmt: skip
+    return parts
+
+
 def run_card(
     *,
     run_yaml: str | os.PathLike,
@@ -83,8 +148,10 @@ def run_card(
     datasets: dict,
     container: str | os.PathLike | None,
     out: str | os.PathLike,
+    hf_export: str | os.PathLike | None = None,
 ) -> None:
-    """card.html: data card, evaluation, container, resolved run config."""
+    """card.html: the run, the model and the software it trained with, where its Hugging Face
+    export is, the data card, evaluation, container, resolved run config."""
     import yaml
 
     run = yaml.safe_load(Path(run_yaml).read_text())
@@ -105,6 +172,8 @@ def run_card(
             ],
         )
     )
+    parts += _model_and_software(run, finished)
+    parts += _export(hf_export)
     tok = run["tokenizer"]
     parts.append("<h2>Data card</h2>")
     parts.append(

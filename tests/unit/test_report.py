@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import yaml
 
+from gptflow.config import ModelConfig
 from gptflow.report import plot_metrics, run_card
 
+MODEL = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512}
+# by hand: embedding and output head 2 x 512 x 64, final norm 2 x 64, and per layer
+# norms 4 x 64, QKV 3 x 64 x 64 + 3 x 64, dense 64 x 64 + 64, MLP 64 x 256 + 256 + 256 x 64 + 64
+PARAMETERS = 2 * 512 * 64 + 2 * 64 + 2 * (4 * 64 + 3 * 64 * 64 + 3 * 64 + 64 * 64 + 64
+                                          + 64 * 256 + 256 + 256 * 64 + 64)  # fmt: skip
+TRAINED_WITH = {"gptflow": "0.1.0", "python": "3.11.7", "torch": "2.6.0a0+ecf3bae40a.nv25.01",
+                "deepspeed": "0.19.8", "cuda": "12.8"}  # fmt: skip
 
-def test_run_card_has_data_eval_container_and_config_and_escapes_text(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+
+def write_run_files(tmp_path, done_extra: dict) -> None:
+    """run.yaml, DONE.json (with `done_extra`), eval.json, an image record and a shard
+    manifest, as a finished run leaves them."""
     prefix = "results/tokens/bpe/web/00000"
     (tmp_path / "results/tokens/bpe/web").mkdir(parents=True)
     (tmp_path / f"{prefix}.json").write_text(
@@ -23,12 +36,14 @@ def test_run_card_has_data_eval_container_and_config_and_escapes_text(tmp_path, 
                       "eod_id": 0, "sha256": "cd" * 32},
         "data": {"split": "90,9,1", "datasets": [{"name": "web", "weight": 1.0, "shards": [
             {"prefix": prefix, "documents": 1234, "tokens": 567890, "bin_sha256": "ef" * 32}]}]},
+        "model": dataclasses.asdict(ModelConfig(**MODEL)),
         "train": {"lr": 0.001},
     }  # fmt: skip
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
     (tmp_path / "DONE.json").write_text(json.dumps({
         "final_step": 40, "tokens": 20480, "train_loss": 4.9, "initial_val_loss": 6.4,
         "final_val_loss": 5.2, "checkpoint": "ckpt/step40", "checkpoint_sha256": "12" * 32,
+        **done_extra,
     }))  # fmt: skip
     (tmp_path / "eval.json").write_text(json.dumps({
         "test": {"web": {"loss": 3.0, "perplexity": 20.25, "tokens": 4096}},
@@ -39,17 +54,80 @@ def test_run_card_has_data_eval_container_and_config_and_escapes_text(tmp_path, 
         "tag": "localhost/gptflow:abc", "image_id": "sha256:feed", "builder": "docker",
         "base_image": "nvcr.io/nvidia/pytorch:25.01-py3", "size_bytes": 2e9,
     }))  # fmt: skip
+
+
+def make_card(hf_export=None) -> str:
     run_card(
         run_yaml="run.yaml", done="DONE.json", evaluation="eval.json",
         datasets={"web": {"type": "url", "urls": ["https://example.org/a.jsonl.zst"]}},
-        container="img.json", out="card.html",
+        container="img.json", out="card.html", hf_export=hf_export,
     )  # fmt: skip
-    card = (tmp_path / "card.html").read_text()
+    return Path("card.html").read_text()
+
+
+def test_run_card_has_data_eval_container_and_config_and_escapes_text(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run_files(tmp_path, {"versions": TRAINED_WITH})
+    card = make_card()
     for want in ("https://example.org/a.jsonl.zst", "abababababababab", "1,234", "567,890",
                  "20.250", "sha256:feed", "nvcr.io/nvidia/pytorch:25.01-py3", "lr: 0.001",
                  "&lt;script&gt;", "&lt;/table&gt;&lt;b&gt;x"):  # fmt: skip
         assert want in card, want
     assert "<script>" not in card
+
+
+def cells(card: str, heading: str) -> list[list[str]]:
+    """The rows (header row first) of the first table after `heading` in a card."""
+    table = card.split(f"<h2>{heading}</h2>", 1)[1].split("</table>", 1)[0]
+    return [
+        re.findall(r"<t[hd]>(.*?)</t[hd]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)
+    ]
+
+
+def test_run_card_has_parameters_versions_it_trained_with_and_the_export(tmp_path, monkeypatch):
+    """The parameter count is ModelConfig's (the trainer's number; checked against a count
+    by hand), the versions are those DONE.json recorded, and the export is located."""
+    monkeypatch.chdir(tmp_path)
+    write_run_files(tmp_path, {"versions": TRAINED_WITH})
+    hf = tmp_path / "results/runs/r1/hf"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"\0" * 2_500_000)
+    (hf / ".snakemake_timestamp").touch()  # Snakemake's marker of a directory() output
+    card = make_card("results/runs/r1/hf")
+    assert PARAMETERS == ModelConfig(**MODEL).num_parameters() == 165_632
+    assert cells(card, "Model and software")[1] == [
+        "165,632", "2 layers, hidden 64, 4 heads, vocabulary 512"
+    ]  # fmt: skip
+    versions = card.split("<h2>Model and software</h2>", 1)[1].split("</table>", 2)[1]
+    assert re.findall(r"<th>(.*?)</th>", versions) == [
+        "gptflow", "Python", "torch", "DeepSpeed", "CUDA"
+    ]  # fmt: skip
+    assert re.findall(r"<td>(.*?)</td>", versions) == list(TRAINED_WITH.values())
+    assert "environment that made this report" not in card
+    (row,) = cells(card, "Hugging Face export")[1:]
+    assert row[:2] == ["results/runs/r1/hf", str(hf.resolve())]
+    assert row[2] == "config.json (0.0 MB), model.safetensors (2.5 MB)"
+    assert (
+        row[3]
+        == "transformers.AutoModelForCausalLM.from_pretrained(&#x27;results/runs/r1/hf&#x27;)"
+    )
+
+
+def test_run_card_without_recorded_versions_shows_this_environment_and_says_so(
+    tmp_path, monkeypatch
+):
+    """A DONE.json from before the trainer recorded versions: the card shows the versions of
+    the environment making the report, labelled as such; no export yet."""
+    from gptflow.environment import versions
+
+    monkeypatch.chdir(tmp_path)
+    write_run_files(tmp_path, {})
+    card = make_card()
+    shown = card.split("<h2>Model and software</h2>", 1)[1].split("</table>", 2)[1]
+    assert re.findall(r"<td>(.*?)</td>", shown) == list(versions().values())
+    assert "versions of the environment that made this report" in card
+    assert "<h2>Hugging Face export</h2><p>not exported</p>" in card
 
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -100,17 +178,50 @@ def test_plots_of_one_series(tmp_path):
     lines = [{"series": "old", "kind": "train", "step": 1, "loss": 9, "lr": 1, "tokens_per_s": 1}]
     lines += [
         {"series": "s", "kind": "train", "step": i, "loss": 5 - i / 10, "lr": 1e-3,
-         "tokens_per_s": 1000 + 10 * i * i}
+         "tokens_per_s": 1000 + 10 * i * i, "mfu": 0.3 + 0.01 * i, "grad_norm": GRAD_NORMS[i]}
         for i in range(1, 6)
     ]  # fmt: skip
     lines += [{"series": "s", "kind": "eval", "step": 5, "val_loss": 4.6}]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"series": "s", "ki')
     paths = plot_metrics(metrics, "s", tmp_path / "plots")
     plots = tmp_path / "plots"
-    assert paths == {name: str(plots / f"{name}.svg") for name in ("loss", "lr", "throughput")}
+    names = ("loss", "lr", "throughput", "mfu", "grad_norm")
+    assert paths == {name: str(plots / f"{name}.svg") for name in names}
     loss = (plots / "loss.svg").read_text()
     assert loss.startswith("<?xml") and "validation loss" in loss and "series s" in loss
     steps = range(1, 6)
     assert_plot_shows(plots / "loss.svg", [[(i, 5 - i / 10) for i in steps], [(5, 4.6)]])
     assert_plot_shows(plots / "lr.svg", [[(i, 1e-3) for i in steps]])
     assert_plot_shows(plots / "throughput.svg", [[(i, 1000 + 10 * i * i) for i in steps]])
+    assert_plot_shows(plots / "mfu.svg", [[(i, 100 * (0.3 + 0.01 * i)) for i in steps]])  # in %
+    assert_plot_shows(plots / "grad_norm.svg", [[(i, GRAD_NORMS[i]) for i in steps]])
+    assert texts(plots / "mfu.svg")[-2:] == ["MFU (%)", "mfu (series s)"]  # y label, title
+    assert texts(plots / "grad_norm.svg")[-2:] == ["gradient norm", "grad_norm (series s)"]
+
+
+GRAD_NORMS = {1: 2.5, 2: 0.75, 3: 1.25, 4: 3.0, 5: 0.5}  # not monotonic: order is checked
+
+
+def texts(svg) -> list[str]:
+    """The texts of a matplotlib SVG, in drawing order (each drawn as paths after a comment
+    holding it)."""
+    return re.findall(r"<!-- (.*?) -->", Path(svg).read_text())
+
+
+def test_null_mfu_everywhere_is_said_not_plotted_and_null_grad_norms_are_left_out(tmp_path):
+    """On a CPU every record's MFU is null: the plot has no point and says why. A grad norm
+    missing from some records (null) leaves those steps out."""
+    metrics = tmp_path / "metrics.jsonl"
+    norms = {1: 1.5, 2: None, 3: 0.25, 4: None, 5: 2.0}
+    metrics.write_text("".join(
+        json.dumps({"series": "s", "kind": "train", "step": i, "loss": 3.0, "lr": 1e-3,
+                    "tokens_per_s": 100.0, "mfu": None, "grad_norm": norms[i]}) + "\n"
+        for i in range(1, 6)
+    ))  # fmt: skip
+    plot_metrics(metrics, "s", tmp_path)
+    assert plotted_points(tmp_path / "mfu.svg") == [[]]
+    said = " ".join(texts(tmp_path / "mfu.svg"))
+    assert "MFU was not measured: it is null in every record" in said
+    assert "Set train.peak_tflops." in said
+    assert_plot_shows(tmp_path / "grad_norm.svg", [[(1, 1.5), (3, 0.25), (5, 2.0)]])
+    assert "null in every record" not in " ".join(texts(tmp_path / "grad_norm.svg"))

@@ -17,4 +17,5 @@ with report_errors(sm.log[0]):
         datasets=sm.params.datasets,
         container=sm.input.container[0] if sm.input.container else None,
         out=sm.output.card,
+        hf_export=sm.input.hf,
     )

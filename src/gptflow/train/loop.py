@@ -31,6 +31,7 @@ from gptflow import engine as ds
 from gptflow.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
 from gptflow.config import RunConfig
 from gptflow.data.dataset import run_split_datasets
+from gptflow.environment import versions
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
 from gptflow.hardware import peak_tflops
@@ -511,6 +512,7 @@ def finish(tr: Trainer, step: int) -> None:
         "tokens": step * cfg.train.tokens_per_step,
         "metrics": str(cfg.metrics_path),
         "run_config": str(Path(cfg.run_dir) / "run.yaml"),
+        "versions": versions(),  # what trained it, for the run card
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json(cfg.done_path, done)
