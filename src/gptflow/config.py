@@ -452,6 +452,40 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases logging (keys of ``train.wandb:``); see the schema."""
+
+    enabled: bool = False
+    mode: str = "offline"  # offline | online
+    project: str = "gptflow"
+    entity: str | None = None
+    name: str | None = None  # None = RUN-SERIES
+
+
+def check_wandb(wandb: WandbConfig, source: str) -> None:
+    """An enabled train.wandb can run here: the wandb package is importable (looked up, not
+    imported: wandb takes a second to import) and, online, $WANDB_API_KEY is set. Called when
+    the workflow is planned and when training starts."""
+    import importlib.util
+    import sys
+
+    if not wandb.enabled:
+        return
+    if importlib.util.find_spec("wandb") is None:
+        raise GptflowError(
+            f"{source}: train.wandb.enabled is true, but the wandb package is not installed in "
+            f"{sys.prefix}; install it with pip install 'gptflow[wandb]' (or set "
+            f"train.wandb.enabled: false)"
+        )
+    if wandb.mode == "online" and not os.environ.get("WANDB_API_KEY"):
+        raise GptflowError(
+            f"{source}: train.wandb.mode is 'online', but $WANDB_API_KEY is not set; export it "
+            f"(the key is read from the environment only, never from a config file), or set "
+            f"train.wandb.mode: offline and upload later with `wandb sync`"
+        )
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and schedule (keys of ``train:``); see the schema for units."""
 
@@ -479,6 +513,7 @@ class TrainConfig:
     peak_tflops: float | None = None  # per device, for MFU; None = from the GPU's name
     distributed_timeout_minutes: float = 30.0
     tensorboard: bool = False
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     log_interval: int = 10
     eval_interval: int = 100
     eval_iters: int = 10
@@ -486,6 +521,8 @@ class TrainConfig:
     keep_last: int = 2
 
     def __post_init__(self) -> None:
+        if isinstance(self.wandb, dict):  # from the config or run.yaml
+            object.__setattr__(self, "wandb", WandbConfig(**self.wandb))
         if self.global_batch_size % self.micro_batch_size:
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
@@ -734,6 +771,11 @@ class RunConfig:
     def index_cache_dir(self) -> Path:
         return Path(self.run_dir) / "data-index"
 
+    @property
+    def wandb_dir(self) -> Path:
+        """W&B's own files (wandb.init's dir is the run directory) and each series' W&B run id."""
+        return Path(self.run_dir) / "wandb"
+
     # identity -------------------------------------------------------------------
     def fingerprint(self) -> dict:
         """Everything that determines the training trajectory, and nothing that does not.
@@ -890,6 +932,7 @@ def load_workflow_config(
             f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
         )
     _check_split(cfg["data"]["split"], train, source)
+    check_wandb(train.wandb, source)
     # Not errors: log, eval and save intervals longer than train_iters (the last step logs,
     # evaluates and saves anyway), an eval_interval with eval_iters 0 (nothing to evaluate).
     return cfg

@@ -109,6 +109,13 @@ def kitchen_sink() -> dict:
         peak_tflops=1.0,
         distributed_timeout_minutes=30,
         tensorboard=False,
+        wandb={
+            "enabled": False,  # on, planning would need the package (tested in test_wandb.py)
+            "mode": "offline",
+            "project": "gptflow",
+            "entity": "my-team",
+            "name": "a display name",
+        },
         tensor_parallel=1,
         pipeline_parallel=1,
     )

@@ -37,7 +37,7 @@ from gptflow.fsutil import write_json
 from gptflow.hardware import peak_tflops
 from gptflow.model import decay_groups
 from gptflow.train.device import Device
-from gptflow.train.metrics import Interval, MetricsLog, Throughput, iteration_line
+from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
 
 log = logging.getLogger("gptflow.train")
 
@@ -204,7 +204,8 @@ def resume(tr: Trainer) -> Progress:
         # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
         kept = step if resumed_from is not None else -1
         tb_dir = Path(cfg.run_dir) / "tensorboard" / cfg.series if t.tensorboard else None
-        tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir)
+        wb = WandbRun(cfg) if t.wandb.enabled else None
+        tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir, wb)
         log_start(tr, step, resumed_from is not None)
     return Progress(step=step, interval=Interval(tr.dev, saved_interval), first_step=step)
 
@@ -460,6 +461,7 @@ def announce_stop(tr: Trainer, step: int, reason: str) -> int:
     rank then waits for it and exits 75. Without the wait a rank's early exit 75 would make
     srun (``--kill-on-bad-exit``) kill rank 0 before its requeue, failing the job."""
     if tr.rank == 0:
+        tr.metrics.close()
         requeue_or_retry(tr, step, reason)
     tr.dev.barrier()
     return EXIT_PREEMPTED
@@ -515,6 +517,7 @@ def finish(tr: Trainer, step: int) -> None:
         "versions": versions(),  # what trained it, for the run card
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    tr.metrics.close()
     write_json(cfg.done_path, done)
     log.info(
         "done: step %d, final validation loss %s (from %s); checkpoint %s",

@@ -1,5 +1,5 @@
 """What the trainer reports: the per-interval accumulators, the iteration line, metrics.jsonl
-(and TensorBoard), and the throughput figures (tokens/s, TFLOP/s per device, MFU)."""
+(and TensorBoard, W&B), and the throughput figures (tokens/s, TFLOP/s per device, MFU)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from gptflow.config import RunConfig
+from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
 from gptflow.progress import hms
 from gptflow.train.device import Device
@@ -35,9 +38,11 @@ class MetricsLog:
         series_dir: Path,
         resume_step: int,
         tensorboard_dir: Path | None = None,
+        wandb: WandbRun | None = None,
     ) -> None:
         self.path = path
         self.series = series
+        self.wandb = wandb  # the same records, as W&B history
         self.tensorboard = None
         if tensorboard_dir is not None:  # the same records as scalars "{kind}/{key}"
             from torch.utils.tensorboard import SummaryWriter
@@ -66,10 +71,102 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps({"series": self.series, **record}) + "\n")
         if self.tensorboard is not None:
-            for key, value in record.items():
-                if key not in ("step", "kind", "time") and isinstance(value, int | float):
-                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+            for key, value in scalars(record).items():
+                self.tensorboard.add_scalar(key, value, record["step"])
             self.tensorboard.flush()
+        if self.wandb is not None:
+            self.wandb.log(record)
+
+    def close(self) -> None:
+        """At the end of an attempt (finished or stopped to resume)."""
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def scalars(record: dict) -> dict[str, float]:
+    """The numbers of a metrics.jsonl record as ``{kind}/{key}`` scalars (what TensorBoard and
+    W&B get): step, kind and time are the record's coordinates, and a null (MFU on a CPU) is
+    no value."""
+    return {
+        f"{record['kind']}/{key}": value
+        for key, value in record.items()
+        if key not in ("step", "kind", "time")
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    }
+
+
+class WandbRun:
+    """train.wandb: the metrics.jsonl records as the history of a W&B run (rank 0 only).
+
+    One W&B run per checkpoint series; its id is kept in ``wandb/{series}.id`` in the run
+    directory, so every attempt (restart, requeue, retry) resumes the same W&B run. W&B
+    cannot rewind a run: the steps an attempt repeats after resuming from its last checkpoint
+    are the ones W&B already holds, with the same values (resume is exact). Offline, each
+    attempt is its own directory under ``wandb/`` with the same id, which ``wandb sync``
+    uploads as one run. The API key is W&B's own reading of $WANDB_API_KEY; gptflow never
+    handles it. Git metadata (a remote URL may carry a token) and console capture (the job
+    log has it) are off.
+    """
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from gptflow.config import check_wandb
+
+        check_wandb(cfg.train.wandb, f"{cfg.run_dir}/run.yaml")
+        import wandb
+
+        w = cfg.train.wandb
+        id_path = cfg.wandb_dir / f"{cfg.series}.id"
+        if id_path.is_file():
+            run_id = id_path.read_text().strip()
+        else:
+            run_id = uuid.uuid4().hex[:12]  # W&B's ids: letters and digits
+            id_path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(id_path) as f:
+                f.write(run_id + "\n")
+        try:
+            self.run = wandb.init(
+                project=w.project,
+                entity=w.entity,
+                name=w.name or f"{cfg.run}-{cfg.series}",
+                id=run_id,
+                resume="allow",
+                mode=w.mode,
+                dir=str(cfg.wandb_dir.parent),
+                config=_wandb_config(cfg),
+                settings=wandb.Settings(console="off", disable_git=True, save_code=False),
+            )
+        except Exception as e:  # wandb raises its own errors (CommError, UsageError, ...)
+            reason = str(e).splitlines()[0][:300] if str(e) else ""
+            raise GptflowError(
+                f"train.wandb: W&B could not start run {run_id} in {w.mode} mode "
+                f"({type(e).__name__}: {reason}); check the network and $WANDB_API_KEY, or set "
+                f"train.wandb.mode: offline and upload later with `wandb sync`"
+            ) from None
+        log.info("W&B run %s (%s, project %s) in %s", run_id, w.mode, w.project, self.run.dir)
+
+    def log(self, record: dict) -> None:
+        self.run.log(scalars(record), step=record["step"])
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def _wandb_config(cfg: RunConfig) -> dict:
+    """What the W&B run shows as its config: run.yaml without the shard list (thousands of
+    entries for a large corpus), which the datasets' names, weights and totals stand for."""
+    d = cfg.to_dict()
+    d["data"] = {
+        "split": cfg.split,
+        "datasets": [
+            {"name": b.name, "weight": b.weight, "shards": len(b.shards),
+             "tokens": sum(s.tokens for s in b.shards)}
+            for b in cfg.datasets
+        ],
+    }  # fmt: skip
+    d["series"] = cfg.series
+    return d
 
 
 class Interval:
