@@ -115,6 +115,33 @@ def datasets_of_kind(kind):
     return [name for name, d in DATASETS.items() if d.kind == kind]
 
 
+def dataset_choice(names):
+    """A {dataset} wildcard constraint matching exactly `names` ('-' is no dataset's name)."""
+    return "|".join(re.escape(d) for d in names) or "-"
+
+
+# Datasets whose shards are imported (type megatron: import_megatron_shard) and those whose
+# shards are tokenized here; each rule that writes results/tokens/ takes only its own.
+IMPORTED = datasets_of_kind("megatron")
+TOKENIZED = [name for name in DATASETS if name not in IMPORTED]
+
+
+def imported_shard_choice():
+    """The {shard} constraint of import_megatron_shard: the megatron shards' names."""
+    names = {s.name for name in IMPORTED for s in DATASETS[name].shards}
+    return "|".join(re.escape(n) for n in sorted(names)) or "-"
+
+
+def get_megatron_shard_files(wildcards):
+    """The .bin and .idx a megatron shard is imported from (the user's files)."""
+    prefix = shard_of(wildcards).input
+    return {"bin": f"{prefix}.bin", "idx": f"{prefix}.idx"}
+
+
+def get_megatron_prefix(wildcards):
+    return shard_of(wildcards).input
+
+
 def get_local_shard_files(wildcards):
     return list(shard_of(wildcards).files)
 
@@ -169,12 +196,12 @@ DOCUMENTS_PER_SHARD = CFG["tokenize"]["documents_per_shard"]
 def dataset_shards(dataset):
     """(token prefixes of a dataset in order, count files still to be made).
 
-    One prefix per input; with tokenize.documents_per_shard one per part of each input, known
-    once checkpoint count_documents has counted it. Inputs not counted yet are returned as
+    One prefix per input (or imported shard); with tokenize.documents_per_shard one per part
+    of each input to tokenize, known once checkpoint count_documents has counted it. Inputs not counted yet are returned as
     their count files instead of raising, so all counts are planned at once (a raise would plan
     one per DAG update) and the jobs that take them as input are re-planned as each finishes.
     """
-    if not DOCUMENTS_PER_SHARD:
+    if not DOCUMENTS_PER_SHARD or dataset in IMPORTED:
         return [shard_prefix(dataset, s.name) for s in DATASETS[dataset].shards], []
     prefixes, pending = [], []
     for s in DATASETS[dataset].shards:
@@ -222,11 +249,13 @@ def get_dataset_shard_files(wildcards):
 
 
 def get_merged_files(wildcards):
+    """tokenize.merge's merged shards; not of imported datasets (a merge would copy them)."""
     if not CFG["tokenize"]["merge"]:
         return []
     return [
         f"results/tokens/{TOKENIZER}/{name}/merged{ext}"
         for name in BLENDED
+        if name not in IMPORTED
         for ext in (".bin", ".idx", ".json")
     ]
 

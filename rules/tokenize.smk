@@ -1,6 +1,7 @@
 """Data stage: documents -> tokenizer -> Megatron .bin/.idx shards: one per input
 (tokenize_shard), or with tokenize.documents_per_shard one per document range of each input
-(count_documents, then tokenize_part)."""
+(count_documents, then tokenize_part); shards tokenized elsewhere (datasets of type megatron)
+are checked and linked in (import_megatron_shard)."""
 
 
 rule data:
@@ -110,6 +111,8 @@ rule tokenize_shard:
         multiext("results/tokens/{tokenizer}/{dataset}/{shard}", ".bin", ".idx", ".json"),
     log:
         "logs/tokenize_shard/{tokenizer}/{dataset}/{shard}.log",
+    wildcard_constraints:
+        dataset=dataset_choice(TOKENIZED),
     conda:
         "../envs/gptflow.yaml"
     threads: CFG["tokenize"]["workers"]
@@ -155,6 +158,8 @@ rule tokenize_part:
         multiext("results/tokens/{tokenizer}/{dataset}/{shard}-{part}", ".bin", ".idx", ".json"),
     log:
         "logs/tokenize_part/{tokenizer}/{dataset}/{shard}-{part}.log",
+    wildcard_constraints:
+        dataset=dataset_choice(TOKENIZED),
     conda:
         "../envs/gptflow.yaml"
     threads: CFG["tokenize"]["workers"]
@@ -174,6 +179,32 @@ rule tokenize_part:
         " --documents {params.documents:q} --counts {input.counts:q}"
         " --eod-token={params.eod_token:q} --workers {threads:q} --engine {params.engine:q}"
         " --on-bad-document {params.on_bad:q} --max-rss-mb {resources.mem_mb:q} > {log:q} 2>&1"
+
+
+# Existing Megatron shards: checked against the run's tokenizer (structure, every id in its
+# vocabulary, sampled documents encoding back to their ids; gptflow.data.shard_import), then
+# published as symlinks to the user's .bin/.idx beside a manifest -- never copied.
+rule import_megatron_shard:
+    input:
+        unpack(get_megatron_shard_files),
+        tokenizer="results/tokenizers/{tokenizer}/tokenizer.json",
+    output:
+        multiext("results/tokens/{tokenizer}/{dataset}/{shard}", ".bin", ".idx", ".json"),
+    log:
+        "logs/import_megatron_shard/{tokenizer}/{dataset}/{shard}.log",
+    wildcard_constraints:
+        dataset=dataset_choice(IMPORTED),
+        shard=imported_shard_choice(),
+    conda:
+        "../envs/gptflow.yaml"
+    threads: 2  # numpy scans the .bin while hashlib hashes it
+    params:
+        source=get_megatron_prefix,
+        prefix="results/tokens/{tokenizer}/{dataset}/{shard}",
+        eod_token=get_eod_token,
+    shell:
+        "gptflow import-megatron --input {params.source:q} --tokenizer {input.tokenizer:q}"
+        " --eod-token={params.eod_token:q} --output-prefix {params.prefix:q} > {log:q} 2>&1"
 
 
 rule merge_shards:

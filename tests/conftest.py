@@ -109,6 +109,19 @@ def shards(tmp_path_factory, corpus_jsonl, tokenizer_json) -> list[str]:
     return prefixes
 
 
+@pytest.fixture(scope="session")
+def megatron_shards(tmp_path_factory, corpus_jsonl, tokenizer_json) -> list[str]:
+    """The corpus as Megatron-LM's preprocess_data.py --append-eod writes it with the same
+    tokenizer (megatron-core's tokenizer and writer): two prefixes, PREFIX_text_document."""
+    from tests.support.megatron_preprocess import megatron_tokenizer, preprocess, read_texts
+
+    out = tmp_path_factory.mktemp("megatron")
+    tok = megatron_tokenizer(tokenizer_json, out / "tokenizer")
+    return [
+        preprocess(read_texts(p), tok, out / f"corpus_{i:02d}") for i, p in enumerate(corpus_jsonl)
+    ]
+
+
 @pytest.fixture
 def write_jsonl():
     """write_jsonl(path, records): dicts become JSON lines, strings are written verbatim."""

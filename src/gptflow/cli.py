@@ -100,6 +100,23 @@ def cmd_merge(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_megatron(a: argparse.Namespace) -> int:
+    from gptflow.data.shard_import import import_shard
+
+    m = import_shard(a.input, a.tokenizer, a.output_prefix, eod_token=a.eod_token)
+    imp = m["imported"]
+    nonempty = m["documents"] - m["empty_documents"]
+    print(
+        f"{a.output_prefix}: {a.input} imported (symlinks): {m['documents']} documents, "
+        f"{m['tokens']} tokens ({m['dtype']}{'; ' + imp['dtype_note'] if imp['dtype_note'] else ''}), "
+        f"every id below {m['tokenizer']['vocab_size']} (max {imp['max_token_id']}), "
+        f"{imp['round_trip']['documents']} sampled documents round-trip, "
+        f"{imp['documents_ending_with_eod']} of {nonempty} documents end with EOD "
+        f"(append_eod {m['append_eod']}); .bin scanned at {imp['scan_mb_per_s']} MB/s"
+    )
+    return 0
+
+
 def parse_range(spec: str | None) -> tuple[int, int | None]:
     """``START:STOP`` (either side may be empty) -> (start, stop)."""
     if not spec:
@@ -511,6 +528,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
     )
     s.set_defaults(func=cmd_merge)
+
+    s = sub.add_parser(
+        "import-megatron",
+        help="check an existing Megatron .bin/.idx shard against a tokenizer and link it in",
+    )
+    s.add_argument("--input", required=True, metavar="PREFIX", help="the shard (no .bin/.idx)")
+    s.add_argument("--tokenizer", required=True, help="tokenizer.json the shard must be made with")
+    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
+    s.add_argument(
+        "--output-prefix",
+        required=True,
+        help="writes PREFIX.bin and PREFIX.idx (symlinks to the input's) and PREFIX.json",
+    )
+    s.set_defaults(func=cmd_import_megatron)
 
     s = sub.add_parser("inspect", help="describe a .bin/.idx shard and decode its first document")
     s.add_argument("prefix", help="shard prefix (without .bin/.idx)")

@@ -953,6 +953,15 @@ def _check_tokenizer(cfg: dict, schema: dict, names: set[str], source: str) -> N
                     f"{source}: tokenizer.train.datasets names '{name}', which is not in datasets "
                     f"({', '.join(sorted(names))}). Fix {source}."
                 )
+        used = dict.fromkeys([*train["datasets"], *(b["dataset"] for b in cfg["data"]["blend"])])
+        for name in used:
+            if cfg["datasets"][name]["type"] == "megatron":
+                raise GptflowError(
+                    f"{source}: datasets.{name} is a megatron dataset (shards already tokenized), "
+                    f"but tokenizer.source is 'train': a tokenizer trained now did not make them. "
+                    f"Set tokenizer.source to 'file', 'url' or 'gpt2' with the tokenizer they "
+                    f"were made with. Fix {source}."
+                )
         if tok["eod_token"] not in tok["special_tokens"]:
             raise GptflowError(
                 f"{source}: tokenizer.eod_token '{tok['eod_token']}' is not in "

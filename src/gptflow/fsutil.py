@@ -166,6 +166,19 @@ def publish(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     fsync_dir(final.parent)
 
 
+def publish_symlink(target: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Make `final` a symlink to `target`, atomically: made under a temporary name beside
+    `final`, then renamed over it (an existing `final` is replaced, never followed)."""
+    tmp = _new_temp(final, lambda p: os.symlink(target, p))
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(Path(final).parent)
+
+
 @contextlib.contextmanager
 def atomic_write(final: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
     """`with atomic_write(p) as f:` writes `p` completely or not at all."""

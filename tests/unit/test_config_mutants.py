@@ -71,6 +71,12 @@ def kitchen_sink() -> dict:
             },
         },
         "cat": {"type": "catalog", "name": "pile_subset", "parts": [0, 0], "vars": {"lang": "de"}},
+        # not in the blend (the kitchen sink trains its tokenizer); the files are checked
+        # when the workflow resolves the datasets, not by the schema
+        "tok": {
+            "type": "megatron",
+            "prefixes": ["/data/pile/pile_00_text_document", "shards/pile_01_text_document"],
+        },
     }
     cfg["tokenizer"].update(
         path="files/tokenizer.json",

@@ -1,6 +1,6 @@
 """Where a dataset's documents come from: the config's dataset entries resolved into shards.
 
-Three kinds of entries (``datasets.<name>.type``):
+Four kinds of entries (``datasets.<name>.type``):
 
 ``local``
     Files on disk matched by globs under a root. With ``format: document_per_file`` (the
@@ -13,6 +13,9 @@ Three kinds of entries (``datasets.<name>.type``):
 ``catalog``
     An entry of ``config/datasets.yaml`` (a ``url`` dataset with provenance), optionally
     narrowed with ``parts``/``vars``.
+``megatron``
+    Megatron ``.bin``/``.idx`` shards already tokenized (``prefixes``): one shard per prefix,
+    named by its file name, imported (checked, linked) by :mod:`gptflow.data.shard_import`.
 
 The shard list is static -- decided by the config, not by the data -- so the whole DAG,
 downloads included, is known to ``snakemake -n``.
@@ -40,6 +43,11 @@ from gptflow.errors import GptflowError
 STORED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 RESERVED_SUFFIXES = (".sha256", ".part", ".lock")
 MAX_NAME_BYTES = 200
+# A megatron prefix's file name is its shard's name: a path component and a {shard} wildcard
+# value (the schema's pattern for datasets.*.prefixes, checked again where the name is taken).
+# 'merged' is tokenize.merge's output beside the shards.
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RESERVED_SHARD_NAMES = ("merged",)
 
 
 def check_stored_name(name: str, where: str) -> str:
@@ -73,7 +81,7 @@ class Shard:
     """One tokenization job: the file it reads and how to read it."""
 
     name: str  # "00000", ...
-    input: str  # the file tokenization reads
+    input: str  # the file tokenization reads (megatron: the prefix the shard is imported from)
     fmt: str
     member: str = "*"
     member_format: str | None = None
@@ -94,7 +102,8 @@ class Shard:
 @dataclass(frozen=True)
 class Dataset:
     name: str
-    kind: str  # "collect" (local, one document per file), "files" (local data files), "url"
+    # "collect" (local, one document per file), "files" (local data files), "url", "megatron"
+    kind: str
     shards: tuple[Shard, ...]
     root: str = ""  # local datasets: the root as written in the config
     token_env: str | None = None  # url datasets: the NAME of the variable holding a token
@@ -215,6 +224,51 @@ def _local_dataset(name: str, spec: dict, source: str) -> Dataset:
         for shard, path in zip(shard_names(len(files)), files, strict=True)
     )
     return Dataset(name, "files", shards, root=spec["root"])
+
+
+# ----------------------------------------------------------------------------- megatron
+
+
+def _megatron_dataset(name: str, spec: dict, source: str) -> Dataset:
+    """Existing shards: each prefix checked for a strict, unique shard name and both files."""
+    shards: list[Shard] = []
+    seen: dict[str, int] = {}  # shard name -> index of its prefix
+    for i, given in enumerate(spec["prefixes"]):
+        key = f"datasets.{name}.prefixes[{i}]"
+        prefix = expand_root(given)
+        shard, problem = prefix.name, None
+        if not SHARD_NAME.fullmatch(shard):
+            problem = (
+                "is not a plain name (letters, digits, '.', '_' and '-', no leading '.' or '-')"
+            )
+        elif shard in RESERVED_SHARD_NAMES:
+            problem = "is the name of the dataset's merged shard (tokenize.merge)"
+        elif len(shard.encode()) > MAX_NAME_BYTES:
+            problem = f"is longer than {MAX_NAME_BYTES} bytes"
+        elif shard in seen:
+            problem = (
+                f"is also the shard name of prefixes[{seen[shard]}]; shards of a dataset need "
+                f"distinct file names (link one under another name) or put them in two datasets"
+            )
+        if problem:
+            raise GptflowError(
+                f"{source}: {key} is {given!r}: its file name {shard!r}, the shard's name, "
+                f"{problem}. Fix {key} in {source}."
+            )
+        for path in (Path(f"{prefix}.idx"), Path(f"{prefix}.bin")):
+            if not path.is_file():
+                hint = (
+                    " (a prefix is the path without .bin/.idx)"
+                    if given.endswith((".bin", ".idx"))
+                    else ""
+                )
+                raise GptflowError(
+                    f"{source}: {key} is {given!r}, but {path} does not exist (relative to "
+                    f"{Path.cwd()}){hint}. Fix {key} in {source}."
+                )
+        seen[shard] = i
+        shards.append(Shard(name=shard, input=str(prefix), fmt="megatron"))
+    return Dataset(name, "megatron", tuple(shards))
 
 
 # ----------------------------------------------------------------------------- url + catalog
@@ -352,6 +406,8 @@ def resolve_dataset(
         return _local_dataset(name, spec, source)
     if kind == "url":
         return _url_dataset(name, spec, f"{source}: datasets.{name}")
+    if kind == "megatron":
+        return _megatron_dataset(name, spec, source)
     entry_name = spec["name"]
     if entry_name not in catalog:
         raise GptflowError(
