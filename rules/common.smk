@@ -9,7 +9,7 @@ from pathlib import Path
 
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
-from gptflow import why
+from gptflow import init_from, why
 from gptflow.config import TrainConfig, load_workflow_config, load_yaml
 from gptflow.data import sources
 from gptflow.distributed import launched_ranks
@@ -271,6 +271,14 @@ def tokenizer_json():
     return f"results/tokenizers/{TOKENIZER}/tokenizer.json"
 
 
+# model.init_from's tokenizer against the run's at -n, when the run's exists already
+# (tokenizer.path, or made by an earlier run); render_run_config checks it in any case
+try:
+    init_from.check_planned_tokenizer(CFG, tokenizer_json())
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config ({CONFIG_SOURCE}): {e}") from None
+
+
 def get_eod_token(wildcards):
     return CFG["tokenizer"]["eod_token"]
 
@@ -339,6 +347,13 @@ def get_tokenizer_file(wildcards):
 
 def run_dir():
     return f"results/runs/{RUN}"
+
+
+def get_init_from_files(wildcards):
+    """model.init_from's config, index, tokenizer and weights: run.yaml records their identity,
+    so a changed file renders it again."""
+    path = CFG["model"].get("init_from")
+    return init_from.input_files(path) if path else []
 
 
 def get_run_settings(wildcards):

@@ -17,6 +17,7 @@ rule render_run_config:
     input:
         tokenizer=tokenizer_json(),
         shards=get_blend_shard_files,
+        init_from=get_init_from_files,
     output:
         "results/runs/{run}/run.yaml",
     log:

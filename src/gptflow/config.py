@@ -721,6 +721,27 @@ class DatasetBlend:
 
 
 @dataclass(frozen=True)
+class InitFromInfo:
+    """``model.init_from`` as run.yaml records it: the Hugging Face checkpoint directory the
+    run starts from (gptflow.init_from), the identity of its weights (sha256 over its
+    safetensors files' sha256s; the series fingerprint holds it) and each file as hashed
+    ({name: {bytes, mtime_ns, sha256}}: the trainer checks the files are still those)."""
+
+    path: str
+    sha256: str
+    files: dict
+
+
+# keys of the workflow config's `model:` that choose the model rather than describe it
+MODEL_CHOICES = ("preset", "init_from")
+
+
+def architecture(model: dict) -> dict:
+    """The ModelConfig keys of a workflow config's resolved `model:` section."""
+    return {k: v for k, v in model.items() if k not in MODEL_CHOICES}
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """The resolved input of ``gptflow train`` (``results/runs/{run}/run.yaml``)."""
 
@@ -731,6 +752,7 @@ class RunConfig:
     split: str
     model: ModelConfig
     train: TrainConfig
+    init_from: InitFromInfo | None = None  # model.init_from: the weights of step 0
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -789,7 +811,11 @@ class RunConfig:
         model = dataclasses.asdict(self.model)
         for k in ("description", "activation_checkpointing", "max_position_embeddings"):
             model.pop(k)
+        # the starting weights by content (not by path); absent for a random start, so the
+        # series of runs from before model.init_from existed keep their names
+        init = {"init_from": self.init_from.sha256} if self.init_from else {}
         return {
+            **init,
             "model": model,
             "tokenizer_sha256": self.tokenizer.sha256,
             "eod_id": self.tokenizer.eod_id,
@@ -838,6 +864,7 @@ class RunConfig:
                 ],
             },
             "model": dataclasses.asdict(self.model),
+            **({"init_from": dataclasses.asdict(self.init_from)} if self.init_from else {}),
             "train": dataclasses.asdict(self.train),
             **({"derived": self.extra} if self.extra else {}),
         }
@@ -860,6 +887,7 @@ class RunConfig:
                 split=d["data"]["split"],
                 model=ModelConfig(**d["model"]),
                 train=TrainConfig(**d["train"]),
+                init_from=InitFromInfo(**d["init_from"]) if d.get("init_from") else None,
                 extra=d.get("derived", {}),
             )
         except (KeyError, TypeError) as e:
@@ -922,8 +950,12 @@ def load_workflow_config(
     try:  # the cross-field rules of the dataclasses, named in this file's terms
         train = TrainConfig(**cfg["train"])
         train.check_trainable()
-        model = ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"})
+        model = ModelConfig(**architecture(cfg["model"]))
         check_model_parallel(model, train)
+        if cfg["model"].get("init_from"):  # its directory, architecture, weights and rows
+            from gptflow.init_from import check_planned
+
+            check_planned(cfg["model"]["init_from"], model)
     except GptflowError as e:
         raise GptflowError(f"{source}: {e}. Fix {source}.") from None
     if train.seq_length > cfg["model"]["max_position_embeddings"]:
@@ -1076,12 +1108,17 @@ def render_run_config(
                 )
             )
         blends.append(DatasetBlend(name=name, weight=float(item["weight"]), shards=tuple(infos)))
-    model_keys = {k: v for k, v in cfg["model"].items() if k != "preset"}
+    model_keys = architecture(cfg["model"])
     model_keys["vocab_size"] = padded_vocab_size(
         tok.vocab_size, model_keys["make_vocab_size_divisible_by"]
     )
     model = ModelConfig(**model_keys)
     train = TrainConfig(**cfg["train"])
+    init_from = None
+    if cfg["model"].get("init_from"):
+        from gptflow.init_from import resolve
+
+        init_from = resolve(cfg["model"]["init_from"], model, tokenizer_path, run_dir)
     data_tokens = sum(b.tokens for b in blends)
     total = train.train_iters * train.tokens_per_step
     derived = {
@@ -1102,6 +1139,7 @@ def render_run_config(
         split=cfg["data"]["split"],
         model=model,
         train=train,
+        init_from=init_from,
         extra=derived,
     )
 

@@ -124,20 +124,25 @@ class SkippingAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.device):
-    """The GPT-NeoX as this rank holds it, initialised from ``train.seed``
-    (:func:`gptflow.model.initial_value`: every layout starts from the same weights).
+def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.device, init=None):
+    """The GPT-NeoX as this rank holds it, each parameter set from ``init(name, shape)`` (a
+    :data:`gptflow.model.Initializer`: the whole parameter, fp32 on the CPU), by default the
+    random initialisation seeded ``train.seed`` (:func:`gptflow.model.random_init`: every
+    layout starts from the same weights); a Hugging Face checkpoint's weights with
+    ``model.init_from`` (:class:`gptflow.init_from.HFWeights`).
 
     No rank ever builds the whole fp32 model (an 18B model is ~75 GB per rank, ~600 GB on an
     8-GPU node). Under ZeRO-3 it is born partitioned (``deepspeed.zero.Init``), each module
     then initialised gathered, by rank 0, and broadcast. Otherwise it is built on the meta
     device (no memory), cut there into this rank's pipeline stage and tensor-parallel slices,
-    and only those are allocated on `device` and initialised, one parameter at a time.
+    and only those are allocated on `device` and initialised, one parameter at a time (each
+    rank asks `init` for the parameters it holds, and keeps its slice).
     """
-    from gptflow.model import GPTNeoX, initial_value, reset_buffers
+    from gptflow.model import GPTNeoX, random_init, reset_buffers
 
+    init = init or random_init(model_cfg, train.seed)
     if train.zero_stage == 3:
-        return zero3_model(model_cfg, train, world_size)
+        return zero3_model(model_cfg, train, world_size, init)
     with torch.device("meta"):
         whole = GPTNeoX(model_cfg)
     shapes = {name: tuple(p.shape) for name, p in whole.named_parameters()}
@@ -158,7 +163,7 @@ def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.de
     with torch.no_grad():
         for name, p in module.named_parameters():
             full = model_name(name, train.pipeline_parallel, model_cfg.num_layers)
-            value = initial_value(model_cfg, full, shapes[full], train.seed)
+            value = init(full, shapes[full])
             p.copy_(tensor_parallel_slice(full, value, tp_rank, train.tensor_parallel))
     return module
 
@@ -174,9 +179,10 @@ def materialize(module: torch.nn.Module, device: torch.device) -> None:
         vars(p).update(marks[name])
 
 
-def zero3_model(model_cfg, train: TrainConfig, world_size: int):
+def zero3_model(model_cfg, train: TrainConfig, world_size: int, init):
     """The GPT-NeoX born partitioned over the ranks (``deepspeed.zero.Init``): its parameters
-    are empty at construction, so each module is initialised gathered, by rank 0."""
+    are empty at construction, so each module is initialised gathered, by rank 0, from
+    ``init(name, shape)``; leaving the gather sends every rank its partition."""
     import deepspeed
 
     from gptflow.model import GPTNeoX
@@ -189,7 +195,7 @@ def zero3_model(model_cfg, train: TrainConfig, world_size: int):
         if own:
             with deepspeed.zero.GatheredParameters(own, modifier_rank=0):
                 if rank == 0:
-                    model.init_module(name, module, train.seed)
+                    model.init_module(name, module, init)
     return model
 
 

@@ -44,6 +44,7 @@ import torch
 from gptflow.config import ModelConfig, RunConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish, temp_dir
+from gptflow.model import checkpoint_name
 
 MAX_SHARD_SIZE = 5 * 10**9  # bytes per safetensors shard: Hugging Face's default ("5GB")
 
@@ -453,7 +454,7 @@ def export_hf(
     weights = checkpoint_weights(done["checkpoint"], cfg.run_dir, cfg.model)
     if "embed_out.weight" not in weights:
         raise GptflowError(f"{done['checkpoint']}: no embed_out.weight; not a gptflow GPT-NeoX")
-    weights = {("lm_head.weight" if k == "embed_out.weight" else k): w for k, w in weights.items()}
+    weights = {checkpoint_name(k): w for k, w in weights.items()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(out)

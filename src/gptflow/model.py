@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -130,17 +132,18 @@ class GPTNeoX(nn.Module):
             self.reset_parameters(torch.initial_seed() if seed is None else seed)
 
     def reset_parameters(self, seed: int) -> None:
+        init = random_init(self.cfg, seed)
         for name, module in self.named_modules():
-            self.init_module(name, module, seed)
+            self.init_module(name, module, init)
 
-    def init_module(self, name: str, module: nn.Module, seed: int) -> None:
+    def init_module(self, name: str, module: nn.Module, init: Initializer) -> None:
         """Set the parameters `module` holds itself (not its children's) to their initial
-        values (:func:`initial_value`): module by module, so that a partitioned model (ZeRO-3)
+        values, ``init(name, shape)``: module by module, so that a partitioned model (ZeRO-3)
         can be initialised one gathered module at a time."""
         with torch.no_grad():
             for own, p in module.named_parameters(recurse=False):
                 full = f"{name}.{own}" if name else own
-                p.copy_(initial_value(self.cfg, full, tuple(p.shape), seed))
+                p.copy_(init(full, tuple(p.shape)))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -155,6 +158,17 @@ class GPTNeoX(nn.Module):
         if labels is None:
             return logits
         return lm_loss(logits, labels)
+
+
+# The initial value of a parameter, whole, by its GPTNeoX name and shape (a CPU tensor, fp32):
+# drawn (random_init) or read from a Hugging Face checkpoint (gptflow.init_from.HFWeights).
+# gptflow.engine.build_model takes one and slices it for the rank.
+Initializer = Callable[[str, tuple[int, ...]], torch.Tensor]
+
+
+def random_init(cfg: ModelConfig, seed: int) -> Initializer:
+    """The random initialisation of a run seeded `seed` (:func:`initial_value`)."""
+    return partial(initial_value, cfg, seed=seed)
 
 
 def initial_value(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -239,6 +253,25 @@ def pipeline_stages(model: GPTNeoX) -> list[nn.Module]:
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, in fp32 (the model's, and the last pipeline stage's)."""
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
+
+
+# Hugging Face checkpoint names that are not the model's own (gptflow.export writes them, and
+# gptflow.init_from reads either): transformers 5 calls the output head ``lm_head``; its
+# checkpoints, like transformers 4's (Pythia's), may name it ``embed_out`` as the model does.
+HF_CHECKPOINT_NAMES = {"embed_out.weight": "lm_head.weight"}
+# Tensors of older Hugging Face checkpoints that are buffers, not weights (the causal mask, the
+# rotary frequencies): present in Pythia's files, recomputed by every implementation.
+HF_BUFFER_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+
+
+def checkpoint_name(name: str) -> str:
+    """The name a Hugging Face checkpoint written by gptflow gives parameter `name`."""
+    return HF_CHECKPOINT_NAMES.get(name, name)
+
+
+def checkpoint_names(name: str) -> tuple[str, ...]:
+    """The names parameter `name` may have in a Hugging Face checkpoint, the model's first."""
+    return (name, HF_CHECKPOINT_NAMES[name]) if name in HF_CHECKPOINT_NAMES else (name,)
 
 
 def hf_name(pipeline_name: str, num_layers: int) -> str:

@@ -146,10 +146,10 @@ def attribute(job: Job, workdir: Path, changes: list[tuple[str, object, object]]
 
 
 def preflight(cfg: dict, workdir: Path, peak_tflops: float, mfu: float) -> dict:
-    from gptflow.config import ModelConfig, padded_vocab_size
+    from gptflow.config import ModelConfig, architecture, padded_vocab_size
     from gptflow.data.indexed import dtype_for_vocab
 
-    model = {k: v for k, v in cfg["model"].items() if k != "preset"}
+    model = architecture(cfg["model"])
     tok = cfg.get("tokenizer", {})
     vocab = model.get("vocab_size") or (tok.get("train") or {}).get("vocab_size") or 50257
     model["vocab_size"] = padded_vocab_size(vocab, model.get("make_vocab_size_divisible_by", 128))

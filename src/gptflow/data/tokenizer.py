@@ -185,3 +185,72 @@ def gpt2_tokenizer(
     with atomic_write(out) as f:
         f.write(tok.to_str(pretty=True))
     return {"vocab_size": tok.get_vocab_size(with_added_tokens=True)}
+
+
+def tokenizer_difference(a, b, names: tuple[str, str] = ("a", "b")) -> str | None:
+    """The first way tokenizers `a` and `b` (``tokenizers.Tokenizer``) differ in what a model
+    trained on their ids depends on, in words naming each by `names`; None when they are the
+    same tokenizer.
+
+    The same tokenizer gives every text the same ids and has the same special tokens: equal
+    model type and options, vocabulary (every token's id), merges (in order: their rank is
+    their priority), normalizer, pre-tokenizer, post-processor (it may add tokens when
+    encoding) and added tokens (content, id, special, and how each is matched). Not compared:
+    the decoder (ids to text), padding and truncation settings, and how the file is written
+    (both are read back in the installed tokenizers' own form, so merges written as "a b" or
+    as ["a", "b"] are the same merges)."""
+    import json
+
+    ja, jb = json.loads(a.to_str()), json.loads(b.to_str())
+    x, y = names
+    ma, mb = ja.get("model") or {}, jb.get("model") or {}
+    if ma.get("type") != mb.get("type"):
+        return f"a {ma.get('type')} model in {x}, a {mb.get('type')} model in {y}"
+    va, vb = ma.get("vocab"), mb.get("vocab")
+    if va != vb:
+        if not (isinstance(va, dict) and isinstance(vb, dict)):
+            return (
+                f"the vocabularies differ ({len(va or [])} entries in {x}, {len(vb or [])} in {y})"
+            )
+        if len(va) != len(vb):
+            return f"a vocabulary of {len(va):,} tokens in {x}, {len(vb):,} in {y}"
+        token, i = next(
+            (t, i) for t, i in sorted(va.items(), key=lambda kv: kv[1]) if vb.get(t) != i
+        )
+        other = f"id {vb[token]}" if token in vb else "absent"
+        return f"token {token!r} is id {i} in {x}, {other} in {y}"
+    merges = [
+        [m if isinstance(m, str) else " ".join(m) for m in d.get("merges") or []] for d in (ma, mb)
+    ]
+    if merges[0] != merges[1]:
+        k = next((k for k, (p, q) in enumerate(zip(*merges, strict=False)) if p != q), None)
+        if k is None:
+            return f"{len(merges[0]):,} merges in {x}, {len(merges[1]):,} in {y}"
+        return f"merge #{k} is {merges[0][k]!r} in {x}, {merges[1][k]!r} in {y}"
+    for key in sorted((set(ma) | set(mb)) - {"vocab", "merges"}):
+        if ma.get(key) != mb.get(key):
+            return f"model.{key} {ma.get(key)!r} in {x}, {mb.get(key)!r} in {y}"
+
+    def added(j: dict) -> dict[str, dict]:
+        return {
+            t["content"]: {k: v for k, v in t.items() if k != "content"}
+            for t in j.get("added_tokens") or []
+        }
+
+    aa, ab = added(ja), added(jb)
+    for content in sorted(set(aa) | set(ab), key=lambda c: (aa.get(c) or ab[c])["id"]):
+        if aa.get(content) != ab.get(content):
+
+            def shown(t: dict | None) -> str:
+                if t is None:
+                    return "absent"
+                return f"id {t['id']}{', special' if t.get('special') else ''}"
+
+            if shown(aa.get(content)) == shown(ab.get(content)):
+                return f"added token {content!r} is matched differently ({aa[content]} in {x}, {ab[content]} in {y})"
+            return f"added token {content!r}: {shown(aa.get(content))} in {x}, {shown(ab.get(content))} in {y}"
+    for part in ("normalizer", "pre_tokenizer", "post_processor"):
+        if ja.get(part) != jb.get(part):
+            pa, pb = (json.dumps(j.get(part), separators=(",", ":"))[:120] for j in (ja, jb))
+            return f"the {part} differs ({pa} in {x}, {pb} in {y})"
+    return None

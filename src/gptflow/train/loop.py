@@ -14,6 +14,7 @@ every tensor it makes comes from :class:`~gptflow.train.device.Device`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -127,7 +128,8 @@ def build(
     if rank != 0:
         data = run_split_datasets(cfg, build_allowed=False)
     torch.manual_seed(t.seed)  # identical initialisation on every rank
-    model = ds.build_model(cfg.model, t, dev.world_size, dev.device)
+    with initial_weights(cfg, rank, resume_from) as init:
+        model = ds.build_model(cfg.model, t, dev.world_size, dev.device, init)
     engine = ds.build_engine(
         model, decay_groups(model, t.weight_decay), t, dev.world_size, mode == "universal"
     )
@@ -161,6 +163,31 @@ def build(
         resume_from=resume_from,
         resume_mode=mode,
     )
+
+
+@contextlib.contextmanager
+def initial_weights(cfg: RunConfig, rank: int, resume_from: int | None):
+    """What build_model initialises the model from: model.init_from's Hugging Face weights at
+    step 0 (each rank reads the parameters it holds), else its random initialisation (None).
+    A run with a checkpoint does not read model.init_from: the checkpoint has the weights."""
+    info = cfg.init_from
+    if info is None or resume_from is not None:
+        if info is not None and rank == 0:
+            log.info("model.init_from %s not read: resuming from step %d", info.path, resume_from)
+        yield None
+        return
+    from gptflow.init_from import HFWeights
+
+    started = time.perf_counter()
+    with HFWeights(info) as weights:
+        yield weights
+    if rank == 0:
+        log.info(
+            "model: step 0 from the Hugging Face checkpoint %s (weights sha256 %s, %s on disk, "
+            "read as fp32; %.1f s)",
+            info.path, info.sha256[:12], "/".join(sorted(weights.dtypes)) or "nothing read",
+            time.perf_counter() - started,
+        )  # fmt: skip
 
 
 def layout_of(t, world_size: int) -> dict:
