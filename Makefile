@@ -11,6 +11,8 @@ export PATH := $(BIN):$(PATH)
 # make run/test never touch the network for models or tokenizers.
 export HF_HUB_OFFLINE := 1
 PROFILE ?= profiles/local
+# e.g. https://download.pytorch.org/whl/cu126: torch from PyTorch's index (another CUDA build)
+TORCH_INDEX ?=
 SNAKEMAKE_ARGS ?=
 PYTEST_ARGS ?=
 
@@ -21,7 +23,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch==2.13.0, then gptflow with torch pinned (constraints.txt)"
-	$(PIP) install torch==2.13.0
+	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -c constraints.txt -e '.[test]'
 	@touch $@
 

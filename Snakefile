@@ -24,6 +24,10 @@ include: "rules/container.smk"
 include: "rules/evaluate.smk"
 
 
+onstart:
+    refuse_placeholders()
+
+
 onsuccess:
     record_config()
 

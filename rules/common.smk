@@ -8,11 +8,11 @@ import shlex
 from pathlib import Path
 
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
+from snakemake.logging import logger
 
-from gptflow import init_from, why
-from gptflow.config import TrainConfig, load_workflow_config, load_yaml
+from gptflow import init_from, preflight, why
+from gptflow.config import load_workflow_config, load_yaml
 from gptflow.data import sources
-from gptflow.distributed import launched_ranks
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 
@@ -43,27 +43,62 @@ def record_config():
     why.record_config(CFG)
 
 
-def profile_train_ranks():
-    """The training ranks the profile's resources give train_gpt (tasks, or nodes x
-    tasks_per_node, as its srun reads them); one when it sets none (a local run). None when
-    a count is a function of the job, known only when it runs."""
-    resources = workflow.resource_settings.overwrite_resources.get("train_gpt") or {}
-    counts = {}
-    for key in ("nodes", "tasks_per_node", "tasks"):
+def profile_value(rule, name):
+    """A resource the profile gives `rule` (set-resources, else default-resources) as the
+    plugin will read it; None when unset or a function of the job (known when it runs)."""
+    settings = workflow.resource_settings
+    resource = (settings.overwrite_resources.get(rule) or {}).get(name)
+    if resource is not None:
         try:
-            counts[key] = int(resources[key].value) if key in resources else None
-        except (ValueError, TypeError):  # evaluated per job
+            return resource.evaluate(
+                wildcards=None, input=None, attempt=1, threads=1, rulename=rule, async_run=None
+            ).value
+        except Exception:  # an expression of the job's wildcards or inputs
             return None
-    return launched_ranks(**counts)
+    for arg in getattr(settings.default_resources, "args", None) or []:
+        key, _, value = arg.partition("=")
+        if key == name:
+            value = value.strip("'\"")
+            return int(value) if value.isdigit() else value
+    return None
 
 
-# The layout against the ranks, at -n: a tensor-parallel size that does not divide them
-# would otherwise fail only once the training job has waited in the queue.
-if (TRAIN_RANKS := profile_train_ranks()) is not None:
-    try:
-        TrainConfig(**CFG["train"]).data_parallel_size(TRAIN_RANKS)
-    except GptflowError as e:
-        raise WorkflowError(f"gptflow config ({CONFIG_SOURCE}) and profile: {e}") from None
+def profile_placement():
+    """Where the profile puts train_gpt (gptflow.preflight.Placement)."""
+    threads = (workflow.resource_settings.overwrite_threads or {}).get("train_gpt")
+
+    def number(name):
+        value = profile_value("train_gpt", name)
+        return value if isinstance(value, int) else None
+
+    settings = [
+        ("default-resources slurm_account", profile_value("all", "slurm_account")),
+        ("default-resources slurm_partition", profile_value("all", "slurm_partition")),
+        ("set-resources train_gpt slurm_partition", profile_value("train_gpt", "slurm_partition")),
+    ]
+    return preflight.Placement(
+        executor="slurm" if profile_value("train_gpt", "slurm_partition") else "local",
+        nodes=number("nodes"),
+        tasks_per_node=number("tasks_per_node"),
+        tasks=number("tasks"),
+        gres=profile_value("train_gpt", "gres"),
+        threads=threads.value if threads is not None else None,
+        cpus_per_task=number("cpus_per_task"),
+        mem_mb=number("mem_mb"),
+        partition=profile_value("train_gpt", "slurm_partition"),
+        mpi=str(profile_value("train_gpt", "mpi") or ""),
+        gpu_mem_mb=number("gpu_mem_mb"),
+        settings=tuple((k, str(v)) for k, v in settings if v is not None),
+    )
+
+
+def refuse_placeholders():
+    """Snakefile onstart (a real run, never -n): an unedited profile is not submitted."""
+    found = preflight.placeholders(PLACEMENT)
+    if found and workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
+        raise WorkflowError(
+            f"gptflow: not submitted: {preflight.placeholder_message(found, 'the profile')}"
+        )
 
 
 RUN = CFG["run"]
@@ -142,8 +177,13 @@ def get_megatron_prefix(wildcards):
     return shard_of(wildcards).input
 
 
-def get_local_shard_files(wildcards):
-    return list(shard_of(wildcards).files)
+def get_local_shard_stamps(wildcards):
+    """[path, bytes, mtime ns] of each file of a local shard (collect_local_documents)."""
+    stamps = []
+    for path in shard_of(wildcards).files:
+        st = os.stat(path)
+        stamps.append([path, st.st_size, st.st_mtime_ns])
+    return stamps
 
 
 def get_local_root(wildcards):
@@ -380,7 +420,7 @@ def get_train_threads(wildcards):
         return 1
 
 
-def get_train_launcher(wildcards, resources):
+def get_train_launcher(wildcards, resources, threads):
     """Argv words before `gptflow train`: none on one machine; under the Slurm profile
     (resources mpi="srun", nodes, tasks_per_node, ...) the srun that starts one training task
     per GPU. With the container enabled, Pyxis flags on that srun (sqsh) or `apptainer exec
@@ -411,7 +451,8 @@ def get_train_launcher(wildcards, resources):
         nodes=res("nodes"),
         tasks_per_node=res("tasks_per_node"),
         tasks=res("tasks"),
-        cpus_per_task=res("cpus_per_task"),
+        # the CPUs of a rank: the rule's threads (the profile's set-threads), as sbatch's
+        cpus_per_task=res("cpus_per_task") or threads,
         container_options=pyxis,
     )
     return launcher + prefix
@@ -526,3 +567,32 @@ def get_squash_args(wildcards):
 def get_train_container(wildcards):
     """The image training runs in (an input of train_gpt), or nothing."""
     return [container_image_file()] if CONTAINER["enabled"] else []
+
+
+# The preflight, in the main process only (a job's own Snakemake parses this file too): what
+# would fail on the cluster is refused here, before any job waits in the queue.
+PLACEMENT = profile_placement()
+if workflow.is_main_process:
+    try:
+        PREFLIGHT = preflight.run(
+            CFG,
+            PLACEMENT,
+            tokenizer_json=Path(tokenizer_json()),
+            datasets=DATASETS,
+            runtimes={
+                "default-resources runtime": profile_value("all", "runtime"),
+                "set-resources train_gpt runtime": profile_value("train_gpt", "runtime"),
+            },
+            config_threads=dict.fromkeys(
+                ("tokenize_shard", "tokenize_part"), CFG["tokenize"]["workers"]
+            ),
+            profile_threads={
+                name: threads.value
+                for name, threads in (workflow.resource_settings.overwrite_threads or {}).items()
+            },
+        )
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow preflight ({CONFIG_SOURCE} and the profile): {e}") from None
+    for line in PREFLIGHT.lines:
+        logger.info(line)
+    why.dump_preflight(PREFLIGHT)

@@ -11,9 +11,10 @@ rule data:
         get_merged_files,
 
 
+# The files are params, not inputs: each with its size and mtime, so that a changed, added or
+# removed file reruns the job (Snakemake's params trigger) while a plan does not print the
+# paths of every file of the shard (750 for the default corpus).
 rule collect_local_documents:
-    input:
-        get_local_shard_files,
     output:
         jsonl="results/documents/{dataset}/{shard}.jsonl",
         manifest="results/documents/{dataset}/{shard}.manifest.json",
@@ -26,6 +27,7 @@ rule collect_local_documents:
     params:
         root=get_local_root,
         json_key="text",
+        files=get_local_shard_stamps,
     script:
         "../workflow/scripts/collect_local_documents.py"
 

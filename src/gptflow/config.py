@@ -629,10 +629,17 @@ class TrainConfig:
                     f"{dp} data-parallel ranks ({world_size} ranks / {self.model_parallel} "
                     f"per model copy)"
                 )
+            fixes = [f"train.global_batch_size a multiple of {per_pass}"]
+            if self.global_batch_size % dp == 0:
+                per_rank = self.global_batch_size // dp
+                fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+                fixes.append(f"train.micro_batch_size one of {fits[-6:]}")
+            fixes.append("fewer ranks (the profile's nodes x tasks_per_node)")
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
-                f"train.micro_batch_size {self.micro_batch_size} x {ranks} = {per_pass}; "
-                f"change the batch sizes or the number of ranks"
+                f"train.micro_batch_size {self.micro_batch_size} x {ranks} = {per_pass}: a "
+                f"step is whole micro-batches on every data-parallel rank; set "
+                f"{', or '.join(fixes)}"
             )
         return self.global_batch_size // per_pass
 

@@ -29,6 +29,7 @@ from gptflow.errors import GptflowError
 
 RECORD = Path(".snakemake") / "gptflow" / "last-config.yaml"
 DUMP_ENV = "GPTFLOW_DUMP_CONFIG"
+DUMP_PREFLIGHT_ENV = "GPTFLOW_DUMP_PREFLIGHT"
 
 
 def dump_config(cfg: dict) -> None:
@@ -39,6 +40,15 @@ def dump_config(cfg: dict) -> None:
     if path:
         with atomic_write(path) as f:
             yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+def dump_preflight(report) -> None:
+    """Write the plan's preflight (gptflow.preflight.Report) where DUMP_PREFLIGHT_ENV says."""
+    from gptflow.fsutil import write_json
+
+    path = os.environ.get(DUMP_PREFLIGHT_ENV)
+    if path:
+        write_json(path, report.to_json())
 
 
 def record_config(cfg: dict, workdir: str | os.PathLike = ".") -> None:
@@ -145,39 +155,20 @@ def attribute(job: Job, workdir: Path, changes: list[tuple[str, object, object]]
 # --------------------------------------------------------------------------- preflight
 
 
-def preflight(cfg: dict, workdir: Path, peak_tflops: float, mfu: float) -> dict:
-    from gptflow.config import ModelConfig, architecture, padded_vocab_size
-    from gptflow.data.indexed import dtype_for_vocab
+def size(cfg: dict, plan: dict, workdir: Path, peak_tflops: float, mfu: float) -> dict:
+    """The run's size (gptflow.preflight.size) from the plan's own preflight: its parameter
+    count with the tokenizer's real vocabulary, and the token shards' bytes."""
+    from gptflow.preflight import model_config, size
 
-    model = architecture(cfg["model"])
-    tok = cfg.get("tokenizer", {})
-    vocab = model.get("vocab_size") or (tok.get("train") or {}).get("vocab_size") or 50257
-    model["vocab_size"] = padded_vocab_size(vocab, model.get("make_vocab_size_divisible_by", 128))
-    # the trainer's and the report's numbers: one home, ModelConfig
-    model_cfg = ModelConfig(**model)
-    n = model_cfg.num_parameters()
-    t = cfg["train"]
-    tokens = t["train_iters"] * t["global_batch_size"] * t["seq_length"]
-    flops = model_cfg.flops_per_token(t["seq_length"]) * tokens
-    gpu_hours = flops / (peak_tflops * 1e12 * mfu) / 3600
-    keep = t.get("keep_last", 2)
-    # a checkpoint: fp32 weights + Adam moments (+ bf16/fp16 master copy counted as fp32)
-    checkpoint_bytes = n * 16 * (keep + 1)
-    free = shutil.disk_usage(workdir).free
-    # shards hold at least the training tokens, in the dtype tokenization picks for the
-    # tokenizer's own (unpadded) vocabulary: 2 bytes below 65,500 ids (Megatron's rule), else 4
-    shard_bytes = tokens * dtype_for_vocab(vocab).itemsize
-    return {
-        "parameters": n,
-        "training_tokens": tokens,
-        "training_flops": flops,
-        "gpu_hours": gpu_hours,
-        "peak_tflops": peak_tflops,
-        "mfu": mfu,
-        "checkpoint_bytes": checkpoint_bytes,
-        "shard_bytes": shard_bytes,
-        "free_bytes": free,
-    }
+    found = plan.get("size") or {}
+    model = model_config(cfg, found.get("vocab") or 0) if found.get("vocab") else None
+    if model is None:
+        return {}
+    out = size(cfg, model, found.get("shard_bytes", 0), shutil.disk_usage(workdir).free,
+               peak_tflops, mfu)  # fmt: skip
+    out["vocab_source"] = found.get("vocab_source")
+    out["inputs_not_on_disk"] = found.get("inputs_not_on_disk", 0)
+    return out
 
 
 # --------------------------------------------------------------------------- the command
@@ -195,16 +186,19 @@ def why(
     snakemake = Path(sys.executable).parent / "snakemake"
     exe = str(snakemake) if snakemake.exists() else "snakemake"
     with tempfile.TemporaryDirectory(prefix="gptflow-why-") as tmp:
-        dump = Path(tmp) / "config.yaml"
+        dump, plan_file = Path(tmp) / "config.yaml", Path(tmp) / "preflight.json"
         proc = subprocess.run(
             [exe, "-n", "--directory", str(workdir), *snakemake_args],
-            capture_output=True, text=True, env={**os.environ, DUMP_ENV: str(dump)},
+            capture_output=True, text=True,
+            env={**os.environ, DUMP_ENV: str(dump), DUMP_PREFLIGHT_ENV: str(plan_file)},
         )  # fmt: skip
         if proc.returncode != 0:
             raise GptflowError(
-                f"snakemake -n {' '.join(snakemake_args)} failed:\n{proc.stderr.strip()[-2000:]}"
+                f"snakemake -n {' '.join(snakemake_args)} failed (exit {proc.returncode}); "
+                f"Snakemake said:\n{planning_error(proc.stdout + proc.stderr)}"
             )
         current = yaml.safe_load(dump.read_text()) if dump.is_file() else {}
+        plan = json.loads(plan_file.read_text()) if plan_file.is_file() else {}
     record = workdir / RECORD
     recorded = yaml.safe_load(record.read_text()) if record.is_file() else None
     changes = config_changes(recorded["config"], current) if recorded else []
@@ -234,22 +228,38 @@ def why(
             p(f"  {key}: {old!r} -> {new!r}\n")
     else:
         p(f"Config unchanged since the last successful run ({recorded['time']}).\n")
-    pre = preflight(current, workdir, peak_tflops, mfu) if current else None
+    for line in plan.get("lines", []):
+        p(f"{line.removeprefix('gptflow ')}\n")
+    pre = size(current, plan, workdir, peak_tflops, mfu) if current else {}
     if pre:
+        shards = f"shards about {pre['shard_bytes'] / 1e9:.3g} GB"
+        if pre["inputs_not_on_disk"]:
+            shards += f" (+ {pre['inputs_not_on_disk']} input(s) not on disk yet)"
         p(
-            f"Preflight: {pre['parameters']:,} parameters, {pre['training_tokens']:,} training "
+            f"Size: {pre['parameters']:,} parameters, {pre['training_tokens']:,} training "
             f"tokens, {pre['training_flops']:.3g} FLOPs = {pre['gpu_hours']:.3g} "
             f"GPU-hours at {pre['mfu']:.0%} MFU of {pre['peak_tflops']:g} TFLOP/s; disk: "
-            f"checkpoints about {pre['checkpoint_bytes'] / 1e9:.3g} GB, shards at least "
-            f"{pre['shard_bytes'] / 1e9:.3g} GB, {pre['free_bytes'] / 1e9:.1f} GB free here\n"
+            f"checkpoints about {pre['checkpoint_bytes'] / 1e9:.3g} GB, {shards}, "
+            f"{pre['free_bytes'] / 1e9:.1f} GB free here\n"
         )
         if pre["checkpoint_bytes"] + pre["shard_bytes"] > pre["free_bytes"]:
-            p("  WARNING: not enough free disk for the checkpoints\n")
+            p("  WARNING: not enough free disk for the checkpoints and shards\n")
     return {
         "jobs": [
             {"rule": j.rule, "outputs": j.outputs, "reasons": j.reasons, "keys": j.keys}
             for j in real
         ],
         "changes": changes,
-        "preflight": pre,
+        "preflight": {**plan, "size": pre},
     }
+
+
+def planning_error(output: str, lines: int = 40) -> str:
+    """The error part of a failed `snakemake -n`: from its first error line on (Snakemake
+    prints its plan and warnings before), else the last lines."""
+    text = output.strip().splitlines()
+    start = next(
+        (i for i, line in enumerate(text) if re.search(r"Error|error:|Exception", line)), None
+    )
+    picked = text[start : start + lines] if start is not None else text[-lines:]
+    return "\n".join(picked)

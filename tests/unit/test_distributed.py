@@ -89,10 +89,12 @@ def test_srun_line_for_two_nodes_of_eight_gpus():
     assert srun_command("") == []  # one machine: no launcher
 
 
-def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
-    """snakemake -n with profiles/slurm on a machine without Slurm (no sbatch, sinfo, sacct on
-    PATH): train_gpt asks for 2 nodes x 8 tasks with gres gpu:8 per node (not gpu=, which
-    implies --ntasks-per-gpu), and its shell starts 16 ranks."""
+def test_the_shipped_config_plans_on_the_shipped_slurm_profile(repo, tmp_path):
+    """snakemake -n with config/config.yaml and profiles/slurm as shipped, on a machine without
+    Slurm (no sbatch, sinfo, sacct on PATH): the two agree (8 ranks x micro batch 2 = the
+    global batch of 16), the placeholders are named first, train_gpt asks for 1 node x 8 tasks
+    with gres gpu:8 per node (not gpu=, which implies --ntasks-per-gpu), each rank's CPUs are
+    its torch threads, and its shell starts 8 ranks."""
     import os
     import re
     import shutil
@@ -102,7 +104,7 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
 
     import yaml
 
-    shutil.copy(repo / "tests/config/config.yaml", tmp_path / "c.yaml")
+    shutil.copy(repo / "config/config.yaml", tmp_path / "c.yaml")
     # a PATH of everything this machine has except Slurm's commands
     slurm = re.compile(
         r"s(batch|alloc|attach|bcast|cancel|control|diag|info|prio|queue|report|share|stat"
@@ -125,17 +127,28 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
     env = {**os.environ, "PATH": str(no_slurm)}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+    preflight = [line for line in out.stdout.splitlines() if line.startswith("gptflow")]
+    assert preflight[0].startswith("gptflow: edit the Slurm profile first: ")
+    assert preflight[1].startswith(
+        "gptflow preflight: train_gpt on 1 node(s) x 8 rank(s) = 8 data parallel; micro batch "
+        "2 x grad accum 1 x 8 = global batch 16"
+    )
     train = out.stdout.split("rule train_gpt:")[1].split("\n\n")[0]
-    for want in ("nodes=2", "tasks_per_node=8", "gres=gpu:8", "mpi=srun", "--signal=USR1@600"):
+    for want in ("nodes=1", "tasks_per_node=8", "gres=gpu:8", "mpi=srun", "--signal=USR1@600"):
         assert want in train, want
     assert "gpu=" not in train.replace("gres=gpu:", "")
-    assert (
-        "srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 gptflow train"
-        in train
+    # a rank's CPUs are the rule's threads, and so are its torch threads: set-threads (12,
+    # sbatch's --cpus-per-task) within what the job has -- a dry run has no cores: 1
+    srun = re.search(
+        r"srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=8 --cpus-per-task=(\d+) gptflow "
+        r"train --config \S+ --threads (\d+) ",
+        train,
     )
+    assert srun and srun[1] == srun[2], train
+    assert "cpus_per_task" not in train
 
     # the container stage on: every rank starts in the enroot image through Pyxis
-    cfg = yaml.safe_load((repo / "tests/config/config.yaml").read_text())
+    cfg = yaml.safe_load((repo / "config/config.yaml").read_text())
     cfg["container"] = {"enabled": True}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
@@ -144,7 +157,7 @@ def test_the_slurm_profile_renders_the_multi_node_training_job(repo, tmp_path):
     image = re.search(rf"{tmp_path}/results/containers/gptflow-[0-9a-f]{{12}}\.sqsh", train)
     assert image, train
     assert (
-        f"--cpus-per-task=12 --container-image={image[0]} --container-mounts={tmp_path}:{tmp_path} "
+        f" --container-image={image[0]} --container-mounts={tmp_path}:{tmp_path} "
         f"--container-workdir={tmp_path} --no-container-mount-home gptflow train"
     ) in train
     assert "rule build_image:" in out.stdout and "rule squash_image:" in out.stdout

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from gptflow.why import config_changes, parse_dry_run, preflight
+from gptflow.why import config_changes, parse_dry_run
 
 DRY_RUN = """Building DAG of jobs...
 Job stats:
@@ -53,19 +53,28 @@ def test_dry_run_jobs_and_reasons_are_parsed():
     assert jobs[0].wildcards == "run=tiny" and jobs[1].outputs == []
 
 
+def size_of(cfg: dict, tmp_path, peak_tflops: float, mfu: float, shards: int = 0) -> dict:
+    """The plan's size figures (gptflow.preflight), as `gptflow why` prints them."""
+    from gptflow import preflight
+
+    vocab, _ = preflight.vocab_size(cfg, None)
+    model = preflight.model_config(cfg, vocab)
+    free = shutil.disk_usage(tmp_path).free
+    return preflight.size(cfg, model, shards, free, peak_tflops, mfu)
+
+
 def test_preflight_figures_of_the_tiny_config_equal_a_hand_calculation(tmp_path):
     """The README's example line: 165,632 parameters (the tiny preset, vocabulary 500 padded
     to 512), 40 x 8 x 64 = 20,480 tokens, FLOPs by Megatron's formula (884,736 a token, as the
     trainer logs it: tests/unit/test_train.py), GPU-hours at 40 % MFU of 989 TFLOP/s;
-    disk: fp32 weights + Adam moments (16 bytes a parameter) for keep_last + 1 checkpoints,
-    and 2-byte tokens below a 65,536-token vocabulary."""
+    disk: fp32 weights + Adam moments (16 bytes a parameter) for keep_last + 1 checkpoints."""
     cfg = {
         "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                   "intermediate_size": None, "make_vocab_size_divisible_by": 128},
-        "tokenizer": {"train": {"vocab_size": 500}},
+        "tokenizer": {"source": "train", "train": {"vocab_size": 500}},
         "train": {"train_iters": 40, "global_batch_size": 8, "seq_length": 64, "keep_last": 2},
     }  # fmt: skip
-    pre = preflight(cfg, tmp_path, peak_tflops=989.0, mfu=0.4)
+    pre = size_of(cfg, tmp_path, peak_tflops=989.0, mfu=0.4)
     assert pre["parameters"] == 165_632
     assert pre["training_tokens"] == 20_480
     # 3 x [2 x (2 x (4 x 64^2 + 2 x 64 x 256) + 4 x 64 x 64) + 2 x 64 x 512] = 884,736 a token
@@ -73,20 +82,19 @@ def test_preflight_figures_of_the_tiny_config_equal_a_hand_calculation(tmp_path)
     # 18,119,393,280 / (989e12 * 0.4) s = 4.58023e-5 s = 1.272286e-8 h
     assert pre["gpu_hours"] == pytest.approx(1.272286e-8, rel=1e-6)
     assert pre["checkpoint_bytes"] == 7_950_336  # 165,632 * 16 * 3
-    assert pre["shard_bytes"] == 40_960  # 20,480 * 2
     assert (pre["peak_tflops"], pre["mfu"]) == (989.0, 0.4)
     assert 0 < pre["free_bytes"] <= shutil.disk_usage(tmp_path).total
 
 
-def test_preflight_pads_the_vocabulary_and_uses_4_byte_tokens_past_65536(tmp_path):
+def test_preflight_pads_the_vocabulary(tmp_path):
     """vocab 70,000 pads to 70,016 (a multiple of 128); keep_last defaults to 2."""
     cfg = {
         "model": {"num_layers": 3, "hidden_size": 96, "num_attention_heads": 6,
                   "intermediate_size": 200, "make_vocab_size_divisible_by": 128},
-        "tokenizer": {"train": {"vocab_size": 70_000}},
+        "tokenizer": {"source": "train", "train": {"vocab_size": 70_000}},
         "train": {"train_iters": 1000, "global_batch_size": 16, "seq_length": 128},
     }  # fmt: skip
-    pre = preflight(cfg, tmp_path, peak_tflops=312.0, mfu=0.5)
+    pre = size_of(cfg, tmp_path, peak_tflops=312.0, mfu=0.5)
     # layer: 4*96 + (3*96^2 + 3*96) + (96^2 + 96) + (96*200 + 200) + (200*96 + 96) = 76,328;
     # N = 70,016*96 + 3*76,328 + 2*96 + 96*70,016 = 13,672,248
     assert pre["parameters"] == 13_672_248
@@ -97,31 +105,41 @@ def test_preflight_pads_the_vocabulary_and_uses_4_byte_tokens_past_65536(tmp_pat
     # 8.6274736128e13 / (312e12 * 0.5) s = 0.5530432 s = 1.536231e-4 h
     assert pre["gpu_hours"] == pytest.approx(1.536231e-4, rel=1e-6)
     assert pre["checkpoint_bytes"] == 656_267_904  # 13,672,248 * 16 * 3
-    assert pre["shard_bytes"] == 8_192_000  # 2,048,000 * 4
     # without a trained tokenizer nor model.vocab_size: GPT-2's 50,257, padded to 50,304
     cfg["tokenizer"] = {}
-    n = preflight(cfg, tmp_path, peak_tflops=312.0, mfu=0.5)["parameters"]
+    n = size_of(cfg, tmp_path, peak_tflops=312.0, mfu=0.5)["parameters"]
     assert n == 2 * 50_304 * 96 + 3 * 76_328 + 2 * 96
 
 
-def test_preflight_shard_bytes_follow_the_token_dtype_of_the_unpadded_vocabulary(tmp_path):
-    """A 65,450-token tokenizer pads to 65,536 embedding rows, but tokenization writes its
-    ids as uint16 (Megatron's rule, gptflow.data.indexed.dtype_for_vocab: uint16 below 65,500
-    ids): 2 bytes a token. From 65,500 ids on, int32: 4 bytes."""
-    from gptflow.data.indexed import dtype_for_vocab
+def test_shard_bytes_come_from_the_corpus_in_the_token_dtype_of_the_unpadded_vocabulary(
+    tmp_path,
+):
+    """The shards' size from the inputs on disk: 4 bytes of text a token (a .zst's bytes
+    3.5 times), in uint16 below 65,500 ids (Megatron's rule, gptflow.data.indexed), else
+    int32; an imported Megatron shard counts its .bin; an input not downloaded yet is counted
+    apart. The embedding still has the padded rows: a 65,450-token vocabulary pads to 65,536."""
+    from gptflow import preflight
+    from gptflow.data.sources import Dataset, Shard
 
+    (tmp_path / "a.jsonl").write_bytes(b"x" * 4000)  # 1,000 tokens
+    (tmp_path / "b.jsonl.zst").write_bytes(b"x" * 800)  # 2,800 bytes of text: 700 tokens
+    (tmp_path / "c.bin").write_bytes(b"x" * 123)
+    datasets = {
+        "plain": Dataset("plain", "files", (Shard("00000", str(tmp_path / "a.jsonl"), "jsonl"),)),
+        "url": Dataset("url", "url", (
+            Shard("00000", str(tmp_path / "b.jsonl.zst"), "jsonl.zst"),
+            Shard("00001", str(tmp_path / "later.jsonl.zst"), "jsonl.zst"),
+        )),
+        "made": Dataset("made", "megatron", (Shard("c", str(tmp_path / "c"), "megatron"),)),
+    }  # fmt: skip
+    assert preflight.token_bytes(datasets, 65_450) == (2 * 1000 + 2 * 700 + 123, 1)
+    assert preflight.token_bytes(datasets, 65_500) == (4 * 1000 + 4 * 700 + 123, 1)
     cfg = {
         "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
                   "make_vocab_size_divisible_by": 128},
-        "tokenizer": {"train": {"vocab_size": 65_450}},
+        "tokenizer": {"source": "train", "train": {"vocab_size": 65_450}},
         "train": {"train_iters": 10, "global_batch_size": 4, "seq_length": 32},
     }  # fmt: skip
-    assert (dtype_for_vocab(65_450).itemsize, dtype_for_vocab(65_500).itemsize) == (2, 4)
-    pre = preflight(cfg, tmp_path, peak_tflops=989.0, mfu=0.4)
-    assert pre["shard_bytes"] == 10 * 4 * 32 * 2
-    # ...while the embedding and head have the padded 65,536 rows
     # 2 x 65,536 x 32 + (4 x 32 + 3 x 32^2 + 3 x 32 + 32^2 + 32 + 32 x 128 + 128 + 128 x 32
     # + 32) + 2 x 32
-    assert pre["parameters"] == 2 * 65_536 * 32 + 12_704 + 64
-    cfg["tokenizer"]["train"]["vocab_size"] = 65_500
-    assert preflight(cfg, tmp_path, peak_tflops=989.0, mfu=0.4)["shard_bytes"] == 10 * 4 * 32 * 4
+    assert size_of(cfg, tmp_path, 989.0, 0.4)["parameters"] == 2 * 65_536 * 32 + 12_704 + 64

@@ -16,6 +16,7 @@ from gptflow.data.tokenize import reference_tokens
 from tests.support.faultserver import FaultServer
 from tests.support.noslurm import path_without_slurm
 from tests.support.ports import refused_port
+from tests.support.profiles import TEST_CLUSTER, edited_slurm_profile
 
 from .conftest import REPO, job_counts, snakemake_cmd
 
@@ -176,7 +177,8 @@ def test_download_localrule_runs_downloads_on_the_machine_running_snakemake(
     """README: "Set download.localrule: true when compute nodes have no internet: downloads
     then run on the machine running Snakemake."
 
-    Snakemake through profiles/slurm (the Slurm executor) on a PATH without Slurm's commands,
+    Snakemake through profiles/slurm (the Slurm executor, the quick start's edits) on a PATH
+    without Slurm's commands,
     a loopback HTTP server holding the files. With localrule both download rules run here as
     local rules: the server is asked once for each file and the files arrive. Without it they
     are submitted to Slurm (here: the submission fails, there is no Slurm) and nothing is
@@ -198,7 +200,10 @@ def test_download_localrule_runs_downloads_on_the_machine_running_snakemake(
         wd = tmp_path / "wd"
         targets = ["resources/raw/web/a.jsonl.zst", "resources/tokenizers/tok/url/tokenizer.json"]
         cmd = snakemake_cmd(wd, write_config(tmp_path / "c.yaml", cfg))
-        cmd[cmd.index("--profile") + 1] = str(REPO / "profiles" / "slurm")
+        # profiles/slurm as the README's quick start has a user fill it in (a profile left
+        # with its <...> placeholders submits nothing: tests/workflow/test_slurm.py)
+        profile = edited_slurm_profile(tmp_path / "profile", TEST_CLUSTER)
+        cmd[cmd.index("--profile") + 1] = str(profile)
         cmd += ["--slurm-init-seconds-before-status-checks", "1", "--keep-going"]
         env = {**os.environ, "PATH": path_without_slurm(tmp_path / "bin")}
         run = subprocess.run(

@@ -480,3 +480,79 @@ def test_a_job_requeued_after_its_ranks_died_resumes_without_waiting_on_its_own_
     assert sorted(set(train_job_ids(wd)) - before, key=int) == [job]  # no Snakemake retry
     records = [r for r in sacct_records(job) if r.startswith(f"{job}|")]
     assert [r.split("|")[1] for r in records] == ["REQUEUED", "COMPLETED"], records
+
+
+# ----------------------------------------------------------------------------- the quick start
+
+
+def plan_through(profile: Path, workdir: Path, config: Path, *args: str):
+    """`snakemake train [args]` through `profile` (the target first: --configfile takes a list)."""
+    cmd = [
+        "timeout", "-k", "30", "300", str(BIN / "snakemake"), "train", *args, "--snakefile",
+        str(REPO / "Snakefile"), "--directory", str(workdir), "--profile", str(profile),
+        "--configfile", str(config),
+    ]  # fmt: skip
+    return subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=SNAKEMAKE_ENV
+    )
+
+
+def test_the_readme_quick_start_plans_on_the_test_cluster(slurm_cluster, tmp_path, tiny_config):
+    """A new user's first plan: profiles/slurm with only the lines the README's quick start
+    names (tests/support/profiles.py checks the set), filled with this cluster's values,
+    planned with sinfo and sacctmgr on PATH -- the preflight checks the profile against the
+    real cluster and passes. A value the cluster cannot give (more memory than its node has)
+    is refused by name at -n, before anything is queued."""
+    import copy
+
+    from tests.support.profiles import TEST_CLUSTER, edited_slurm_profile
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
+    profile = edited_slurm_profile(tmp_path / "profile", TEST_CLUSTER)
+    plan = plan_through(profile, tmp_path / "wd", config, "-n")
+    assert plan.returncode == 0, plan.stdout[-4000:]
+    assert (
+        "gptflow preflight: train_gpt on 1 node(s) x 2 rank(s) = 2 data parallel; micro batch 4 "
+        "x grad accum 1 x 2 = global batch 8; 165,632 parameters" in plan.stdout
+    )
+    assert "srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 gptflow" in (
+        plan.stdout
+    )
+    assert "edit the Slurm profile first" not in plan.stdout
+    assert not (tmp_path / "wd" / ".snakemake" / "slurm_logs").exists()
+
+    greedy = copy.deepcopy(TEST_CLUSTER)
+    greedy["set-resources"]["train_gpt"]["mem_mb"] = 10_000_000
+    refused = plan_through(edited_slurm_profile(tmp_path / "greedy", greedy), tmp_path / "wd",
+                           config, "-n")  # fmt: skip
+    assert refused.returncode != 0
+    assert re.search(
+        r"set-resources train_gpt asks for 10000000 MB of memory per node but the nodes of "
+        r"partition 'debug' have at most \d+; lower mem_mb",
+        refused.stdout,
+    ), refused.stdout[-3000:]
+
+
+def test_an_unedited_profile_submits_nothing(slurm_cluster, tmp_path, tiny_config):
+    """The shipped profile as it comes (<account>, <cpu partition>, <gpu partition>): -n names
+    the placeholders first and plans; a real run stops before its first submission (the
+    Snakefile's onstart), naming them; no job reaches Slurm."""
+    config = tmp_path / "config.yaml"
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "global_batch_size": 32}}  # 8 ranks
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    profile = REPO / "profiles" / "slurm"
+    plan = plan_through(profile, tmp_path / "wd", config, "-n")
+    assert plan.returncode == 0, plan.stdout[-4000:]
+    first = next(line for line in plan.stdout.splitlines() if line.startswith("gptflow"))
+    assert first.startswith(
+        "gptflow: edit the Slurm profile first: default-resources slurm_account is <account>; "
+        "default-resources slurm_partition is <cpu partition>; set-resources train_gpt "
+        "slurm_partition is <gpu partition>"
+    ), first
+    run = plan_through(profile, tmp_path / "wd", config)
+    assert run.returncode != 0
+    assert "gptflow: not submitted: edit the profile first: default-resources slurm_account is " \
+        "<account>" in run.stdout, run.stdout[-3000:]  # fmt: skip
+    assert not (tmp_path / "wd" / ".snakemake" / "slurm_logs").exists()
+    assert not (tmp_path / "wd" / "results").exists()

@@ -12,7 +12,7 @@ from gptflow.fsutil import write_json
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):
     stats = collect_local_documents(
-        [Path(p) for p in sm.input],
+        [Path(path) for path, _size, _mtime in sm.params.files],
         expand_root(sm.params.root),
         sm.output.jsonl,
         key=sm.params.json_key,

@@ -1,0 +1,605 @@
+"""What would fail on the cluster, found on the login node: `snakemake -n` (rules/common.smk)
+and `gptflow why` run these before any job is queued.
+
+- the layout against the ranks the profile gives ``train_gpt``: tensor x pipeline parallel
+  divides them, and the global batch is micro-batches over the data-parallel ranks;
+- how the profile launches training: one rank per GPU, task counts the Slurm plugin accepts;
+- the profile's placeholders (account, partitions), named first at ``-n`` and refused by a
+  real submission;
+- the profile against the cluster, when ``sinfo`` is on PATH: the partitions exist and their
+  nodes have the GPUs, CPUs and memory asked for;
+- memory per GPU: weights, gradients and optimizer state (by ZeRO stage, precision and
+  layout), activations (by micro batch, sequence, checkpointing) and the logits, against the
+  GPU's memory, the largest term named when it does not fit;
+- the run's size: parameters and FLOPs (from :class:`gptflow.config.ModelConfig`, the
+  trainer's own numbers, with the tokenizer's real vocabulary when it is on disk), tokens,
+  GPU-hours at a stated MFU, checkpoint and shard bytes against free disk.
+
+Planning imports neither torch nor DeepSpeed (it runs at every ``snakemake`` start): the counts
+are formulas, checked in tests against the real model split over ranks and against
+DeepSpeed's own ZeRO estimators.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
+from gptflow.distributed import launched_ranks
+from gptflow.errors import GptflowError
+
+GIB = 1024**3
+PLACEHOLDER = re.compile(r"\A<[^<>]*>\Z")  # how the shipped profile marks what to fill in
+DEFAULT_GPU_MEMORY_MB = 80 * 1024  # A100 80GB / H100 80GB, when the profile does not say
+ASSUMED_VOCAB = 50257  # GPT-2's, when no tokenizer is on disk yet and none is to be trained
+# CUDA context, NCCL buffers, the caching allocator's fragmentation: what a rank loses on a GPU
+# before its first tensor (measured elsewhere at 1-3 GB; one figure so the check is stable)
+RUNTIME_OVERHEAD_BYTES = 2 * GIB
+BYTES_PER_TOKEN_OF_TEXT = 4.0  # BPE on English text: about 4 bytes of UTF-8 per token
+EXPANSION = {"zst": 3.5, "gz": 3.0, "xz": 4.0, "zip": 3.0, "parquet": 2.5}  # text / file bytes
+
+
+# --------------------------------------------------------------------------- the placement
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where ``train_gpt`` runs, as the profile (and Snakemake's defaults) resolve it."""
+
+    executor: str = "local"  # "slurm" under profiles/slurm
+    nodes: int | None = None
+    tasks_per_node: int | None = None
+    tasks: int | None = None
+    gres: str | None = None  # per node, e.g. "gpu:8" or "gpu:a100:8"
+    threads: int | None = None  # set-threads train_gpt: CPU threads per rank
+    cpus_per_task: int | None = None  # set only to override threads
+    mem_mb: int | None = None  # per node
+    partition: str | None = None
+    mpi: str = ""
+    gpu_mem_mb: int | None = None  # memory of one GPU, for the fit check
+    # every profile value that may be a placeholder: (where, value)
+    settings: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def ranks(self) -> int:
+        return launched_ranks(self.nodes, self.tasks_per_node, self.tasks)
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """The GPU count of ``gres`` (``gpu:8``, ``gpu:a100:8``; ``gpu`` alone is one)."""
+        if not self.gres:
+            return None
+        for item in self.gres.split(","):
+            parts = item.strip().split(":")
+            if parts[0] == "gpu":
+                return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        return None
+
+    @property
+    def cpus(self) -> int | None:
+        """CPUs per training task: cpus_per_task when the profile sets it, else the threads."""
+        return self.cpus_per_task or self.threads
+
+
+def placeholders(placement: Placement) -> list[tuple[str, str]]:
+    """The profile values still to fill in: ``<...>`` as the shipped profile has them."""
+    return [(where, value) for where, value in placement.settings if PLACEHOLDER.match(value)]
+
+
+def placeholder_message(found: list[tuple[str, str]], profile: str) -> str:
+    items = "; ".join(f"{where} is {value}" for where, value in found)
+    return (
+        f"edit {profile} first: {items} (your cluster's values: `sacctmgr show assoc "
+        f"user=$USER format=account` lists your accounts, `sinfo -s` the partitions)"
+    )
+
+
+# --------------------------------------------------------------------------- layout and launch
+
+
+def check_layout(train: TrainConfig, ranks: int) -> int:
+    """The layout on `ranks`: tensor x pipeline parallel divides them and the global batch is
+    whole micro-batches over the data-parallel ranks. Returns the gradient accumulation."""
+    return train.grad_accum_steps(ranks)
+
+
+def check_launch(p: Placement) -> list[str]:
+    """How the profile launches training, refused where the Slurm plugin or srun would refuse
+    it after the queue; returns warnings (not errors)."""
+    warnings: list[str] = []
+    if p.executor != "slurm":
+        return warnings
+    where = "set-resources train_gpt"
+    if p.mpi:
+        if p.tasks_per_node and p.tasks:
+            raise GptflowError(
+                f"{where} sets both tasks_per_node {p.tasks_per_node} and tasks {p.tasks}; the "
+                "Slurm plugin takes one of them: keep tasks_per_node (ranks per node)"
+            )
+        if p.tasks_per_node == 1 or (p.tasks == 1 and not p.tasks_per_node):
+            raise GptflowError(
+                f"{where}: one training task per job step (tasks_per_node 1 or tasks 1) is "
+                "refused by the Slurm plugin for srun jobs ('must be greater than 1'). For one "
+                "GPU on each of N nodes set `tasks: N` and `nodes: N` instead of "
+                "tasks_per_node; for a single GPU remove `mpi`, `tasks_per_node` and `tasks` "
+                "(the trainer then runs as one process in the job)"
+            )
+    gpus = p.gpus_per_node
+    per_node = p.tasks_per_node or (p.tasks // p.nodes if p.tasks and p.nodes else p.tasks)
+    if gpus is not None and per_node and per_node != gpus:
+        raise GptflowError(
+            f"{where}: {per_node} training ranks per node but gres {p.gres} ({gpus} GPU(s) per "
+            "node); gptflow runs one rank per GPU: set tasks_per_node and the gres count to the "
+            "GPUs of a node"
+        )
+    if p.cpus_per_task and p.threads and p.cpus_per_task != p.threads:
+        warnings.append(
+            f"{where} cpus_per_task {p.cpus_per_task} differs from set-threads train_gpt "
+            f"{p.threads}: each rank gets {p.cpus_per_task} CPUs and runs {p.threads} torch "
+            "threads; drop cpus_per_task (it follows set-threads)"
+        )
+    return warnings
+
+
+# --------------------------------------------------------------------------- the cluster (sinfo)
+
+SINFO = ["sinfo", "--noheader", "--format=%P|%G|%D|%c|%m|%a|%l"]
+ACCOUNTS = ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", "format=user,account"]
+
+
+@dataclass(frozen=True)
+class PartitionNodes:
+    """One line of ``sinfo``: a group of alike nodes of a partition."""
+
+    partition: str
+    gpus: int  # per node
+    nodes: int
+    cpus: int  # per node
+    mem_mb: int  # per node
+    time_limit: int | None = None  # minutes; None: infinite
+
+
+def minutes(limit: str) -> int | None:
+    """A Slurm time limit in minutes (rounded up): "infinite", "M", "M:S", "H:M:S", "D-H",
+    "D-H:M", "D-H:M:S" (sbatch's --time forms; sinfo prints D-H:M:S or H:M:S)."""
+    limit = limit.strip()
+    if limit in ("infinite", "UNLIMITED", "n/a", ""):
+        return None
+    days, dash, clock = limit.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    if dash:  # D-H, D-H:M, D-H:M:S
+        h, m, sec = (*parts, 0, 0)[:3]
+    else:  # M, M:S, H:M:S
+        h, m, sec = (0, *parts, 0)[:3] if len(parts) < 3 else parts
+    return (int(days or 0) * 24 + h) * 60 + m + (1 if sec else 0)
+
+
+def parse_sinfo(text: str) -> list[PartitionNodes]:
+    """``sinfo --format=%P|%G|%D|%c|%m|%a|%l`` -> node groups of the partitions that are up."""
+    groups = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 7 or fields[5].strip() != "up":
+            continue
+        name, gres, nodes, cpus, mem, _, limit = fields
+        gpus = 0
+        for item in gres.split(","):
+            m = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip())
+            if m:
+                gpus = max(gpus, int(m[1]))
+        groups.append(
+            PartitionNodes(
+                partition=name.rstrip("*"),
+                gpus=gpus,
+                nodes=int(nodes),
+                cpus=int(re.sub(r"\D.*", "", cpus) or 0),
+                mem_mb=int(re.sub(r"\D.*", "", mem) or 0),
+                time_limit=minutes(limit),
+            )
+        )
+    return groups
+
+
+def read_accounts() -> set[str] | None:
+    """The accounts this user may charge (``sacctmgr show assoc``), or None where sacctmgr is
+    missing or accounting is off (then the account is left to sbatch)."""
+    import getpass
+
+    if shutil.which("sacctmgr") is None:
+        return None
+    try:
+        out = subprocess.run(ACCOUNTS, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    user = getpass.getuser()
+    found = {
+        a for u, _, a in (line.partition("|") for line in out.stdout.splitlines()) if u == user
+    }
+    return found or None
+
+
+def read_sinfo() -> list[PartitionNodes] | None:
+    """The cluster's partitions from ``sinfo``, or None where there is no sinfo (a laptop, a
+    login node without Slurm's commands): then nothing is checked against the cluster."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(SINFO, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_sinfo(out.stdout) if out.returncode == 0 else None
+
+
+def check_cluster(
+    p: Placement,
+    cpu_partition: str | None,
+    groups: list[PartitionNodes],
+    accounts: set[str] | None = None,
+    runtimes: dict[str, int | None] | None = None,
+) -> None:
+    """The profile against the cluster: the account is one of the user's (when `accounts`
+    is known), the partitions exist, some node group of the training partition has the GPUs,
+    CPUs and memory a node is asked for and enough nodes, and each `runtimes` entry
+    ({profile key: minutes}) is within its partition's time limit."""
+    account = dict(p.settings).get("default-resources slurm_account")
+    if accounts and account and not PLACEHOLDER.match(account) and account not in accounts:
+        raise GptflowError(
+            f"profile default-resources slurm_account is '{account}', which is not one of your "
+            f"Slurm accounts ({', '.join(sorted(accounts))}); set one of them"
+        )
+    names = sorted({g.partition for g in groups})
+    for key, name in (
+        ("default-resources slurm_partition", cpu_partition),
+        ("set-resources train_gpt slurm_partition", p.partition),
+    ):
+        if name and not PLACEHOLDER.match(name) and name not in names:
+            raise GptflowError(
+                f"profile {key} is '{name}', which sinfo does not list as up (partitions: "
+                f"{', '.join(names) or 'none'}); set one of them"
+            )
+    if not p.partition or PLACEHOLDER.match(p.partition):
+        return
+    nodes = [g for g in groups if g.partition == p.partition]
+    asks = {
+        "gpus": (p.gpus_per_node or 0, "gres GPUs per node", "gres"),
+        "cpus": ((p.cpus or 1) * (p.tasks_per_node or 1), "CPUs per node", "set-threads train_gpt"),
+        "mem_mb": (p.mem_mb or 0, "MB of memory per node", "mem_mb"),
+    }
+    for attr, (want, what, key) in asks.items():
+        have = max(getattr(g, attr) for g in nodes)
+        if want > have:
+            how = (
+                f"(set-threads train_gpt {p.cpus} x {p.tasks_per_node} ranks per node) "
+                if attr == "cpus"
+                else ""
+            )
+            raise GptflowError(
+                f"set-resources train_gpt asks for {want} {what} {how}but the nodes of "
+                f"partition '{p.partition}' have at most {have}; lower {key}"
+            )
+    total = sum(g.nodes for g in nodes)
+    if (p.nodes or 1) > total:
+        raise GptflowError(
+            f"set-resources train_gpt nodes {p.nodes}, but partition '{p.partition}' has {total}"
+        )
+    for key, runtime in (runtimes or {}).items():
+        part = cpu_partition if key.startswith("default") else p.partition
+        limits = [g.time_limit for g in groups if g.partition == part]
+        if runtime and limits and None not in limits and runtime > max(limits):
+            raise GptflowError(
+                f"profile {key} is {runtime} minutes, beyond partition '{part}''s time limit of "
+                f"{max(limits)} minutes (sbatch would refuse the job); lower it -- a training "
+                f"job requeues itself before its limit and resumes, so a shorter one only costs "
+                f"a restart"
+            )
+
+
+# --------------------------------------------------------------------------- memory per GPU
+
+
+def vocab_size(cfg: dict, tokenizer_json: Path | None) -> tuple[int, str]:
+    """The tokenizer's vocabulary (unpadded) and where the number comes from: the tokenizer
+    file when it exists, the size it is to be trained to, or an assumption (said so)."""
+    model_vocab = cfg["model"].get("vocab_size")
+    if model_vocab:
+        return model_vocab, "model.vocab_size"
+    if tokenizer_json is not None and tokenizer_json.is_file():
+        tok = json.loads(tokenizer_json.read_text())
+        ids = set(tok["model"]["vocab"].values()) | {t["id"] for t in tok.get("added_tokens", [])}
+        return max(ids) + 1, str(tokenizer_json)
+    train = cfg.get("tokenizer", {}).get("train") or {}
+    if cfg.get("tokenizer", {}).get("source") == "train" and train.get("vocab_size"):
+        return train["vocab_size"], "tokenizer.train.vocab_size"
+    return ASSUMED_VOCAB, f"assumed {ASSUMED_VOCAB:,} (GPT-2's): the tokenizer is not on disk yet"
+
+
+def model_config(cfg: dict, vocab: int) -> ModelConfig:
+    model = {k: v for k, v in cfg["model"].items() if k not in ("preset", "init_from")}
+    model["vocab_size"] = padded_vocab_size(vocab, model.get("make_vocab_size_divisible_by", 128))
+    return ModelConfig(**model)
+
+
+def parameters_per_rank(m: ModelConfig, tensor_parallel: int, pipeline_parallel: int) -> int:
+    """Parameters the most loaded rank holds: a pipeline stage's layers (the first stage also
+    the embedding, the last the final LayerNorm and the head), each split matrix 1/tp of it,
+    LayerNorms, the row-parallel biases, the embedding and the head whole
+    (gptflow.engine.TENSOR_PARALLEL_PLAN)."""
+    h, f, v, t = m.hidden_size, m.ffn_size, m.vocab_size, tensor_parallel
+    split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
+    whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
+    layers = m.num_layers // pipeline_parallel * (split + whole)
+    embedding, head = v * h, v * h + 2 * h
+    if pipeline_parallel == 1:
+        return layers + embedding + head
+    return layers + max(embedding, head)
+
+
+# the terms that exist only between a backward pass and the update (not kept across steps)
+TRANSIENT = ("gradients", "fp32 gradient partition")
+
+
+def model_state_bytes(
+    params: int, dp: int, zero: int, precision: str, offload: str = "none", largest: int = 0
+) -> dict[str, int]:
+    """GPU bytes of a rank's weights, gradients and optimizer state (Adam) for the `params`
+    parameters it holds, over `dp` data-parallel ranks, as DeepSpeed allocates them:
+
+    - fp32: 4-byte weights and gradients; Adam's two moments (8 bytes), and from ZeRO 1 on
+      DeepSpeed's fp32 copy of the rank's partition (4 more), partitioned by ZeRO 1-3;
+    - bf16/fp16: 2-byte weights and gradients; fp32 masters and moments (12 bytes),
+      partitioned by ZeRO 1-3; bf16 at ZeRO 1 also sums gradients in an fp32 buffer
+      (grad_accum_dtype fp32, 4 bytes); ZeRO 2-3 reduce into an fp32 gradient partition
+      (4/N), ZeRO 2 also partitions the 16-bit gradients -- DeepSpeed's own
+      estimate_zero2_model_states_mem_needs (2 + 18/N bytes a parameter) and estimate_zero3_...
+      (18/N, plus the largest layer gathered: `largest` parameters, 4 bytes each, 8 in fp32);
+    - ZeRO 3 partitions the weights too; offloaded optimizer state lives in host memory.
+
+    Measured on CPU after a step (tests/unit/test_preflight.py): the kept terms (not
+    TRANSIENT) are exactly the tensors DeepSpeed holds."""
+    half = precision in ("bf16", "fp16")
+    width = 2 if half else 4
+    shard = dp if zero >= 1 else 1
+    parts = {
+        "weights": width * params // (dp if zero >= 3 else 1),
+        "gradients": width * params // (dp if zero >= 2 and not half else 1),
+        "optimizer states": (12 if half or zero >= 1 else 8) * params // shard,
+    }
+    if half and zero >= 2:
+        parts["gradients"] = 2 * params // dp if zero == 2 else 0  # ZeRO 3: straight into fp32
+        parts["fp32 gradient partition"] = 4 * params // dp
+    if precision == "bf16" and zero == 1:
+        parts["fp32 gradient accumulation"] = 4 * params
+    if zero >= 3:
+        parts["gathered layer"] = (4 if half else 8) * largest
+    if offload != "none":
+        parts["optimizer states"] = 0
+        parts.pop("fp32 gradient partition", None)
+        if offload == "optimizer_and_params":
+            parts["weights"] = 0
+    return parts
+
+
+def activation_bytes(m: ModelConfig, t: TrainConfig, precision: str) -> dict[str, int]:
+    """Activations kept for the backward pass on the most loaded rank, after Korthikanti et
+    al. 2022 (Megatron, "Reducing activation recomputation"): per layer and micro-batch
+    s·b·h·(10 + 24/tp) bytes in 16-bit with attention through scaled_dot_product_attention
+    (no s x s score matrix kept), twice that in fp32; only each layer's input (s·b·h) with
+    activation checkpointing, plus one layer's whole set while it is recomputed. The first
+    pipeline stage holds up to pp micro-batches in flight (1F1B). The logits of a micro-batch
+    (fp32, with their gradient) on the last stage."""
+    s, b, h = t.seq_length, t.micro_batch_size, m.hidden_size
+    tp, pp = t.tensor_parallel, t.pipeline_parallel
+    scale = 1.0 if precision in ("bf16", "fp16") else 2.0
+    per_layer = s * b * h * (10 + 24 / tp) * scale
+    layers = m.num_layers // pp
+    in_flight = min(pp, max(1, t.global_batch_size // t.micro_batch_size))
+    if m.activation_checkpointing:
+        kept = layers * in_flight * s * b * h * 2 * scale + per_layer
+    else:
+        kept = layers * in_flight * per_layer
+    return {"activations": int(kept), "logits": int(2 * 4 * s * b * m.vocab_size / tp)}
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    terms: dict[str, int]  # bytes per GPU by what holds them
+    total: int
+    gpu_bytes: int
+    gpu_source: str
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.gpu_bytes
+
+    @property
+    def largest(self) -> str:
+        return max(self.terms, key=self.terms.get)
+
+
+def memory_per_gpu(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> MemoryFit:
+    """The most loaded rank's memory against its GPU (the profile's gpu_mem_mb, else 80 GB)."""
+    precision = "bf16" if t.precision == "auto" else t.precision  # auto is bf16 on GPUs
+    dp = t.data_parallel_size(ranks)
+    params = parameters_per_rank(m, t.tensor_parallel, t.pipeline_parallel)
+    h, f = m.hidden_size, m.ffn_size
+    largest = max(m.vocab_size * h, 4 * h * h + 2 * h * f)  # the embedding, or a layer
+    terms = {
+        **model_state_bytes(params, dp, t.zero_stage, precision, t.offload, largest),
+        **activation_bytes(m, t, precision),
+        "runtime": RUNTIME_OVERHEAD_BYTES,
+    }
+    gpu_mb = p.gpu_mem_mb or DEFAULT_GPU_MEMORY_MB
+    source = "set-resources train_gpt gpu_mem_mb" if p.gpu_mem_mb else "assumed: 80 GB GPUs"
+    return MemoryFit(terms, sum(terms.values()), gpu_mb * 1024**2, source)
+
+
+FIXES = {
+    "weights": "raise train.tensor_parallel or train.pipeline_parallel, or train.zero_stage 3",
+    "gradients": "raise train.zero_stage to 2, or train.tensor_parallel",
+    "fp32 gradient partition": "use more data-parallel ranks, or raise train.tensor_parallel",
+    "fp32 gradient accumulation": "raise train.zero_stage to 2, or train.tensor_parallel",
+    "gathered layer": "raise train.tensor_parallel",
+    "optimizer states": "raise train.zero_stage (1 partitions them over the data-parallel "
+    "ranks), or train.offload optimizer",
+    "activations": "set model.activation_checkpointing true, or lower train.micro_batch_size",
+    "logits": "lower train.micro_batch_size (or train.seq_length)",
+    "runtime": "use GPUs with more memory",
+}
+
+
+def human(n: int) -> str:
+    """Bytes as GiB, or MiB below a tenth of one."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
+
+
+def check_memory(fit: MemoryFit) -> None:
+    if fit.fits:
+        return
+    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in fit.terms.items())
+    raise GptflowError(
+        f"the model does not fit in a GPU: about {fit.total / GIB:.1f} GiB per GPU ({parts} "
+        f"GiB) against {fit.gpu_bytes / GIB:.0f} GiB ({fit.gpu_source}); the largest is "
+        f"{fit.largest}: {FIXES[fit.largest]}"
+    )
+
+
+# --------------------------------------------------------------------------- the run's size
+
+
+def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, mfu: float) -> dict:
+    """Parameters, tokens, FLOPs, GPU-hours, checkpoint and shard bytes, free disk."""
+    t = cfg["train"]
+    n = m.num_parameters()
+    tokens = t["train_iters"] * t["global_batch_size"] * t["seq_length"]
+    flops = m.flops_per_token(t["seq_length"]) * tokens
+    keep = t.get("keep_last", 2)
+    return {
+        "parameters": n,
+        "training_tokens": tokens,
+        "training_flops": flops,
+        "gpu_hours": flops / (peak_tflops * 1e12 * mfu) / 3600,
+        "peak_tflops": peak_tflops,
+        "mfu": mfu,
+        # a checkpoint: fp32 weights + Adam's two moments (+ the half-precision copy, counted
+        # as fp32): 16 bytes a parameter, for keep_last steps and the one being written
+        "checkpoint_bytes": n * 16 * (keep + 1),
+        "shard_bytes": shards,
+        "free_bytes": free,
+    }
+
+
+@dataclass
+class Report:
+    """What the preflight found, for the plan's output and `gptflow why`."""
+
+    lines: list[str] = field(default_factory=list)  # printed at -n
+    warnings: list[str] = field(default_factory=list)
+    size: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    placement: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- the plan's preflight
+
+
+def token_bytes(datasets, vocab: int) -> tuple[int, int]:
+    """Bytes the token shards take: the .bin files of shards made (or imported) already, an
+    estimate from the inputs on disk for the others (:func:`shard_bytes`). Returns (bytes,
+    inputs not on disk yet, so not counted)."""
+    from gptflow.data.indexed import dtype_for_vocab
+
+    total, missing = 0, 0
+    for d in datasets.values():
+        for s in d.shards:
+            files = [Path(f) for f in s.files] or [Path(s.input)]
+            if s.fmt == "megatron":
+                files = [Path(f"{s.input}.bin")]
+            sizes = [(f.name, f.stat().st_size) for f in files if f.is_file()]
+            missing += len(files) - len(sizes)
+            if s.fmt == "megatron":
+                total += sum(n for _, n in sizes)
+            else:
+                text = sum(
+                    n * EXPANSION.get(name.rsplit(".", 1)[-1].lower(), 1.0) for name, n in sizes
+                )
+                total += int(text / BYTES_PER_TOKEN_OF_TEXT) * dtype_for_vocab(vocab).itemsize
+    return total, missing
+
+
+def run(
+    cfg: dict,
+    p: Placement,
+    *,
+    tokenizer_json: Path | None = None,
+    datasets: dict | None = None,
+    config_threads: dict[str, int] | None = None,
+    profile_threads: dict[str, int] | None = None,
+    runtimes: dict[str, int | None] | None = None,
+    sinfo=read_sinfo,
+    accounts=read_accounts,
+) -> Report:
+    """Every check above for `cfg` placed by `p`; raises GptflowError at the first failure
+    (the key and the fix named), else returns the lines to print at -n."""
+    train = TrainConfig(**cfg["train"])
+    ranks = p.ranks
+    gas = check_layout(train, ranks)
+    rep = Report(placement=asdict(p))
+    found = placeholders(p)
+    if found:
+        rep.lines.append("gptflow: " + placeholder_message(found, "the Slurm profile"))
+    rep.warnings += check_launch(p)
+    if p.executor == "slurm" and (groups := sinfo()) is not None:
+        cpu = dict(p.settings).get("default-resources slurm_partition")
+        check_cluster(p, cpu, groups, accounts(), runtimes)
+    vocab, vocab_source = vocab_size(cfg, tokenizer_json)
+    m = model_config(cfg, vocab)
+    dp = train.data_parallel_size(ranks)
+    split = [f"{n} {kind}" for n, kind in ((train.tensor_parallel, "tensor"),
+                                          (train.pipeline_parallel, "pipeline")) if n > 1]  # fmt: skip
+    where = (
+        f"{p.nodes or 1} node(s) x {p.tasks_per_node} rank(s)"
+        if p.tasks_per_node
+        else f"{ranks} rank(s)"
+    )
+    rep.lines.append(
+        f"gptflow preflight: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
+        f"parallel; micro batch {train.micro_batch_size} x grad accum {gas} x {dp} = global "
+        f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
+        f"{vocab:,}: {vocab_source})"
+    )
+    if p.executor == "slurm" or p.gres:
+        fit = memory_per_gpu(m, train, ranks, p)
+        check_memory(fit)
+        rep.memory = {"terms": fit.terms, "total": fit.total, "gpu_bytes": fit.gpu_bytes,
+                      "gpu_source": fit.gpu_source}  # fmt: skip
+        terms = ", ".join(f"{k} {human(v)}" for k, v in fit.terms.items() if v)
+        rep.lines.append(
+            f"  memory per GPU: about {human(fit.total)} of {human(fit.gpu_bytes)} "
+            f"({terms}; {fit.gpu_source})"
+        )
+    for rule, n in sorted((profile_threads or {}).items()):
+        given = (config_threads or {}).get(rule)
+        if given is not None and given != n:
+            rep.lines.append(
+                f"  {rule} runs {n} thread(s): the profile's set-threads, over the config's "
+                f"tokenize.workers {given}"
+            )
+    if p.threads:
+        rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
+    rep.lines += [f"  WARNING: {w}" for w in rep.warnings]
+    if datasets is not None:
+        made, missing = token_bytes(datasets, vocab)
+        rep.size = {"parameters": m.num_parameters(), "vocab": vocab,
+                    "vocab_source": vocab_source, "shard_bytes": made,
+                    "inputs_not_on_disk": missing}  # fmt: skip
+    return rep
