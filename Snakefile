@@ -32,6 +32,10 @@ onsuccess:
     record_config()
 
 
+onerror:
+    record_refused_submissions(log)
+
+
 rule all:
     default_target: True
     input:

@@ -10,7 +10,7 @@ from pathlib import Path
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.logging import logger
 
-from gptflow import init_from, preflight, why
+from gptflow import init_from, preflight, submission, why
 from gptflow.config import load_workflow_config, load_yaml
 from gptflow.data import sources
 from gptflow.environment import put_interpreter_bin_first
@@ -90,6 +90,12 @@ def profile_placement():
         gpu_mem_mb=number("gpu_mem_mb"),
         settings=tuple((k, str(v)) for k, v in settings if v is not None),
     )
+
+
+def record_refused_submissions(log):
+    """Snakefile onerror: a job Slurm never ran gets the refusal in the log it points at."""
+    for path in [log] if isinstance(log, str) else log or []:
+        submission.record_refusals(path)
 
 
 def refuse_placeholders():

@@ -556,3 +556,36 @@ def test_an_unedited_profile_submits_nothing(slurm_cluster, tmp_path, tiny_confi
         "<account>" in run.stdout, run.stdout[-3000:]  # fmt: skip
     assert not (tmp_path / "wd" / ".snakemake" / "slurm_logs").exists()
     assert not (tmp_path / "wd" / "results").exists()
+
+
+def test_a_submission_sbatch_refuses_is_explained_in_the_jobs_own_log(
+    slurm_cluster, tmp_path, tiny_config
+):
+    """A job Slurm will not take (a node feature no node has: sbatch's "Invalid feature
+    specification", which no preflight can know): Snakemake tries it retries + 1 times and
+    points at the job's log; the log then holds sbatch's reason and the attempts."""
+    import copy
+
+    from tests.support.profiles import TEST_CLUSTER, edited_slurm_profile
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
+    profile = edited_slurm_profile(tmp_path / "profile", copy.deepcopy(TEST_CLUSTER))
+    cfg = yaml.safe_load((profile / "config.yaml").read_text())
+    cfg["set-resources"]["collect_local_documents"] = {"constraint": "nonexistent"}
+    cfg["slurm-init-seconds-before-status-checks"] = 1
+    (profile / "config.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [
+        "timeout", "-k", "30", "300", str(BIN / "snakemake"),
+        "results/documents/stdlib/00000.jsonl", "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(tmp_path / "wd"), "--profile", str(profile), "--configfile", str(config),
+    ]  # fmt: skip
+    run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=SNAKEMAKE_ENV)  # fmt: skip
+    assert run.returncode != 0
+    log = (tmp_path / "wd/logs/collect_local_documents/stdlib/00000.log").read_text()
+    assert log.startswith(
+        "gptflow: Slurm never ran this collect_local_documents job: its submission was refused "
+        "4 time(s) with\n  SLURM sbatch failed. The error message was 'sbatch: error: Batch job "
+        "submission failed: Invalid feature specification'."
+    ), log
