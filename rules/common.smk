@@ -585,6 +585,7 @@ if workflow.is_main_process:
             PLACEMENT,
             tokenizer_json=Path(tokenizer_json()),
             datasets=DATASETS,
+            tokens_dir=Path(f"results/tokens/{TOKENIZER}"),
             runtimes={
                 "default-resources runtime": profile_value("all", "runtime"),
                 "set-resources train_gpt runtime": profile_value("train_gpt", "runtime"),

@@ -512,27 +512,31 @@ class Report:
 # --------------------------------------------------------------------------- the plan's preflight
 
 
-def token_bytes(datasets, vocab: int) -> tuple[int, int]:
-    """Bytes the token shards take: the .bin files of shards made (or imported) already, an
-    estimate from the inputs on disk for the others (:func:`shard_bytes`). Returns (bytes,
-    inputs not on disk yet, so not counted)."""
+def token_bytes(datasets, vocab: int, tokens_dir: Path | None = None) -> tuple[int, int]:
+    """Bytes the token shards take: the .bin files of shards made already (under
+    `tokens_dir`/{dataset}/{shard}[-{part}].bin, or an imported Megatron shard's), an estimate
+    from the inputs on disk for the others: 4 bytes of text a token (a compressed file's
+    bytes times its typical expansion), in the token dtype of the vocabulary
+    (gptflow.data.indexed's rule). Returns (bytes, inputs not on disk yet, so not counted)."""
     from gptflow.data.indexed import dtype_for_vocab
 
     total, missing = 0, 0
     for d in datasets.values():
         for s in d.shards:
-            files = [Path(f) for f in s.files] or [Path(s.input)]
+            made = []
+            if tokens_dir is not None:
+                here = tokens_dir / d.name
+                made = [here / f"{s.name}.bin", *sorted(here.glob(f"{s.name}-*.bin"))]
             if s.fmt == "megatron":
-                files = [Path(f"{s.input}.bin")]
+                made = [Path(f"{s.input}.bin")]
+            if any(f.is_file() for f in made):
+                total += sum(f.stat().st_size for f in made if f.is_file())
+                continue
+            files = [Path(f) for f in s.files] or [Path(s.input)]
             sizes = [(f.name, f.stat().st_size) for f in files if f.is_file()]
             missing += len(files) - len(sizes)
-            if s.fmt == "megatron":
-                total += sum(n for _, n in sizes)
-            else:
-                text = sum(
-                    n * EXPANSION.get(name.rsplit(".", 1)[-1].lower(), 1.0) for name, n in sizes
-                )
-                total += int(text / BYTES_PER_TOKEN_OF_TEXT) * dtype_for_vocab(vocab).itemsize
+            text = sum(n * EXPANSION.get(name.rsplit(".", 1)[-1].lower(), 1.0) for name, n in sizes)
+            total += int(text / BYTES_PER_TOKEN_OF_TEXT) * dtype_for_vocab(vocab).itemsize
     return total, missing
 
 
@@ -542,6 +546,7 @@ def run(
     *,
     tokenizer_json: Path | None = None,
     datasets: dict | None = None,
+    tokens_dir: Path | None = None,
     config_threads: dict[str, int] | None = None,
     profile_threads: dict[str, int] | None = None,
     runtimes: dict[str, int | None] | None = None,
@@ -598,7 +603,7 @@ def run(
         rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
     rep.lines += [f"  WARNING: {w}" for w in rep.warnings]
     if datasets is not None:
-        made, missing = token_bytes(datasets, vocab)
+        made, missing = token_bytes(datasets, vocab, tokens_dir)
         rep.size = {"parameters": m.num_parameters(), "vocab": vocab,
                     "vocab_source": vocab_source, "shard_bytes": made,
                     "inputs_not_on_disk": missing}  # fmt: skip

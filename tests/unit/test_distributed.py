@@ -133,6 +133,11 @@ def test_the_shipped_config_plans_on_the_shipped_slurm_profile(repo, tmp_path):
         "gptflow preflight: train_gpt on 1 node(s) x 8 rank(s) = 8 data parallel; micro batch "
         "2 x grad accum 1 x 8 = global batch 16"
     )
+    # where the profile overrides the config, the plan says which one a job runs with
+    assert (
+        "  tokenize_shard runs 4 thread(s): the profile's set-threads, over the config's "
+        "tokenize.workers 1" in out.stdout
+    )
     train = out.stdout.split("rule train_gpt:")[1].split("\n\n")[0]
     for want in ("nodes=1", "tasks_per_node=8", "gres=gpu:8", "mpi=srun", "--signal=USR1@600"):
         assert want in train, want

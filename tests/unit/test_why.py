@@ -143,3 +143,30 @@ def test_shard_bytes_come_from_the_corpus_in_the_token_dtype_of_the_unpadded_voc
     # 2 x 65,536 x 32 + (4 x 32 + 3 x 32^2 + 3 x 32 + 32^2 + 32 + 32 x 128 + 128 + 128 x 32
     # + 32) + 2 x 32
     assert size_of(cfg, tmp_path, 989.0, 0.4)["parameters"] == 2 * 65_536 * 32 + 12_704 + 64
+
+
+def test_why_passes_snakemakes_own_planning_error_through(repo, tmp_path, tiny_config):
+    """A plan that fails (here a config key of the wrong type) makes `gptflow why` exit 1 with
+    Snakemake's own error, from its first error line, not a generic failure."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "lr": "fast"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "gptflow"), "why", "--directory", str(tmp_path), "--",
+         "--snakefile", str(repo / "Snakefile"), "--configfile", str(tmp_path / "c.yaml"),
+         "--cores", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert (
+        lines[0].startswith("gptflow why: error: snakemake -n ")
+        and "failed (exit 1); Snakemake said:" in (lines[0])
+    ), out.stderr
+    assert lines[1].startswith("WorkflowError in file"), out.stderr
+    assert "train.lr" in out.stderr and "'fast'" in out.stderr, out.stderr

@@ -435,19 +435,26 @@ def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
     text, result = why(config)
     assert "Nothing will rerun" in text and "Config unchanged" in text, text
     assert result["jobs"] == [] and result["changes"] == []
-    # the preflight (tests/unit/test_why.py works these out by hand): 165,632 parameters (the
-    # tiny model's real count), 40 x 8 x 64 tokens, 884,736 FLOPs a token (Megatron's formula,
-    # as the trainer logs it), at 40 % MFU of 989 TFLOP/s;
-    # 16 bytes a parameter for 3 checkpoints (keep_last 2, and the one being written), uint16
-    pre = result["preflight"]
+    # the plan's preflight and size (tests/unit/test_why.py works these out by hand): 165,632
+    # parameters (the tiny model's real count, from the tokenizer the run made), 40 x 8 x 64
+    # tokens, 884,736 FLOPs a token (Megatron's formula, as the trainer logs it), at 40 % MFU
+    # of 989 TFLOP/s; 16 bytes a parameter for 3 checkpoints (keep_last 2, and the one being
+    # written); the shards made, to the byte
+    assert result["preflight"]["lines"][0].startswith(
+        "gptflow preflight: train_gpt on 1 rank(s) = 1 data parallel; micro batch 4 x grad "
+        "accum 2 x 1 = global batch 8; 165,632 parameters (vocabulary 512: "
+        "results/tokenizers/tiny-bpe/tokenizer.json)"
+    ), result["preflight"]
+    pre = result["preflight"]["size"]
     assert (pre["parameters"], pre["training_tokens"]) == (165_632, 20_480)
     assert pre["training_flops"] == 884_736 * 20_480
     assert pre["gpu_hours"] == pytest.approx(1.272286e-8, rel=1e-6)
-    assert (pre["checkpoint_bytes"], pre["shard_bytes"]) == (7_950_336, 40_960)
+    shards = sum(f.stat().st_size for f in (wd / "results/tokens").rglob("*.bin"))
+    assert (pre["checkpoint_bytes"], pre["shard_bytes"]) == (7_950_336, shards)
     assert (
-        "Preflight: 165,632 parameters, 20,480 training tokens, 1.81e+10 FLOPs = "
+        "Size: 165,632 parameters, 20,480 training tokens, 1.81e+10 FLOPs = "
         "1.27e-08 GPU-hours at 40% MFU of 989 TFLOP/s; disk: checkpoints about 0.00795 GB, "
-        "shards at least 4.1e-05 GB, "
+        f"shards about {shards / 1e9:.3g} GB, "
     ) in text, text
 
     changed = copy.deepcopy(tiny)
@@ -456,7 +463,7 @@ def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
         write_config(tmp_path / "lr.yaml", changed), "--mfu", "0.5", "--peak-tflops", "312"
     )
     # 18,119,393,280 FLOPs / (312e12 x 0.5) = 1.16150e-4 s = 3.226388e-8 GPU-hours
-    assert result["preflight"]["gpu_hours"] == pytest.approx(3.226388e-8, rel=1e-6)
+    assert result["preflight"]["size"]["gpu_hours"] == pytest.approx(3.226388e-8, rel=1e-6)
     assert "= 3.23e-08 GPU-hours at 50% MFU of 312 TFLOP/s;" in text, text
     assert result["changes"] == [["train.lr", 0.003, 0.002]], text
     rules = [j["rule"] for j in result["jobs"]]
