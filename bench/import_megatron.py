@@ -32,9 +32,9 @@ if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
 
 import numpy as np  # noqa: E402
 
-from gptflow.config import TokenizerInfo  # noqa: E402
 from gptflow.data.indexed import IndexedDataset, IndexedDatasetWriter  # noqa: E402
 from gptflow.data.shard_import import SCAN_CHUNK_BYTES, check_structure, scan_tokens  # noqa: E402
+from gptflow.data.tokenizer import TokenizerInfo  # noqa: E402
 
 VOCAB = 50277  # GPT-NeoX-20B's tokenizer
 

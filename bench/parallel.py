@@ -47,8 +47,9 @@ def worker(a) -> None:
 
     from gptflow import distributed
     from gptflow import engine as ds
-    from gptflow.config import ModelConfig, TrainConfig, load_yaml, padded_vocab_size
+    from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
     from gptflow.model import decay_groups
+    from gptflow.schema import load_yaml
     from gptflow.train import device
     from gptflow.train.loop import Progress, Trainer, train_step
     from gptflow.train.metrics import Interval

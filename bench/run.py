@@ -31,9 +31,8 @@ import numpy as np  # noqa: E402
 def corpus(out: Path) -> list[str]:
     import yaml
 
-    from gptflow.config import expand_root
     from gptflow.data.readers import collect_local_documents
-    from gptflow.data.sources import local_shards
+    from gptflow.data.sources import expand_root, local_shards
 
     spec = yaml.safe_load((REPO / "config/config.yaml").read_text())["datasets"]["stdlib"]
     files = [f for shard in local_shards("stdlib", spec) for f in shard]

@@ -229,7 +229,8 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")
 
     from gptflow import distributed
-    from gptflow.config import ModelConfig, TrainConfig, load_yaml, padded_vocab_size
+    from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
+    from gptflow.schema import load_yaml
 
     torch.set_num_threads(a.threads)
     preset = load_yaml(REPO / "config/models" / f"{a.preset}.yaml") or {}

@@ -11,7 +11,8 @@ from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.logging import logger
 
 from gptflow import init_from, preflight, submission, why
-from gptflow.config import load_workflow_config, load_yaml
+from gptflow.workflow_config import load_workflow_config
+from gptflow.schema import load_yaml
 from gptflow.data import sources
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
@@ -510,7 +511,7 @@ def get_eval_mem_mb(wildcards, input):
     """Memory of the evaluate job (MB), from the run's model (gptflow.evaluate.memory_mb):
     its fp32 weights, a batch of logits and 2 GiB. A plan made before run.yaml exists shows
     <TBD> (Snakemake's answer to a FileNotFoundError naming an input)."""
-    from gptflow.config import RunConfig
+    from gptflow.run_config import RunConfig
     from gptflow.evaluate import memory_mb
 
     open(input.config).close()

@@ -66,9 +66,8 @@ def edit_config(tiny_config):
 @pytest.fixture(scope="session")
 def corpus_jsonl(tmp_path_factory, tiny_config) -> list[Path]:
     """Two JSONL shards of real text (the tiny config's stdlib slice)."""
-    from gptflow.config import expand_root
     from gptflow.data.readers import collect_local_documents
-    from gptflow.data.sources import local_shards
+    from gptflow.data.sources import expand_root, local_shards
 
     spec = tiny_config["datasets"]["stdlib"]
     out = tmp_path_factory.mktemp("corpus")
@@ -161,7 +160,8 @@ def make_run(repo, tiny_config, tokenizer_json, shards, tmp_path):
     tiny config (model and train keys overridden), for `gptflow train`."""
 
     def make(name="run", model=None, **train) -> Path:
-        from gptflow.config import load_workflow_config, render_run_config, write_run_config
+        from gptflow.run_config import render_run_config, write_run_config
+        from gptflow.workflow_config import load_workflow_config
 
         cfg = load_workflow_config(
             {

@@ -184,7 +184,7 @@ def cmd_convert_tokenizer(a: argparse.Namespace) -> int:
 
 
 def cmd_catalog(a: argparse.Namespace) -> int:
-    from gptflow.config import load_yaml
+    from gptflow.schema import load_yaml
 
     if not Path(a.catalog).is_file():
         raise GptflowError(
@@ -242,9 +242,9 @@ def cmd_train(a: argparse.Namespace) -> int:
 def cmd_build_index(a: argparse.Namespace) -> int:
     import time
 
-    from gptflow.config import RunConfig
     from gptflow.data.dataset import run_split_datasets
     from gptflow.fsutil import write_json
+    from gptflow.run_config import RunConfig
 
     cfg = RunConfig.load(a.config)
     t0 = time.perf_counter()

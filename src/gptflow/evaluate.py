@@ -16,9 +16,10 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from gptflow.config import ModelConfig, RunConfig
+from gptflow.config import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
+from gptflow.run_config import RunConfig
 
 if TYPE_CHECKING:
     import numpy as np

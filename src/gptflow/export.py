@@ -41,10 +41,11 @@ from pathlib import Path
 
 import torch
 
-from gptflow.config import ModelConfig, RunConfig
+from gptflow.config import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish, temp_dir
 from gptflow.model import checkpoint_name
+from gptflow.run_config import RunConfig
 
 MAX_SHARD_SIZE = 5 * 10**9  # bytes per safetensors shard: Hugging Face's default ("5GB")
 

@@ -36,11 +36,11 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptflow.config import InitFromInfo, ModelConfig, padded_vocab_size
+from gptflow.config import ModelConfig, padded_vocab_size
 from gptflow.errors import GptflowError
 
 CONFIG = "config.json"
@@ -50,6 +50,21 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a file's JSON header
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the float dtypes
 DIGEST_CACHE = "init-from-digests.json"  # in the run directory: sha256 by (size, mtime)
+
+
+@dataclass(frozen=True)
+class InitFromInfo:
+    """``model.init_from`` as run.yaml records it: the Hugging Face checkpoint directory the
+    run starts from (gptflow.init_from), the identity of its weights (sha256 over its
+    safetensors files' sha256s; the series fingerprint holds it) and each file as hashed
+    ({name: {bytes, mtime_ns, sha256}}: the trainer checks the files are still those)."""
+
+    path: str
+    sha256: str
+    files: dict
+
+
+# keys of the workflow config's `model:` that choose the model rather than describe it
 
 
 def where(path: str | os.PathLike) -> str:
@@ -243,16 +258,13 @@ def check_architecture(path: str | os.PathLike, hf: dict, model: ModelConfig) ->
 def checkpoint_tokenizer(path: str | os.PathLike):
     """The checkpoint's tokenizer (``tokenizers.Tokenizer``): tokenizer.json, else GPT-2's
     vocab.json + merges.txt as gptflow reads them (``tokenizer.source: gpt2``)."""
-    from gptflow.data.tokenizer import gpt2_tokenizer, load_tokenizer
+    from gptflow.data.tokenizer import gpt2_bpe, load_tokenizer
 
     d = Path(path)
     if (d / "tokenizer.json").is_file():
         return load_tokenizer(d / "tokenizer.json")
     if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "tokenizer.json"
-            gpt2_tokenizer(d / "vocab.json", d / "merges.txt", out)
-            return load_tokenizer(out)
+        return gpt2_bpe(d / "vocab.json", d / "merges.txt")
     raise GptflowError(
         f"{where(path)} has no tokenizer.json (nor vocab.json + merges.txt): its embedding rows "
         f"are the ids of a tokenizer that cannot be checked against the run's. Save the "

@@ -58,8 +58,8 @@ def record_config(cfg: dict, workdir: str | os.PathLike = ".") -> None:
     which yaml.safe_dump refuses (every run with a JSON --configfile failed here)."""
     import time
 
-    from gptflow.config import plain
     from gptflow.fsutil import atomic_write
+    from gptflow.schema import plain
 
     path = Path(workdir) / RECORD
     path.parent.mkdir(parents=True, exist_ok=True)

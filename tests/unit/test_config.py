@@ -6,8 +6,10 @@ import re
 
 import pytest
 
-from gptflow.config import RunConfig, TrainConfig, load_workflow_config, render_run_config
+from gptflow.config import TrainConfig
 from gptflow.errors import GptflowError
+from gptflow.run_config import RunConfig, render_run_config
+from gptflow.workflow_config import load_workflow_config
 
 
 def load(repo, cfg):
@@ -131,7 +133,7 @@ def test_run_identity_covers_the_trajectory_only(repo, tiny_config, tokenizer_js
 
 
 def test_run_config_round_trip(repo, tiny_config, tokenizer_json, shards, tmp_path):
-    from gptflow.config import write_run_config
+    from gptflow.run_config import write_run_config
 
     cfg = load(repo, tiny_config)
     run = render_run_config(
@@ -168,7 +170,7 @@ def test_shards_of_another_tokenizer_are_refused(repo, tiny_config, shards, tmp_
 
 
 def test_a_key_given_twice_is_an_error_naming_file_line_and_key(tmp_path):
-    from gptflow.config import load_yaml
+    from gptflow.schema import load_yaml
 
     path = tmp_path / "run.yaml"
     path.write_text("run: a\ntrain:\n  lr: 1.0\n  seed: 2\n  lr: 3.0\n")

@@ -141,7 +141,7 @@ def test_bf16_without_zero_is_refused_with_the_fix(repo, tiny_config):
     """DeepSpeed's bf16 at ZeRO 0 (FP16_UnfusedOptimizer) starts Adam one step ahead and sums
     gradients in bf16: refused when a run is planned and when it starts, naming stage 1; an
     existing run's config still reads (its export must work)."""
-    from gptflow.config import load_workflow_config
+    from gptflow.workflow_config import load_workflow_config
 
     old_run = TrainConfig(train_iters=1, precision="bf16")  # reading is fine
     with pytest.raises(GptflowError, match=r"train\.precision bf16 needs train\.zero_stage 1"):

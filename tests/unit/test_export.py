@@ -20,13 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptflow.config import (
-    ModelConfig,
-    load_workflow_config,
-    render_run_config,
-    write_run_config,
-)
+from gptflow.config import ModelConfig
 from gptflow.errors import GptflowError
+from gptflow.run_config import render_run_config, write_run_config
+from gptflow.workflow_config import load_workflow_config
 from tests.support.memory import peak_allocated
 
 BIN = Path(sys.executable).parent
@@ -336,8 +333,8 @@ def test_evaluate_loads_the_weights_alone_one_tensor_at_a_time(trained):
     """The evaluated model holds exactly the checkpoint's weights, and loading it allocates the
     model plus at most two tensors: the ZeRO-0 file's Adam states (twice the model) are never
     read, nor is a second copy of the weights made."""
-    from gptflow.config import RunConfig
     from gptflow.evaluate import load_model
+    from gptflow.run_config import RunConfig
 
     run_dir = trained(0, "fp32")
     cfg = RunConfig.load(run_dir / "run.yaml")
@@ -359,8 +356,9 @@ def test_the_evaluate_job_memory_comes_from_the_model_without_importing_torch():
     """memory_mb for Pythia-1.4B at 2,048 tokens (1,414,647,808 parameters, as EleutherAI
     publishes; vocabulary 50,304): fp32 weights + 3 x a batch of 8 windows of fp32 logits +
     2 GiB = 16,877 MiB. The workflow calls it while planning, where torch is not imported."""
-    from gptflow.config import ModelConfig, load_yaml
+    from gptflow.config import ModelConfig
     from gptflow.evaluate import memory_mb
+    from gptflow.schema import load_yaml
 
     preset = load_yaml(Path(__file__).parents[2] / "config/models/pythia-1.4b.yaml")
     preset.pop("description")

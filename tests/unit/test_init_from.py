@@ -23,12 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptflow.config import (
-    RunConfig,
-    load_workflow_config,
-    render_run_config,
-    write_run_config,
-)
+from gptflow.run_config import RunConfig, render_run_config, write_run_config
+from gptflow.workflow_config import load_workflow_config
 
 from .test_train import BIN, gptflow_train, records
 
@@ -494,8 +490,9 @@ def test_pythia_160m_config_is_the_preset_and_its_rows_are_128_padding(repo):
     """The pythia-160m preset has Pythia-160M's published architecture (transformers 4 key
     names); its 50,304 rows are the GPT-NeoX tokenizer's 50,277 ids padded to 128, and 256
     would be refused with 128 named. Also the same architecture in transformers 5's names."""
-    from gptflow.config import ModelConfig, load_yaml
+    from gptflow.config import ModelConfig
     from gptflow.init_from import architecture_differences, check_rows, unsupported
+    from gptflow.schema import load_yaml
 
     preset = load_yaml(repo / "config/models/pythia-160m.yaml")
     model = ModelConfig(**preset)

@@ -186,8 +186,8 @@ def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(make_run):
 def test_layouts_that_cannot_split_are_refused_when_planned(
     repo, edit_config, model, train, message
 ):
-    from gptflow.config import load_workflow_config
     from gptflow.errors import GptflowError
+    from gptflow.workflow_config import load_workflow_config
 
     cfg = edit_config(model={"preset": "tiny", **model}, train=train)
     with pytest.raises(GptflowError, match=message):

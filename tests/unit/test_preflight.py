@@ -246,7 +246,7 @@ def test_a_model_that_does_not_fit_names_its_largest_term():
     """Megatron's 18.4B sizes on 8 ranks of one node without model parallelism at ZeRO 1:
     each GPU holds the 16-bit weights and gradients of all 18.4B parameters and their fp32
     sums; at tensor parallel 8 (the table's layout) it fits."""
-    from gptflow.config import load_yaml
+    from gptflow.schema import load_yaml
 
     preset = load_yaml("config/models/megatron-gpt3-18.4b.yaml")
     preset.pop("description")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gptflow.config import RunConfig
 from gptflow.errors import GptflowError
+from gptflow.run_config import RunConfig
 
 BIN = Path(sys.executable).parent
 

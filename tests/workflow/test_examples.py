@@ -100,8 +100,9 @@ def test_each_published_layout_splits_over_the_nodes_its_header_names(layout):
     layers divide; ZeRO stage allowed), on the config merged as Snakemake merges it."""
     from snakemake.utils import update_config
 
-    from gptflow.config import TrainConfig, load_workflow_config
+    from gptflow.config import TrainConfig
     from gptflow.distributed import launched_ranks
+    from gptflow.workflow_config import load_workflow_config
 
     recipe, nodes = layout_recipe(layout)
     cfg = yaml.safe_load(recipe.read_text())

@@ -4,8 +4,8 @@ import json
 import sys
 from pathlib import Path
 
-from gptflow.config import expand_root
 from gptflow.data.readers import collect_local_documents
+from gptflow.data.sources import expand_root
 from gptflow.errors import report_errors
 from gptflow.fsutil import write_json
 

@@ -2,8 +2,8 @@
 
 import sys
 
-from gptflow.config import render_run_config, write_run_config
 from gptflow.errors import report_errors
+from gptflow.run_config import render_run_config, write_run_config
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):

@@ -56,7 +56,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gptflow.config import TokenizerInfo
 from gptflow.data.engines import LONG_DOCUMENT_CHARS, encode_long
 from gptflow.data.indexed import (
     HEADER_SIZE,
@@ -65,7 +64,7 @@ from gptflow.data.indexed import (
     dtype_for_vocab,
     idx_path,
 )
-from gptflow.data.tokenizer import load_tokenizer, tokenizer_info
+from gptflow.data.tokenizer import TokenizerInfo, load_tokenizer, tokenizer_info
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish_symlink, sha256_file, write_json
 

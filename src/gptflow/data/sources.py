@@ -28,14 +28,15 @@ import functools
 import os
 import re
 import string
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from gptflow.config import expand_root, fill_defaults, load_yaml, validate
 from gptflow.data.download import refuse_credentials_in_urls, token_origins
 from gptflow.data.readers import FORMATS, infer_format
 from gptflow.errors import GptflowError
+from gptflow.schema import fill_defaults, load_yaml, validate
 
 # The name a downloaded file is stored under (resources/raw/{dataset}/{name}) comes from a URL,
 # which is someone else's text: one path component of plain characters, not a name the
@@ -48,6 +49,12 @@ MAX_NAME_BYTES = 200
 # 'merged' is tokenize.merge's output beside the shards.
 SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 RESERVED_SHARD_NAMES = ("merged",)
+
+
+def expand_root(root: str) -> Path:
+    """Expand ``{python_stdlib}``, ``~`` and ``$VARS`` in a dataset root."""
+    root = root.replace("{python_stdlib}", sysconfig.get_paths()["stdlib"])
+    return Path(os.path.expandvars(os.path.expanduser(root)))
 
 
 def check_stored_name(name: str, where: str) -> str:

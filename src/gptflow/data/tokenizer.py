@@ -10,11 +10,22 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from gptflow.config import TokenizerInfo
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, sha256_file
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What a shard or a run needs to know about the tokenizer it was made with."""
+
+    path: str
+    sha256: str
+    vocab_size: int
+    eod_id: int
+    eod_token: str
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -160,15 +171,11 @@ def write_sample(texts: Iterator[str], out: str | os.PathLike) -> dict:
     return {"documents": documents, "chars": size}
 
 
-def gpt2_tokenizer(
-    vocab: str | os.PathLike, merges: str | os.PathLike, out: str | os.PathLike
-) -> dict:
-    """A tokenizer.json equivalent to Megatron's GPT2BPETokenizer from GPT-2 vocab + merges.
-
-    Byte-level BPE with GPT-2's pre-tokenizer regex and no prefix space; ``<|endoftext|>`` is
-    looked up in the vocabulary but not made a special token, so a literal "<|endoftext|>" in
-    a text is tokenized as text, exactly as Megatron's tokenizer does.
-    """
+def gpt2_bpe(vocab: str | os.PathLike, merges: str | os.PathLike):
+    """A ``tokenizers.Tokenizer`` equivalent to Megatron's GPT2BPETokenizer from GPT-2 vocab +
+    merges: byte-level BPE with GPT-2's pre-tokenizer regex and no prefix space;
+    ``<|endoftext|>`` is looked up in the vocabulary but not made a special token, so a literal
+    "<|endoftext|>" in a text is tokenized as text, exactly as Megatron's tokenizer does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     for p in (vocab, merges):
@@ -182,6 +189,14 @@ def gpt2_tokenizer(
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def gpt2_tokenizer(
+    vocab: str | os.PathLike, merges: str | os.PathLike, out: str | os.PathLike
+) -> dict:
+    """:func:`gpt2_bpe` written to `out` as a tokenizer.json."""
+    tok = gpt2_bpe(vocab, merges)
     with atomic_write(out) as f:
         f.write(tok.to_str(pretty=True))
     return {"vocab_size": tok.get_vocab_size(with_added_tokens=True)}

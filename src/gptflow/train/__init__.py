@@ -26,11 +26,11 @@ import torch
 
 from gptflow import distributed
 from gptflow.checkpoint import RunLock
-from gptflow.config import RunConfig
 from gptflow.data.indexed import idx_path
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file
 from gptflow.hardware import training_precision
+from gptflow.run_config import RunConfig
 from gptflow.train import device
 from gptflow.train.loop import EXIT_PREEMPTED, MAX_NAN_STREAK, run, signals_received
 

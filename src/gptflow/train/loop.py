@@ -30,13 +30,13 @@ import torch
 from gptflow import distributed
 from gptflow import engine as ds
 from gptflow.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
-from gptflow.config import RunConfig
 from gptflow.data.dataset import run_split_datasets
 from gptflow.environment import versions
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
 from gptflow.hardware import peak_tflops
 from gptflow.model import decay_groups
+from gptflow.run_config import RunConfig
 from gptflow.train.device import Device
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
 

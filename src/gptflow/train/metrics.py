@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from gptflow.config import RunConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
 from gptflow.progress import hms
+from gptflow.run_config import RunConfig
 from gptflow.train.device import Device
 
 log = logging.getLogger("gptflow.train")

@@ -1,0 +1,285 @@
+"""The run config (``results/runs/{run}/run.yaml``): the resolved, self-contained input of
+``gptflow train`` -- model with the preset applied, tokenizer facts, shard prefixes with their
+checksums, hyperparameters. :func:`render_run_config` makes it from a validated workflow
+config; :class:`RunConfig` reads it back, with the paths of what a run writes and the
+fingerprint that names its checkpoint series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gptflow.config import ModelConfig, TrainConfig, architecture, padded_vocab_size
+from gptflow.data.tokenizer import TokenizerInfo
+from gptflow.errors import GptflowError
+from gptflow.init_from import InitFromInfo
+from gptflow.schema import load_yaml
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    prefix: str
+    idx_sha256: str
+    bin_sha256: str
+    documents: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class DatasetBlend:
+    name: str
+    weight: float
+    shards: tuple[ShardInfo, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The resolved input of ``gptflow train`` (``results/runs/{run}/run.yaml``)."""
+
+    run: str
+    run_dir: str
+    tokenizer: TokenizerInfo
+    datasets: tuple[DatasetBlend, ...]
+    split: str
+    model: ModelConfig
+    train: TrainConfig
+    init_from: InitFromInfo | None = None  # model.init_from: the weights of step 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.train.seq_length > self.model.max_position_embeddings:
+            raise GptflowError(
+                f"train.seq_length {self.train.seq_length} exceeds model.max_position_embeddings "
+                f"{self.model.max_position_embeddings}; raise the latter or shorten the sequences"
+            )
+        if self.model.vocab_size < self.tokenizer.vocab_size:
+            raise GptflowError(
+                f"model vocab {self.model.vocab_size} is smaller than the tokenizer's "
+                f"{self.tokenizer.vocab_size} ids; re-render the run config"
+            )
+
+    # paths inside the run directory -------------------------------------------------
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.run_dir) / "checkpoints"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Checkpoints of this configuration: one series per trajectory fingerprint."""
+        return self.checkpoint_root / self.series
+
+    @property
+    def metrics_path(self) -> Path:
+        return Path(self.run_dir) / "metrics.jsonl"
+
+    @property
+    def done_path(self) -> Path:
+        return Path(self.run_dir) / "DONE.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return Path(self.run_dir) / "train.lock"
+
+    @property
+    def index_cache_dir(self) -> Path:
+        return Path(self.run_dir) / "data-index"
+
+    @property
+    def wandb_dir(self) -> Path:
+        """W&B's own files (wandb.init's dir is the run directory) and each series' W&B run id."""
+        return Path(self.run_dir) / "wandb"
+
+    # identity -------------------------------------------------------------------
+    def fingerprint(self) -> dict:
+        """Everything that determines the training trajectory, and nothing that does not.
+
+        Two configs with the same fingerprint produce the same sequence of parameters step
+        by step, so their checkpoints are interchangeable: one resumes the other. Logging,
+        evaluation and checkpoint intervals, ``train_iters`` (when the decay length is fixed
+        by ``lr_decay_iters``) and the micro-batch size are not part of it.
+        """
+        t = self.train
+        model = dataclasses.asdict(self.model)
+        for k in ("description", "activation_checkpointing", "max_position_embeddings"):
+            model.pop(k)
+        # the starting weights by content (not by path); absent for a random start, so the
+        # series of runs from before model.init_from existed keep their names
+        init = {"init_from": self.init_from.sha256} if self.init_from else {}
+        return {
+            **init,
+            "model": model,
+            "tokenizer_sha256": self.tokenizer.sha256,
+            "eod_id": self.tokenizer.eod_id,
+            "data": [
+                {"name": d.name, "weight": d.weight, "shards": [s.bin_sha256 for s in d.shards]}
+                for d in self.datasets
+            ],
+            "split": self.split,
+            "seed": t.seed,
+            "seq_length": t.seq_length,
+            "global_batch_size": t.global_batch_size,
+            "optimizer": {
+                "lr": t.lr,
+                "min_lr": t.min_lr,
+                "warmup": t.lr_warmup_iters,
+                "decay_iters": t.decay_iters,
+                "decay_style": t.lr_decay_style,
+                "weight_decay": t.weight_decay,
+                "betas": [t.adam_beta1, t.adam_beta2],
+                "eps": t.adam_eps,
+                "clip_grad": t.clip_grad,
+                "precision": t.precision,
+            },
+        }
+
+    @property
+    def series(self) -> str:
+        blob = json.dumps(self.fingerprint(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    # (de)serialisation ----------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "run": self.run,
+            "run_dir": self.run_dir,
+            "tokenizer": dataclasses.asdict(self.tokenizer),
+            "data": {
+                "split": self.split,
+                "datasets": [
+                    {
+                        "name": d.name,
+                        "weight": d.weight,
+                        "shards": [dataclasses.asdict(s) for s in d.shards],
+                    }
+                    for d in self.datasets
+                ],
+            },
+            "model": dataclasses.asdict(self.model),
+            **({"init_from": dataclasses.asdict(self.init_from)} if self.init_from else {}),
+            "train": dataclasses.asdict(self.train),
+            **({"derived": self.extra} if self.extra else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "run.yaml") -> RunConfig:
+        try:
+            return cls(
+                run=d["run"],
+                run_dir=d["run_dir"],
+                tokenizer=TokenizerInfo(**d["tokenizer"]),
+                datasets=tuple(
+                    DatasetBlend(
+                        name=b["name"],
+                        weight=float(b["weight"]),
+                        shards=tuple(ShardInfo(**s) for s in b["shards"]),
+                    )
+                    for b in d["data"]["datasets"]
+                ),
+                split=d["data"]["split"],
+                model=ModelConfig(**d["model"]),
+                train=TrainConfig(**d["train"]),
+                init_from=InitFromInfo(**d["init_from"]) if d.get("init_from") else None,
+                extra=d.get("derived", {}),
+            )
+        except (KeyError, TypeError) as e:
+            raise GptflowError(
+                f"{source}: not a gptflow run config ({e}); re-create it with the workflow "
+                f"(rule render_run_config)"
+            ) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> RunConfig:
+        data = load_yaml(path)
+        if not isinstance(data, dict):
+            raise GptflowError(f"{path}: not a gptflow run config (expected a mapping)")
+        return cls.from_dict(data, source=str(path))
+
+
+def render_run_config(
+    cfg: dict, *, tokenizer_path: str, shards: dict[str, list[str]], run_dir: str
+) -> RunConfig:
+    """The run config of a validated workflow config: model resolved, tokenizer and shards checked.
+
+    `shards` maps each blended dataset to its shard prefixes. Shards tokenized with another
+    tokenizer than the run's are refused (their manifests record the tokenizer's sha256).
+    """
+    from gptflow.data.indexed import dtype_for_vocab
+    from gptflow.data.tokenize import read_manifest
+    from gptflow.data.tokenizer import tokenizer_info
+
+    tok = tokenizer_info(tokenizer_path, cfg["tokenizer"]["eod_token"])
+    blends = []
+    for item in cfg["data"]["blend"]:
+        name = item["dataset"]
+        infos = []
+        for prefix in shards[name]:
+            m = read_manifest(prefix)
+            if m["tokenizer"]["sha256"] != tok.sha256:
+                raise GptflowError(
+                    f"{prefix}.json: shard was tokenized with tokenizer {m['tokenizer']['path']} "
+                    f"(sha256 {m['tokenizer']['sha256'][:12]}), but the run uses {tokenizer_path} "
+                    f"(sha256 {tok.sha256[:12]}); delete the shard so the workflow re-tokenizes it"
+                )
+            infos.append(
+                ShardInfo(
+                    prefix=prefix,
+                    idx_sha256=m["idx_sha256"],
+                    bin_sha256=m["bin_sha256"],
+                    documents=m["documents"],
+                    tokens=m["tokens"],
+                )
+            )
+        blends.append(DatasetBlend(name=name, weight=float(item["weight"]), shards=tuple(infos)))
+    model_keys = architecture(cfg["model"])
+    model_keys["vocab_size"] = padded_vocab_size(
+        tok.vocab_size, model_keys["make_vocab_size_divisible_by"]
+    )
+    model = ModelConfig(**model_keys)
+    train = TrainConfig(**cfg["train"])
+    init_from = None
+    if cfg["model"].get("init_from"):
+        from gptflow.init_from import resolve
+
+        init_from = resolve(cfg["model"]["init_from"], model, tokenizer_path, run_dir)
+    data_tokens = sum(b.tokens for b in blends)
+    total = train.train_iters * train.tokens_per_step
+    derived = {
+        "preset": cfg["model"]["preset"],
+        "parameters": model.num_parameters(),
+        "tokens_per_step": train.tokens_per_step,
+        "total_tokens": total,
+        "data_tokens": data_tokens,
+        "epochs": round(total / data_tokens, 4) if data_tokens else None,
+        "training_flops": model.flops_per_token(train.seq_length) * total,
+        "token_dtype": dtype_for_vocab(tok.vocab_size).name,
+    }
+    return RunConfig(
+        run=cfg["run"],
+        run_dir=run_dir,
+        tokenizer=tok,
+        datasets=tuple(blends),
+        split=cfg["data"]["split"],
+        model=model,
+        train=train,
+        init_from=init_from,
+        extra=derived,
+    )
+
+
+def write_run_config(run: RunConfig, path: str | os.PathLike) -> None:
+    from gptflow.fsutil import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(f"# Resolved run config of '{run.run}' (written by the workflow; do not edit).\n")
+        yaml.safe_dump(run.to_dict(), f, sort_keys=False, default_flow_style=False)
