@@ -50,7 +50,7 @@ bench: setup
 	python bench/run.py
 	python bench/train.py
 	python bench/download.py
-	python bench/tokenize.py
+	python bench/tokenization.py
 	python bench/blend_index.py
 	python bench/plan.py
 

@@ -20,10 +20,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# `python bench/X.py` puts bench/ first on sys.path, where bench/tokenize.py shadows the
-# standard library's tokenize; drop it before anything imports that.
-if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
-    del sys.path[0]
 sys.path.insert(0, str(REPO))  # tests.support: the reference loader
 
 import numpy as np  # noqa: E402

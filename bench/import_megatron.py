@@ -19,22 +19,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from gptflow.data.indexed import IndexedDataset, IndexedDatasetWriter
+from gptflow.data.shard_import import SCAN_CHUNK_BYTES, check_structure, scan_tokens
+from gptflow.data.tokenizer import TokenizerInfo
+
 REPO = Path(__file__).resolve().parents[1]
-# `python bench/X.py` puts bench/ first on sys.path, where bench/tokenize.py shadows the
-# standard library's tokenize; drop it before anything imports that.
-if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
-    del sys.path[0]
-
-import numpy as np  # noqa: E402
-
-from gptflow.data.indexed import IndexedDataset, IndexedDatasetWriter  # noqa: E402
-from gptflow.data.shard_import import SCAN_CHUNK_BYTES, check_structure, scan_tokens  # noqa: E402
-from gptflow.data.tokenizer import TokenizerInfo  # noqa: E402
 
 VOCAB = 50277  # GPT-NeoX-20B's tokenizer
 

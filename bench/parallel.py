@@ -33,9 +33,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# bench/ first on sys.path would shadow the standard library's tokenize with bench/tokenize.py
-if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
-    del sys.path[0]
 
 
 def worker(a) -> None:

@@ -19,13 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-# `python bench/X.py` puts bench/ first on sys.path, where bench/tokenize.py shadows the
-# standard library's tokenize (inspect and linecache import it); drop it before they are imported.
-if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
-    del sys.path[0]
+import numpy as np
 
-import numpy as np  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def corpus(out: Path) -> list[str]:

@@ -43,14 +43,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-# `python bench/X.py` puts bench/ first on sys.path, where bench/tokenize.py shadows the
-# standard library's tokenize (inspect and linecache import it, e.g. when torch formats a stack);
-# drop it before anything imports them (no dataclasses above this line).
-if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
-    del sys.path[0]
+import numpy as np
 
-import numpy as np  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Runner:

@@ -9,7 +9,7 @@ The pipeline, in bounded memory whatever the input size:
 1. a reader thread reads chunks of whole lines (``batch_bytes``), decompresses and parses them
    (msgspec) -- a document range (``documents=(start, stop)``) is applied here, before any
    encoding;
-2. the engine (:mod:`gptflow.data.engines`) encodes each batch: gigatoken on ``workers``
+2. the engine (:mod:`gptflow.data.backends`) encodes each batch: gigatoken on ``workers``
    threads in this process, or hf in ``workers`` processes;
 3. EOD is appended and the tokens are streamed to ``PREFIX.bin``; the ``.idx`` is written at
    the end, and the three files appear, by atomic rename, only when complete.
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gptflow.data.engines import (
+from gptflow.data.backends import (
     LONG_DOCUMENT_CHARS,
-    GigatokenEngine,
-    HFEngine,
+    GigatokenBackend,
+    HFBackend,
     encode_long,
     peak_rss_bytes,
-    select_engine,
+    select_backend,
 )
 from gptflow.data.indexed import IndexedDatasetWriter, dtype_for_vocab
 from gptflow.data.readers import (
@@ -216,7 +216,7 @@ _hf_worker: dict = {}
 
 
 def _init_hf_worker(tokenizer_path: str) -> None:
-    _hf_worker["engine"] = HFEngine(tokenizer_path)
+    _hf_worker["engine"] = HFBackend(tokenizer_path)
 
 
 def _hf_encode(p: Parsed) -> tuple[np.ndarray, np.ndarray, Parsed]:
@@ -253,7 +253,7 @@ def _regrouped(parsed: Iterable[Parsed], max_chars: int) -> Iterator[Parsed]:
 
 
 def _encoded(
-    parsed: Iterator[Parsed], hf: HFEngine, gt: GigatokenEngine | None, workers: int
+    parsed: Iterator[Parsed], hf: HFBackend, gt: GigatokenBackend | None, workers: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray, Parsed]]:
     """(tokens, lengths, batch) for every parsed batch, in order."""
     if gt is not None:
@@ -340,10 +340,10 @@ def tokenize_to_shard(
     # reading and parsing start now, on the reader thread, while the tokenizers load
     parsed = _Prefetch(_parsed(inputs, reader, batch_bytes, on_bad_document, documents, digests))
     with contextlib.closing(parsed):
-        hf = HFEngine(tokenizer_path)  # the reference, also for vocabulary size and EOD
+        hf = HFBackend(tokenizer_path)  # the reference, also for vocabulary size and EOD
         info = tokenizer_info(tokenizer_path, eod_token, tok=hf.tok)
         dtype = dtype_for_vocab(info.vocab_size)
-        gt, auto_reason = select_engine(
+        gt, auto_reason = select_backend(
             engine,
             tokenizer_path,
             hf,

@@ -10,7 +10,7 @@ Then, each as its own process:
 * the ceiling: gigatoken's (and tokenizers') raw ``encode_batch`` over the same documents,
   already in memory, on 1 and 2 threads -- no reading, parsing or writing.
 
-Usage: python bench/tokenize.py [--mb 220] [--work DIR] [--skip-hf] [--repeat 3]
+Usage: python bench/tokenization.py [--mb 220] [--work DIR] [--skip-hf] [--repeat 3]
 
 The gigatoken figures are the best of --repeat runs; hf runs once (minutes each).
 """
