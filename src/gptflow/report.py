@@ -140,6 +140,93 @@ def _export(hf_export: str | os.PathLike | None) -> list[str]:
     return parts
 
 
+def _run(run: dict, finished: dict) -> list[str]:
+    row = [
+        finished["final_step"],
+        f"{finished['tokens']:,}",
+        finished["train_loss"],
+        f"{finished['initial_val_loss']} → {finished['final_val_loss']}",
+        f"{finished['checkpoint']} (sha256 {finished['checkpoint_sha256'][:16]}…)",
+    ]
+    head = ["final step", "tokens", "train loss", "validation loss (first → last)", "checkpoint"]
+    return [f"<h2>Run {html.escape(run['run'])}</h2>", _table(head, [row])]
+
+
+def _origin(spec: dict) -> str:
+    """Where a dataset comes from, as its config entry says."""
+    origin = spec.get("type", "")
+    if spec.get("urls") or spec.get("url"):
+        return origin + ": " + ", ".join(spec.get("urls") or [spec["url"]])
+    if spec.get("root"):
+        return origin + f": {spec['root']}"
+    if spec.get("name"):
+        return origin + f": {spec['name']}"
+    return origin
+
+
+def _data_card(run: dict, datasets: dict) -> list[str]:
+    """The tokenizer, and each shard with its counts and sources (from its manifest)."""
+    tok = run["tokenizer"]
+    tokenizer = [tok["path"], tok["vocab_size"], f"{tok['eod_token']} ({tok['eod_id']})",
+                 tok["sha256"]]  # fmt: skip
+    rows = []
+    for d in run["data"]["datasets"]:
+        origin = _origin(datasets.get(d["name"], {}))
+        for shard in d["shards"]:
+            manifest_path = Path(f"{shard['prefix']}.json")
+            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+            sources = "; ".join(
+                f"{s['path']} (sha256 {s['sha256'][:16]}…)" for s in manifest.get("sources", [])
+            )
+            rows.append([
+                d["name"], d["weight"], origin, shard["prefix"], f"{shard['documents']:,}",
+                f"{shard['tokens']:,}", sources, shard["bin_sha256"][:16] + "…",
+            ])  # fmt: skip
+    head = ["dataset", "weight", "origin", "shard", "documents", "tokens", "sources", ".bin sha256"]
+    return [
+        "<h2>Data card</h2>",
+        _table(["tokenizer", "vocabulary", "EOD", "sha256"], [tokenizer]),
+        _table(head, rows),
+        f"<p>split (train, valid, test): {html.escape(str(run['data']['split']))}</p>",
+    ]
+
+
+def _evaluation(ev: dict) -> list[str]:
+    rows = []
+    for kind in ("test", "extra"):
+        for name, r in ev.get(kind, {}).items():
+            rows.append([
+                kind, name, r.get("tokens", "—"),
+                f"{r['loss']:.4f}" if "loss" in r else r.get("note", ""),
+                f"{r['perplexity']:.3f}" if "perplexity" in r else "—",
+            ])  # fmt: skip
+    generations = [[g["prompt"], g["text"]] for g in ev.get("generations", [])]
+    return [
+        "<h2>Evaluation</h2>",
+        _table(["split", "name", "tokens", "loss", "perplexity"], rows),
+        _table(["prompt", "greedy continuation"], generations),
+    ]
+
+
+def _container(container: str | os.PathLike | None) -> list[str]:
+    if not container:
+        return ["<h2>Container</h2>", "<p>none: training ran in the workflow's own environment</p>"]
+    rec = json.loads(Path(container).read_text())
+    row = [rec["tag"], rec["image_id"], rec["builder"], rec["base_image"],
+           f"{(rec.get('size_bytes') or 0) / 1e6:.1f} MB"]  # fmt: skip
+    return [
+        "<h2>Container</h2>",
+        _table(["tag", "image id", "builder", "base image", "size"], [row]),
+    ]
+
+
+STYLE = (
+    "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:.5em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;font-size:13px}"
+    "pre{background:#f6f6f6;padding:.5em;font-size:12px}"
+)
+
+
 def run_card(
     *,
     run_yaml: str | os.PathLike,
@@ -156,120 +243,19 @@ def run_card(
 
     run = yaml.safe_load(Path(run_yaml).read_text())
     finished = json.loads(Path(done).read_text())
-    ev = json.loads(Path(evaluation).read_text())
-    parts = [f"<h2>Run {html.escape(run['run'])}</h2>"]
-    parts.append(
-        _table(
-            ["final step", "tokens", "train loss", "validation loss (first → last)", "checkpoint"],
-            [
-                [
-                    finished["final_step"],
-                    f"{finished['tokens']:,}",
-                    finished["train_loss"],
-                    f"{finished['initial_val_loss']} → {finished['final_val_loss']}",
-                    f"{finished['checkpoint']} (sha256 {finished['checkpoint_sha256'][:16]}…)",
-                ]
-            ],
-        )
-    )
-    parts += _model_and_software(run, finished)
-    parts += _export(hf_export)
-    tok = run["tokenizer"]
-    parts.append("<h2>Data card</h2>")
-    parts.append(
-        _table(
-            ["tokenizer", "vocabulary", "EOD", "sha256"],
-            [
-                [
-                    tok["path"],
-                    tok["vocab_size"],
-                    f"{tok['eod_token']} ({tok['eod_id']})",
-                    tok["sha256"],
-                ]
-            ],
-        )
-    )
-    rows = []
-    for d in run["data"]["datasets"]:
-        spec = datasets.get(d["name"], {})
-        origin = spec.get("type", "")
-        if spec.get("urls") or spec.get("url"):
-            origin += ": " + ", ".join(spec.get("urls") or [spec["url"]])
-        elif spec.get("root"):
-            origin += f": {spec['root']}"
-        elif spec.get("name"):
-            origin += f": {spec['name']}"
-        for shard in d["shards"]:
-            manifest_path = Path(f"{shard['prefix']}.json")
-            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-            sources = "; ".join(
-                f"{s['path']} (sha256 {s['sha256'][:16]}…)" for s in manifest.get("sources", [])
-            )
-            rows.append([
-                d["name"], d["weight"], origin, shard["prefix"], f"{shard['documents']:,}",
-                f"{shard['tokens']:,}", sources, shard["bin_sha256"][:16] + "…",
-            ])  # fmt: skip
-    parts.append(
-        _table(
-            [
-                "dataset",
-                "weight",
-                "origin",
-                "shard",
-                "documents",
-                "tokens",
-                "sources",
-                ".bin sha256",
-            ],
-            rows,
-        )
-    )
-    parts.append(f"<p>split (train, valid, test): {html.escape(str(run['data']['split']))}</p>")
-    parts.append("<h2>Evaluation</h2>")
-    rows = []
-    for kind in ("test", "extra"):
-        for name, r in ev.get(kind, {}).items():
-            rows.append([
-                kind, name, r.get("tokens", "—"),
-                f"{r['loss']:.4f}" if "loss" in r else r.get("note", ""),
-                f"{r['perplexity']:.3f}" if "perplexity" in r else "—",
-            ])  # fmt: skip
-    parts.append(_table(["split", "name", "tokens", "loss", "perplexity"], rows))
-    parts.append(
-        _table(
-            ["prompt", "greedy continuation"],
-            [[g["prompt"], g["text"]] for g in ev.get("generations", [])],
-        )
-    )
-    parts.append("<h2>Container</h2>")
-    if container:
-        rec = json.loads(Path(container).read_text())
-        parts.append(
-            _table(
-                ["tag", "image id", "builder", "base image", "size"],
-                [
-                    [
-                        rec["tag"],
-                        rec["image_id"],
-                        rec["builder"],
-                        rec["base_image"],
-                        f"{(rec.get('size_bytes') or 0) / 1e6:.1f} MB",
-                    ]
-                ],
-            )
-        )
-    else:
-        parts.append("<p>none: training ran in the workflow's own environment</p>")
-    parts.append("<h2>Resolved run config</h2>")
-    parts.append(f"<pre>{html.escape(yaml.safe_dump(run, sort_keys=False))}</pre>")
-    style = (
-        "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:.5em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;font-size:13px}"
-        "pre{background:#f6f6f6;padding:.5em;font-size:12px}"
-    )
+    parts = [
+        *_run(run, finished),
+        *_model_and_software(run, finished),
+        *_export(hf_export),
+        *_data_card(run, datasets),
+        *_evaluation(json.loads(Path(evaluation).read_text())),
+        *_container(container),
+        "<h2>Resolved run config</h2>",
+        f"<pre>{html.escape(yaml.safe_dump(run, sort_keys=False))}</pre>",
+    ]
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>run card</title>"
-        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
     )
     with atomic_write(out) as f:
         f.write(page)
