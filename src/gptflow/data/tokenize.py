@@ -311,38 +311,22 @@ def tokenize_to_shard(
     `source_sha256s` gives inputs' sha256 already known (from :func:`count_documents`), so a
     job that tokenizes one range of a large file does not hash all of it again.
     """
+    # Over 80 lines for a reason: 35 of them are the manifest's fields, kept in one literal in
+    # the order they are written; the steps before it are each one call.
     t0 = time.perf_counter()
-    for p in inputs:
-        if not Path(p).is_file():
-            raise GptflowError(f"{p}: input file does not exist")
-    if on_bad_document not in ON_BAD_DOCUMENT:
-        raise GptflowError(
-            f"on_bad_document '{on_bad_document}' is not one of {', '.join(ON_BAD_DOCUMENT)}"
-        )
-    start, stop = documents
-    if start < 0 or (stop is not None and stop < start):
-        raise GptflowError(f"document range {start}:{stop} is empty or negative")
+    _check_arguments(inputs, on_bad_document, documents)
     known_sha256 = dict(source_sha256s or {})
     # hf batches are regrouped to HF_BATCH_CHARS of text for encoding (see _encoded)
     batch_bytes = batch_bytes or (1 << 20 if engine == "hf" else 16 << 20)
     prefix = Path(output_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     reader = {"fmt": fmt, "member": member, "member_format": member_format, "json_key": json_key}
-    # sources are hashed while being read, unless a verified download recorded the hash already
-    digests = {
-        p: hashlib.sha256()
-        for p in inputs
-        if documents == (0, None)
-        and p not in known_sha256
-        and recorded_sha256(p) is None
-        and hashes_while_reading(check_format(fmt or infer_format(p), p))
-    }
+    digests = _hashed_while_reading(inputs, fmt, documents, known_sha256)
     # reading and parsing start now, on the reader thread, while the tokenizers load
     parsed = _Prefetch(_parsed(inputs, reader, batch_bytes, on_bad_document, documents, digests))
     with contextlib.closing(parsed):
         hf = HFBackend(tokenizer_path)  # the reference, also for vocabulary size and EOD
         info = tokenizer_info(tokenizer_path, eod_token, tok=hf.tok)
-        dtype = dtype_for_vocab(info.vocab_size)
         gt, auto_reason = select_backend(
             engine,
             tokenizer_path,
@@ -350,50 +334,16 @@ def tokenize_to_shard(
             threads=workers,
             reset_rss=int(max_rss_mb * 1e6 * _CACHE_SHARE),
         )
-        name = "hf" if gt is None else "gigatoken"
-
-        dropped: Counter[str] = Counter()
         progress = Progress(prefix.name, log.info, **_progress_totals(inputs, fmt, documents))
-
-        with IndexedDatasetWriter(prefix, dtype) as writer:
-            checked: set[str] = set()
-
-            def write(item: tuple[np.ndarray, np.ndarray, Parsed]) -> None:
-                flat, lengths, p = item
-                if gt is not None and p.texts and _input_of(p.origin) not in checked:
-                    # on this thread, while the next batch encodes (tokenizers frees the GIL)
-                    checked.add(_input_of(p.origin))
-                    gt.check_parity(hf, p.texts, flat, lengths, p.origin)
-                if append_eod:
-                    flat, lengths = with_eod(flat, lengths, info.eod_id, dtype)
-                writer.add_flat(flat, lengths)
-                dropped.update(p.dropped)
-                progress.update(p.nbytes, len(lengths))
-
-            sink = _Sink(write)
-            try:
-                for item in _encoded(parsed, hf, gt, workers):
-                    sink.put(item)
-            finally:
-                sink.close()
-            writer.finalize()
+        writer, dropped = _write_shard(
+            prefix, _encoded(parsed, hf, gt, workers), hf, gt, info, append_eod, progress
+        )
         progress.finish()
     seconds = time.perf_counter() - t0
-    read_bytes = progress.nbytes
-
-    engine_info: dict = {"name": name, "workers": workers}
-    if gt is not None:
-        engine_info.update(
-            version=gt.version, parity_documents=gt.parity_documents, cache_resets=gt.cache_resets
-        )
-    else:
-        engine_info["version"] = hf.version
-        if auto_reason:
-            engine_info["auto"] = f"hf, because {auto_reason}"
     manifest = {
         "prefix": str(prefix),
         "format": "megatron-mmidx-v1",
-        "dtype": dtype.name,
+        "dtype": writer.dtype.name,
         "tokenizer": {
             "path": str(tokenizer_path),
             "sha256": info.sha256,
@@ -406,7 +356,7 @@ def tokenize_to_shard(
         "reader": {k: v for k, v in reader.items() if v not in (None, "*")},
         "on_bad_document": on_bad_document,
         "sources": _sources(inputs, digests, known_sha256),
-        "document_range": None if documents == (0, None) else [start, stop],
+        "document_range": None if documents == (0, None) else list(documents),
         "documents": writer.documents,
         "sequences": writer.sequences,
         "tokens": writer.tokens,
@@ -414,14 +364,85 @@ def tokenize_to_shard(
         "dropped": dict(sorted(dropped.items())),
         "bin_sha256": writer.bin_sha256,
         "idx_sha256": sha256_file(f"{prefix}.idx"),
-        "engine": engine_info,
+        "engine": _backend_record(hf, gt, auto_reason, workers),
         "seconds": round(seconds, 3),
-        "mb_per_s": round(read_bytes / 1e6 / seconds, 3) if seconds > 0 else None,
+        "mb_per_s": round(progress.nbytes / 1e6 / seconds, 3) if seconds > 0 else None,
         "documents_per_s": round(writer.documents / seconds, 1) if seconds > 0 else None,
-        "peak_rss_mb": round(peak_rss_bytes() / 1e6, 1),  # this process; hf workers not included
+        # this process; hf workers not included
+        "peak_rss_mb": round(peak_rss_bytes() / 1e6, 1),
     }
     write_json(f"{prefix}.json", manifest)
     return manifest
+
+
+def _check_arguments(inputs: list[str], on_bad_document: str, documents: tuple) -> None:
+    for p in inputs:
+        if not Path(p).is_file():
+            raise GptflowError(f"{p}: input file does not exist")
+    if on_bad_document not in ON_BAD_DOCUMENT:
+        raise GptflowError(
+            f"on_bad_document '{on_bad_document}' is not one of {', '.join(ON_BAD_DOCUMENT)}"
+        )
+    start, stop = documents
+    if start < 0 or (stop is not None and stop < start):
+        raise GptflowError(f"document range {start}:{stop} is empty or negative")
+
+
+def _hashed_while_reading(
+    inputs: list[str], fmt: str | None, documents: tuple, known_sha256: dict[str, str]
+) -> dict:
+    """{input: sha256 object} of the sources hashed as they are read: all of an input read
+    whole, unless its hash is known already (a verified download recorded it, or a count)."""
+    return {
+        p: hashlib.sha256()
+        for p in inputs
+        if documents == (0, None)
+        and p not in known_sha256
+        and recorded_sha256(p) is None
+        and hashes_while_reading(check_format(fmt or infer_format(p), p))
+    }
+
+
+def _write_shard(prefix: Path, encoded, hf, gt, info, append_eod: bool, progress: Progress):
+    """Write the encoded batches (EOD appended) to ``prefix.bin/.idx``, checking gigatoken
+    against hf on the first documents of each input; returns the finalized writer and the
+    documents dropped, by reason."""
+    dtype = dtype_for_vocab(info.vocab_size)
+    dropped: Counter[str] = Counter()
+    with IndexedDatasetWriter(prefix, dtype) as writer:
+        checked: set[str] = set()
+
+        def write(item: tuple[np.ndarray, np.ndarray, Parsed]) -> None:
+            flat, lengths, p = item
+            if gt is not None and p.texts and _input_of(p.origin) not in checked:
+                # on this thread, while the next batch encodes (tokenizers frees the GIL)
+                checked.add(_input_of(p.origin))
+                gt.check_parity(hf, p.texts, flat, lengths, p.origin)
+            if append_eod:
+                flat, lengths = with_eod(flat, lengths, info.eod_id, dtype)
+            writer.add_flat(flat, lengths)
+            dropped.update(p.dropped)
+            progress.update(p.nbytes, len(lengths))
+
+        sink = _Sink(write)
+        try:
+            for item in encoded:
+                sink.put(item)
+        finally:
+            sink.close()
+        writer.finalize()
+    return writer, dropped
+
+
+def _backend_record(hf, gt, auto_reason: str | None, workers: int) -> dict:
+    """The manifest's record of the backend that encoded the shard (key "engine")."""
+    if gt is not None:
+        return {"name": "gigatoken", "workers": workers, "version": gt.version,
+                "parity_documents": gt.parity_documents, "cache_resets": gt.cache_resets}  # fmt: skip
+    record = {"name": "hf", "workers": workers, "version": hf.version}
+    if auto_reason:
+        record["auto"] = f"hf, because {auto_reason}"
+    return record
 
 
 def _progress_totals(inputs: list[str], fmt: str | None, documents: tuple[int, int | None]) -> dict:
