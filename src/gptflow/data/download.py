@@ -363,25 +363,9 @@ def download(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sums_path = Path(sha256sums) if sha256sums else None
-    expected = sha256.lower() if sha256 else None
-    source = "given" if expected else None
-    if expected and not HEX64.match(expected):
-        raise GptflowError(f"--sha256 {sha256!r} is not a sha256 (64 hex digits)")
-    if not expected and sums_path:
-        recorded = read_sha256sums(sums_path).get(out.name)
-        if recorded:
-            expected, source = recorded, f"recorded in {sums_path}"
-
+    expected, source = _expected_sha256(sha256, sums_path, out.name)
     if out.exists():
-        digest = sha256_file(out)
-        if expected and digest != expected:
-            raise GptflowError(
-                f"{out}: exists but its sha256 is {digest}, expected {expected} ({source}); "
-                f"delete it to download it again"
-            )
-        _finish(out, digest, sums_path)
-        return Result(str(out), "", digest, out.stat().st_size, 0.0, 0, 0, source or "none", [])
-
+        return _already_there(out, expected, source, sums_path)
     scope = _scope(urls, token_env, token_origins, allow_http)
     session = session or requests.Session()
     part = Path(f"{out}.part")
@@ -403,24 +387,7 @@ def download(
         finally:
             hasher.close()
         if result is not None:
-            url, (digest, resumed_from, attempts, checksum_source) = result
-            with open(part, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(part, out)
-            fsync_dir(out.parent)
-            meta_path.unlink(missing_ok=True)
-            _finish(out, digest, sums_path)
-            seconds = time.monotonic() - t0
-            size = out.stat().st_size
-            done = progress_line(
-                out.name, seconds=seconds, nbytes=size, start_bytes=resumed_from, final=True
-            )
-            resumed = f", resumed at byte {resumed_from}" if resumed_from else ""
-            log.info(
-                "%s from %s%s, sha256 %s (%s)", done, _safe(url), resumed, digest, checksum_source
-            )
-            return Result(str(out), _safe(url), digest, size, seconds, resumed_from, attempts, checksum_source,
-                          [*errors, f"{_safe(url)}: ok"])  # fmt: skip
+            return _publish(out, part, meta_path, sums_path, result, errors, t0)
         if part.exists() and part.stat().st_size == 0:  # nothing to resume from: leave no trace
             part.unlink()
             meta_path.unlink(missing_ok=True)
@@ -428,6 +395,51 @@ def download(
     raise GptflowError(
         f"{out.name}: every URL failed ({tried}). Check the URLs, mirrors and network"
     )
+
+
+def _expected_sha256(
+    sha256: str | None, sums_path: Path | None, name: str
+) -> tuple[str | None, str | None]:
+    """The sha256 the file must have and where that comes from: given, recorded in the
+    SHA256SUMS lock by an earlier verified download, or (None, None): not known yet."""
+    if sha256:
+        if not HEX64.match(sha256.lower()):
+            raise GptflowError(f"--sha256 {sha256!r} is not a sha256 (64 hex digits)")
+        return sha256.lower(), "given"
+    recorded = read_sha256sums(sums_path).get(name) if sums_path else None
+    return (recorded, f"recorded in {sums_path}") if recorded else (None, None)
+
+
+def _already_there(out: Path, expected: str | None, source: str | None, sums_path) -> Result:
+    """A file downloaded before: checked against the expected sha256, not fetched again."""
+    digest = sha256_file(out)
+    if expected and digest != expected:
+        raise GptflowError(
+            f"{out}: exists but its sha256 is {digest}, expected {expected} ({source}); "
+            f"delete it to download it again"
+        )
+    _finish(out, digest, sums_path)
+    return Result(str(out), "", digest, out.stat().st_size, 0.0, 0, 0, source or "none", [])
+
+
+def _publish(out: Path, part: Path, meta_path: Path, sums_path, result, errors, t0) -> Result:
+    """The verified ``.part`` made durable and renamed to `out`, its sha256 recorded."""
+    url, (digest, resumed_from, attempts, checksum_source) = result
+    with open(part, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(part, out)
+    fsync_dir(out.parent)
+    meta_path.unlink(missing_ok=True)
+    _finish(out, digest, sums_path)
+    seconds = time.monotonic() - t0
+    size = out.stat().st_size
+    done = progress_line(
+        out.name, seconds=seconds, nbytes=size, start_bytes=resumed_from, final=True
+    )
+    resumed = f", resumed at byte {resumed_from}" if resumed_from else ""
+    log.info("%s from %s%s, sha256 %s (%s)", done, _safe(url), resumed, digest, checksum_source)
+    return Result(str(out), _safe(url), digest, size, seconds, resumed_from, attempts,
+                  checksum_source, [*errors, f"{_safe(url)}: ok"])  # fmt: skip
 
 
 def _first_that_works(
@@ -586,81 +598,23 @@ def _attempt(session, url, part, meta_path, offset, scope, policy, name, hasher)
     """One HTTP request. Returns the server-published sha256 (or None) when the body is complete."""
     import requests
 
-    headers = {"Accept-Encoding": "identity", "User-Agent": "gptflow-download"}
-    validator = None
-    if offset > 0:
-        headers["Range"] = f"bytes={offset}-"
-        meta = _read_meta(meta_path)
-        if meta.get("url_sha256") == _digest(url):
-            validator = meta.get("etag") or meta.get("last_modified")
-            if validator:
-                headers["If-Range"] = validator
     try:
-        at, resp = _get(session, url, headers, scope, policy)
+        at, resp = _get(session, url, _request_headers(url, meta_path, offset), scope, policy)
     except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as e:
         raise _Retry(f"connection failed ({type(e).__name__})") from None
     with resp:
-        status = resp.status_code
-        if status == 429 or status >= 500:
-            raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
-        if status in (401, 403):
-            via = f" from {_safe(at)}" if at != url else ""
-            raise _NextUrl(f"HTTP {status}{via}{scope.hint(at)}")
-        if status == 416 and offset > 0:
-            total = _content_range_total(resp.headers.get("Content-Range"))
-            if total == offset:
-                return _published_sha256(resp.headers)  # the part file was already complete
-            _truncate(part)
-            raise _Retry("HTTP 416 for a stale partial file; restarting from byte 0", 0)
-        if status not in (200, 206):
-            raise _NextUrl(f"HTTP {status}")
-        if status == 206:
-            start = _content_range_start(resp.headers.get("Content-Range"))
-            if start != offset:
-                _truncate(part)
-                raise _Retry(
-                    f"server resumed at byte {start}, not {offset}; restarting from byte 0", 0
-                )
-            mode = "ab"
-            total = _content_range_total(resp.headers.get("Content-Range"))
-        else:  # 200: the whole body, whatever we asked for (Range ignored or If-Range failed)
-            if offset:
-                log.info(
-                    "%s: server sent the whole file (Range not honoured); restarting from byte 0",
-                    name,
-                )
-            offset = 0
-            mode = "wb"
-            total = (
-                int(resp.headers["Content-Length"]) if "Content-Length" in resp.headers else None
-            )
+        body = _body_of(resp, at, url, part, offset, scope, name)
+        if body is None:  # 416 for a part file that was already complete
+            return _published_sha256(resp.headers)
+        mode, offset, total = body
         _write_meta(meta_path, url, resp.headers)
-        expected_body = (total - offset) if total is not None else None
-        received = 0
         progress = _progress(name, total, offset, policy.report_every)
-        # Read the raw stream ourselves: urllib3 would raise on a short body and drop the bytes
-        # of the read in progress; we keep every byte that arrived and check the length after.
-        resp.raw.enforce_content_length = False
-        hasher.sync_to(part, offset)
         try:
-            with open(part, mode) as fh:
-                flusher = _Flusher(fh.fileno())
-                try:
-                    while chunk := resp.raw.read(CHUNK, decode_content=False):
-                        fh.write(chunk)
-                        hasher.feed(chunk)
-                        received += len(chunk)
-                        flusher.wrote(len(chunk))
-                        progress.update(len(chunk))
-                except (requests.exceptions.RequestException, OSError, *_urllib3_errors()) as e:
-                    raise _Retry(
-                        f"connection lost after {received} bytes ({type(e).__name__})"
-                    ) from None
-                finally:
-                    flusher.close()
+            received = _stream(resp, part, mode, offset, hasher, progress)
         finally:
             if isinstance(progress, _TerminalBar):
                 progress.close()
+        expected_body = (total - offset) if total is not None else None
         if expected_body is not None and received < expected_body:
             raise _Retry(f"body ended after {received} of {expected_body} bytes")
         if expected_body is not None and received > expected_body:
@@ -669,6 +623,78 @@ def _attempt(session, url, part, meta_path, offset, scope, policy, name, hasher)
                 f"body longer than announced ({received} > {expected_body}); restarting", 0
             )
         return _published_sha256(resp.headers)
+
+
+def _request_headers(url: str, meta_path: Path, offset: int) -> dict:
+    """Identity encoding; from `offset` on, a Range, and If-Range with the validator the
+    server gave this URL's earlier response (so a changed file is sent whole, not spliced)."""
+    headers = {"Accept-Encoding": "identity", "User-Agent": "gptflow-download"}
+    if offset > 0:
+        headers["Range"] = f"bytes={offset}-"
+        meta = _read_meta(meta_path)
+        if meta.get("url_sha256") == _digest(url):
+            validator = meta.get("etag") or meta.get("last_modified")
+            if validator:
+                headers["If-Range"] = validator
+    return headers
+
+
+def _body_of(resp, at: str, url: str, part: Path, offset: int, scope, name: str):
+    """What the response's status means for the part file: (open mode, offset the body
+    starts at, total bytes or None); None when a 416 says the part file is complete. Errors
+    and mismatched ranges raise _Retry (this URL again) or _NextUrl (the next mirror)."""
+    status = resp.status_code
+    if status == 429 or status >= 500:
+        raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
+    if status in (401, 403):
+        via = f" from {_safe(at)}" if at != url else ""
+        raise _NextUrl(f"HTTP {status}{via}{scope.hint(at)}")
+    if status == 416 and offset > 0:
+        if _content_range_total(resp.headers.get("Content-Range")) == offset:
+            return None
+        _truncate(part)
+        raise _Retry("HTTP 416 for a stale partial file; restarting from byte 0", 0)
+    if status not in (200, 206):
+        raise _NextUrl(f"HTTP {status}")
+    if status == 206:
+        start = _content_range_start(resp.headers.get("Content-Range"))
+        if start != offset:
+            _truncate(part)
+            raise _Retry(f"server resumed at byte {start}, not {offset}; restarting from byte 0", 0)
+        return "ab", offset, _content_range_total(resp.headers.get("Content-Range"))
+    # 200: the whole body, whatever we asked for (Range ignored or If-Range failed)
+    if offset:
+        log.info(
+            "%s: server sent the whole file (Range not honoured); restarting from byte 0", name
+        )
+    total = int(resp.headers["Content-Length"]) if "Content-Length" in resp.headers else None
+    return "wb", 0, total
+
+
+def _stream(resp, part: Path, mode: str, offset: int, hasher, progress) -> int:
+    """The body into the part file (appended, or from byte 0), hashed and reported as it
+    comes; returns the bytes received. Every byte that arrived is kept."""
+    import requests
+
+    # Read the raw stream ourselves: urllib3 would raise on a short body and drop the bytes
+    # of the read in progress; we keep every byte that arrived and check the length after.
+    resp.raw.enforce_content_length = False
+    hasher.sync_to(part, offset)
+    received = 0
+    with open(part, mode) as fh:
+        flusher = _Flusher(fh.fileno())
+        try:
+            while chunk := resp.raw.read(CHUNK, decode_content=False):
+                fh.write(chunk)
+                hasher.feed(chunk)
+                received += len(chunk)
+                flusher.wrote(len(chunk))
+                progress.update(len(chunk))
+        except (requests.exceptions.RequestException, OSError, *_urllib3_errors()) as e:
+            raise _Retry(f"connection lost after {received} bytes ({type(e).__name__})") from None
+        finally:
+            flusher.close()
+    return received
 
 
 def _get(session, url: str, headers: dict, scope: TokenScope, policy: Policy):
