@@ -189,9 +189,14 @@ def universal_dir(step_dir: Path, convert, num_layers: int) -> Path:
     if not out.is_dir():
         tmp = temp_dir(out)  # and a conversion cut short by a kill is cleared
         started = time.monotonic()
-        convert(step_dir, tmp)
-        name_both_ways(tmp / "zero", num_layers)
-        publish(tmp, out)
+        # converted one level down: ds_to_universal writes its pointer `latest_universal`
+        # beside its output folder, naming that folder (a temporary name: host, pid, random);
+        # written into the step, it would make identical steps differ (checkpoint_digest)
+        (tmp / UNIVERSAL).mkdir()
+        convert(step_dir, tmp / UNIVERSAL)
+        name_both_ways(tmp / UNIVERSAL / "zero", num_layers)
+        publish(tmp / UNIVERSAL, out)
+        shutil.rmtree(tmp, ignore_errors=True)
         log.info("converted %s to DeepSpeed's universal format in %.1f s", step_dir,
                  time.monotonic() - started)  # fmt: skip
     return out
@@ -244,14 +249,34 @@ def _diff_keys(a, b, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix.rstrip(".")]
 
 
+# What a step directory may hold besides the files its save wrote: derived from them later,
+# not the run's state. The universal conversion (made by a resume in another layout, or by
+# the export of a tensor- or pipeline-parallel run) and DeepSpeed's pointer to a conversion,
+# whose content is the conversion's temporary directory name (host, pid, random suffix).
+DERIVED = frozenset({UNIVERSAL, "latest_universal"})
+
+
 def checkpoint_digest(path: str | os.PathLike) -> str:
-    """sha256 over a checkpoint directory: every file's relative name and sha256, sorted."""
+    """sha256 of a saved step, for DONE.json: each file its save wrote (every rank's DeepSpeed
+    files and COMPLETE), by relative name and sha256, in sorted order. Not hashed: what is
+    derived later inside the step (:data:`DERIVED`) and temporary files (names starting
+    with "."). So identical runs record the same digest, and it still holds after the export
+    or a resume in another layout has added ``universal/``.
+
+    The files themselves are byte-identical for identical states (measured, ZeRO 0-3, one
+    and two ranks, fp32 and bf16, straight and resumed): torch.save dates its zip entries
+    1980-00-00 and numbers storages in order, and no path, time or pid is pickled. A layout
+    (ranks, ZeRO stage) is part of a checkpoint as saved: the same trajectory saved in
+    another layout has other files and another digest."""
     import hashlib
 
     h = hashlib.sha256()
     root = Path(path)
     for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(f.relative_to(root).as_posix().encode())
+        rel = f.relative_to(root)
+        if rel.parts[0] in DERIVED or any(part.startswith(".") for part in rel.parts):
+            continue
+        h.update(rel.as_posix().encode())
         h.update(sha256_file(f).encode())
     return h.hexdigest()
 
