@@ -372,11 +372,30 @@ def add_reader_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--member-format", choices=sorted(FORMATS), help="format of archive members")
 
 
+class VersionAction(argparse.Action):
+    """``gptflow --version``: gptflow.environment.versions(), read only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from gptflow.environment import versions
+
+        print("\n".join(f"{name} {version}" for name, version in versions().items()))
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptflow",
         description="Raw text to a trained GPT checkpoint: tokenizers, Megatron .bin/.idx shards, "
         "DeepSpeed GPT-NeoX training. The Snakemake workflow calls these; so can you.",
+    )
+    p.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print the versions of gptflow, Python, torch, DeepSpeed, Snakemake, its Slurm "
+        "executor plugin (and CUDA when torch has it), one per line, and exit",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

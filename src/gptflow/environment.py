@@ -18,24 +18,28 @@ def put_interpreter_bin_first() -> None:
         os.environ["PATH"] = f"{own}{os.pathsep}{path}" if path else own
 
 
+# the distributions versions() reports besides gptflow and Python, under their own names
+DISTRIBUTIONS = ("torch", "deepspeed", "snakemake", "snakemake-executor-plugin-slurm")
+
+
 def versions() -> dict[str, str]:
-    """The versions of what gptflow runs on here: gptflow, Python, torch, DeepSpeed, and the
-    CUDA that torch was built with when it was (no key on a CPU build), for the run card,
-    DONE.json and ``gptflow --version``.
+    """The versions of what gptflow runs on here: gptflow, Python, torch, DeepSpeed,
+    Snakemake and its Slurm executor plugin, and the CUDA that torch was built with when it
+    was (no key on a CPU build), for the run card, DONE.json and ``gptflow --version``.
 
     Read from the installed distributions' metadata and ``torch/version.py``, without
-    importing torch or DeepSpeed (seconds, and DeepSpeed logs on import). A package that is
-    not installed is "not installed"."""
+    importing torch, DeepSpeed or Snakemake (seconds, and DeepSpeed logs on import). A
+    package that is not installed is "not installed"."""
     from importlib import metadata
 
     import gptflow
 
     out = {"gptflow": gptflow.__version__, "python": sys.version.split()[0]}
-    for key, dist in (("torch", "torch"), ("deepspeed", "deepspeed")):
+    for dist in DISTRIBUTIONS:
         try:
-            out[key] = metadata.version(dist)
+            out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
-            out[key] = "not installed"
+            out[dist] = "not installed"
     cuda = _torch_cuda()
     if cuda:
         out["cuda"] = cuda

@@ -112,7 +112,10 @@ def _model_and_software(run: dict, finished: dict) -> list[str]:
     parts = ["<h2>Model and software</h2>"]
     parts.append(_table(["parameters", "architecture"], [[f"{m.num_parameters():,}", shape]]))
     recorded = finished.get("versions")
-    names = {"deepspeed": "DeepSpeed", "cuda": "CUDA", "python": "Python"}
+    names = {
+        "deepspeed": "DeepSpeed", "cuda": "CUDA", "python": "Python", "snakemake": "Snakemake",
+        "snakemake-executor-plugin-slurm": "Slurm executor plugin",
+    }  # fmt: skip
     shown = recorded or versions()
     parts.append(_table([names.get(k, k) for k in shown], [list(shown.values())]))
     if not recorded:

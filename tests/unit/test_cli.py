@@ -63,6 +63,24 @@ def test_catalog_outside_the_checkout_names_the_file_and_the_fix(tmp_path):
     assert "--catalog" in line  # how to fix it
 
 
+def test_version_prints_what_gptflow_runs_on_one_per_line():
+    """gptflow.environment.versions(), which reads them from the distributions' metadata."""
+    from importlib import metadata
+
+    out = gptflow("--version")
+    assert out.returncode == 0 and out.stderr == ""
+    lines = out.stdout.splitlines()
+    assert lines[:6] == [
+        f"gptflow {__import__('gptflow').__version__}",
+        f"python {sys.version.split()[0]}",
+        f"torch {metadata.version('torch')}",
+        f"deepspeed {metadata.version('deepspeed')}",
+        f"snakemake {metadata.version('snakemake')}",
+        f"snakemake-executor-plugin-slurm {metadata.version('snakemake-executor-plugin-slurm')}",
+    ]
+    assert lines[6:] in ([], [f"cuda {__import__('torch').version.cuda}"])
+
+
 def test_summary_without_a_finished_run_says_how_to_make_one(tmp_path):
     out = gptflow("summary", cwd=tmp_path)
     assert out.returncode == 1

@@ -17,13 +17,19 @@ def test_versions_of_this_environment():
     assert v["python"] == sys.version.split()[0]
     assert v["torch"] == torch.__version__ == metadata.version("torch")
     assert v["deepspeed"] == metadata.version("deepspeed")
+    assert v["snakemake"] == metadata.version("snakemake")
+    assert v["snakemake-executor-plugin-slurm"] == metadata.version(
+        "snakemake-executor-plugin-slurm"
+    )
     assert v.get("cuda") == torch.version.cuda  # absent on this CPU build: no key, not "None"
-    assert list(v)[:4] == ["gptflow", "python", "torch", "deepspeed"]
+    assert list(v) == [
+        "gptflow", "python", "torch", "deepspeed", "snakemake", "snakemake-executor-plugin-slurm"
+    ]  # fmt: skip
 
 
 def test_cuda_is_read_from_torch_version_py_without_importing_torch_or_deepspeed(tmp_path):
     """A CUDA build's torch/version.py (as pip's cu128 wheels write it), found first on the
-    path: its cuda is reported, and neither torch nor deepspeed gets imported."""
+    path: its cuda is reported, and neither torch, deepspeed nor snakemake gets imported."""
     fake = tmp_path / "torch"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('not to be imported')\n")
@@ -33,7 +39,7 @@ def test_cuda_is_read_from_torch_version_py_without_importing_torch_or_deepspeed
     )
     code = (
         "import json, sys; from gptflow.environment import versions; v = versions(); "
-        "print(json.dumps([v, 'torch' in sys.modules, 'deepspeed' in sys.modules]))"
+        "print(json.dumps([v, *(m in sys.modules for m in ('torch', 'deepspeed', 'snakemake'))]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -42,5 +48,6 @@ def test_cuda_is_read_from_torch_version_py_without_importing_torch_or_deepspeed
         text=True,
         check=True,
     )
-    v, torch_imported, deepspeed_imported = json.loads(out.stdout)
-    assert v["cuda"] == "12.8" and not torch_imported and not deepspeed_imported
+    v, *imported = json.loads(out.stdout)
+    assert v["cuda"] == "12.8" and imported == [False, False, False]
+    assert v["snakemake"] == metadata.version("snakemake")  # read from its metadata
