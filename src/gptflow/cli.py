@@ -229,6 +229,10 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
+    if a.nproc_per_node is not None:
+        from gptflow.train.launch import launch
+
+        return launch(a.nproc_per_node, rank_args(a))
     from gptflow.train import train
 
     return train(
@@ -237,6 +241,19 @@ def cmd_train(a: argparse.Namespace) -> int:
         exit_interval=a.exit_interval,
         wait_for_lock=a.wait_for_lock,
     )
+
+
+def rank_args(a: argparse.Namespace) -> list[str]:
+    """The command line of each rank `train --nproc-per-node` starts: its own, without
+    --nproc-per-node."""
+    args = ["train", "--config", a.config]
+    if a.threads is not None:
+        args += ["--threads", str(a.threads)]
+    if a.exit_interval is not None:
+        args += ["--exit-interval", str(a.exit_interval)]
+    if a.wait_for_lock:
+        args += ["--wait-for-lock", f"{a.wait_for_lock:g}"]
+    return args
 
 
 def cmd_build_index(a: argparse.Namespace) -> int:
@@ -601,6 +618,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wait this long (no value: %(const)g s) for a live trainer of the same run to "
         "finish (e.g. the job of a killed Snakemake) instead of refusing at once",
+    )
+    s.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N ranks on this machine (PyTorch's elastic launcher, as torchrun) and exit "
+        "75 when they all saved after a signal or at --exit-interval (torchrun exits 1); "
+        "SIGUSR1/SIGTERM to this process reach every rank. Not under srun or torchrun",
     )
     s.set_defaults(func=cmd_train)
 
