@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gptflow.checkpoint import LOCK_WAIT_S
 from gptflow.errors import GptflowError
+from gptflow.progress import hms
 
 
 def cmd_train_tokenizer(a: argparse.Namespace) -> int:
@@ -354,25 +355,82 @@ def cmd_why(a: argparse.Namespace) -> int:
 
 
 def cmd_summary(a: argparse.Namespace) -> int:
-    runs = sorted(Path(a.results).glob("runs/*/DONE.json"))
-    if not runs:
-        raise GptflowError(
-            f"no finished runs under {a.results}/runs/ (no DONE.json); run `make run`"
-        )
-    for done_path in runs:
-        done = json.loads(done_path.read_text())
-        run = done["run"]
-        print(f"run {run}: step {done['final_step']}, {done['tokens']:,} tokens")
+    from gptflow.status import finished_runs, outputs
+
+    for run_dir in finished_runs(a.results):
+        o = outputs(run_dir)
+        done = o["done"]
+        print(f"run {o['run']}: step {done['final_step']}, {done['tokens']:,} tokens")
         if done.get("initial_val_loss") is not None:
             print(
                 f"  validation loss: {done['initial_val_loss']:.4f} at step 0 -> "
                 f"{done['final_val_loss']:.4f} at step {done['final_step']}"
             )
-        print(f"  checkpoint: {done['checkpoint']}")
-        print(f"  metrics:    {done['metrics']}")
-        print(f"  run config: {done['run_config']}")
-        print(f"  logs:       logs/ (training: logs/train_gpt/{run}.log)")
+        width = max(len(x["what"]) for x in o["outputs"]) + 1
+        for x in o["outputs"]:
+            label = f"{x['what']}:".ljust(width)
+            if x["present"]:
+                print(f"  {label} {x['path']}" + (f" ({x['detail']})" if x["detail"] else ""))
+            else:
+                print(f"  {label} {x['absent']}: {x['path']} ({x['made_by']})")
     return 0
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    from gptflow.status import NO_SQUEUE, statuses
+
+    result = statuses(a.runs_dir, a.runs)
+    if a.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for run in result["runs"]:
+        print("\n".join(status_lines(run)))
+    if result["slurm"] not in (None, NO_SQUEUE):
+        print(f"Slurm queue not read: {result['slurm']}")
+    return 0
+
+
+def status_lines(r: dict) -> list[str]:
+    """One run of `gptflow status`: a line, then indented details."""
+    total = "?" if r["total"] is None else r["total"]
+    state = r["state"]
+    if state == "running" and r["eta_s"] is not None:
+        state += f", ETA {hms(r['eta_s'])}"
+    elif state == "stopped":
+        ago = f" {ago_text(r['last_record_s'])}" if r["last_record_s"] is not None else ""
+        state += f"{ago} (no live trainer; rerun the workflow to resume)"
+    elif not r["exists"]:
+        state += f" (no {r['dir']}/ yet)"
+    lines = [f"run {r['run']}: {r['stage']}, step {r['step']}/{total}, {state}"]
+    if r["loss"] is not None or r["val_loss"] is not None:
+        loss = "n/a" if r["loss"] is None else f"{r['loss']:.4f}"
+        val = "n/a" if r["val_loss"] is None else f"{r['val_loss']:.4f} (step {r['val_step']})"
+        lines.append(f"  loss {loss}, validation loss {val}")
+    if r["tokens_per_s"] is not None:
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        per_step = r["seconds_per_step"]
+        pace = "" if per_step is None else f", {per_step:.3g} s/step"
+        lines.append(f"  {r['tokens_per_s']:,.0f} tokens/s, MFU {mfu}{pace}")
+    t = r["trainer"]
+    if t is not None:
+        job = f", Slurm job {t['slurm_job_id']}" if t["slurm_job_id"] else ""
+        last = r["last_record_s"]
+        record = f", last record {ago_text(last)}" if last is not None else ""
+        lines.append(f"  trainer: pid {t['pid']} on {t['host']}{job}{record}")
+    for job in r["slurm_jobs"] or []:
+        lines.append(
+            f"  Slurm job {job['job_id']}: {job['rule']} {job['state']} for {job['elapsed']}"
+        )
+    return lines
+
+
+def ago_text(seconds: float) -> str:
+    """``40 s ago``, ``14 min ago``, ``3.5 h ago``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
 
 
 def add_reader_args(s: argparse.ArgumentParser) -> None:
@@ -698,9 +756,23 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     s.set_defaults(func=cmd_why)
 
-    s = sub.add_parser("summary", help="where the finished runs' checkpoints, metrics and logs are")
+    s = sub.add_parser(
+        "summary",
+        help="every output of each finished run (checkpoint, export, evaluation, report card, "
+        "metrics, logs, run config), and which are missing",
+    )
     s.add_argument("--results", default="results", help="results directory")
     s.set_defaults(func=cmd_summary)
+
+    s = sub.add_parser(
+        "status",
+        help="where each run is (stage, step, losses, tokens/s, MFU, ETA), from its files; "
+        "while it trains too",
+    )
+    s.add_argument("runs", nargs="*", metavar="RUN", help="run names (default: every run)")
+    s.add_argument("--runs-dir", default="results/runs", help="directory of the runs")
+    s.add_argument("--json", action="store_true", help="print JSON (for machines)")
+    s.set_defaults(func=cmd_status)
     return p
 
 
