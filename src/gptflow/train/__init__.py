@@ -7,6 +7,8 @@ The package, in the order a step meets it:
   log -> eval -> save, each a short function;
 - :mod:`gptflow.train.metrics` -- the log interval's sums, the iteration line, metrics.jsonl,
   tokens/s, TFLOP/s and MFU;
+- :mod:`gptflow.train.launch` -- ``--nproc-per-node``: the ranks of one machine through
+  PyTorch's elastic launcher, exit code 75 kept;
 - checkpoints and the run lock are :mod:`gptflow.checkpoint`, the DeepSpeed engine
   :mod:`gptflow.engine`, the launcher's environment :mod:`gptflow.distributed`.
 
