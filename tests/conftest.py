@@ -37,6 +37,24 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+# What torch.distributed (and gptflow.distributed.export) reads from the environment. A test
+# that sets one in the pytest process and leaves it makes every later `gptflow train` it
+# starts a rank of a job that does not exist (CI once failed that way: a port in use).
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT")  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_environment_leaks(request):
+    before = {k: os.environ.get(k) for k in LAUNCHER_ENV}
+    yield
+    after = {k: os.environ.get(k) for k in LAUNCHER_ENV}
+    if after != before:
+        for k, v in before.items():  # the later tests start clean; this one fails
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        pytest.fail(f"{request.node.nodeid} left launcher variables in the environment: {after}")
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -178,7 +178,7 @@ def kept_bytes(engine) -> int:
     return sum(seen.values())
 
 
-def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, monkeypatch):
+def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, monkeypatch, request):
     """One rank on the CPU, after a forward, backward and update: the bytes DeepSpeed keeps
     (weights, optimizer states, its fp32 partition and accumulation buffers) equal the
     formula's terms that outlive a step, for fp32 at ZeRO 0-2 and bf16 at ZeRO 1-2 (measured:
@@ -189,10 +189,13 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     from gptflow.model import decay_groups
     from gptflow.train import device
 
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.setenv(name, "")  # export sets them; monkeypatch takes them away after
     monkeypatch.setenv("MASTER_PORT", "0")
     env = distributed.resolve({})
     distributed.export(env)
     dev = device.setup(env, timeout_minutes=5)
+    request.addfinalizer(dev.shutdown)
     m = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
     measured = {}
     for zero, precision in [(0, "fp32"), (1, "fp32"), (2, "fp32"), (1, "bf16"), (2, "bf16")]:
@@ -276,3 +279,24 @@ def test_the_vocabulary_comes_from_the_tokenizer_on_disk(tmp_path):
         8192,
         "tokenizer.train.vocab_size",
     )
+
+
+def test_made_shards_count_their_bytes_whole_or_in_parts(tmp_path, monkeypatch):
+    """Once tokenized, a shard's bytes are its .bin's (gptflow.paths.SHARD), or the sum of its
+    parts' (PART, tokenize.documents_per_shard), not the estimate from its input."""
+    from gptflow import paths
+    from gptflow.data.sources import Dataset, Shard
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.jsonl").write_bytes(b"x" * 4000)
+    d = Dataset(
+        "d", "files", (Shard("00000", "a.jsonl", "jsonl"), Shard("00001", "a.jsonl", "jsonl"))
+    )
+    assert preflight.token_bytes({"d": d}, 512, "tok") == (2 * 2 * 1000, 0)  # estimates
+    whole = tmp_path / f"{paths.shard_prefix('tok', 'd', '00000')}.bin"
+    whole.parent.mkdir(parents=True)
+    whole.write_bytes(b"x" * 10)
+    for part, size in ((0, 3), (1, 4)):
+        (tmp_path / f"{paths.part_prefix('tok', 'd', '00001', part)}.bin").write_bytes(b"x" * size)
+    assert preflight.token_bytes({"d": d}, 512, "tok") == (10 + 3 + 4, 0)
+    assert preflight.token_bytes({"d": d}, 512, "other") == (2 * 2 * 1000, 0)

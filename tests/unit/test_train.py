@@ -171,6 +171,28 @@ def test_killed_trainer_leaves_a_stale_lock_that_is_taken_over(make_run):
     assert f"exit interval 2: saved step {resumed + 2};" in rerun.stderr
 
 
+def test_a_rendezvous_port_in_use_is_named_not_a_traceback(make_run):
+    """A rank whose MASTER_PORT another process holds (two jobs on one host, or a stray
+    launcher variable): exit 1 with the address, the port and the fix; nothing written."""
+    import socket
+
+    run_dir = make_run("port", train_iters=8)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}  # fmt: skip
+        out = gptflow_train(run_dir, env=env)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert (
+        f"rank 0 of 1 could not reach the rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT={port}"
+    ) in out.stderr
+    assert "set MASTER_PORT to a free one below 32768" in out.stderr
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
 @pytest.mark.parametrize("zero_stage", [0, 2, 3])
 def test_two_ranks_match_one(make_run, zero_stage):
     """torchrun with 2 gloo ranks (ZeRO 0, 2 and 3) follows the single-process loss curve, and

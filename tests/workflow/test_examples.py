@@ -158,7 +158,8 @@ def test_layouts_plan_through_the_slurm_profile(name, tmp_path):
 
 def test_the_largest_layout_is_refused_on_the_shipped_profile(tmp_path):
     """Megatron's 310B layout (tensor 8 x pipeline 16 = 128 ranks a copy) on the shipped
-    profile's 16 ranks: refused at -n with the way on named, not after the queue."""
+    profile's 8 ranks (1 node x 8 GPUs): refused at -n with the way on named, not after the
+    queue."""
     layout = REPO / "config" / "examples" / "layouts" / "megatron-gpt3-310.1b.yaml"
     recipe, _ = layout_recipe(layout)
     cmd = [
@@ -169,7 +170,7 @@ def test_the_largest_layout_is_refused_on_the_shipped_profile(tmp_path):
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert out.returncode != 0
     assert (
-        "train.tensor_parallel 8 x train.pipeline_parallel 16 = 128 does not divide the 16 "
+        "train.tensor_parallel 8 x train.pipeline_parallel 16 = 128 does not divide the 8 "
         "training ranks; give the training rule a multiple of 128 ranks"
     ) in out.stdout
 

@@ -392,24 +392,39 @@ def test_second_run_does_nothing(pipeline_copy, snakemake):
 
 def test_summary_says_where_the_checkpoint_metrics_and_logs_are(pipeline):
     """`gptflow summary` (what `make run` ends with): per finished run, its step, tokens,
-    validation loss from step 0 to the end, and paths that exist."""
+    validation loss from step 0 to the end, and every output with what it holds (the
+    checkpoint's step and digest, the metrics' record counts, the export's files and bytes)."""
     wd, _, _, _ = pipeline
     out = subprocess.run(
         [str(BIN / "gptflow"), "summary"], cwd=wd, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    done = json.loads((wd / "results/runs/tiny/DONE.json").read_text())
-    evals = [m for m in read_jsonl(wd / "results/runs/tiny/metrics.jsonl") if m["kind"] == "eval"]
+    run = wd / "results/runs/tiny"
+    done = json.loads((run / "DONE.json").read_text())
+    records = read_jsonl(run / "metrics.jsonl")
+    evals = [m for m in records if m["kind"] == "eval"]
+    trains = [m for m in records if m["kind"] == "train"]
     assert (evals[0]["step"], evals[-1]["step"]) == (0, 40)
     first, last = evals[0]["val_loss"], evals[-1]["val_loss"]
-    assert out.stdout.splitlines() == [
-        "run tiny: step 40, 20,480 tokens",  # 40 steps x 8 sequences x 64 tokens
-        f"  validation loss: {first:.4f} at step 0 -> {last:.4f} at step 40",
-        f"  checkpoint: {done['checkpoint']}",
-        "  metrics:    results/runs/tiny/metrics.jsonl",
-        "  run config: results/runs/tiny/run.yaml",
-        "  logs:       logs/ (training: logs/train_gpt/tiny.log)",
-    ], out.stdout
+    hf = [p for p in (run / "hf").iterdir() if p.is_file()]
+    kb = sum(p.stat().st_size for p in hf) / 1000
+    assert (
+        out.stdout.splitlines()
+        == [
+            "run tiny: step 40, 20,480 tokens",  # 40 steps x 8 sequences x 64 tokens
+            f"  validation loss: {first:.4f} at step 0 -> {last:.4f} at step 40",
+            "  run config:  results/runs/tiny/run.yaml",
+            f"  checkpoint:  {done['checkpoint']} (step 40, sha256 {done['checkpoint_sha256'][:16]})",
+            f"  metrics:     results/runs/tiny/metrics.jsonl ({len(trains)} train records, "
+            f"{len(evals)} evaluations)",
+            "  train log:   results/runs/tiny/train.log (every attempt)",
+            "  job log:     logs/train_gpt/tiny.log (the last attempt)",
+            "  evaluation:  results/runs/tiny/eval.json (no test perplexity: test split '90,9,1' "
+            "has no tokens)",
+            f"  HF export:   results/runs/tiny/hf ({len(hf)} files, {kb:.1f} kB)",
+            "  report card: results/runs/tiny/report/card.html",
+        ]
+    ), out.stdout
     assert (wd / done["checkpoint"] / "COMPLETE").is_file()
     assert (wd / "logs/train_gpt/tiny.log").is_file()
 

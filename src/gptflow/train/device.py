@@ -121,8 +121,17 @@ def setup(env: DistEnv, timeout_minutes: float) -> Device:
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
         )
     else:
-        dist.init_process_group(
-            backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout
-        )
+        try:
+            dist.init_process_group(
+                backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                timeout=timeout,
+            )  # fmt: skip
+        except dist.DistNetworkError as e:  # rank 0 binds MASTER_PORT; the others connect
+            raise GptflowError(
+                f"rank {env.rank} of {env.world_size} could not reach the rendezvous at "
+                f"MASTER_ADDR={env.master_addr} MASTER_PORT={env.master_port} "
+                f"({str(e).strip().splitlines()[-1]}); another job on this host may hold the "
+                "port: set MASTER_PORT to a free one below 32768, or stop the other job"
+            ) from None
     ds.init_distributed()  # wraps the group above
     return Device(device, env.world_size)
