@@ -16,6 +16,7 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
+include: "rules/setup.smk"
 include: "rules/common.smk"
 include: "rules/download.smk"
 include: "rules/tokenize.smk"

@@ -20,28 +20,38 @@ rule container:
 
 rule build_image:
     output:
-        "results/containers/gptflow-{hash}.json",
+        paths.IMAGE_RECORD,
     log:
-        "logs/build_image/{hash}.log",
+        paths.log("build_image", "{hash}"),
     conda:
         "../envs/gptflow.yaml"
     params:
-        args=get_build_image_args,
+        repo=verbatim(str(REPO)),
+        dockerfile=verbatim(str(container_dockerfile())),
+        builder=CONTAINER["builder"],
+        base_image=verbatim(CONTAINER["base_image"]),
+        build_args=verbatim(build_arg_args(CONTAINER["build_args"])),
+        build_options=verbatim(build_option_args(CONTAINER["build_options"])),
+        registry_login=verbatim(registry_login_args(CONTAINER["registry_login"])),
     shell:
-        "gptflow build-image {params.args:q} --out {output:q} > {log:q} 2>&1"
+        "gptflow build-image --repo {params.repo:q} --dockerfile {params.dockerfile:q}"
+        " --builder {params.builder:q} --base-image {params.base_image:q}"
+        " {params.build_args:q} {params.build_options:q} {params.registry_login:q}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 rule squash_image:
     input:
-        "results/containers/gptflow-{hash}.json",
+        paths.IMAGE_RECORD,
     output:
-        "results/containers/gptflow-{hash}.{format}",
+        paths.IMAGE,
     log:
-        "logs/squash_image/{hash}.{format}.log",
+        paths.log("squash_image", "{hash}.{format}"),
     conda:
         "../envs/gptflow.yaml"
     params:
-        args=get_squash_args,
+        method=CONTAINER["squash"],
+        squash_options=verbatim(squash_options_arg(CONTAINER["squash_options"])),
     shell:
         "gptflow squash-image --image {input:q} --out {output:q} --format {wildcards.format:q}"
-        " {params.args:q} > {log:q} 2>&1"
+        " --method {params.method:q} {params.squash_options:q} > {log:q} 2>&1"

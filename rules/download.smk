@@ -13,39 +13,47 @@ if CFG["download"]["localrule"]:
 
 rule download_dataset:
     output:
-        file="resources/raw/{dataset}/{file}",
-        sha256="resources/raw/{dataset}/{file}.sha256",
+        file=paths.RAW_FILE,
+        sha256=f"{paths.RAW_FILE}.sha256",
     log:
-        "logs/download_dataset/{dataset}/{file}.log",
+        paths.log("download_dataset", "{dataset}/{file}"),
     retries: 2
     conda:
         "../envs/gptflow.yaml"
     params:
         url=get_download_url,
-        options=get_download_args,
-        sums="resources/raw/{dataset}/SHA256SUMS",
+        mirrors=get_download_mirrors,
+        sha256=get_download_sha256,
+        token_env=get_token_env,  # the variable's name; the job reads the token from it
+        token_origins=get_token_origins,
+        token_allow_http=get_token_allow_http,
+        sums=paths.RAW_SHA256SUMS,
         attempts=CFG["download"]["attempts"],
     shell:
-        "gptflow download {params.url:q} --out {output.file:q} {params.options:q}"
-        " --dataset {wildcards.dataset:q} --sha256sums {params.sums:q}"
-        " --attempts {params.attempts:q} > {log:q} 2>&1"
+        "gptflow download {params.url:q} --out {output.file:q} {params.mirrors:q}"
+        " {params.sha256:q} {params.token_env:q} {params.token_origins:q}"
+        " {params.token_allow_http:q} --dataset {wildcards.dataset:q}"
+        " --sha256sums {params.sums:q} --attempts {params.attempts:q} > {log:q} 2>&1"
 
 
 rule download_tokenizer_file:
     output:
-        file="resources/tokenizers/{tokenizer}/{key}/{file}",
-        sha256="resources/tokenizers/{tokenizer}/{key}/{file}.sha256",
+        file=paths.TOKENIZER_FILE,
+        sha256=f"{paths.TOKENIZER_FILE}.sha256",
     log:
-        "logs/download_tokenizer_file/{tokenizer}/{key}/{file}.log",
+        paths.log("download_tokenizer_file", "{tokenizer}/{key}/{file}"),
     wildcard_constraints:
         key="url|vocab|merges",
     retries: 2
     conda:
         "../envs/gptflow.yaml"
     params:
-        source=get_tokenizer_download,
-        sums="resources/tokenizers/{tokenizer}/SHA256SUMS",
+        url=get_download_url,
+        mirrors=get_download_mirrors,
+        sha256=get_download_sha256,
+        sums=paths.TOKENIZER_SHA256SUMS,
         attempts=CFG["download"]["attempts"],
     shell:
-        "gptflow download {params.source:q} --out {output.file:q} --sha256sums {params.sums:q}"
-        " --attempts {params.attempts:q} > {log:q} 2>&1"
+        "gptflow download {params.url:q} {params.mirrors:q} {params.sha256:q}"
+        " --out {output.file:q} --sha256sums {params.sums:q} --attempts {params.attempts:q}"
+        " > {log:q} 2>&1"

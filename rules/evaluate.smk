@@ -3,31 +3,36 @@
 
 rule evaluate:
     input:
-        config="results/runs/{run}/run.yaml",
-        done="results/runs/{run}/DONE.json",
-        extra=get_eval_extra_files,
+        config=paths.RUN_YAML,
+        done=paths.DONE,
+        extra=verbatim(extra_files(CFG["eval"]["extra"])),
     output:
-        "results/runs/{run}/eval.json",
+        paths.EVAL,
     log:
-        "logs/evaluate/{run}.log",
+        paths.log("evaluate", "{run}"),
     conda:
         "../envs/gptflow.yaml"
     resources:
         mem_mb=get_eval_mem_mb,
     params:
-        args=get_eval_args,
+        prompts=verbatim(prompt_args(CFG["eval"]["prompts"])),
+        extra=verbatim(extra_args(CFG["eval"]["extra"])),
+        new_tokens=CFG["eval"]["new_tokens"],
+        max_windows=CFG["eval"]["max_windows"],
     shell:
-        "gptflow evaluate --config {input.config:q} --out {output:q} {params.args:q} > {log:q} 2>&1"
+        "gptflow evaluate --config {input.config:q} --out {output:q} {params.prompts:q}"
+        " {params.extra:q} --new-tokens {params.new_tokens:q}"
+        " --max-windows {params.max_windows:q} > {log:q} 2>&1"
 
 
 rule export_hf:
     input:
-        config="results/runs/{run}/run.yaml",
-        done="results/runs/{run}/DONE.json",
+        config=paths.RUN_YAML,
+        done=paths.DONE,
     output:
-        directory("results/runs/{run}/hf"),
+        directory(paths.HF_EXPORT),
     log:
-        "logs/export_hf/{run}.log",
+        paths.log("export_hf", "{run}"),
     conda:
         "../envs/gptflow.yaml"
     shell:
@@ -36,44 +41,44 @@ rule export_hf:
 
 rule report_assets:
     input:
-        config="results/runs/{run}/run.yaml",
-        done="results/runs/{run}/DONE.json",
-        evaluation="results/runs/{run}/eval.json",
-        hf="results/runs/{run}/hf",
+        config=paths.RUN_YAML,
+        done=paths.DONE,
+        evaluation=paths.EVAL,
+        hf=paths.HF_EXPORT,
         container=get_train_container_record,
     output:
         loss=report(
-            "results/runs/{run}/report/loss.svg",
+            f"{paths.REPORT_DIR}/loss.svg",
             caption="../workflow/report/loss.rst",
             category="Training",
             labels={"run": "{run}", "figure": "loss"},
         ),
         lr=report(
-            "results/runs/{run}/report/lr.svg",
+            f"{paths.REPORT_DIR}/lr.svg",
             caption="../workflow/report/lr.rst",
             category="Training",
             labels={"run": "{run}", "figure": "learning rate"},
         ),
         throughput=report(
-            "results/runs/{run}/report/throughput.svg",
+            f"{paths.REPORT_DIR}/throughput.svg",
             caption="../workflow/report/throughput.rst",
             category="Training",
             labels={"run": "{run}", "figure": "tokens per second"},
         ),
         mfu=report(
-            "results/runs/{run}/report/mfu.svg",
+            f"{paths.REPORT_DIR}/mfu.svg",
             caption="../workflow/report/mfu.rst",
             category="Training",
             labels={"run": "{run}", "figure": "MFU"},
         ),
         grad_norm=report(
-            "results/runs/{run}/report/grad_norm.svg",
+            f"{paths.REPORT_DIR}/grad_norm.svg",
             caption="../workflow/report/grad_norm.rst",
             category="Training",
             labels={"run": "{run}", "figure": "gradient norm"},
         ),
         card=report(
-            "results/runs/{run}/report/card.html",
+            paths.REPORT_CARD,
             caption="../workflow/report/card.rst",
             category="Run card",
             labels={
@@ -82,12 +87,12 @@ rule report_assets:
             },
         ),
     log:
-        "logs/report_assets/{run}.log",
+        paths.log("report_assets", "{run}"),
     conda:
         "../envs/gptflow.yaml"
     params:
-        metrics="results/runs/{run}/metrics.jsonl",
-        out_dir="results/runs/{run}/report",
-        datasets=get_report_datasets,
+        metrics=paths.METRICS,
+        out_dir=paths.REPORT_DIR,
+        datasets=REPORT_DATASETS,
     script:
         "../workflow/scripts/report_assets.py"

@@ -6,7 +6,7 @@ are checked and linked in (import_megatron_shard)."""
 
 rule data:
     input:
-        tokenizer_json(),
+        paths.tokenizer_json(TOKENIZER),
         get_blend_shard_files,
         get_merged_files,
 
@@ -16,12 +16,12 @@ rule data:
 # paths of every file of the shard (750 for the default corpus).
 rule collect_local_documents:
     output:
-        jsonl="results/documents/{dataset}/{shard}.jsonl",
-        manifest="results/documents/{dataset}/{shard}.manifest.json",
+        jsonl=paths.DOCUMENTS,
+        manifest=paths.DOCUMENTS_MANIFEST,
     log:
-        "logs/collect_local_documents/{dataset}/{shard}.log",
+        paths.log("collect_local_documents", "{dataset}/{shard}"),
     wildcard_constraints:
-        dataset="|".join(re.escape(d) for d in datasets_of_kind("collect")) or "-",
+        dataset=dataset_choice(COLLECTED),
     conda:
         "../envs/gptflow.yaml"
     params:
@@ -38,27 +38,35 @@ if TOKENIZER_SOURCE == "train":
         input:
             get_sample_inputs,
         output:
-            "results/tokenizers/{tokenizer}/samples/{dataset}.jsonl",
+            paths.TOKENIZER_SAMPLE,
         log:
-            "logs/sample_documents/{tokenizer}/{dataset}.log",
+            paths.log("sample_documents", "{tokenizer}/{dataset}"),
         conda:
             "../envs/gptflow.yaml"
         params:
-            reader=get_sample_reader_args,
+            format=get_format,
+            json_key=get_json_key,
+            member=get_member,
+            member_format=get_member_format,
             max_mb=get_sample_mb,
             on_bad=CFG["tokenize"]["on_bad_document"],
         shell:
-            "gptflow sample-documents --input {input:q} {params.reader:q}"
+            "gptflow sample-documents --input {input:q} --format {params.format:q}"
+            " --json-key {params.json_key:q} {params.member:q} {params.member_format:q}"
             " --max-mb {params.max_mb:q} --on-bad-document {params.on_bad:q}"
             " --out {output:q} > {log:q} 2>&1"
 
     rule train_tokenizer:
         input:
-            get_tokenizer_samples,
+            expand(
+                paths.TOKENIZER_SAMPLE,
+                dataset=CFG["tokenizer"]["train"]["datasets"],
+                allow_missing=True,
+            ),
         output:
-            "results/tokenizers/{tokenizer}/tokenizer.json",
+            paths.TOKENIZER_JSON,
         log:
-            "logs/train_tokenizer/{tokenizer}.log",
+            paths.log("train_tokenizer", "{tokenizer}"),
         conda:
             "../envs/gptflow.yaml"
         threads: 2
@@ -66,8 +74,8 @@ if TOKENIZER_SOURCE == "train":
             vocab_size=CFG["tokenizer"]["train"]["vocab_size"],
             min_frequency=CFG["tokenizer"]["train"]["min_frequency"],
             sample_mb=CFG["tokenizer"]["train"]["sample_mb"],
-            special_tokens=get_special_tokens,
-            eod_token=get_eod_token,
+            special_tokens=verbatim(CFG["tokenizer"]["special_tokens"]),
+            eod_token=verbatim(CFG["tokenizer"]["eod_token"]),
         shell:
             "RAYON_NUM_THREADS={threads:q} gptflow train-tokenizer --input {input:q}"
             " --vocab-size {params.vocab_size:q} --min-frequency {params.min_frequency:q}"
@@ -81,9 +89,9 @@ elif TOKENIZER_SOURCE == "gpt2":
             vocab=tokenizer_asset("vocab"),
             merges=tokenizer_asset("merges"),
         output:
-            "results/tokenizers/{tokenizer}/tokenizer.json",
+            paths.TOKENIZER_JSON,
         log:
-            "logs/convert_gpt2_tokenizer/{tokenizer}.log",
+            paths.log("convert_gpt2_tokenizer", "{tokenizer}"),
         conda:
             "../envs/gptflow.yaml"
         shell:
@@ -96,23 +104,24 @@ else:
         input:
             get_tokenizer_file,
         output:
-            "results/tokenizers/{tokenizer}/tokenizer.json",
+            paths.TOKENIZER_JSON,
         log:
-            "logs/import_tokenizer/{tokenizer}.log",
+            paths.log("import_tokenizer", "{tokenizer}"),
         conda:
             "../envs/gptflow.yaml"
         shell:
             "(cp {input:q} {output:q}.tmp && mv {output:q}.tmp {output:q}) > {log:q} 2>&1"
 
 
+# A whole input, or (tokenize_part, below) one document range of it.
 rule tokenize_shard:
     input:
         documents=get_shard_input,
-        tokenizer="results/tokenizers/{tokenizer}/tokenizer.json",
+        tokenizer=paths.TOKENIZER_JSON,
     output:
-        multiext("results/tokens/{tokenizer}/{dataset}/{shard}", ".bin", ".idx", ".json"),
+        multiext(paths.SHARD, ".bin", ".idx", ".json"),
     log:
-        "logs/tokenize_shard/{tokenizer}/{dataset}/{shard}.log",
+        paths.log("tokenize_shard", "{tokenizer}/{dataset}/{shard}"),
     wildcard_constraints:
         dataset=dataset_choice(TOKENIZED),
     conda:
@@ -121,16 +130,22 @@ rule tokenize_shard:
     resources:
         mem_mb=CFG["tokenize"]["max_rss_mb"],
     params:
-        prefix="results/tokens/{tokenizer}/{dataset}/{shard}",
-        reader=get_reader_args,
-        append_eod=get_append_eod_flag,
-        eod_token=get_eod_token,
+        prefix=paths.SHARD,
+        format=get_format,
+        json_key=get_json_key,
+        member=get_member,
+        member_format=get_member_format,
+        append_eod=APPEND_EOD,
+        document_range=[],  # tokenize_part: --documents START:STOP --counts FILE
+        eod_token=verbatim(CFG["tokenizer"]["eod_token"]),
         engine=CFG["tokenize"]["engine"],
         on_bad=CFG["tokenize"]["on_bad_document"],
     shell:
         "gptflow tokenize --input {input.documents:q} --tokenizer {input.tokenizer:q}"
-        " --output-prefix {params.prefix:q} {params.reader:q} {params.append_eod:q}"
-        " --eod-token={params.eod_token:q} --workers {threads:q} --engine {params.engine:q}"
+        " --output-prefix {params.prefix:q} --format {params.format:q}"
+        " --json-key {params.json_key:q} {params.member:q} {params.member_format:q}"
+        " {params.append_eod:q} {params.document_range:q} --eod-token={params.eod_token:q}"
+        " --workers {threads:q} --engine {params.engine:q}"
         " --on-bad-document {params.on_bad:q} --max-rss-mb {resources.mem_mb:q} > {log:q} 2>&1"
 
 
@@ -138,49 +153,35 @@ checkpoint count_documents:
     input:
         get_shard_input,
     output:
-        "results/documents/{dataset}/{shard}.count.json",
+        paths.DOCUMENT_COUNT,
     log:
-        "logs/count_documents/{dataset}/{shard}.log",
+        paths.log("count_documents", "{dataset}/{shard}"),
     conda:
         "../envs/gptflow.yaml"
     params:
-        reader=get_reader_args,
+        format=get_format,
+        json_key=get_json_key,
+        member=get_member,
+        member_format=get_member_format,
         on_bad=CFG["tokenize"]["on_bad_document"],
     shell:
-        "gptflow count-documents --input {input:q} {params.reader:q}"
+        "gptflow count-documents --input {input:q} --format {params.format:q}"
+        " --json-key {params.json_key:q} {params.member:q} {params.member_format:q}"
         " --on-bad-document {params.on_bad:q} --out {output:q} > {log:q} 2>&1"
 
 
-rule tokenize_part:
+use rule tokenize_shard as tokenize_part with:
     input:
         documents=get_shard_input,
-        counts="results/documents/{dataset}/{shard}.count.json",
-        tokenizer="results/tokenizers/{tokenizer}/tokenizer.json",
+        counts=paths.DOCUMENT_COUNT,
+        tokenizer=paths.TOKENIZER_JSON,
     output:
-        multiext("results/tokens/{tokenizer}/{dataset}/{shard}-{part}", ".bin", ".idx", ".json"),
+        multiext(paths.PART, ".bin", ".idx", ".json"),
     log:
-        "logs/tokenize_part/{tokenizer}/{dataset}/{shard}-{part}.log",
-    wildcard_constraints:
-        dataset=dataset_choice(TOKENIZED),
-    conda:
-        "../envs/gptflow.yaml"
-    threads: CFG["tokenize"]["workers"]
-    resources:
-        mem_mb=CFG["tokenize"]["max_rss_mb"],
+        paths.log("tokenize_part", "{tokenizer}/{dataset}/{shard}-{part}"),
     params:
-        prefix="results/tokens/{tokenizer}/{dataset}/{shard}-{part}",
-        documents=get_part_documents,
-        reader=get_reader_args,
-        append_eod=get_append_eod_flag,
-        eod_token=get_eod_token,
-        engine=CFG["tokenize"]["engine"],
-        on_bad=CFG["tokenize"]["on_bad_document"],
-    shell:
-        "gptflow tokenize --input {input.documents:q} --tokenizer {input.tokenizer:q}"
-        " --output-prefix {params.prefix:q} {params.reader:q} {params.append_eod:q}"
-        " --documents {params.documents:q} --counts {input.counts:q}"
-        " --eod-token={params.eod_token:q} --workers {threads:q} --engine {params.engine:q}"
-        " --on-bad-document {params.on_bad:q} --max-rss-mb {resources.mem_mb:q} > {log:q} 2>&1"
+        prefix=paths.PART,
+        document_range=get_document_range,
 
 
 # Existing Megatron shards: checked against the run's tokenizer (structure, every id in its
@@ -189,11 +190,11 @@ rule tokenize_part:
 rule import_megatron_shard:
     input:
         unpack(get_megatron_shard_files),
-        tokenizer="results/tokenizers/{tokenizer}/tokenizer.json",
+        tokenizer=paths.TOKENIZER_JSON,
     output:
-        multiext("results/tokens/{tokenizer}/{dataset}/{shard}", ".bin", ".idx", ".json"),
+        multiext(paths.SHARD, ".bin", ".idx", ".json"),
     log:
-        "logs/import_megatron_shard/{tokenizer}/{dataset}/{shard}.log",
+        paths.log("import_megatron_shard", "{tokenizer}/{dataset}/{shard}"),
     wildcard_constraints:
         dataset=dataset_choice(IMPORTED),
         shard=imported_shard_choice(),
@@ -201,9 +202,9 @@ rule import_megatron_shard:
         "../envs/gptflow.yaml"
     threads: 2  # numpy scans the .bin while hashlib hashes it
     params:
-        source=get_megatron_prefix,
-        prefix="results/tokens/{tokenizer}/{dataset}/{shard}",
-        eod_token=get_eod_token,
+        source=get_shard_input,
+        prefix=paths.SHARD,
+        eod_token=verbatim(CFG["tokenizer"]["eod_token"]),
     shell:
         "gptflow import-megatron --input {params.source:q} --tokenizer {input.tokenizer:q}"
         " --eod-token={params.eod_token:q} --output-prefix {params.prefix:q} > {log:q} 2>&1"
@@ -213,13 +214,13 @@ rule merge_shards:
     input:
         get_dataset_shard_files,
     output:
-        multiext("results/tokens/{tokenizer}/{dataset}/merged", ".bin", ".idx", ".json"),
+        multiext(paths.MERGED, ".bin", ".idx", ".json"),
     log:
-        "logs/merge_shards/{tokenizer}/{dataset}.log",
+        paths.log("merge_shards", "{tokenizer}/{dataset}"),
     conda:
         "../envs/gptflow.yaml"
     params:
         prefixes=get_dataset_shard_prefixes,
-        prefix="results/tokens/{tokenizer}/{dataset}/merged",
+        prefix=paths.MERGED,
     shell:
         "gptflow merge --input {params.prefixes:q} --output-prefix {params.prefix:q} > {log:q} 2>&1"

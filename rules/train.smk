@@ -7,7 +7,7 @@ Snakemake deletes the outputs of failed jobs. DONE.json is written last, by the 
 
 rule train:
     input:
-        f"{run_dir()}/DONE.json",
+        expand(paths.DONE, run=RUN),
 
 
 # The one rule that takes every shard file: the rules after it read the shards through
@@ -15,19 +15,19 @@ rule train:
 # in each later rule would cost planning time per shard and change nothing.
 rule render_run_config:
     input:
-        tokenizer=tokenizer_json(),
+        tokenizer=paths.tokenizer_json(TOKENIZER),
         shards=get_blend_shard_files,
         init_from=get_init_from_files,
     output:
-        "results/runs/{run}/run.yaml",
+        paths.RUN_YAML,
     log:
-        "logs/render_run_config/{run}.log",
+        paths.log("render_run_config", "{run}"),
     conda:
         "../envs/gptflow.yaml"
     params:
-        settings=get_run_settings,
+        settings=RUN_SETTINGS,
         shards=get_blend_prefixes,
-        run_dir="results/runs/{run}",
+        run_dir=paths.RUN_DIR,
     script:
         "../workflow/scripts/render_run_config.py"
 
@@ -37,11 +37,11 @@ rule render_run_config:
 # memory-map them.
 rule build_data_index:
     input:
-        config="results/runs/{run}/run.yaml",
+        config=paths.RUN_YAML,
     output:
-        "results/runs/{run}/data-index.json",
+        paths.DATA_INDEX,
     log:
-        "logs/build_data_index/{run}.log",
+        paths.log("build_data_index", "{run}"),
     conda:
         "../envs/gptflow.yaml"
     shell:
@@ -50,20 +50,20 @@ rule build_data_index:
 
 rule train_gpt:
     input:
-        config="results/runs/{run}/run.yaml",
-        index="results/runs/{run}/data-index.json",
+        config=paths.RUN_YAML,
+        index=paths.DATA_INDEX,
         image=get_train_container,
     output:
-        "results/runs/{run}/DONE.json",
+        paths.DONE,
     log:
-        "logs/train_gpt/{run}.log",
+        paths.log("train_gpt", "{run}"),
     conda:
         "../envs/gptflow.yaml"
     threads: get_train_threads
     resources:
         mpi="",
     params:
-        hyperparameters=get_train_hyperparameters,
+        hyperparameters=TRAIN_SETTINGS,
         launcher=get_train_launcher,
     # --wait-for-lock: a job rerun while its predecessor still runs (Snakemake killed and
     # started again) waits for it (up to gptflow.checkpoint.LOCK_WAIT_S, 30 min) rather than

@@ -471,6 +471,35 @@ def sif_image(*, image: str | os.PathLike, out: str | os.PathLike, log=print) ->
     return {"image": str(out), "bytes": out.stat().st_size}
 
 
+# --------------------------------------------------------------------------- the rules' options
+# `gptflow build-image` / `squash-image` options from the config's container section, one per
+# param of the build_image and squash_image rules (argv words; nothing when unset)
+
+
+def build_arg_args(build_args: dict[str, str]) -> list[str]:
+    return [word for k, v in build_args.items() for word in ("--build-arg", f"{k}={v}")]
+
+
+def build_option_args(options: list[str]) -> list[str]:
+    """``--build-option=O`` per option, one word: the option itself starts with '-'."""
+    return [f"--build-option={o}" for o in options]
+
+
+def registry_login_args(logins: list[dict]) -> list[str]:
+    """``--registry-login SERVER USERNAME PASSWORD_ENV`` per login (the variable's name only)."""
+    return [
+        word
+        for r in logins
+        for word in ("--registry-login", r["server"], r["username"], r["password_env"])
+    ]
+
+
+def squash_options_arg(options: list[str]) -> str:
+    """``--squash-options=OPTIONS``: the mksquashfs options as one word (``squash-image``
+    splits it again, shell-style); glued, as the options start with '-'."""
+    return f"--squash-options={shlex.join(options)}"
+
+
 # --------------------------------------------------------------------------- running in it
 
 

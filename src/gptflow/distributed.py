@@ -13,6 +13,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from gptflow.container import container_launch
 from gptflow.errors import GptflowError
 
 
@@ -145,6 +146,42 @@ def srun_command(
     # Pyxis/enroot (gptflow.container.container_launch): every rank starts inside the image
     args += container_options or []
     return args
+
+
+def train_launcher(
+    resources: dict,
+    threads: int,
+    container: dict | None = None,
+    image: str | None = None,
+    workdir: str = ".",
+) -> list[str]:
+    """Argv words before ``gptflow train`` in the train_gpt rule, from the job's `resources`
+    (``mpi``, ``nodes``, ``tasks_per_node``, ``tasks``, ``cpus_per_task``; counts that are not
+    positive integers are unset) and `threads`: nothing on one machine; under the Slurm
+    profile (``mpi: srun``) the srun that starts one training task per GPU, each with the
+    rule's threads as its CPUs unless ``cpus_per_task`` says otherwise. With `container` (the
+    config's ``container`` section, enabled) and its `image`: Pyxis options on that srun
+    (sqsh) or ``apptainer exec --nv IMAGE`` (sif), the working directory `workdir` mounted."""
+
+    def count(name: str) -> int | None:
+        value = resources.get(name)
+        return value if isinstance(value, int) and value > 0 else None
+
+    mpi = str(resources.get("mpi") or "")
+    pyxis, prefix = [], []
+    if container is not None:
+        pyxis, prefix = container_launch(
+            container["format"], image, workdir, container["mounts"], srun=bool(mpi)
+        )
+    launcher = srun_command(
+        mpi,
+        nodes=count("nodes"),
+        tasks_per_node=count("tasks_per_node"),
+        tasks=count("tasks"),
+        cpus_per_task=count("cpus_per_task") or threads,
+        container_options=pyxis,
+    )
+    return launcher + prefix
 
 
 def launched_ranks(

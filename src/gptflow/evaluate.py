@@ -38,6 +38,35 @@ def memory_mb(model: ModelConfig, seq_length: int, batch: int = EVAL_BATCH) -> i
     return math.ceil((weights + logits + 2 * 2**30) / 2**20)
 
 
+def run_memory_mb(config: str | os.PathLike) -> int:
+    """:func:`memory_mb` of the run config `config` (run.yaml): the evaluate job's memory."""
+    cfg = RunConfig.load(config)
+    return memory_mb(cfg.model, cfg.train.seq_length)
+
+
+# `gptflow evaluate` options from the config's eval section, one per param of the evaluate
+# rule (argv words)
+
+
+def prompt_args(prompts: list[str]) -> list[str]:
+    """``--prompt=P`` per prompt, one word: a prompt may start with '-'."""
+    return [f"--prompt={p}" for p in prompts]
+
+
+def extra_args(extra: dict[str, list[str]]) -> list[str]:
+    """``--extra NAME PREFIX`` per token shard prefix of each extra perplexity."""
+    return [
+        word for name, prefixes in extra.items() for p in prefixes for word in ("--extra", name, p)
+    ]
+
+
+def extra_files(extra: dict[str, list[str]]) -> list[str]:
+    """The .bin and .idx of every extra prefix: what the evaluation reads besides the run."""
+    return [
+        f"{p}{ext}" for prefixes in extra.values() for p in prefixes for ext in (".bin", ".idx")
+    ]
+
+
 def eval_device() -> str:
     """The evaluation device: ``cuda`` (the job's first GPU) when there is one, else ``cpu``."""
     import torch

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from gptflow import paths
 from gptflow.config import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish, temp_dir
@@ -102,10 +103,12 @@ def checkpoint_weights(
             )
         layout = json.loads((ckpt / "COMPLETE").read_text()).get("layout") or {}
         if layout.get("tensor_parallel", 1) > 1 or layout.get("pipeline_parallel", 1) > 1:
-            cfg = model or RunConfig.load(Path(run_dir) / "run.yaml").model
+            cfg = model or RunConfig.load(paths.in_run_dir(paths.RUN_YAML, run_dir)).model
             return _universal_weights(ckpt, cfg)
         return _zero_partitioned_weights(ckpt)
-    return _zero0_weights(ckpt, lambda: model or RunConfig.load(Path(run_dir) / "run.yaml").model)
+    return _zero0_weights(
+        ckpt, lambda: model or RunConfig.load(paths.in_run_dir(paths.RUN_YAML, run_dir)).model
+    )
 
 
 def load_checkpoint_weights(checkpoint: str | os.PathLike, run_dir: str | os.PathLike) -> dict:

@@ -29,6 +29,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gptflow import paths
 from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
 from gptflow.distributed import launched_ranks
 from gptflow.errors import GptflowError
@@ -512,11 +513,11 @@ class Report:
 # --------------------------------------------------------------------------- the plan's preflight
 
 
-def token_bytes(datasets, vocab: int, tokens_dir: Path | None = None) -> tuple[int, int]:
-    """Bytes the token shards take: the .bin files of shards made already (under
-    `tokens_dir`/{dataset}/{shard}[-{part}].bin, or an imported Megatron shard's), an estimate
-    from the inputs on disk for the others: 4 bytes of text a token (a compressed file's
-    bytes times its typical expansion), in the token dtype of the vocabulary
+def token_bytes(datasets, vocab: int, tokenizer: str | None = None) -> tuple[int, int]:
+    """Bytes the token shards take: the .bin files of shards made already (with `tokenizer`,
+    gptflow.paths.SHARD or its PARTs; an imported Megatron shard's), an estimate from the
+    inputs on disk for the others: 4 bytes of text a token (a compressed file's bytes times
+    its typical expansion), in the token dtype of the vocabulary
     (gptflow.data.indexed's rule). Returns (bytes, inputs not on disk yet, so not counted)."""
     from gptflow.data.indexed import dtype_for_vocab
 
@@ -524,9 +525,10 @@ def token_bytes(datasets, vocab: int, tokens_dir: Path | None = None) -> tuple[i
     for d in datasets.values():
         for s in d.shards:
             made = []
-            if tokens_dir is not None:
-                here = tokens_dir / d.name
-                made = [here / f"{s.name}.bin", *sorted(here.glob(f"{s.name}-*.bin"))]
+            if tokenizer is not None:
+                whole = paths.shard_prefix(tokenizer, d.name, s.name)
+                parts = Path().glob(f"{paths.part_prefix(tokenizer, d.name, s.name, '*')}.bin")
+                made = [Path(f"{whole}.bin"), *sorted(parts)]
             if s.fmt == "megatron":
                 made = [Path(f"{s.input}.bin")]
             if any(f.is_file() for f in made):
@@ -546,7 +548,7 @@ def run(
     *,
     tokenizer_json: Path | None = None,
     datasets: dict | None = None,
-    tokens_dir: Path | None = None,
+    tokenizer: str | None = None,
     config_threads: dict[str, int] | None = None,
     profile_threads: dict[str, int] | None = None,
     runtimes: dict[str, int | None] | None = None,
@@ -603,7 +605,7 @@ def run(
         rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
     rep.lines += [f"  WARNING: {w}" for w in rep.warnings]
     if datasets is not None:
-        made, missing = token_bytes(datasets, vocab, tokens_dir)
+        made, missing = token_bytes(datasets, vocab, tokenizer)
         rep.size = {"parameters": m.num_parameters(), "vocab": vocab,
                     "vocab_source": vocab_source, "shard_bytes": made,
                     "inputs_not_on_disk": missing}  # fmt: skip

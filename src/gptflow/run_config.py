@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from gptflow import paths
 from gptflow.config import ModelConfig, TrainConfig, architecture, padded_vocab_size
 from gptflow.data.tokenizer import TokenizerInfo
 from gptflow.errors import GptflowError
@@ -69,10 +70,14 @@ class RunConfig:
                 f"{self.tokenizer.vocab_size} ids; re-render the run config"
             )
 
-    # paths inside the run directory -------------------------------------------------
+    # paths inside the run directory (gptflow.paths) -------------------------------------
+    @property
+    def run_yaml_path(self) -> Path:
+        return paths.in_run_dir(paths.RUN_YAML, self.run_dir)
+
     @property
     def checkpoint_root(self) -> Path:
-        return Path(self.run_dir) / "checkpoints"
+        return paths.in_run_dir(paths.CHECKPOINTS, self.run_dir)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -81,24 +86,32 @@ class RunConfig:
 
     @property
     def metrics_path(self) -> Path:
-        return Path(self.run_dir) / "metrics.jsonl"
+        return paths.in_run_dir(paths.METRICS, self.run_dir)
 
     @property
     def done_path(self) -> Path:
-        return Path(self.run_dir) / "DONE.json"
+        return paths.in_run_dir(paths.DONE, self.run_dir)
 
     @property
     def lock_path(self) -> Path:
-        return Path(self.run_dir) / "train.lock"
+        return paths.in_run_dir(paths.TRAIN_LOCK, self.run_dir)
 
     @property
     def index_cache_dir(self) -> Path:
-        return Path(self.run_dir) / "data-index"
+        return paths.in_run_dir(paths.DATA_INDEX_DIR, self.run_dir)
+
+    @property
+    def train_log_path(self) -> Path:
+        return paths.in_run_dir(paths.TRAIN_LOG, self.run_dir)
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return paths.in_run_dir(paths.TENSORBOARD_DIR, self.run_dir)
 
     @property
     def wandb_dir(self) -> Path:
         """W&B's own files (wandb.init's dir is the run directory) and each series' W&B run id."""
-        return Path(self.run_dir) / "wandb"
+        return paths.in_run_dir(paths.WANDB_DIR, self.run_dir)
 
     # identity -------------------------------------------------------------------
     def fingerprint(self) -> dict:

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import yaml
 
+from gptflow import paths
 from gptflow.checkpoint import RunLock, tag_for
 from gptflow.errors import GptflowError
 from gptflow.progress import human_bytes
 
-RUNS_DIR = "results/runs"
+RUNS_DIR = str(Path(paths.RUN_DIR).parent)  # results/runs
 
 # How far a run has come, in the order the workflow gets there. "indexing": run.yaml is
 # rendered (every shard is tokenized), the data indices are not built yet.
@@ -39,7 +40,8 @@ STAGES = (
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The files of a run directory (``results/runs/{run}/``) that tell its stage."""
+    """The files of a run directory (``results/runs/{run}/``) that tell its stage: the
+    patterns of :mod:`gptflow.paths`, put in `dir`."""
 
     dir: Path
 
@@ -47,50 +49,54 @@ class RunFiles:
     def run(self) -> str:
         return self.dir.name
 
+    def _in_dir(self, pattern: str) -> Path:
+        return paths.in_run_dir(pattern, self.dir)
+
     @property
     def run_yaml(self) -> Path:
-        return self.dir / "run.yaml"
+        return self._in_dir(paths.RUN_YAML)
 
     @property
     def data_index(self) -> Path:
-        return self.dir / "data-index.json"
+        return self._in_dir(paths.DATA_INDEX)
 
     @property
     def checkpoints(self) -> Path:
-        return self.dir / "checkpoints"
+        return self._in_dir(paths.CHECKPOINTS)
 
     @property
     def metrics(self) -> Path:
-        return self.dir / "metrics.jsonl"
+        return self._in_dir(paths.METRICS)
 
     @property
     def train_log(self) -> Path:
-        return self.dir / "train.log"
+        return self._in_dir(paths.TRAIN_LOG)
 
     @property
     def lock(self) -> Path:
-        return self.dir / "train.lock"
+        return self._in_dir(paths.TRAIN_LOCK)
 
     @property
     def done(self) -> Path:
-        return self.dir / "DONE.json"
+        return self._in_dir(paths.DONE)
 
     @property
     def eval(self) -> Path:
-        return self.dir / "eval.json"
+        return self._in_dir(paths.EVAL)
 
     @property
     def hf(self) -> Path:
-        return self.dir / "hf"
+        return self._in_dir(paths.HF_EXPORT)
 
     @property
     def report_card(self) -> Path:
-        return self.dir / "report" / "card.html"
+        return self._in_dir(paths.REPORT_CARD)
 
     def job_log(self, rule: str) -> Path:
-        """The Snakemake job log of `rule` for this run, ``logs/{rule}/{run}.log`` in the
-        workflow's directory (the one holding ``results/``)."""
-        return self.dir.parent.parent.parent / "logs" / rule / f"{self.run}.log"
+        """The Snakemake job log of `rule` for this run (gptflow.paths.log) in the workflow's
+        directory: the one holding ``results/runs/{run}``."""
+        workdir = self.dir.parents[len(Path(paths.RUN_DIR).parts) - 1]
+        return workdir / paths.log(rule, self.run)
 
 
 def stage(files: RunFiles, trainer_alive: bool = False) -> str:

@@ -311,3 +311,31 @@ def test_training_runs_in_the_image_through_pyxis_or_apptainer():
     ]  # fmt: skip
     with pytest.raises(GptflowError, match=r"format sqsh runs through Pyxis.*format sif"):
         c.container_launch("sqsh", "/w/img.sqsh", "/w", [], srun=False)
+
+
+def test_the_build_and_squash_rules_options_from_the_container_config():
+    """One param of build_image / squash_image per option, in argv words: every build
+    argument, build option and registry login (the password variable's name, never its value);
+    the mksquashfs options as one word that squash-image splits again."""
+    import shlex
+
+    assert c.build_arg_args({"A": "1 2", "B": "x"}) == [
+        "--build-arg",
+        "A=1 2",
+        "--build-arg",
+        "B=x",
+    ]
+    assert c.build_arg_args({}) == []
+    assert c.build_option_args(["--no-cache", "--pull"]) == [
+        "--build-option=--no-cache", "--build-option=--pull",
+    ]  # fmt: skip
+    login = {"server": "nvcr.io", "username": "$oauthtoken", "password_env": "NGC_KEY"}
+    assert c.registry_login_args([login]) == [
+        "--registry-login",
+        "nvcr.io",
+        "$oauthtoken",
+        "NGC_KEY",
+    ]
+    word = c.squash_options_arg(["-comp", "zstd", "-Xcompression-level", "3 4"])
+    assert word == "--squash-options=-comp zstd -Xcompression-level '3 4'"
+    assert shlex.split(word.split("=", 1)[1]) == ["-comp", "zstd", "-Xcompression-level", "3 4"]

@@ -180,3 +180,35 @@ def test_job_ports_stay_below_the_kernels_ephemeral_range():
     assert min(ports) == JOB_PORT_BASE and max(ports) == JOB_PORT_BASE + JOB_PORT_SPAN - 1
     assert max(ports) < low and min(ports) >= 1024
     assert job_port(41) != job_port(42)  # adjacent jobs on a shared node do not collide
+
+
+def test_the_training_launcher_from_the_jobs_resources():
+    """train_gpt's words before `gptflow train`: none on one machine; srun with every count
+    (a rank's CPUs the rule's threads unless cpus_per_task is set; a count that is not a
+    positive integer, such as Snakemake's unset "<TBD>", is no count); the image's Pyxis
+    options on srun (sqsh) or `apptainer exec` before the command (sif); sqsh refused alone."""
+    from gptflow.distributed import train_launcher
+
+    assert train_launcher({"mpi": ""}, 2) == []
+    assert train_launcher({}, 2) == []
+    assert train_launcher({"mpi": "srun", "tasks": 4, "nodes": "<TBD>"}, 2) == [
+        "srun", "--kill-on-bad-exit=1", "--ntasks=4", "--cpus-per-task=2",
+    ]  # fmt: skip
+    slurm = {"mpi": "srun", "nodes": 2, "tasks_per_node": 8, "cpus_per_task": 12, "mem_mb": 9}
+    assert train_launcher(slurm, 1) == [
+        "srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=8", "--cpus-per-task=12",
+    ]  # fmt: skip
+    sqsh = {"format": "sqsh", "mounts": ["/data:/data:ro"]}
+    line = train_launcher(slurm, 1, sqsh, "/w/img.sqsh", "/w")
+    assert line[5:] == [
+        "--container-image=/w/img.sqsh",
+        "--container-mounts=/w:/w,/data:/data:ro",
+        "--container-workdir=/w",
+        "--no-container-mount-home",
+    ]
+    sif = {"format": "sif", "mounts": []}
+    assert train_launcher({"mpi": ""}, 2, sif, "/w/img.sif", "/w") == [
+        "apptainer", "exec", "--nv", "--pwd", "/w", "--bind", "/w:/w", "/w/img.sif",
+    ]  # fmt: skip
+    with pytest.raises(GptflowError, match="format sqsh runs through Pyxis"):
+        train_launcher({"mpi": ""}, 2, sqsh, "/w/img.sqsh", "/w")

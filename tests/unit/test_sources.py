@@ -148,3 +148,62 @@ def test_tokenizer_files_get_the_same_checks():
         tokenizer_file_name("vocab", {**ok, "mirrors": ["https://u:p@m/vocab.json"]}, "c.yaml")
     with pytest.raises(GptflowError, match=r"tokenizer\.merges: the stored name 'SHA256SUMS'"):
         tokenizer_file_name("merges", {"url": "https://h/x/SHA256SUMS"}, "c.yaml")
+
+
+def test_the_rules_options_of_a_shard_and_a_download(catalog, tmp_path):
+    """One param per option: a shard's archive member and member format (nothing when unset),
+    a download's mirrors and sha256, a gated dataset's token scope (nothing without a token);
+    a tokenizer file's sha256 as the config spells it."""
+    from gptflow.data.sources import RemoteFile, Shard, tokenizer_remote_file
+
+    enwik8 = resolve("enwik8", {"type": "catalog", "name": "enwik8"}, catalog).shards[0]
+    assert (enwik8.member_args(), enwik8.member_format_args()) == (
+        ["--member", "enwik8"], ["--member-format", "txt"],
+    )  # fmt: skip
+    plain = Shard("00000", "a.jsonl", "jsonl")
+    assert plain.member_args() == plain.member_format_args() == []
+    f = RemoteFile("o.xz", ("https://a/o.xz", "https://m1/o.xz", "https://m2/o.xz"), "ab" * 32)
+    assert f.mirror_args() == ["--mirror", "https://m1/o.xz", "--mirror", "https://m2/o.xz"]
+    assert f.sha256_args() == ["--sha256", "ab" * 32]
+    bare = RemoteFile("o.xz", ("https://a/o.xz",), None)
+    assert bare.mirror_args() == bare.sha256_args() == []
+    oscar = resolve("oscar", {"type": "catalog", "name": "oscar"}, catalog)
+    assert oscar.token_env_args() == ["--token-env", "HF_TOKEN"]
+    assert oscar.token_origin_args() == ["--token-origin", "https://huggingface.co"]
+    assert oscar.token_allow_http_args() == []
+    spec = {
+        "url": "https://h/tok/tokenizer.json",
+        "mirrors": ["https://m/t.json"],
+        "sha256": "AB" * 32,
+    }
+    tok = tokenizer_remote_file("url", spec, "my.yaml")
+    assert (tok.name, tok.mirror_args(), tok.sha256_args()) == (
+        "tokenizer.json", ["--mirror", "https://m/t.json"], ["--sha256", "AB" * 32],
+    )  # fmt: skip
+
+
+def test_parts_of_an_input_and_their_document_ranges(tmp_path):
+    """tokenize.documents_per_shard: ceil(documents / per part) parts, at least one; part p
+    reads documents [p * n, (p + 1) * n) (the last range may pass the end)."""
+    from gptflow.data.sources import counted_parts, part_count, part_documents
+
+    assert [part_count(d, 7) for d in (0, 1, 7, 8, 14, 15)] == [1, 1, 1, 2, 2, 3]
+    assert [part_documents(p, 7) for p in range(3)] == ["0:7", "7:14", "14:21"]
+    (tmp_path / "c.json").write_text('{"documents": 20, "sources": []}')
+    assert counted_parts(tmp_path / "c.json", 7) == 3
+
+
+def test_the_datasets_a_config_needs_and_the_stamps_of_local_files(tmp_path):
+    from gptflow.data.sources import file_stamps, needed_datasets
+
+    cfg = {
+        "data": {"blend": [{"dataset": "a"}, {"dataset": "b"}]},
+        "tokenizer": {"source": "train", "train": {"datasets": ["b", "c"]}},
+    }
+    assert needed_datasets(cfg) == ["a", "b", "c"]
+    cfg["tokenizer"] = {"source": "file"}
+    assert needed_datasets(cfg) == ["a", "b"]
+    f = tmp_path / "x.txt"
+    f.write_text("hello")
+    st = f.stat()
+    assert file_stamps([str(f)]) == [[str(f), 5, st.st_mtime_ns]]

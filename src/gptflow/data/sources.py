@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 import os
 import re
 import string
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from gptflow import paths
 from gptflow.data.download import refuse_credentials_in_urls, token_origins
 from gptflow.data.readers import FORMATS, infer_format
 from gptflow.errors import GptflowError
@@ -82,6 +84,13 @@ class RemoteFile:
     urls: tuple[str, ...]
     sha256: str | None
 
+    # `gptflow download` options (argv words; nothing when unset), one per rule param
+    def mirror_args(self) -> list[str]:
+        return [word for url in self.urls[1:] for word in ("--mirror", url)]
+
+    def sha256_args(self) -> list[str]:
+        return ["--sha256", self.sha256] if self.sha256 else []
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -96,14 +105,17 @@ class Shard:
     remote: RemoteFile | None = None  # url datasets: downloaded into `input`
     files: tuple[str, ...] = ()  # document_per_file: the files collected into `input`
 
+    def member_args(self) -> list[str]:
+        """`--member GLOB` when the shard reads some of an archive's members, else nothing."""
+        return ["--member", self.member] if self.member != "*" else []
+
+    def member_format_args(self) -> list[str]:
+        return ["--member-format", self.member_format] if self.member_format else []
+
     def reader_args(self) -> list[str]:
         """The `gptflow tokenize` / `sample-documents` options that read this shard."""
         args = ["--format", self.fmt, "--json-key", self.json_key]
-        if self.member != "*":
-            args += ["--member", self.member]
-        if self.member_format:
-            args += ["--member-format", self.member_format]
-        return args
+        return args + self.member_args() + self.member_format_args()
 
 
 @dataclass(frozen=True)
@@ -133,9 +145,57 @@ class Dataset:
     def remote_files(self) -> dict[str, RemoteFile]:
         return {Path(s.input).name: s.remote for s in self.shards if s.remote is not None}
 
+    # `gptflow download` options of the token (argv words; nothing without auth.token_env)
+    def token_env_args(self) -> list[str]:
+        """The variable's name: the job reads the token from its environment."""
+        return ["--token-env", self.token_env] if self.token_env else []
+
+    def token_origin_args(self) -> list[str]:
+        if not self.token_env:
+            return []
+        return [word for origin in self.token_origins for word in ("--token-origin", origin)]
+
+    def token_allow_http_args(self) -> list[str]:
+        return ["--token-allow-http"] if self.token_env and self.token_allow_http else []
+
 
 def shard_names(num_shards: int) -> list[str]:
     return [f"{i:05d}" for i in range(num_shards)]
+
+
+def file_stamps(files) -> list[list]:
+    """[path, bytes, mtime ns] of each file: a changed, added or removed file changes them."""
+    stamps = []
+    for path in files:
+        st = os.stat(path)
+        stamps.append([path, st.st_size, st.st_mtime_ns])
+    return stamps
+
+
+def part_count(documents: int, documents_per_part: int) -> int:
+    """Parts of an input of `documents` documents (tokenize.documents_per_shard): one per
+    `documents_per_part`, the last maybe shorter; an empty input is one empty part."""
+    return max(1, -(-documents // documents_per_part))
+
+
+def counted_parts(count_file: str | os.PathLike, documents_per_part: int) -> int:
+    """:func:`part_count` of an input from its count file (``gptflow count-documents``)."""
+    with open(count_file) as f:
+        return part_count(json.load(f)["documents"], documents_per_part)
+
+
+def part_documents(part: int, documents_per_part: int) -> str:
+    """`gptflow tokenize --documents START:STOP` of part `part` (STOP may pass the end)."""
+    start = part * documents_per_part
+    return f"{start}:{start + documents_per_part}"
+
+
+def needed_datasets(cfg: dict) -> list[str]:
+    """The datasets a validated workflow config uses: the blend's, then the tokenizer's."""
+    names = [item["dataset"] for item in cfg["data"]["blend"]]
+    if cfg["tokenizer"]["source"] == "train":
+        names += [n for n in cfg["tokenizer"]["train"]["datasets"] if n not in names]
+    return names
 
 
 # ----------------------------------------------------------------------------- local
@@ -210,7 +270,7 @@ def _local_dataset(name: str, spec: dict, source: str) -> Dataset:
         shards = tuple(
             Shard(
                 name=shard,
-                input=f"results/documents/{name}/{shard}.jsonl",
+                input=paths.DOCUMENTS.format(dataset=name, shard=shard),
                 fmt="jsonl",
                 json_key="text",
                 files=tuple(str(p) for p in group),
@@ -349,6 +409,13 @@ def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
     return files
 
 
+def tokenizer_remote_file(key: str, spec: dict, where: str) -> RemoteFile:
+    """Tokenizer file `key` (``tokenizer.url``/``vocab``/``merges``) to download: its stored
+    name, URL and mirrors, and sha256 as the config gives it."""
+    urls = (spec["url"], *spec.get("mirrors", []))
+    return RemoteFile(tokenizer_file_name(key, spec, where), urls, spec.get("sha256") or None)
+
+
 def tokenizer_file_name(key: str, spec: dict, where: str) -> str:
     """The stored name of tokenizer file `key` (``tokenizer.url``/``vocab``/``merges``) fetched
     from ``spec["url"]``: checked like a dataset file's, its URLs free of credentials."""
@@ -377,7 +444,7 @@ def _url_dataset(name: str, spec: dict, where: str) -> Dataset:
         shards.append(
             Shard(
                 name=shard,
-                input=f"resources/raw/{name}/{f.name}",
+                input=paths.RAW_FILE.format(dataset=name, file=f.name),
                 fmt=fmt,
                 member=spec.get("member", "*"),
                 member_format=spec.get("member_format"),

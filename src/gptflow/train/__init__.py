@@ -56,7 +56,7 @@ def train(
     cfg = RunConfig.load(config_path)
     env = distributed.resolve()
     distributed.export(env)
-    setup_logging(env.rank, Path(cfg.run_dir) / "train.log")
+    setup_logging(env.rank, cfg.train_log_path)
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
     check_shards(cfg)
     cfg.train.grad_accum_steps(env.world_size)  # the batch splits over the ranks, or say why

@@ -22,7 +22,6 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -230,7 +229,7 @@ def resume(tr: Trainer) -> Progress:
     if tr.rank == 0:
         # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
         kept = step if resumed_from is not None else -1
-        tb_dir = Path(cfg.run_dir) / "tensorboard" / cfg.series if t.tensorboard else None
+        tb_dir = cfg.tensorboard_dir / cfg.series if t.tensorboard else None
         wb = WandbRun(cfg) if t.wandb.enabled else None
         tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir, wb)
         log_start(tr, step, resumed_from is not None)
@@ -540,7 +539,7 @@ def finish(tr: Trainer, step: int) -> None:
         "final_val_loss": evals[-1]["val_loss"] if evals else None,
         "tokens": step * cfg.train.tokens_per_step,
         "metrics": str(cfg.metrics_path),
-        "run_config": str(Path(cfg.run_dir) / "run.yaml"),
+        "run_config": str(cfg.run_yaml_path),
         "versions": versions(),  # what trained it, for the run card
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -113,7 +113,7 @@ class WandbRun:
     def __init__(self, cfg: RunConfig) -> None:
         from gptflow.config import check_wandb
 
-        check_wandb(cfg.train.wandb, f"{cfg.run_dir}/run.yaml")
+        check_wandb(cfg.train.wandb, str(cfg.run_yaml_path))
         import wandb
 
         w = cfg.train.wandb

@@ -1,0 +1,257 @@
+"""Before any job: the config loaded and validated, its datasets resolved, the plan checked
+against the profile (the preflight), and the functions of the Snakefile's onstart, onsuccess
+and onerror. A mistake found here stops the workflow while it is planned. The imports here
+serve every rule file (Snakemake gives the included files one namespace)."""
+
+import functools
+import os
+import re
+from pathlib import Path
+
+from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
+from snakemake.logging import logger
+
+from gptflow import init_from, paths, preflight, submission, why
+from gptflow.container import (
+    build_arg_args,
+    build_option_args,
+    recipe_hash,
+    registry_login_args,
+    squash_options_arg,
+)
+from gptflow.data import sources
+from gptflow.distributed import train_launcher
+from gptflow.environment import put_interpreter_bin_first
+from gptflow.errors import GptflowError
+from gptflow.evaluate import extra_args, extra_files, prompt_args, run_memory_mb
+from gptflow.schema import load_yaml
+from gptflow.workflow_config import load_workflow_config
+
+REPO = Path(workflow.basedir)
+SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
+CATALOG = REPO / "config" / "datasets.yaml"
+put_interpreter_bin_first()  # jobs run the `gptflow` installed beside this Snakemake
+CONFIG_SOURCE = " + ".join(str(p) for p in workflow.configfiles) or "--config"
+
+try:
+    CFG = load_workflow_config(
+        config,
+        schema_path=SCHEMA,
+        models_dir=REPO / "config" / "models",
+        source=CONFIG_SOURCE,
+        config_files=[str(p) for p in workflow.configfiles],
+    )
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config: {e}") from None
+
+
+# `gptflow why`: its dry run asks for the config this plan uses (gptflow.why.DUMP_ENV)
+why.dump_config(CFG)
+
+RUN = CFG["run"]
+TOKENIZER = CFG["tokenizer"]["name"]
+TOKENIZER_SOURCE = CFG["tokenizer"]["source"]
+BLENDED = [item["dataset"] for item in CFG["data"]["blend"]]
+DOCUMENTS_PER_SHARD = CFG["tokenize"]["documents_per_shard"]
+CONTAINER = CFG["container"]
+# What run.yaml is rendered from: a change here re-renders it (and so reruns training)
+RUN_SETTINGS = {
+    "run": CFG["run"],
+    "tokenizer": {"eod_token": CFG["tokenizer"]["eod_token"]},
+    "data": CFG["data"],
+    "model": CFG["model"],
+    "train": CFG["train"],
+}
+# Model and optimisation settings: Snakemake reruns training when one changes
+TRAIN_SETTINGS = {"model": CFG["model"], "train": CFG["train"], "data": CFG["data"]}
+APPEND_EOD = ["--append-eod"] if CFG["tokenize"]["append_eod"] else []
+
+# Datasets are resolved once, here (catalog, globs, URL templates), so that a glob matching
+# nothing or an unknown catalog entry stops the workflow before any job.
+try:
+    DATASETS = sources.resolve_datasets(
+        CFG,
+        sources.needed_datasets(CFG),
+        catalog_path=CATALOG,
+        schema=load_yaml(SCHEMA),
+        source=CONFIG_SOURCE,
+    )
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config: {e}") from None
+
+# Datasets whose shards are imported (type megatron: import_megatron_shard) and those whose
+# shards are tokenized here; each of the two rules writing shards takes only its own. Local
+# files, one document per file, are collected into JSONL first (collect_local_documents).
+IMPORTED = [name for name, d in DATASETS.items() if d.kind == "megatron"]
+TOKENIZED = [name for name in DATASETS if name not in IMPORTED]
+COLLECTED = [name for name, d in DATASETS.items() if d.kind == "collect"]
+# Where each blended dataset comes from, for the data card
+REPORT_DATASETS = {name: CFG["datasets"][name] for name in BLENDED}
+
+
+def dataset_choice(names):
+    """A {dataset} (or {shard}) constraint matching exactly `names` ('-' matches no name)."""
+    return "|".join(re.escape(d) for d in names) or "-"
+
+
+def imported_shard_choice():
+    """The {shard} constraint of import_megatron_shard: the megatron shards' names."""
+    return dataset_choice(sorted({s.name for name in IMPORTED for s in DATASETS[name].shards}))
+
+
+wildcard_constraints:
+    dataset=dataset_choice(DATASETS),
+    shard=r"\d{5}",
+    part=r"\d{4}",
+    run=re.escape(RUN),
+    tokenizer=re.escape(TOKENIZER),
+    file=sources.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
+    hash=r"[0-9a-f]{12}",
+    format="sqsh|sif",
+
+
+# model.init_from's tokenizer against the run's at -n, when the run's exists already
+# (tokenizer.path, or made by an earlier run); render_run_config checks it in any case
+try:
+    init_from.check_planned_tokenizer(CFG, paths.tokenizer_json(TOKENIZER))
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config ({CONFIG_SOURCE}): {e}") from None
+
+
+def container_dockerfile():
+    path = Path(CONTAINER["dockerfile"])
+    return path if path.is_absolute() else REPO / path
+
+
+@functools.cache
+def container_hash():
+    """The recipe hash that names the image (read from the files, a few ms); computed only
+    when a job needs the image, so a workflow without the container never reads the recipe."""
+    try:
+        return recipe_hash(
+            REPO, container_dockerfile(), CONTAINER["base_image"], CONTAINER["build_args"]
+        )
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: container: {e}") from None
+
+
+@functools.cache
+def tokenizer_remote(key):
+    """tokenizer.url / .vocab / .merges to download (gptflow.data.sources.RemoteFile)."""
+    try:
+        return sources.tokenizer_remote_file(key, CFG["tokenizer"][key], CONFIG_SOURCE)
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {e}") from None
+
+
+def tokenizer_asset(key):
+    """Where tokenizer file `key` comes from: downloaded into resources/, or a path on disk."""
+    if not CFG["tokenizer"][key].get("url"):
+        return CFG["tokenizer"][key]["path"]
+    name = tokenizer_remote(key).name
+    return paths.TOKENIZER_FILE.format(tokenizer=TOKENIZER, key=key, file=name)
+
+
+# --------------------------------------------------------------------------- the profile
+
+
+def profile_value(rule, name):
+    """A resource the profile gives `rule` (set-resources, else default-resources) as the
+    plugin will read it; None when unset or a function of the job (known when it runs)."""
+    settings = workflow.resource_settings
+    resource = (settings.overwrite_resources.get(rule) or {}).get(name)
+    if resource is not None:
+        try:
+            return resource.evaluate(
+                wildcards=None, input=None, attempt=1, threads=1, rulename=rule, async_run=None
+            ).value
+        except Exception:  # an expression of the job's wildcards or inputs
+            return None
+    for arg in getattr(settings.default_resources, "args", None) or []:
+        key, _, value = arg.partition("=")
+        if key == name:
+            value = value.strip("'\"")
+            return int(value) if value.isdigit() else value
+    return None
+
+
+def profile_placement():
+    """Where the profile puts train_gpt (gptflow.preflight.Placement)."""
+    threads = (workflow.resource_settings.overwrite_threads or {}).get("train_gpt")
+
+    def number(name):
+        value = profile_value("train_gpt", name)
+        return value if isinstance(value, int) else None
+
+    settings = [
+        ("default-resources slurm_account", profile_value("all", "slurm_account")),
+        ("default-resources slurm_partition", profile_value("all", "slurm_partition")),
+        ("set-resources train_gpt slurm_partition", profile_value("train_gpt", "slurm_partition")),
+    ]
+    return preflight.Placement(
+        executor="slurm" if profile_value("train_gpt", "slurm_partition") else "local",
+        nodes=number("nodes"),
+        tasks_per_node=number("tasks_per_node"),
+        tasks=number("tasks"),
+        gres=profile_value("train_gpt", "gres"),
+        threads=threads.value if threads is not None else None,
+        cpus_per_task=number("cpus_per_task"),
+        mem_mb=number("mem_mb"),
+        partition=profile_value("train_gpt", "slurm_partition"),
+        mpi=str(profile_value("train_gpt", "mpi") or ""),
+        gpu_mem_mb=number("gpu_mem_mb"),
+        settings=tuple((k, str(v)) for k, v in settings if v is not None),
+    )
+
+
+# The preflight, in the main process only (a job's own Snakemake parses this file too): what
+# would fail on the cluster is refused here, before any job waits in the queue.
+PLACEMENT = profile_placement()
+if workflow.is_main_process:
+    try:
+        PREFLIGHT = preflight.run(
+            CFG,
+            PLACEMENT,
+            tokenizer_json=Path(paths.tokenizer_json(TOKENIZER)),
+            datasets=DATASETS,
+            tokenizer=TOKENIZER,
+            runtimes={
+                "default-resources runtime": profile_value("all", "runtime"),
+                "set-resources train_gpt runtime": profile_value("train_gpt", "runtime"),
+            },
+            config_threads=dict.fromkeys(
+                ("tokenize_shard", "tokenize_part"), CFG["tokenize"]["workers"]
+            ),
+            profile_threads={
+                name: threads.value
+                for name, threads in (workflow.resource_settings.overwrite_threads or {}).items()
+            },
+        )
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow preflight ({CONFIG_SOURCE} and the profile): {e}") from None
+    for line in PREFLIGHT.lines:
+        logger.info(line)
+    why.dump_preflight(PREFLIGHT)
+
+
+# --------------------------------------------------------------------------- the hooks
+
+
+def refuse_placeholders():
+    """Snakefile onstart (a real run, never -n): an unedited profile is not submitted."""
+    found = preflight.placeholders(PLACEMENT)
+    if found and workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
+        raise WorkflowError(
+            f"gptflow: not submitted: {preflight.placeholder_message(found, 'the profile')}"
+        )
+
+
+def record_config():
+    """Snakefile onsuccess: the config `gptflow why` compares the next plan against."""
+    why.record_config(CFG)
+
+
+def record_refused_submissions(log):
+    """Snakefile onerror: a job Slurm never ran gets the refusal in the log it points at."""
+    for path in [log] if isinstance(log, str) else log or []:
+        submission.record_refusals(path)

@@ -1,0 +1,90 @@
+"""Where the workflow's files live: each path pattern once, for the rules and the package.
+
+The patterns are relative to the working directory (DESIGN.md, Outputs) and use the rules'
+wildcard names: Snakemake fills them in rules (``output: paths.RUN_YAML``), the package with
+the functions below. A run's files are found through the run directory that run.yaml records
+(``run_dir``), not through :data:`RUN_DIR`: :func:`in_run_dir` puts a run pattern there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+# downloads, each with a NAME.sha256 sidecar; SHA256SUMS records the first verified digest
+RAW_FILE = "resources/raw/{dataset}/{file}"
+RAW_SHA256SUMS = "resources/raw/{dataset}/SHA256SUMS"
+TOKENIZER_FILE = "resources/tokenizers/{tokenizer}/{key}/{file}"  # key: url, vocab, merges
+TOKENIZER_SHA256SUMS = "resources/tokenizers/{tokenizer}/SHA256SUMS"
+
+# documents collected from local files, and the document counts of inputs cut into parts
+DOCUMENTS = "results/documents/{dataset}/{shard}.jsonl"
+DOCUMENTS_MANIFEST = "results/documents/{dataset}/{shard}.manifest.json"
+DOCUMENT_COUNT = "results/documents/{dataset}/{shard}.count.json"
+
+TOKENIZER_SAMPLE = "results/tokenizers/{tokenizer}/samples/{dataset}.jsonl"
+TOKENIZER_JSON = "results/tokenizers/{tokenizer}/tokenizer.json"
+
+# token shards: PREFIX.bin, PREFIX.idx and the manifest PREFIX.json
+SHARD_FILES = (".bin", ".idx", ".json")
+SHARD = "results/tokens/{tokenizer}/{dataset}/{shard}"
+PART = "results/tokens/{tokenizer}/{dataset}/{shard}-{part}"  # tokenize.documents_per_shard
+MERGED = "results/tokens/{tokenizer}/{dataset}/merged"  # tokenize.merge
+
+# the training image, named by its recipe hash (gptflow.container.recipe_hash)
+IMAGE_RECORD = "results/containers/gptflow-{hash}.json"
+IMAGE = "results/containers/gptflow-{hash}.{format}"  # format: sqsh or sif
+
+RUN_DIR = "results/runs/{run}"
+RUN_YAML = "results/runs/{run}/run.yaml"
+DATA_INDEX = "results/runs/{run}/data-index.json"
+DATA_INDEX_DIR = "results/runs/{run}/data-index"
+CHECKPOINTS = "results/runs/{run}/checkpoints"  # not a Snakemake output (DESIGN.md)
+TRAIN_LOCK = "results/runs/{run}/train.lock"
+TRAIN_LOG = "results/runs/{run}/train.log"
+METRICS = "results/runs/{run}/metrics.jsonl"
+TENSORBOARD_DIR = "results/runs/{run}/tensorboard"
+WANDB_DIR = "results/runs/{run}/wandb"
+DONE = "results/runs/{run}/DONE.json"
+EVAL = "results/runs/{run}/eval.json"
+HF_EXPORT = "results/runs/{run}/hf"
+REPORT_DIR = "results/runs/{run}/report"
+REPORT_CARD = "results/runs/{run}/report/card.html"
+
+# a job's log: logs/{rule}/{the job's wildcards}.log
+LOG = "logs/{rule}/{job}.log"
+
+
+def log(rule: str, job: str) -> str:
+    """The log of a job of `rule`: ``log("train_gpt", "{run}")`` in a rule, or with the
+    wildcards filled in (``log("train_gpt", "tiny")``)."""
+    return LOG.format(rule=rule, job=job)
+
+
+def in_run_dir(pattern: str, run_dir: str | os.PathLike) -> Path:
+    """Run pattern `pattern` (one of the ``results/runs/{run}/...`` above) inside `run_dir`,
+    the run directory run.yaml records."""
+    return Path(run_dir) / PurePosixPath(pattern).relative_to(RUN_DIR)
+
+
+def shard_files(prefix: str) -> list[str]:
+    """PREFIX.bin, PREFIX.idx and PREFIX.json: the files of a token shard."""
+    return [f"{prefix}{ext}" for ext in SHARD_FILES]
+
+
+def tokenizer_json(tokenizer: str) -> str:
+    return TOKENIZER_JSON.format(tokenizer=tokenizer)
+
+
+def shard_prefix(tokenizer: str, dataset: str, shard: str) -> str:
+    return SHARD.format(tokenizer=tokenizer, dataset=dataset, shard=shard)
+
+
+def merged_prefix(tokenizer: str, dataset: str) -> str:
+    return MERGED.format(tokenizer=tokenizer, dataset=dataset)
+
+
+def part_prefix(tokenizer: str, dataset: str, shard: str, part: int | str) -> str:
+    """Part `part` of a shard (documents_per_shard): 4 digits, or a glob such as ``*``."""
+    part = f"{part:04d}" if isinstance(part, int) else part
+    return PART.format(tokenizer=tokenizer, dataset=dataset, shard=shard, part=part)

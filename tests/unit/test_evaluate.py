@@ -1,0 +1,35 @@
+"""The evaluate rule's options and memory, from the package (gptflow.evaluate)."""
+
+from gptflow import evaluate
+
+
+def test_the_evaluate_rules_options_from_the_eval_config():
+    """A prompt is one glued word (it may start with '-'); each extra prefix is NAME PREFIX
+    after --extra, and its .bin and .idx are the job's inputs."""
+    assert evaluate.prompt_args(["def ", "-x"]) == ["--prompt=def ", "--prompt=-x"]
+    extra = {"wiki": ["t/wiki/00000", "t/wiki/00001"], "code": ["c"]}
+    assert evaluate.extra_args(extra) == [
+        "--extra", "wiki", "t/wiki/00000", "--extra", "wiki", "t/wiki/00001",
+        "--extra", "code", "c",
+    ]  # fmt: skip
+    assert evaluate.extra_files(extra) == [
+        "t/wiki/00000.bin", "t/wiki/00000.idx", "t/wiki/00001.bin", "t/wiki/00001.idx",
+        "c.bin", "c.idx",
+    ]  # fmt: skip
+    assert evaluate.extra_args({}) == evaluate.extra_files({}) == evaluate.prompt_args([]) == []
+
+
+def test_the_evaluate_jobs_memory_is_that_of_its_run_config(monkeypatch):
+    """run_memory_mb: memory_mb of the model and sequence length run.yaml records."""
+
+    class Loaded:
+        model = object()
+
+        class train:
+            seq_length = 2048
+
+    seen = []
+    monkeypatch.setattr(evaluate.RunConfig, "load", lambda path: seen.append(path) or Loaded)
+    monkeypatch.setattr(evaluate, "memory_mb", lambda model, seq: (model, seq))
+    assert evaluate.run_memory_mb("r/run.yaml") == (Loaded.model, 2048)
+    assert seen == ["r/run.yaml"]
