@@ -1,4 +1,5 @@
-"""``gptflow <subcommand>``: one function per subcommand, each a thin call into the package.
+"""``gptflow <subcommand>``: one function per subcommand, each a thin call into the package,
+with its flags beside it (``add_<command>_arguments``); :data:`COMMANDS` lists them all.
 
 Bad input exits with status 1 and one line on stderr: what is wrong, where, and how to fix it.
 """
@@ -9,11 +10,43 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gptflow.checkpoint import LOCK_WAIT_S
 from gptflow.errors import GptflowError
 from gptflow.progress import hms
+
+
+def add_reader_args(s: argparse.ArgumentParser) -> None:
+    from gptflow.data.readers import FORMATS
+
+    s.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", *sorted(FORMATS)],
+        help="input format (auto: from the file name)",
+    )
+    s.add_argument("--json-key", default="text", help="JSON key (or parquet column) of the text")
+    s.add_argument("--member", default="*", help="glob of archive members to read (zip, tar)")
+    s.add_argument("--member-format", choices=sorted(FORMATS), help="format of archive members")
+
+
+def add_train_tokenizer_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="JSONL files")
+    s.add_argument("--vocab-size", type=int, required=True, help="tokens, special tokens included")
+    s.add_argument("--out", required=True, help="tokenizer.json to write")
+    s.add_argument("--json-key", default="text", help="JSON key of the document text")
+    s.add_argument(
+        "--special-tokens",
+        nargs="+",
+        default=["<|endoftext|>", "<|padding|>"],
+        help="special tokens, ids 0.. in this order",
+    )
+    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
+    s.add_argument("--min-frequency", type=int, default=2, help="minimum count of a merge")
+    s.add_argument("--sample-mb", type=float, default=64.0, help="MB of text to train on, at most")
 
 
 def cmd_train_tokenizer(a: argparse.Namespace) -> int:
@@ -39,6 +72,60 @@ def cmd_train_tokenizer(a: argparse.Namespace) -> int:
         f"documents ({summary['bytes'] / 1e6:.1f} MB) -> {a.out}"
     )
     return 0
+
+
+def add_tokenize_arguments(s: argparse.ArgumentParser) -> None:
+    from gptflow.data.backends import BACKENDS
+
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
+    s.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    s.add_argument(
+        "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
+    )
+    add_reader_args(s)
+    s.add_argument(
+        "--append-eod", action="store_true", help="append EOD to every non-empty document"
+    )
+    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="parallelism: gigatoken threads, or hf encoding processes",
+    )
+    s.add_argument(
+        "--engine",
+        choices=BACKENDS,
+        default="auto",
+        help="auto: gigatoken where it supports the tokenizer and agrees with hf on the first "
+        "documents of each input (a disagreement is an error), else hf",
+    )
+    s.add_argument(
+        "--on-bad-document",
+        choices=["error", "skip"],
+        default="error",
+        help="a malformed JSON line, missing key, non-string text or invalid UTF-8: stop with "
+        "an error naming file and line, or skip it and count it in the manifest; a damaged "
+        "input (truncated, corrupt): stop with an error naming the byte where decoding "
+        "stopped, or keep what was read before it and count the rest as one corrupt_data",
+    )
+    s.add_argument(
+        "--documents",
+        default=None,
+        metavar="START:STOP",
+        help="only documents START..STOP-1 of the inputs (counted from 0, in input order)",
+    )
+    s.add_argument(
+        "--max-rss-mb",
+        type=int,
+        default=1024,
+        help="memory limit; gigatoken's encode caches are dropped at 70%% of it",
+    )
+    s.add_argument(
+        "--counts",
+        metavar="FILE",
+        help="the `gptflow count-documents` file of the inputs (their sha256 is taken from it)",
+    )
 
 
 def cmd_tokenize(a: argparse.Namespace) -> int:
@@ -71,6 +158,18 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_count_documents_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
+    add_reader_args(s)
+    s.add_argument(
+        "--on-bad-document",
+        choices=["error", "skip"],
+        default="error",
+        help="as for tokenize: the count must skip what tokenization will skip",
+    )
+    s.add_argument("--out", required=True, help="JSON file to write")
+
+
 def cmd_count_documents(a: argparse.Namespace) -> int:
     from gptflow.data.tokenize import count_documents
 
@@ -90,6 +189,13 @@ def cmd_count_documents(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_merge_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input", nargs="+", required=True, metavar="PREFIX", help="shards, in order")
+    s.add_argument(
+        "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
+    )
+
+
 def cmd_merge(a: argparse.Namespace) -> int:
     from gptflow.data.tokenize import merge_shards
 
@@ -99,6 +205,17 @@ def cmd_merge(a: argparse.Namespace) -> int:
         f"{m['tokens']} tokens ({m['dtype']})"
     )
     return 0
+
+
+def add_import_megatron_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input", required=True, metavar="PREFIX", help="the shard (no .bin/.idx)")
+    s.add_argument("--tokenizer", required=True, help="tokenizer.json the shard must be made with")
+    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
+    s.add_argument(
+        "--output-prefix",
+        required=True,
+        help="writes PREFIX.bin and PREFIX.idx (symlinks to the input's) and PREFIX.json",
+    )
 
 
 def cmd_import_megatron(a: argparse.Namespace) -> int:
@@ -131,6 +248,35 @@ def parse_range(spec: str | None) -> tuple[int, int | None]:
         raise GptflowError(f"--documents {spec!r}: expected START:STOP, e.g. 0:100000") from None
 
 
+def add_download_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("url", help="primary URL")
+    s.add_argument(
+        "--out", required=True, help="final path (written only when complete and verified)"
+    )
+    s.add_argument("--sha256", help="expected sha256 of the file")
+    s.add_argument(
+        "--mirror", action="append", default=[], metavar="URL", help="further URLs, in order"
+    )
+    s.add_argument(
+        "--sha256sums", help="lock file: record the first verified sha256, check later ones"
+    )
+    s.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="NAME of the environment variable holding a bearer token (the token itself is "
+        "never on a command line, never printed)",
+    )
+    s.add_argument("--token-origin", action="append", default=[], metavar="ORIGIN",
+                   help="https://HOST[:PORT] the token is sent to, redirects included "
+                   "(repeatable; default: the primary URL's origin)")  # fmt: skip
+    s.add_argument("--token-host", action="append", default=[], metavar="HOST",
+                   help="same as --token-origin; a bare HOST means https://HOST")  # fmt: skip
+    s.add_argument("--token-allow-http", action="store_true",
+                   help="also send the token to http:// origins (unencrypted)")  # fmt: skip
+    s.add_argument("--attempts", type=int, default=8, help="attempts per URL that make no progress")
+    s.add_argument("--dataset", help="name of the dataset the file belongs to (for messages)")
+
+
 def cmd_download(a: argparse.Namespace) -> int:
     from gptflow.data.download import Policy, download
 
@@ -150,6 +296,22 @@ def cmd_download(a: argparse.Namespace) -> int:
     resumed = f", resumed at byte {r.resumed_from}" if r.resumed_from else ""
     print(f"{a.out}: {r.bytes} bytes, sha256 {r.sha256} ({r.checksum_source}){resumed}")
     return 0
+
+
+def add_sample_documents_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
+    add_reader_args(s)
+    s.add_argument(
+        "--max-mb", type=float, required=True, help="MB of text in all, split over the inputs"
+    )
+    s.add_argument(
+        "--on-bad-document",
+        choices=["error", "skip"],
+        default="error",
+        help="as for tokenize: a bad document or a damaged input stops with an error, or is "
+        "skipped and counted",
+    )
+    s.add_argument("--out", required=True, help="JSONL to write")
 
 
 def cmd_sample_documents(a: argparse.Namespace) -> int:
@@ -176,12 +338,22 @@ def cmd_sample_documents(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_convert_tokenizer_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--vocab", required=True, help="vocab.json")
+    s.add_argument("--merges", required=True, help="merges.txt")
+    s.add_argument("--out", required=True, help="tokenizer.json to write")
+
+
 def cmd_convert_tokenizer(a: argparse.Namespace) -> int:
     from gptflow.data.tokenizer import gpt2_tokenizer
 
     summary = gpt2_tokenizer(a.vocab, a.merges, a.out)
     print(f"{a.out}: GPT-2 BPE, {summary['vocab_size']} tokens")
     return 0
+
+
+def add_catalog_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--catalog", default="config/datasets.yaml", help="catalog file")
 
 
 def cmd_catalog(a: argparse.Namespace) -> int:
@@ -197,6 +369,14 @@ def cmd_catalog(a: argparse.Namespace) -> int:
         gated = ", gated" if entry.get("gated") else ""
         print(f"{name:14s} {size:>9s}{gated}  {entry.get('description', '').split('. ')[0]}")
     return 0
+
+
+def add_inspect_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("prefix", help="shard prefix (without .bin/.idx)")
+    s.add_argument("--tokenizer", help="tokenizer.json (default: the one in PREFIX.json)")
+    s.add_argument(
+        "--max-chars", type=int, default=2000, help="characters of the document to print"
+    )
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
@@ -229,6 +409,41 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_train_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", required=True, help="results/runs/{run}/run.yaml")
+    s.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per rank (default: cores / local ranks)",
+    )
+    s.add_argument(
+        "--exit-interval",
+        type=int,
+        default=None,
+        help="save and exit (code 75) after every step that is a multiple of this",
+    )
+    s.add_argument(
+        "--wait-for-lock",
+        type=float,
+        nargs="?",
+        default=0,
+        const=LOCK_WAIT_S,
+        metavar="SECONDS",
+        help="wait this long (no value: %(const)g s) for a live trainer of the same run to "
+        "finish (e.g. the job of a killed Snakemake) instead of refusing at once",
+    )
+    s.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N ranks on this machine (PyTorch's elastic launcher, as torchrun) and exit "
+        "75 when they all saved after a signal or at --exit-interval (torchrun exits 1); "
+        "SIGUSR1/SIGTERM to this process reach every rank. Not under srun or torchrun",
+    )
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     if a.nproc_per_node is not None:
         from gptflow.train.launch import launch
@@ -255,6 +470,11 @@ def rank_args(a: argparse.Namespace) -> list[str]:
     if a.wait_for_lock:
         args += ["--wait-for-lock", f"{a.wait_for_lock:g}"]
     return args
+
+
+def add_build_index_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", required=True, help="results/runs/{run}/run.yaml")
+    s.add_argument("--out", required=True, help="summary JSON to write")
 
 
 def cmd_build_index(a: argparse.Namespace) -> int:
@@ -287,6 +507,26 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def add_build_image_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--repo", default=".", help="the gptflow checkout (package source, envs/)")
+    s.add_argument("--dockerfile", default="envs/Dockerfile")
+    s.add_argument("--out", required=True, help="the image record (JSON), written last")
+    s.add_argument("--builder", default="auto", choices=["auto", "docker", "podman"])
+    s.add_argument("--base-image", required=True, help="BASE_IMAGE of the Dockerfile")
+    s.add_argument("--build-arg", type=_key_value, action="append", default=[], metavar="K=V")
+    s.add_argument(
+        "--build-option", action="append", default=[], help="an option for the builder's build"
+    )
+    s.add_argument(
+        "--registry-login",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("SERVER", "USERNAME", "PASSWORD_ENV"),
+        help="log in first; the password is read from the environment variable PASSWORD_ENV",
+    )
+
+
 def cmd_build_image(a: argparse.Namespace) -> int:
     from gptflow.container import build_image
 
@@ -305,6 +545,14 @@ def cmd_build_image(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_squash_image_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--image", required=True, help="the record written by build-image")
+    s.add_argument("--out", required=True)
+    s.add_argument("--format", default="sqsh", choices=["sqsh", "sif"])
+    s.add_argument("--method", default="auto", choices=["auto", "enroot", "builtin"])
+    s.add_argument("--squash-options", default=None, help="mksquashfs options, one string")
+
+
 def cmd_squash_image(a: argparse.Namespace) -> int:
     import shlex
 
@@ -318,11 +566,28 @@ def cmd_squash_image(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_export_hf_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", required=True, help="the run's run.yaml")
+    s.add_argument("--out", required=True, help="the directory to write (replaced whole)")
+
+
 def cmd_export_hf(a: argparse.Namespace) -> int:
     from gptflow.export import export_hf
 
     export_hf(a.config, a.out)
     return 0
+
+
+def add_evaluate_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", required=True, help="the run's run.yaml")
+    s.add_argument("--out", required=True, help="eval.json")
+    s.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    s.add_argument("--new-tokens", type=int, default=32)
+    s.add_argument(
+        "--extra", nargs=2, action="append", default=[], metavar=("NAME", "PREFIX"),
+        help="also the perplexity of shard PREFIX, reported as NAME (repeatable)",
+    )  # fmt: skip
+    s.add_argument("--max-windows", type=int, default=256, help="windows per perplexity")
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
@@ -342,6 +607,17 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_why_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--directory", default=".", help="the workflow's working directory")
+    s.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU (H100 bf16: 989)")
+    s.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization assumed")
+    s.add_argument("--json", default=None, help="also write the result as JSON here")
+    s.add_argument(
+        "snakemake_args", nargs=argparse.REMAINDER,
+        help="after --: the Snakemake arguments of the run (profile, configfiles, targets)",
+    )  # fmt: skip
+
+
 def cmd_why(a: argparse.Namespace) -> int:
     from gptflow.why import why
 
@@ -352,6 +628,10 @@ def cmd_why(a: argparse.Namespace) -> int:
 
         write_json(a.json, result)
     return 0
+
+
+def add_summary_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--results", default="results", help="results directory")
 
 
 def cmd_summary(a: argparse.Namespace) -> int:
@@ -374,6 +654,12 @@ def cmd_summary(a: argparse.Namespace) -> int:
             else:
                 print(f"  {label} {x['absent']}: {x['path']} ({x['made_by']})")
     return 0
+
+
+def add_status_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("runs", nargs="*", metavar="RUN", help="run names (default: every run)")
+    s.add_argument("--runs-dir", default="results/runs", help="directory of the runs")
+    s.add_argument("--json", action="store_true", help="print JSON (for machines)")
 
 
 def cmd_status(a: argparse.Namespace) -> int:
@@ -433,20 +719,6 @@ def ago_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def add_reader_args(s: argparse.ArgumentParser) -> None:
-    from gptflow.data.readers import FORMATS
-
-    s.add_argument(
-        "--format",
-        default="auto",
-        choices=["auto", *sorted(FORMATS)],
-        help="input format (auto: from the file name)",
-    )
-    s.add_argument("--json-key", default="text", help="JSON key (or parquet column) of the text")
-    s.add_argument("--member", default="*", help="glob of archive members to read (zip, tar)")
-    s.add_argument("--member-format", choices=sorted(FORMATS), help="format of archive members")
-
-
 class VersionAction(argparse.Action):
     """``gptflow --version``: gptflow.environment.versions(), read only when asked."""
 
@@ -458,6 +730,67 @@ class VersionAction(argparse.Action):
 
         print("\n".join(f"{name} {version}" for name, version in versions().items()))
         parser.exit()
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name, what it does (the help line), its flags and its function."""
+
+    name: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    help: str
+
+
+# The order of `gptflow --help`
+# fmt: off
+COMMANDS = (
+    Command("train-tokenizer", add_train_tokenizer_arguments, cmd_train_tokenizer,
+            "train a ByteLevel BPE tokenizer.json on JSONL documents"),
+    Command("download", add_download_arguments, cmd_download,
+            "resumable, verified download with mirror failover"),
+    Command("sample-documents", add_sample_documents_arguments, cmd_sample_documents,
+            "the first documents of each input, as JSONL"),
+    Command("convert-tokenizer", add_convert_tokenizer_arguments, cmd_convert_tokenizer,
+            "GPT-2 vocab.json + merges.txt -> tokenizer.json"),
+    Command("catalog", add_catalog_arguments, cmd_catalog,
+            "list the datasets of the catalog"),
+    Command("tokenize", add_tokenize_arguments, cmd_tokenize,
+            "tokenize documents into a Megatron .bin/.idx shard + manifest"),
+    Command("count-documents", add_count_documents_arguments, cmd_count_documents,
+            "count the documents of inputs (to split them into tokenize jobs by --documents)"),
+    Command("merge", add_merge_arguments, cmd_merge,
+            "concatenate shards into one prefix, document boundaries kept"),
+    Command("import-megatron", add_import_megatron_arguments, cmd_import_megatron,
+            "check an existing Megatron .bin/.idx shard against a tokenizer and link it in"),
+    Command("inspect", add_inspect_arguments, cmd_inspect,
+            "describe a .bin/.idx shard and decode its first document"),
+    Command("build-index", add_build_index_arguments, cmd_build_index,
+            "build (or find) a run's cached doc/sample/shuffle indices, before training"),
+    Command("train", add_train_arguments, cmd_train,
+            "train or resume the run described by a run.yaml"),
+    Command("build-image", add_build_image_arguments, cmd_build_image,
+            "build the training image of envs/Dockerfile; write its record"),
+    Command("squash-image", add_squash_image_arguments, cmd_squash_image,
+            "an image record -> enroot squashfs (.sqsh) or Apptainer .sif"),
+    Command("export-hf", add_export_hf_arguments, cmd_export_hf,
+            "the run's final checkpoint as a Hugging Face GPTNeoXForCausalLM dir"),
+    Command("evaluate", add_evaluate_arguments, cmd_evaluate,
+            "test-split perplexity and greedy generations of a finished run"),
+    Command("why", add_why_arguments, cmd_why,
+            "which stages the next run reruns, with the config keys that changed (old -> new), and a "
+            "preflight (tokens, FLOPs, GPU-hours, disk)"),
+    Command("summary", add_summary_arguments, cmd_summary,
+            "every output of each finished run (checkpoint, export, evaluation, report card, metrics, "
+            "logs, run config), and which are missing"),
+    Command("status", add_status_arguments, cmd_status,
+            "where each run is (stage, step, losses, tokens/s, MFU, ETA), from its files; while it "
+            "trains too"),
+)
+# fmt: on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -473,306 +806,10 @@ def build_parser() -> argparse.ArgumentParser:
         "executor plugin (and CUDA when torch has it), one per line, and exit",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    s = sub.add_parser(
-        "train-tokenizer", help="train a ByteLevel BPE tokenizer.json on JSONL documents"
-    )
-    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="JSONL files")
-    s.add_argument("--vocab-size", type=int, required=True, help="tokens, special tokens included")
-    s.add_argument("--out", required=True, help="tokenizer.json to write")
-    s.add_argument("--json-key", default="text", help="JSON key of the document text")
-    s.add_argument(
-        "--special-tokens",
-        nargs="+",
-        default=["<|endoftext|>", "<|padding|>"],
-        help="special tokens, ids 0.. in this order",
-    )
-    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
-    s.add_argument("--min-frequency", type=int, default=2, help="minimum count of a merge")
-    s.add_argument("--sample-mb", type=float, default=64.0, help="MB of text to train on, at most")
-    s.set_defaults(func=cmd_train_tokenizer)
-
-    s = sub.add_parser("download", help="resumable, verified download with mirror failover")
-    s.add_argument("url", help="primary URL")
-    s.add_argument(
-        "--out", required=True, help="final path (written only when complete and verified)"
-    )
-    s.add_argument("--sha256", help="expected sha256 of the file")
-    s.add_argument(
-        "--mirror", action="append", default=[], metavar="URL", help="further URLs, in order"
-    )
-    s.add_argument(
-        "--sha256sums", help="lock file: record the first verified sha256, check later ones"
-    )
-    s.add_argument(
-        "--token-env",
-        metavar="NAME",
-        help="NAME of the environment variable holding a bearer token (the token itself is "
-        "never on a command line, never printed)",
-    )
-    s.add_argument("--token-origin", action="append", default=[], metavar="ORIGIN",
-                   help="https://HOST[:PORT] the token is sent to, redirects included "
-                   "(repeatable; default: the primary URL's origin)")  # fmt: skip
-    s.add_argument("--token-host", action="append", default=[], metavar="HOST",
-                   help="same as --token-origin; a bare HOST means https://HOST")  # fmt: skip
-    s.add_argument("--token-allow-http", action="store_true",
-                   help="also send the token to http:// origins (unencrypted)")  # fmt: skip
-    s.add_argument("--attempts", type=int, default=8, help="attempts per URL that make no progress")
-    s.add_argument("--dataset", help="name of the dataset the file belongs to (for messages)")
-    s.set_defaults(func=cmd_download)
-
-    s = sub.add_parser("sample-documents", help="the first documents of each input, as JSONL")
-    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
-    add_reader_args(s)
-    s.add_argument(
-        "--max-mb", type=float, required=True, help="MB of text in all, split over the inputs"
-    )
-    s.add_argument(
-        "--on-bad-document",
-        choices=["error", "skip"],
-        default="error",
-        help="as for tokenize: a bad document or a damaged input stops with an error, or is "
-        "skipped and counted",
-    )
-    s.add_argument("--out", required=True, help="JSONL to write")
-    s.set_defaults(func=cmd_sample_documents)
-
-    s = sub.add_parser("convert-tokenizer", help="GPT-2 vocab.json + merges.txt -> tokenizer.json")
-    s.add_argument("--vocab", required=True, help="vocab.json")
-    s.add_argument("--merges", required=True, help="merges.txt")
-    s.add_argument("--out", required=True, help="tokenizer.json to write")
-    s.set_defaults(func=cmd_convert_tokenizer)
-
-    s = sub.add_parser("catalog", help="list the datasets of the catalog")
-    s.add_argument("--catalog", default="config/datasets.yaml", help="catalog file")
-    s.set_defaults(func=cmd_catalog)
-
-    s = sub.add_parser(
-        "tokenize", help="tokenize documents into a Megatron .bin/.idx shard + manifest"
-    )
-    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
-    s.add_argument("--tokenizer", required=True, help="tokenizer.json")
-    s.add_argument(
-        "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
-    )
-    add_reader_args(s)
-    s.add_argument(
-        "--append-eod", action="store_true", help="append EOD to every non-empty document"
-    )
-    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
-    s.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="parallelism: gigatoken threads, or hf encoding processes",
-    )
-    s.add_argument(
-        "--engine",
-        choices=["auto", "gigatoken", "hf"],
-        default="auto",
-        help="auto: gigatoken where it supports the tokenizer and agrees with hf on the first "
-        "documents of each input (a disagreement is an error), else hf",
-    )
-    s.add_argument(
-        "--on-bad-document",
-        choices=["error", "skip"],
-        default="error",
-        help="a malformed JSON line, missing key, non-string text or invalid UTF-8: stop with "
-        "an error naming file and line, or skip it and count it in the manifest; a damaged "
-        "input (truncated, corrupt): stop with an error naming the byte where decoding "
-        "stopped, or keep what was read before it and count the rest as one corrupt_data",
-    )
-    s.add_argument(
-        "--documents",
-        default=None,
-        metavar="START:STOP",
-        help="only documents START..STOP-1 of the inputs (counted from 0, in input order)",
-    )
-    s.add_argument(
-        "--max-rss-mb",
-        type=int,
-        default=1024,
-        help="memory limit; gigatoken's encode caches are dropped at 70%% of it",
-    )
-    s.add_argument(
-        "--counts",
-        metavar="FILE",
-        help="the `gptflow count-documents` file of the inputs (their sha256 is taken from it)",
-    )
-    s.set_defaults(func=cmd_tokenize)
-
-    s = sub.add_parser(
-        "count-documents",
-        help="count the documents of inputs (to split them into tokenize jobs by --documents)",
-    )
-    s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
-    add_reader_args(s)
-    s.add_argument(
-        "--on-bad-document",
-        choices=["error", "skip"],
-        default="error",
-        help="as for tokenize: the count must skip what tokenization will skip",
-    )
-    s.add_argument("--out", required=True, help="JSON file to write")
-    s.set_defaults(func=cmd_count_documents)
-
-    s = sub.add_parser("merge", help="concatenate shards into one prefix, document boundaries kept")
-    s.add_argument("--input", nargs="+", required=True, metavar="PREFIX", help="shards, in order")
-    s.add_argument(
-        "--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json"
-    )
-    s.set_defaults(func=cmd_merge)
-
-    s = sub.add_parser(
-        "import-megatron",
-        help="check an existing Megatron .bin/.idx shard against a tokenizer and link it in",
-    )
-    s.add_argument("--input", required=True, metavar="PREFIX", help="the shard (no .bin/.idx)")
-    s.add_argument("--tokenizer", required=True, help="tokenizer.json the shard must be made with")
-    s.add_argument("--eod-token", default="<|endoftext|>", help="end-of-document token")
-    s.add_argument(
-        "--output-prefix",
-        required=True,
-        help="writes PREFIX.bin and PREFIX.idx (symlinks to the input's) and PREFIX.json",
-    )
-    s.set_defaults(func=cmd_import_megatron)
-
-    s = sub.add_parser("inspect", help="describe a .bin/.idx shard and decode its first document")
-    s.add_argument("prefix", help="shard prefix (without .bin/.idx)")
-    s.add_argument("--tokenizer", help="tokenizer.json (default: the one in PREFIX.json)")
-    s.add_argument(
-        "--max-chars", type=int, default=2000, help="characters of the document to print"
-    )
-    s.set_defaults(func=cmd_inspect)
-
-    s = sub.add_parser(
-        "build-index",
-        help="build (or find) a run's cached doc/sample/shuffle indices, before training",
-    )
-    s.add_argument("--config", required=True, help="results/runs/{run}/run.yaml")
-    s.add_argument("--out", required=True, help="summary JSON to write")
-    s.set_defaults(func=cmd_build_index)
-
-    s = sub.add_parser("train", help="train or resume the run described by a run.yaml")
-    s.add_argument("--config", required=True, help="results/runs/{run}/run.yaml")
-    s.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads per rank (default: cores / local ranks)",
-    )
-    s.add_argument(
-        "--exit-interval",
-        type=int,
-        default=None,
-        help="save and exit (code 75) after every step that is a multiple of this",
-    )
-    s.add_argument(
-        "--wait-for-lock",
-        type=float,
-        nargs="?",
-        default=0,
-        const=LOCK_WAIT_S,
-        metavar="SECONDS",
-        help="wait this long (no value: %(const)g s) for a live trainer of the same run to "
-        "finish (e.g. the job of a killed Snakemake) instead of refusing at once",
-    )
-    s.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=None,
-        metavar="N",
-        help="start N ranks on this machine (PyTorch's elastic launcher, as torchrun) and exit "
-        "75 when they all saved after a signal or at --exit-interval (torchrun exits 1); "
-        "SIGUSR1/SIGTERM to this process reach every rank. Not under srun or torchrun",
-    )
-    s.set_defaults(func=cmd_train)
-
-    s = sub.add_parser(
-        "build-image", help="build the training image of envs/Dockerfile; write its record"
-    )
-    s.add_argument("--repo", default=".", help="the gptflow checkout (package source, envs/)")
-    s.add_argument("--dockerfile", default="envs/Dockerfile")
-    s.add_argument("--out", required=True, help="the image record (JSON), written last")
-    s.add_argument("--builder", default="auto", choices=["auto", "docker", "podman"])
-    s.add_argument("--base-image", required=True, help="BASE_IMAGE of the Dockerfile")
-    s.add_argument("--build-arg", type=_key_value, action="append", default=[], metavar="K=V")
-    s.add_argument(
-        "--build-option", action="append", default=[], help="an option for the builder's build"
-    )
-    s.add_argument(
-        "--registry-login",
-        nargs=3,
-        action="append",
-        default=[],
-        metavar=("SERVER", "USERNAME", "PASSWORD_ENV"),
-        help="log in first; the password is read from the environment variable PASSWORD_ENV",
-    )
-    s.set_defaults(func=cmd_build_image)
-
-    s = sub.add_parser(
-        "squash-image", help="an image record -> enroot squashfs (.sqsh) or Apptainer .sif"
-    )
-    s.add_argument("--image", required=True, help="the record written by build-image")
-    s.add_argument("--out", required=True)
-    s.add_argument("--format", default="sqsh", choices=["sqsh", "sif"])
-    s.add_argument("--method", default="auto", choices=["auto", "enroot", "builtin"])
-    s.add_argument("--squash-options", default=None, help="mksquashfs options, one string")
-    s.set_defaults(func=cmd_squash_image)
-
-    s = sub.add_parser(
-        "export-hf", help="the run's final checkpoint as a Hugging Face GPTNeoXForCausalLM dir"
-    )
-    s.add_argument("--config", required=True, help="the run's run.yaml")
-    s.add_argument("--out", required=True, help="the directory to write (replaced whole)")
-    s.set_defaults(func=cmd_export_hf)
-
-    s = sub.add_parser(
-        "evaluate", help="test-split perplexity and greedy generations of a finished run"
-    )
-    s.add_argument("--config", required=True, help="the run's run.yaml")
-    s.add_argument("--out", required=True, help="eval.json")
-    s.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    s.add_argument("--new-tokens", type=int, default=32)
-    s.add_argument(
-        "--extra", nargs=2, action="append", default=[], metavar=("NAME", "PREFIX"),
-        help="also the perplexity of shard PREFIX, reported as NAME (repeatable)",
-    )  # fmt: skip
-    s.add_argument("--max-windows", type=int, default=256, help="windows per perplexity")
-    s.set_defaults(func=cmd_evaluate)
-
-    s = sub.add_parser(
-        "why",
-        help="which stages the next run reruns, with the config keys that changed (old -> new), "
-        "and a preflight (tokens, FLOPs, GPU-hours, disk)",
-    )
-    s.add_argument("--directory", default=".", help="the workflow's working directory")
-    s.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU (H100 bf16: 989)")
-    s.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization assumed")
-    s.add_argument("--json", default=None, help="also write the result as JSON here")
-    s.add_argument(
-        "snakemake_args", nargs=argparse.REMAINDER,
-        help="after --: the Snakemake arguments of the run (profile, configfiles, targets)",
-    )  # fmt: skip
-    s.set_defaults(func=cmd_why)
-
-    s = sub.add_parser(
-        "summary",
-        help="every output of each finished run (checkpoint, export, evaluation, report card, "
-        "metrics, logs, run config), and which are missing",
-    )
-    s.add_argument("--results", default="results", help="results directory")
-    s.set_defaults(func=cmd_summary)
-
-    s = sub.add_parser(
-        "status",
-        help="where each run is (stage, step, losses, tokens/s, MFU, ETA), from its files; "
-        "while it trains too",
-    )
-    s.add_argument("runs", nargs="*", metavar="RUN", help="run names (default: every run)")
-    s.add_argument("--runs-dir", default="results/runs", help="directory of the runs")
-    s.add_argument("--json", action="store_true", help="print JSON (for machines)")
-    s.set_defaults(func=cmd_status)
+    for c in COMMANDS:
+        s = sub.add_parser(c.name, help=c.help)
+        c.add_arguments(s)
+        s.set_defaults(func=c.run)
     return p
 
 
