@@ -311,7 +311,7 @@ def tokenize_to_shard(
     `source_sha256s` gives inputs' sha256 already known (from :func:`count_documents`), so a
     job that tokenizes one range of a large file does not hash all of it again.
     """
-    # Over 80 lines for a reason: 35 of them are the manifest's fields, kept in one literal in
+    # Over 80 lines for a reason: 29 of them are the manifest's fields, kept in one literal in
     # the order they are written; the steps before it are each one call.
     t0 = time.perf_counter()
     _check_arguments(inputs, on_bad_document, documents)
@@ -344,13 +344,7 @@ def tokenize_to_shard(
         "prefix": str(prefix),
         "format": "megatron-mmidx-v1",
         "dtype": writer.dtype.name,
-        "tokenizer": {
-            "path": str(tokenizer_path),
-            "sha256": info.sha256,
-            "vocab_size": info.vocab_size,
-            "eod_token": info.eod_token,
-            "eod_id": info.eod_id,
-        },
+        "tokenizer": info.manifest_record(tokenizer_path),
         "append_eod": append_eod,
         "json_key": json_key,
         "reader": {k: v for k, v in reader.items() if v not in (None, "*")},

@@ -27,6 +27,16 @@ class TokenizerInfo:
     eod_id: int
     eod_token: str
 
+    def manifest_record(self, path: str | os.PathLike) -> dict:
+        """The ``tokenizer`` entry of a shard manifest made with this tokenizer, read at `path`."""
+        return {
+            "path": str(path),
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "eod_token": self.eod_token,
+            "eod_id": self.eod_id,
+        }
+
 
 def load_tokenizer(path: str | os.PathLike):
     """A ``tokenizers.Tokenizer`` from a tokenizer.json; errors name the file."""
