@@ -51,7 +51,10 @@ def _no_launcher_environment_leaks(request):
     after = {k: os.environ.get(k) for k in LAUNCHER_ENV}
     if after != before:
         for k, v in before.items():  # the later tests start clean; this one fails
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         pytest.fail(f"{request.node.nodeid} left launcher variables in the environment: {after}")
 
 

@@ -260,6 +260,18 @@ def copied(hf: Path, to: Path) -> Path:
     return to
 
 
+def with_swapped_ids(hf: Path, to: Path) -> tuple[Path, str]:
+    """A copy of checkpoint `hf` whose tokenizer has ids 300 and 301 swapped: another
+    tokenizer of the same size. Returns the copy and the token that is 300 in it."""
+    swapped = copied(hf, to)
+    tok = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = (t for t, i in vocab.items() if i in (300, 301))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (swapped / "tokenizer.json").write_text(json.dumps(tok))
+    return swapped, min((a, b), key=vocab.get)
+
+
 def refusal(call) -> str:
     """The message of the GptflowError `call()` raises: one line."""
     from gptflow.errors import GptflowError
@@ -339,13 +351,7 @@ def test_what_cannot_be_continued_is_refused_in_one_line(
         f"take part in every softmax). Fix test."
     )
 
-    swapped = copied(hf, tmp_path / "swapped")
-    tok = json.loads((swapped / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    a, b = (t for t, i in vocab.items() if i in (300, 301))
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (swapped / "tokenizer.json").write_text(json.dumps(tok))
-    first = min((a, b), key=vocab.get)
+    swapped, first = with_swapped_ids(hf, tmp_path / "swapped")
     want = (
         f"model.init_from '{swapped}': its tokenizer is not the run's ({tokenizer_json}): token "
         f"{first!r} is id 300 in the checkpoint's, id 301 in the run's. Its embedding rows are "
@@ -431,12 +437,7 @@ def test_snakemake_plans_the_checkpoint_as_an_input_and_refuses_another_tokenize
     import yaml
 
     _, hf = source
-    swapped = copied(hf, tmp_path / "swapped")
-    tok = json.loads((swapped / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    a, b = (t for t, i in vocab.items() if i in (300, 301))
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (swapped / "tokenizer.json").write_text(json.dumps(tok))
+    swapped, _ = with_swapped_ids(hf, tmp_path / "swapped")
 
     def plan(init: Path) -> subprocess.CompletedProcess:
         cfg = {
