@@ -1,10 +1,12 @@
 """Run under torchrun: build this rank's model as the trainer does (gptflow.engine.build_model)
-for `tensor_parallel` and `pipeline_parallel` given as arguments, and print one JSON line: the
-peak tensor memory of the build, the bytes of the parameters the rank then holds, and the
-whole model's bytes and its largest tensor's."""
+for `tensor_parallel` and `pipeline_parallel` given as arguments, and write `rank<N>.json` into
+the directory given third: the peak tensor memory of the build, the bytes of the parameters the
+rank then holds, and the whole model's bytes and its largest tensor's. (One file per rank: lines
+that four ranks print to one pipe can interleave.)"""
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -28,11 +30,12 @@ peak = peak_allocated(
 )
 with torch.device("meta"):
     whole = list(GPTNeoX(model).parameters())
-print(json.dumps({
+record = json.dumps({
     "rank": env.rank,
     "peak": peak,
     "held": sum(p.numel() * p.element_size() for p in built[0].parameters()),
     "whole": sum(p.numel() * 4 for p in whole),
     "largest": max(p.numel() * 4 for p in whole),
-}))  # fmt: skip
+})  # fmt: skip
+(Path(sys.argv[3]) / f"rank{env.rank}.json").write_text(record)
 dev.shutdown()
