@@ -27,6 +27,12 @@ os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ['PATH']}"
 REQUIRE_ALL = os.environ.get("GPTFLOW_REQUIRE_ALL") == "1"
 
 
+def pytest_sessionstart(session):
+    from tests.support import slurm_cluster
+
+    slurm_cluster.start_early()  # why: tests/support/slurm_cluster.py
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield

@@ -1,6 +1,8 @@
 """The workflow on a real Slurm cluster: tests/slurm/start-cluster.sh starts one (slurmctld,
 slurmd, slurmdbd, munge, MariaDB from Debian's packages) on 127.0.0.1, and every rule goes
-through sbatch via the Snakemake Slurm plugin and tests/slurm/profile."""
+through sbatch via the Snakemake Slurm plugin and tests/slurm/profile. Runs that submit jobs go
+through tests/slurm/snakemake_steady_poll.py: the real CLI and plugin, with the plugin's growing
+wait between status checks capped at 3 s (its docstring says why)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.slurm_cluster import start as slurm_cluster_start
+
 from .conftest import BIN, REPO, job_counts
 
-START = REPO / "tests" / "slurm" / "start-cluster.sh"
 PROFILE = REPO / "tests" / "slurm" / "profile"
+STEADY_POLL = REPO / "tests" / "slurm" / "snakemake_steady_poll.py"
 
 
 @pytest.fixture(scope="session")
@@ -36,16 +40,14 @@ def slurm_cluster():
             "neither slurmctld nor apt-get is on PATH: the local cluster is built from Debian's "
             "slurm-wlm packages, which this system cannot install"
         )
-    out = subprocess.run(
-        ["bash", str(START)], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
-    )
+    out = slurm_cluster_start()  # waits for the session's early start, if there was one
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout.strip()
 
 
 def slurm_snakemake_cmd(workdir, configfile, *args) -> list[str]:
     return [
-        str(BIN / "snakemake"), *args, "--snakefile", str(REPO / "Snakefile"),
+        str(BIN / "python"), str(STEADY_POLL), *args, "--snakefile", str(REPO / "Snakefile"),
         "--directory", str(workdir), "--profile", str(PROFILE), "--configfile", str(configfile),
     ]  # fmt: skip
 
