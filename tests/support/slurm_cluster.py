@@ -3,7 +3,8 @@
 Snakemake imports every installed executor plugin on each run, and the Slurm plugin (2.8.0)
 runs `scontrol show config` as it is imported. Where Slurm's commands are installed but no
 controller answers, that call waits about 9 s (10 s where Slurm is not configured): every
-`snakemake` the suite starts, and every `gptflow why`, paid it -- about 13 of CI's 40 minutes.
+`snakemake` the suite starts, and every `gptflow why`, paid it: about 11 of the 40 minutes
+of a run that began with the cluster stopped (as CI's do).
 So where this machine's Slurm is the test cluster (its slurm.conf was written by
 start-cluster.sh), the session starts the cluster as it begins, in the background, and the
 Slurm tests' fixture waits for that start instead of making its own. A machine without Slurm
