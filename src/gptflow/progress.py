@@ -46,6 +46,11 @@ def duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 60 else hms(seconds)
 
 
+def per_second(amount: float, seconds: float, digits: int) -> float | None:
+    """`amount` per second, rounded to `digits`; None for no time at all (a manifest's rate)."""
+    return round(amount / seconds, digits) if seconds > 0 else None
+
+
 def _mb_per_s(bytes_per_s: float) -> str:
     mb = bytes_per_s / 1e6
     return f"{mb:.0f}" if mb >= 100 else f"{mb:.1f}" if mb >= 1 else f"{mb:.3f}"

@@ -67,6 +67,7 @@ from gptflow.data.indexed import (
 from gptflow.data.tokenizer import TokenizerInfo, load_tokenizer, tokenizer_info
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish_symlink, sha256_file, write_json
+from gptflow.progress import per_second
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ def scan_tokens(
         "documents_ending_with_eod": eod_ends,
         "bytes": size,
         "seconds": round(seconds, 3),
-        "mb_per_s": round(size / 1e6 / seconds, 1) if seconds > 0 else None,
+        "mb_per_s": per_second(size / 1e6, seconds, 1),
     }
 
 
@@ -386,7 +387,7 @@ def import_shard(
             "scan_mb_per_s": scan["mb_per_s"],
         },
         "seconds": round(seconds, 3),
-        "mb_per_s": round(scan["bytes"] / 1e6 / seconds, 3) if seconds > 0 else None,
+        "mb_per_s": per_second(scan["bytes"] / 1e6, seconds, 3),
     }
     write_json(f"{out}.json", manifest)
     return manifest

@@ -53,7 +53,7 @@ from gptflow.data.readers import (
 from gptflow.data.tokenizer import load_tokenizer, tokenizer_info
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file, write_json
-from gptflow.progress import Progress
+from gptflow.progress import Progress, per_second
 
 __all__ = [
     "LONG_DOCUMENT_CHARS",
@@ -311,8 +311,6 @@ def tokenize_to_shard(
     `source_sha256s` gives inputs' sha256 already known (from :func:`count_documents`), so a
     job that tokenizes one range of a large file does not hash all of it again.
     """
-    # Over 80 lines for a reason: 29 of them are the manifest's fields, kept in one literal in
-    # the order they are written; the steps before it are each one call.
     t0 = time.perf_counter()
     _check_arguments(inputs, on_bad_document, documents)
     known_sha256 = dict(source_sha256s or {})
@@ -359,14 +357,21 @@ def tokenize_to_shard(
         "bin_sha256": writer.bin_sha256,
         "idx_sha256": sha256_file(f"{prefix}.idx"),
         "engine": _backend_record(hf, gt, auto_reason, workers),
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(progress.nbytes / 1e6 / seconds, 3) if seconds > 0 else None,
-        "documents_per_s": round(writer.documents / seconds, 1) if seconds > 0 else None,
-        # this process; hf workers not included
-        "peak_rss_mb": round(peak_rss_bytes() / 1e6, 1),
+        **_speed(seconds, progress.nbytes, writer.documents),
     }
     write_json(f"{prefix}.json", manifest)
     return manifest
+
+
+def _speed(seconds: float, nbytes: int, documents: int) -> dict:
+    """A shard manifest's last fields: how long the job took, how fast it read, and its peak
+    resident memory (this process; hf workers not included)."""
+    return {
+        "seconds": round(seconds, 3),
+        "mb_per_s": per_second(nbytes / 1e6, seconds, 3),
+        "documents_per_s": per_second(documents, seconds, 1),
+        "peak_rss_mb": round(peak_rss_bytes() / 1e6, 1),
+    }
 
 
 def _check_arguments(inputs: list[str], on_bad_document: str, documents: tuple) -> None:
@@ -515,7 +520,7 @@ def count_documents(
         "documents": total,
         "dropped": dict(sorted(dropped.items())),
         "seconds": round(seconds, 3),
-        "mb_per_s": round(nbytes / 1e6 / seconds, 1) if seconds > 0 else None,
+        "mb_per_s": per_second(nbytes / 1e6, seconds, 1),
     }
     write_json(out, summary)
     return summary
