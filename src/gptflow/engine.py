@@ -218,13 +218,20 @@ def tensor_parallel_slice(name: str, whole: torch.Tensor, rank: int, size: int) 
     """The part of parameter `name` that tensor-parallel rank `rank` of `size` holds, by
     :data:`TENSOR_PARALLEL_PLAN`: rows of a column-parallel matrix (and its bias), columns of
     a row-parallel one, the whole of anything else."""
-    if size == 1:
+    dim = tensor_parallel_dim(name)
+    if size == 1 or dim is None:
         return whole
+    return whole.chunk(size, dim=dim)[rank]
+
+
+def tensor_parallel_dim(name: str) -> int | None:
+    """The dimension along which :data:`TENSOR_PARALLEL_PLAN` splits parameter `name` (of
+    :class:`~gptflow.model.GPTNeoX`): 0 for a column-parallel matrix and its bias, 1 for a
+    row-parallel matrix, None for a replicated parameter."""
     for spec in TENSOR_PARALLEL_PLAN:
         if any(re.fullmatch(pattern, name) for pattern in spec["patterns"]):
-            dim = 0 if spec["partition_type"] == "column" else 1
-            return whole.chunk(size, dim=dim)[rank]
-    return whole
+            return 0 if spec["partition_type"] == "column" else 1
+    return None
 
 
 def pipeline_model(model, stages: int, tensor_parallel: int, world_size: int):

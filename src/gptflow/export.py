@@ -11,11 +11,14 @@ dtype) and reads each one only when asked, so nothing holds the whole model:
   weights_only=True)``); the Adam states beside the weights are never read. With fp16/bf16 the
   weights are DeepSpeed's fp32 master weights (``optimizer.fp32_groups`` of its
   FP16_UnfusedOptimizer), not the half-precision module.
-- ZeRO 1-3: every rank's flat fp32 partitions (the master weights) memory-mapped by
-  DeepSpeed's own zero_to_fp32 loader (which drops the Adam states unread), one parameter
-  sliced out at a time: ZeRO 1/2 at zero_to_fp32's offsets, ZeRO 3 with its
-  ``GatheredTensor``. These files hold pickled DeepSpeed objects, so they are read only from a
-  checkpoint inside the run directory.
+- ZeRO 1/2, any precision (DeepSpeed's BF16_Optimizer of ZeRO 1 in bf16 included), with or
+  without tensor and pipeline parallel: every rank's flat fp32 partitions (the master
+  weights) memory-mapped, each parameter cut out of them where DeepSpeed's
+  ``param_slice_mappings`` says, its tensor-parallel slices joined; nothing converted.
+- ZeRO 3: the partitions through DeepSpeed's own zero_to_fp32 loader (its ``GatheredTensor``).
+
+  The Adam states beside the weights are dropped unread. Optimizer files hold pickled
+  DeepSpeed objects, so they are read only from a checkpoint inside the run directory.
 
 Writing. safetensors shards of at most ``max_shard_size`` bytes, planned as Hugging Face plans
 them (``model-00001-of-0000N.safetensors`` + ``model.safetensors.index.json``; a single
@@ -32,6 +35,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import struct
 from collections.abc import Callable
@@ -87,28 +91,30 @@ def checkpoint_weights(
     """The fp32 weights of a checkpoint step directory (``.../checkpoints/{series}/step*``) by
     name, in the model's order, each read on demand.
 
-    `model` (default: the run directory's run.yaml) names the fp32 master weights of a ZeRO-0
-    fp16/bf16 checkpoint, which DeepSpeed saves per optimizer group, without names."""
+    `model` (default: the run directory's run.yaml) gives the model's names, order and shapes
+    (the merged tensor-parallel slices are checked against them) and names the fp32 master
+    weights of a ZeRO-0 fp16/bf16 checkpoint, which DeepSpeed saves per optimizer group."""
     ckpt = Path(checkpoint)
     if not (ckpt / "COMPLETE").is_file():
         raise GptflowError(
             f"{ckpt}: not a complete checkpoint (no COMPLETE marker); train the run to the end "
             "or name a finished step directory"
         )
-    if any(ckpt.glob("*zero_pp_rank_*optim_states.pt")):
-        if not _inside(ckpt, Path(run_dir)):
-            raise GptflowError(
-                f"{ckpt}: ZeRO shards are unpickled by DeepSpeed's zero_to_fp32, so they are "
-                f"read only from inside the run directory {run_dir}; copy the run there"
-            )
-        layout = json.loads((ckpt / "COMPLETE").read_text()).get("layout") or {}
-        if layout.get("tensor_parallel", 1) > 1 or layout.get("pipeline_parallel", 1) > 1:
-            cfg = model or RunConfig.load(paths.in_run_dir(paths.RUN_YAML, run_dir)).model
-            return _universal_weights(ckpt, cfg)
-        return _zero_partitioned_weights(ckpt)
-    return _zero0_weights(
-        ckpt, lambda: model or RunConfig.load(paths.in_run_dir(paths.RUN_YAML, run_dir)).model
-    )
+
+    def config() -> ModelConfig:
+        return model or RunConfig.load(paths.in_run_dir(paths.RUN_YAML, run_dir)).model
+
+    files = optimizer_files(ckpt)
+    if not files:
+        return _zero0_weights(ckpt, config)
+    if not _inside(ckpt, Path(run_dir)):
+        raise GptflowError(
+            f"{ckpt}: DeepSpeed's optimizer files hold pickled objects, so they are read only "
+            f"from inside the run directory {run_dir}; copy the run there"
+        )
+    if _sliced(files[min(files)]):
+        return _sliced_weights(ckpt, files, config())
+    return _zero3_partitioned_weights(ckpt)
 
 
 def load_checkpoint_weights(checkpoint: str | os.PathLike, run_dir: str | os.PathLike) -> dict:
@@ -202,16 +208,17 @@ def _checked_master(name: str, master: torch.Tensor, stored: torch.Tensor) -> to
     return master.contiguous()
 
 
-def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
-    """ZeRO 1-3: one :class:`Weight` per parameter over every rank's fp32 partitions."""
+def _zero3_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
+    """ZeRO 3: one :class:`Weight` per parameter over every rank's fp32 partitions, read by
+    DeepSpeed's zero_to_fp32 loader."""
     from deepspeed.checkpoint.constants import BUFFER_NAMES, FROZEN_PARAM_SHAPES, PARAM_SHAPES
     from deepspeed.utils import zero_to_fp32
 
     # memory-mapped; checks the stage and that every rank's file is there
-    stage, world, flat_groups, paddings = zero_to_fp32.parse_optim_states(
+    stage, world, flat_groups, _ = zero_to_fp32.parse_optim_states(
         zero_to_fp32.get_optim_files(str(ckpt)), str(ckpt)
     )
-    # rank 0's model states: parameter names and shapes (ZeRO 1/2: also the module, unread)
+    # rank 0's model states: parameter names and shapes
     states = torch.load(
         zero_to_fp32.get_model_state_file(str(ckpt), stage),
         map_location="cpu",
@@ -222,10 +229,7 @@ def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
         raise GptflowError(f"{ckpt}: frozen parameters are not supported by the export")
     buffers = set(states[BUFFER_NAMES])
     weights = {name: _stored(t) for name, t in states["module"].items() if name in buffers}
-    if stage <= 2:
-        weights |= _zero12_weights(ckpt, states[PARAM_SHAPES], flat_groups, paddings, world)
-    else:
-        weights |= _zero3_weights(ckpt, states[PARAM_SHAPES], flat_groups, world)
+    weights |= _zero3_weights(ckpt, states[PARAM_SHAPES], flat_groups, world)
     for alias, name in (states.get("shared_params") or {}).items():
         if name in weights:
             weights[alias] = weights[name]
@@ -235,73 +239,135 @@ def _zero_partitioned_weights(ckpt: Path) -> dict[str, Weight]:
     return {name: weights[name] for name in order}
 
 
-def _universal_weights(ckpt: Path, model: ModelConfig) -> dict[str, Weight]:
-    """A tensor- or pipeline-parallel checkpoint (ZeRO 1/2): through DeepSpeed's universal
-    format, whose conversion merges each parameter's tensor-parallel slices, pipeline stages and
-    ZeRO partitions into one fp32 file (``stepN/universal/zero/NAME/fp32.pt``; converted once,
-    kept with the step, under the model's names -- a pipeline's ``3.layer.*`` are symlinks)."""
-    from gptflow.checkpoint import universal_dir
-    from gptflow.engine import convert_to_universal
-    from gptflow.model import GPTNeoX
+# DeepSpeed's optimizer files: ``[bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt``
+# (the ``bf16_`` ones are its BF16_Optimizer's: ZeRO 1 in bf16, the default on a GPU)
+OPTIMIZER_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 
-    zero = universal_dir(ckpt, convert_to_universal, model.num_layers) / "zero"
-    saved = {
-        p.name: p / "fp32.pt"
-        for p in zero.iterdir()
-        if not p.is_symlink() and (p / "fp32.pt").is_file()
-    }
-    with torch.device("meta"):  # the model's names in its order, at no memory cost
-        names = [name for name, _ in GPTNeoX(model).named_parameters()]
-    if sorted(names) != sorted(saved):
+
+def optimizer_files(ckpt: Path) -> dict[tuple[int, int], Path]:
+    """{(model-parallel rank, data-parallel rank): file} of a ZeRO checkpoint, every one of the
+    grid there (empty at ZeRO 0)."""
+    files = {}
+    for path in ckpt.glob("*_optim_states.pt"):
+        if m := OPTIMIZER_FILE.fullmatch(path.name):
+            files[int(m[2]), int(m[1])] = path
+    if files:
+        mps, dps = (1 + max(k[i] for k in files) for i in (0, 1))
+        missing = [(mp, dp) for mp in range(mps) for dp in range(dps) if (mp, dp) not in files]
+        if missing:
+            mp, dp = missing[0]
+            raise GptflowError(
+                f"{ckpt}: the optimizer file of data-parallel rank {dp}, model-parallel rank "
+                f"{mp} is missing ({len(files)} of {mps * dps}); the save was cut short or "
+                "files were removed: use an earlier complete step"
+            )
+    return files
+
+
+def _optimizer_state(path: Path) -> dict:
+    """The DeepSpeed optimizer state of one rank, memory-mapped, without the Adam moments
+    (dropped unread: only the fp32 master weights are wanted)."""
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    optim = state["optimizer_state_dict"]
+    optim.pop("base_optimizer_state", None)
+    return optim
+
+
+def _sliced(path: Path) -> bool:
+    """ZeRO 1/2 (any precision; BF16_Optimizer included): fp32 partitions with DeepSpeed's
+    map of which parameter each holds (``param_slice_mappings``). ZeRO 3 has none."""
+    optim = _optimizer_state(path)
+    return "param_slice_mappings" in optim and "single_partition_of_fp32_groups" in optim
+
+
+def _sliced_weights(
+    ckpt: Path, files: dict[tuple[int, int], Path], model: ModelConfig
+) -> dict[str, Weight]:
+    """ZeRO 1/2, with or without tensor and pipeline parallel, read where the ranks wrote it.
+
+    Each model-parallel rank (``mp = pipeline stage x tp + tensor-parallel rank``) has its
+    parameters' shapes in ``mp_rank_{mp}_model_states.pt``; each of its data-parallel ranks
+    holds one consecutive piece of every parameter group's flat fp32 vector, and
+    ``param_slice_mappings`` says which part of which parameter (start, numel) that piece
+    holds. A parameter is its pieces in data-parallel order; under tensor parallel, its
+    slices in tensor-parallel order, joined along the dimension
+    :data:`gptflow.engine.TENSOR_PARALLEL_PLAN` splits (replicated ones read from the first
+    rank). Nothing is converted or written: the universal conversion (which loads every file
+    whole, twice) is left to a resume in another layout."""
+    from gptflow.engine import tensor_parallel_dim
+    from gptflow.model import GPTNeoX, hf_name
+
+    mps, dps = (1 + max(k[i] for k in files) for i in (0, 1))
+    slices: dict[str, list[Weight]] = {}  # model name -> its slices in model-parallel order
+    for mp in range(mps):
+        shapes = _param_shapes(ckpt / f"mp_rank_{mp:02d}_model_states.pt")
+        states = [_optimizer_state(files[mp, dp]) for dp in range(dps)]
+        for g, group in enumerate(shapes):
+            for name, shape in group.items():
+                pieces = [
+                    (state["single_partition_of_fp32_groups"][g], *where)
+                    for state in states
+                    if (where := _fragment(state, g, name)) is not None
+                ]
+                if sum(numel for _, _, numel in pieces) != math.prod(shape):
+                    raise GptflowError(
+                        f"{files[mp, 0]}: the data-parallel ranks hold "
+                        f"{sum(n for _, _, n in pieces)} of the {math.prod(shape)} elements of "
+                        f"{name}; the optimizer files do not match the model states"
+                    )
+                # a pipeline's names are its stages' ("3.layer.mlp..."): the model's instead
+                key = hf_name(name, model.num_layers) if name[:1].isdigit() else name
+                read = partial(_joined_pieces, pieces, tuple(shape))
+                slices.setdefault(key, []).append(Weight(tuple(shape), torch.float32, read))
+    with torch.device("meta"):  # the model's names, order and shapes, at no memory cost
+        want = {name: tuple(p.shape) for name, p in GPTNeoX(model).named_parameters()}
+    if sorted(want) != sorted(slices):
         raise GptflowError(
-            f"{zero}: the universal conversion of {ckpt} holds {len(saved)} parameters that do "
-            f"not match the run's model ({len(names)}); was the run config changed?"
+            f"{ckpt}: holds parameters {sorted(slices.keys() ^ want.keys())[:4]} that the run's "
+            f"model lacks or misses them ({len(slices)} against {len(want)}); was the run "
+            "config changed?"
         )
     weights = {}
-    for name in names:
-        # mmap'd, so a shape costs no read of the values
-        shape = tuple(torch.load(saved[name], mmap=True, weights_only=True)["param"].shape)
-        weights[name] = Weight(shape, torch.float32, partial(_universal_param, saved[name]))
-    return weights
-
-
-def _universal_param(path: Path) -> torch.Tensor:
-    return torch.load(path, mmap=True, weights_only=True)["param"].float().contiguous()
-
-
-def _zero12_weights(ckpt, param_shapes, flat_groups, paddings, world) -> dict[str, Weight]:
-    """ZeRO 1/2: each parameter group is one flat fp32 vector (its parameters back to back,
-    with DeepSpeed's alignment paddings) cut into `world` consecutive partitions, one per rank.
-    The offsets are zero_to_fp32's (``_zero2_merge_trainable_params``), checked as it checks
-    them; a parameter is read from the partitions it overlaps only."""
-    weights = {}
-    for g, shapes in enumerate(param_shapes):
-        parts = [flat_groups[rank][g] for rank in range(world)]
-        starts = [0, *itertools.accumulate(p.numel() for p in parts)]
-        offset = 0
-        for i, (name, shape) in enumerate(shapes.items()):
-            numel = math.prod(shape)
-            read = partial(_flat_slice, parts, starts, offset, numel, tuple(shape))
-            weights[name] = Weight(tuple(shape), torch.float32, read)
-            offset += numel + (paddings[g][i] if paddings is not None else 0)
-        align = 2 * world  # zero_to_fp32's check: both ends agree up to DeepSpeed's alignment
-        if math.ceil(offset / align) != math.ceil(starts[-1] / align):
+    for name, shape in want.items():
+        weights[name] = _merged(name, slices[name], tensor_parallel_dim(name))
+        if weights[name].shape != shape:
             raise GptflowError(
-                f"{ckpt}: parameter group {g} takes {offset} of its {starts[-1]} elements; the "
-                "ZeRO partitions do not match the parameter shapes"
+                f"{ckpt}: {name} merges to {weights[name].shape}, the run's model has {shape}"
             )
     return weights
 
 
-def _flat_slice(parts, starts, offset: int, numel: int, shape: tuple) -> torch.Tensor:
-    """Elements [offset, offset + numel) of the concatenated `parts` (part i begins at
-    starts[i]) as a tensor of `shape`, read from the overlapping parts only."""
-    pieces = [
-        part[max(offset, begin) - begin : min(offset + numel, end) - begin]
-        for part, begin, end in zip(parts, starts, starts[1:], strict=False)
-        if max(offset, begin) < min(offset + numel, end)
-    ]
-    return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).view(shape)
+def _param_shapes(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise GptflowError(f"{path.parent}: no {path.name}; not a complete DeepSpeed checkpoint")
+    states = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    if states.get("frozen_param_shapes"):
+        raise GptflowError(f"{path}: frozen parameters are not supported by the export")
+    return states["param_shapes"]
+
+
+def _fragment(state: dict, group: int, name: str) -> tuple[int, int] | None:
+    """(start, numel) of parameter `name` in this rank's piece of `group`, if it holds any."""
+    where = state["param_slice_mappings"][group].get(name)
+    return None if where is None else (where.start, where.numel)
+
+
+def _joined_pieces(pieces: list[tuple[torch.Tensor, int, int]], shape: tuple) -> torch.Tensor:
+    parts = [flat[start : start + numel] for flat, start, numel in pieces]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).view(shape)
+
+
+def _merged(name: str, slices: list[Weight], dim: int | None) -> Weight:
+    """One parameter from its tensor-parallel slices (one slice: itself)."""
+    if len(slices) == 1 or dim is None:
+        return slices[0]
+    shape = list(slices[0].shape)
+    shape[dim] = sum(w.shape[dim] for w in slices)
+    return Weight(tuple(shape), torch.float32, partial(_concatenated, slices, dim))
+
+
+def _concatenated(slices: list[Weight], dim: int) -> torch.Tensor:
+    return torch.cat([w.read() for w in slices], dim)
 
 
 def _zero3_weights(ckpt, param_shapes, flat_groups, world) -> dict[str, Weight]:

@@ -10,9 +10,11 @@ checkpoints of a many-tensor model (the tiny model with 16 layers: 196 tensors, 
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,16 +35,19 @@ MODEL_16 = ModelConfig(num_layers=LAYERS, hidden_size=64, num_attention_heads=4,
 
 @pytest.fixture(scope="module")
 def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
-    """trained(zero_stage, precision) -> the run directory of a finished 2-step run (trained
-    once per module): one rank at ZeRO 0, two ranks under torchrun at ZeRO 1-3."""
-    runs: dict[tuple[int, str], Path] = {}
+    """trained(zero_stage, precision, tp=1, pp=1) -> the run directory of a finished 2-step
+    run (trained once per module): one rank at ZeRO 0, under torchrun at ZeRO 1-3 two ranks
+    (data parallel) or tp x pp (tensor and pipeline parallel)."""
+    runs: dict[tuple, Path] = {}
 
-    def train(zero: int, precision: str) -> Path:
-        if (zero, precision) in runs:
-            return runs[zero, precision]
+    def train(zero: int, precision: str, tp: int = 1, pp: int = 1) -> Path:
+        key = (zero, precision, tp, pp)
+        if key in runs:
+            return runs[key]
         settings = dict(
             zero_stage=zero, precision=precision, train_iters=2, lr_warmup_iters=1,
             log_interval=1, eval_interval=100, eval_iters=1, save_interval=100, keep_last=1,
+            tensor_parallel=tp, pipeline_parallel=pp,
         )  # fmt: skip
         cfg = load_workflow_config(
             {
@@ -54,7 +59,7 @@ def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
             models_dir=repo / "config/models",
             source="test",
         )
-        run_dir = tmp_path_factory.mktemp(f"zero{zero}-{precision}")
+        run_dir = tmp_path_factory.mktemp(f"zero{zero}-{precision}-tp{tp}-pp{pp}")
         run = render_run_config(
             cfg, tokenizer_path=str(tokenizer_json), shards={"stdlib": shards}, run_dir=str(run_dir)
         )
@@ -64,7 +69,7 @@ def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
             launcher = [
                 str(BIN / "torchrun"),
                 "--standalone",
-                "--nproc_per_node=2",
+                f"--nproc_per_node={max(2, tp * pp)}",
                 "-m",
                 "gptflow",
             ]
@@ -73,7 +78,7 @@ def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
             capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[zero, precision] = run_dir
+        runs[key] = run_dir
         return run_dir
 
     return train
@@ -87,19 +92,60 @@ def final_checkpoint(run_dir: Path) -> Path:
     return Path(json.loads((run_dir / "DONE.json").read_text())["checkpoint"])
 
 
+@functools.cache
 def consolidated(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The weights as the export consolidated them before streaming, read apart from
-    gptflow.export: DeepSpeed's zero_to_fp32 for ZeRO 1-3, the whole ZeRO-0 module otherwise
+    """The weights as DeepSpeed itself consolidates them, read apart from gptflow.export:
+    zero_to_fp32 for ZeRO 1-3 (fp16/fp32, and bf16 at ZeRO 2/3), the universal conversion
+    (ds_to_universal) where zero_to_fp32 cannot read the checkpoint (bf16 at ZeRO 1: the
+    BF16_Optimizer's; tensor and pipeline parallel), the whole ZeRO-0 module otherwise
     (``lm_head`` named as in the export)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     ckpt = final_checkpoint(run_dir)
-    if any(ckpt.glob("*optim_states.pt")):
+    layout = json.loads((ckpt / "COMPLETE").read_text())["layout"]
+    bf16_optimizer = (layout["zero_stage"], layout["precision"]) == (1, "bf16")
+    if bf16_optimizer or layout["tensor_parallel"] > 1 or layout["pipeline_parallel"] > 1:
+        weights = universal_reference(ckpt)
+    elif any(ckpt.glob("*optim_states.pt")):
         weights = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
     else:
         states = torch.load(ckpt / "mp_rank_00_model_states.pt", weights_only=True)
         weights = {k: v.float() for k, v in states["module"].items()}
     return {("lm_head.weight" if k == "embed_out.weight" else k): v for k, v in weights.items()}
+
+
+def universal_reference(ckpt: Path) -> dict[str, torch.Tensor]:
+    """DeepSpeed's ds_to_universal of `ckpt` into a directory of its own (the step is left as
+    it is): one fp32 file per parameter, tensor-parallel slices and pipeline stages merged by
+    DeepSpeed; a pipeline's stage names (``{i}.layer.X``, ``0.embed_in``, ``{L+1}.final_...``)
+    read back by hand as the model's."""
+    import argparse
+    import contextlib
+    import tempfile
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    out = Path(tempfile.mkdtemp(prefix="reference-universal-")) / "universal"
+    args = argparse.Namespace(
+        input_folder=str(ckpt), output_folder=str(out), num_extract_workers=1,
+        num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True,
+    )  # fmt: skip
+    with contextlib.redirect_stdout(sys.stderr):
+        ds_to_universal.main(args)
+    weights = {}
+    for d in (out / "zero").iterdir():
+        if not d.is_dir():  # optimizer_state.pt: the common optimizer state
+            continue
+        name = d.name
+        if m := re.fullmatch(r"(\d+)\.(.*)", name):
+            i, rest = int(m[1]), m[2]
+            name = (
+                f"gpt_neox.{rest}" if i == 0
+                else f"gpt_neox.layers.{i - 1}.{rest.removeprefix('layer.')}" if i <= LAYERS
+                else rest if rest.startswith("embed_out.") else f"gpt_neox.{rest}"
+            )  # fmt: skip
+        weights[name] = torch.load(d / "fp32.pt", weights_only=False)["param"].float()
+    return weights
 
 
 def read_export(hf_dir: Path) -> dict[str, torch.Tensor]:
@@ -122,22 +168,32 @@ def model_bytes(weights: dict) -> tuple[int, int]:
     return sum(sizes), max(sizes)
 
 
+# Every (ZeRO stage, precision) the trainer accepts, and tensor, pipeline and both in fp32
+# and in bf16 (the default on a GPU: ZeRO 1 + bf16 is DeepSpeed's BF16_Optimizer)
+LAYOUTS = [
+    *[(0, "fp32", 1, 1)],
+    *[(zero, precision, 1, 1) for precision in ("fp32", "bf16", "fp16") for zero in (1, 2, 3)],
+    *[(1, precision, tp, pp) for precision in ("fp32", "bf16") for tp, pp in [(2, 1), (1, 2), (2, 2)]],
+]  # fmt: skip
+LAYOUT_IDS = [f"zero{z}-{p}" + (f"-tp{t}-pp{q}" if t * q > 1 else "") for z, p, t, q in LAYOUTS]
 STAGES = [(0, "fp32"), (1, "fp32"), (2, "bf16"), (3, "bf16")]
 STAGE_IDS = [f"zero{z}-{p}" for z, p in STAGES]
 
 
-@pytest.mark.parametrize(("zero", "precision"), STAGES, ids=STAGE_IDS)
+@pytest.mark.parametrize(("zero", "precision", "tp", "pp"), LAYOUTS, ids=LAYOUT_IDS)
 def test_the_streamed_sharded_export_equals_the_consolidated_weights(
-    trained, tmp_path, zero, precision
+    trained, tmp_path, zero, precision, tp, pp
 ):
     """Shards of at most 400 kB (the model is 3.5 MB): planned as huggingface_hub plans them,
-    HF's index file, and every tensor equal (torch.equal) to the consolidated weights."""
+    HF's index file, and every tensor equal (torch.equal) to the weights DeepSpeed
+    consolidates, for every layout the trainer accepts. The export before raised 'is not a
+    zero checkpoint' on ZeRO 1 + bf16 (the default on a GPU)."""
     from huggingface_hub import split_torch_state_dict_into_shards
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from gptflow.export import export_hf
 
-    run_dir = trained(zero, precision)
+    run_dir = trained(zero, precision, tp, pp)
     want = consolidated(run_dir)
     total, largest = model_bytes(want)
     assert len(want) == LAYERS * 12 + 4 and total > 25 * largest
