@@ -172,10 +172,39 @@ def get_train_launcher(wildcards, resources, threads):
         raise WorkflowError(f"gptflow config: {e}") from None
 
 
+def eval_resources(config_file):
+    """gptflow.evaluate.run_resources: on GPUs of the training partition's size under the
+    Slurm profile; <TBD> in a plan made before run.yaml exists."""
+    open(config_file).close()
+    return run_eval_resources(
+        config_file,
+        PLACEMENT.gpu_mem_mb or preflight.DEFAULT_GPU_MEMORY_MB,
+        PLACEMENT.executor == "slurm",
+        CFG["eval"],
+    )
+
+
 def get_eval_mem_mb(wildcards, input):
-    """gptflow.evaluate.run_memory_mb; <TBD> in a plan made before run.yaml exists."""
+    return eval_resources(input.config)["mem_mb"]
+
+
+def get_eval_gres(wildcards, input):
+    return eval_resources(input.config)["gres"]
+
+
+def get_eval_runtime(wildcards, input):
+    return eval_resources(input.config)["runtime"]
+
+
+def get_export_mem_mb(wildcards, input):
+    """gptflow.export.run_resources; <TBD> in a plan made before run.yaml exists."""
     open(input.config).close()
-    return run_memory_mb(input.config)
+    return run_export_resources(input.config)["mem_mb"]
+
+
+def get_export_runtime(wildcards, input):
+    open(input.config).close()
+    return run_export_resources(input.config)["runtime"]
 
 
 def container_image_file(wildcards=None):

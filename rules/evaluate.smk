@@ -14,6 +14,8 @@ rule evaluate:
         "../envs/gptflow.yaml"
     resources:
         mem_mb=get_eval_mem_mb,
+        gres=get_eval_gres,
+        runtime=get_eval_runtime,
     params:
         prompts=verbatim(prompt_args(CFG["eval"]["prompts"])),
         extra=verbatim(extra_args(CFG["eval"]["extra"])),
@@ -33,6 +35,9 @@ rule export_hf:
         directory(paths.HF_EXPORT),
     log:
         paths.log("export_hf", "{run}"),
+    resources:
+        mem_mb=get_export_mem_mb,
+        runtime=get_export_runtime,
     conda:
         "../envs/gptflow.yaml"
     shell:

@@ -23,7 +23,9 @@ from gptflow.data import sources
 from gptflow.distributed import train_launcher
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
-from gptflow.evaluate import extra_args, extra_files, prompt_args, run_memory_mb
+from gptflow.evaluate import extra_args, extra_files, prompt_args
+from gptflow.evaluate import export_resources as run_export_resources
+from gptflow.evaluate import run_resources as run_eval_resources
 from gptflow.schema import load_yaml
 from gptflow.workflow_config import load_workflow_config
 

@@ -72,6 +72,12 @@ class ModelConfig:
         per_layer = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
         return v * d + n * per_layer + 2 * d + v * d
 
+    def largest_tensor_numel(self) -> int:
+        """Elements of the model's largest tensor: an embedding (vocabulary x hidden), the
+        fused query/key/value projection, or an MLP matrix."""
+        h = self.hidden_size
+        return max(self.vocab_size * h, 3 * h * h, h * self.ffn_size)
+
     def flops_per_token(self, seq_length: int) -> float:
         """Training FLOPs per token (forward + backward = 3 x forward), Megatron-LM's formula.
 

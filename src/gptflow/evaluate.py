@@ -1,12 +1,14 @@
 """Evaluation of a finished run: test-split (and extra shard) perplexity, greedy generations.
 
-The model is built on the evaluation device (CUDA when there is one, else the CPU) and its
-weights are copied in one tensor at a time from the memory-mapped checkpoint
-(gptflow.export.checkpoint_weights: fp32 weights only, no optimizer states), so the host holds
-one tensor beyond the page cache. :func:`memory_mb` is the job's memory, from the model.
+The model is built on the meta device and placed where gptflow.sizing's plan puts it: on the
+CPU in fp32 when there is no GPU; on one GPU in fp32 when it fits; else in bf16, its layers in
+order over as many of the job's GPUs as the weights need. The weights are copied in one tensor
+at a time from the memory-mapped checkpoint (gptflow.export.checkpoint_weights: fp32 weights
+only, no optimizer states), so the host holds one tensor beyond the page cache. The job's
+memory, GPUs and time are gptflow.sizing's, from the model.
 
 Importing this module imports neither torch nor numpy (the workflow sizes the evaluate job
-with :func:`memory_mb` while it plans).
+while it plans).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from gptflow import sizing
 from gptflow.config import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
@@ -24,24 +27,37 @@ from gptflow.run_config import RunConfig
 if TYPE_CHECKING:
     import numpy as np
 
-EVAL_BATCH = 8  # windows per forward pass
+EVAL_BATCH = sizing.EVAL_BATCH  # windows per forward pass
 
 
-def memory_mb(model: ModelConfig, seq_length: int, batch: int = EVAL_BATCH) -> int:
-    """Memory (MB) the evaluation needs where the model runs: the fp32 weights (4 bytes a
-    parameter; no optimizer states are read), one batch of fp32 logits three times over
-    (logits, log-softmax, and a temporary), and 2 GiB for the framework (CUDA context,
-    tokenizer, tokens). On a GPU this is its memory, and ample host memory; on a CPU, host
-    memory."""
-    weights = 4 * model.num_parameters()
-    logits = 3 * 4 * batch * seq_length * model.vocab_size
-    return math.ceil((weights + logits + 2 * 2**30) / 2**20)
+def memory_mb(model: ModelConfig, seq_length: int, on_gpu: bool = False) -> int:
+    """Host memory (MB) of the evaluate job (gptflow.sizing.eval_host_mb): on a CPU the fp32
+    weights, one batch of fp32 logits three times over and 2 GiB for the framework; on GPUs
+    two tensors in flight and the framework."""
+    return sizing.eval_host_mb(model, seq_length, on_gpu)
 
 
-def run_memory_mb(config: str | os.PathLike) -> int:
-    """:func:`memory_mb` of the run config `config` (run.yaml): the evaluate job's memory."""
+def export_resources(config: str | os.PathLike) -> dict:
+    """The export_hf job's memory (MB) and minutes for the run config `config` (run.yaml),
+    from the model (gptflow.sizing)."""
+    model = RunConfig.load(config).model
+    return {"mem_mb": sizing.export_mb(model), "runtime": sizing.export_runtime_min(model)}
+
+
+def run_resources(config: str | os.PathLike, gpu_mem_mb: int, on_gpu: bool, eval_cfg: dict) -> dict:
+    """The evaluate job's resources for the run config `config` (run.yaml) and the config's
+    eval section, from the model (gptflow.sizing): host memory, GPUs (``gres``: gpu:N of the
+    plan for GPUs of `gpu_mem_mb`) and minutes."""
     cfg = RunConfig.load(config)
-    return memory_mb(cfg.model, cfg.train.seq_length)
+    model, seq = cfg.model, cfg.train.seq_length
+    plan = sizing.eval_plan(model, seq, gpu_mem_mb * 2**20)
+    return {
+        "mem_mb": memory_mb(model, seq, on_gpu),
+        "gres": f"gpu:{plan.gpus}",
+        "runtime": sizing.eval_runtime_min(
+            model, seq, eval_cfg["max_windows"], len(eval_cfg["prompts"]), eval_cfg["new_tokens"]
+        ),
+    }
 
 
 # `gptflow evaluate` options from the config's eval section, one per param of the evaluate
@@ -67,24 +83,78 @@ def extra_files(extra: dict[str, list[str]]) -> list[str]:
     ]
 
 
-def eval_device() -> str:
-    """The evaluation device: ``cuda`` (the job's first GPU) when there is one, else ``cpu``."""
+def eval_placement(model: ModelConfig, seq_length: int) -> tuple[list[str], str]:
+    """(devices, dtype) of the evaluation: the CPU in fp32 without a GPU; else
+    gptflow.sizing.eval_plan against the smallest of the job's GPUs, refused when the job
+    has fewer GPUs than the plan needs."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        return ["cpu"], "fp32"
+    count = torch.cuda.device_count()
+    gpu_bytes = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
+    plan = sizing.eval_plan(model, seq_length, gpu_bytes)
+    if not plan.fits or plan.gpus > count:
+        raise GptflowError(
+            f"evaluating {model.num_parameters():,} parameters needs {plan.gpus} GPU(s) of "
+            f"{gpu_bytes / 2**30:.0f} GiB in {plan.dtype} (about {plan.device_bytes / 2**30:.1f} "
+            f"GiB on the most loaded), this job has {count}: give the evaluate rule more GPUs "
+            f"(set-resources evaluate gres gpu:{plan.gpus}) or larger ones"
+        )
+    return [f"cuda:{i}" for i in range(plan.gpus)], plan.dtype
 
 
-def load_model(cfg: RunConfig, checkpoint: str | os.PathLike, device: str = "cpu"):
-    """The run's GPTNeoX on `device` in eval mode, with the checkpoint's fp32 weights copied in
-    one tensor at a time."""
+def place(model, devices: list[str], dtype: str) -> None:
+    """Allocate the meta-device `model` (uninitialised) module by module: the embedding and
+    the first block of layers on devices[0], each next block on the next device, the final
+    norm and the head on the last, in `dtype` ("fp32" or "bf16"; the rotary frequencies stay
+    fp32). With several devices each block moves its inputs to its own device as it runs."""
+    import torch
+
+    from gptflow.model import reset_buffers
+
+    cast = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    backbone = model.gpt_neox
+    where = sizing.layer_devices(len(backbone.layers), len(devices))
+    modules = [
+        (backbone.embed_in, devices[0]),
+        (backbone.rotary, devices[0]),
+        *((layer, devices[i]) for layer, i in zip(backbone.layers, where, strict=True)),
+        (backbone.final_layer_norm, devices[-1]),
+        (model.embed_out, devices[-1]),
+    ]
+    for module, device in modules:
+        module.to_empty(device=device)
+        if module is not backbone.rotary:
+            module.to(cast)
+        if len(devices) > 1 and module is not backbone.rotary:
+            module.register_forward_pre_hook(_inputs_to(torch.device(device)))
+    reset_buffers(model)
+
+
+def _inputs_to(device):
+    def hook(_module, args):
+        return tuple(a.to(device) if hasattr(a, "to") else a for a in args)
+
+    return hook
+
+
+def load_model(
+    cfg: RunConfig, checkpoint: str | os.PathLike, devices=("cpu",), dtype: str = "fp32"
+):
+    """The run's GPTNeoX in eval mode, placed over `devices` in `dtype` (:func:`place`), with
+    the checkpoint's fp32 weights copied in one tensor at a time (nothing initialised first)."""
     import torch
 
     from gptflow.export import checkpoint_weights
     from gptflow.model import GPTNeoX
 
-    with torch.device(device):
+    if isinstance(devices, str):
+        devices = [devices]
+    with torch.device("meta"):
         model = GPTNeoX(cfg.model)
-    params = model.state_dict()
+    place(model, list(devices), dtype)
+    params = dict(model.named_parameters())
     weights = checkpoint_weights(checkpoint, cfg.run_dir, cfg.model)
     if weights.keys() != params.keys():
         raise GptflowError(
@@ -146,11 +216,13 @@ def perplexity(
     with torch.no_grad():
         for s in range(0, n, batch):
             w = windows[s : s + batch].to(dev)
-            logits = model(w[:, :-1]).float()
+            logits = model(w[:, :-1]).float()  # on the last device the model is placed on
             nll = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum"
+                logits.reshape(-1, logits.size(-1)),
+                w[:, 1:].reshape(-1).to(logits.device),
+                reduction="sum",
             )
-            total += nll.double()
+            total += nll.double().to(dev)
             count += w[:, 1:].numel()
     loss = total.item() / count
     return {"loss": loss, "perplexity": math.exp(loss), "tokens": count, "windows": n}
@@ -193,15 +265,16 @@ def evaluate(
     t0 = time.perf_counter()
     cfg, done = finished_run(config)
     torch.manual_seed(0)
-    dev = eval_device()
-    model = load_model(cfg, done["checkpoint"], dev)
+    devices, dtype = eval_placement(cfg.model, cfg.train.seq_length)
+    model = load_model(cfg, done["checkpoint"], devices, dtype)
     seq = cfg.train.seq_length
     needed = max_windows * seq + 1  # tokens the windows read
     result = {
         "run": cfg.run,
         "step": done["final_step"],
         "checkpoint": done["checkpoint"],
-        "device": dev,
+        "device": devices[0] if len(devices) == 1 else devices,
+        "dtype": dtype,
     }
     test = {}
     for d in cfg.datasets:
@@ -231,5 +304,8 @@ def evaluate(
             log(f"{name}: perplexity {r['perplexity']:.3f} over {r['tokens']} tokens")
         else:
             log(f"{name}: {r['note']}")
-    log(f"{out}: {len(generations)} generations on {dev}, {result['seconds']} s")
+    log(
+        f"{out}: {len(generations)} generations on {', '.join(devices)} in {dtype}, "
+        f"{result['seconds']} s"
+    )
     return result

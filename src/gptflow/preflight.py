@@ -29,7 +29,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptflow import paths
+from gptflow import paths, sizing
 from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
 from gptflow.distributed import launched_ranks
 from gptflow.errors import GptflowError
@@ -471,6 +471,38 @@ def check_memory(fit: MemoryFit) -> None:
     )
 
 
+# --------------------------------------------------------------------------- after training
+
+
+def after_training(m: ModelConfig, seq_length: int, p: Placement, eval_cfg: dict) -> list[str]:
+    """The evaluate and export_hf jobs as the rules size them (gptflow.sizing), and a warning
+    when the evaluation needs more GPUs than one node of the training partition has."""
+    gpu_mb = p.gpu_mem_mb or DEFAULT_GPU_MEMORY_MB
+    plan = sizing.eval_plan(m, seq_length, gpu_mb * 2**20)
+    node = p.gpus_per_node
+    lines = []
+    if not plan.fits or (node is not None and plan.gpus > node):
+        lines.append(
+            f"  WARNING: evaluating {m.num_parameters():,} parameters needs {plan.gpus} GPU(s) "
+            f"of {gpu_mb / 1024:.0f} GiB in bf16 on one node, a node of train_gpt's partition "
+            f"has {node}; evaluation across nodes is not supported, so the evaluate job will "
+            "stop with this message: build the train and export targets (snakemake ... train "
+            "export) and evaluate the export on a machine that holds it"
+        )
+    windows, prompts = eval_cfg.get("max_windows", 256), len(eval_cfg.get("prompts", []))
+    minutes = sizing.eval_runtime_min(
+        m, seq_length, windows, prompts, eval_cfg.get("new_tokens", 32)
+    )
+    return [
+        f"  evaluate: {plan.dtype} on {plan.gpus} GPU(s), about {human(plan.device_bytes)} on "
+        f"the most loaded; {sizing.eval_host_mb(m, seq_length, True):,} MB host memory, "
+        f"{minutes} min",
+        f"  export_hf: {sizing.export_mb(m):,} MB, {sizing.export_runtime_min(m)} min "
+        f"(one tensor at a time: the largest is {human(4 * m.largest_tensor_numel())} in fp32)",
+        *lines,
+    ]
+
+
 # --------------------------------------------------------------------------- the run's size
 
 
@@ -594,6 +626,7 @@ def run(
             f"  memory per GPU: about {human(fit.total)} of {human(fit.gpu_bytes)} "
             f"({terms}; {fit.gpu_source})"
         )
+        rep.lines += after_training(m, train.seq_length, p, cfg.get("eval") or {})
     for rule, n in sorted((profile_threads or {}).items()):
         given = (config_threads or {}).get(rule)
         if given is not None and given != n:

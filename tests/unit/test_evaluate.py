@@ -17,19 +17,3 @@ def test_the_evaluate_rules_options_from_the_eval_config():
         "c.bin", "c.idx",
     ]  # fmt: skip
     assert evaluate.extra_args({}) == evaluate.extra_files({}) == evaluate.prompt_args([]) == []
-
-
-def test_the_evaluate_jobs_memory_is_that_of_its_run_config(monkeypatch):
-    """run_memory_mb: memory_mb of the model and sequence length run.yaml records."""
-
-    class Loaded:
-        model = object()
-
-        class train:
-            seq_length = 2048
-
-    seen = []
-    monkeypatch.setattr(evaluate.RunConfig, "load", lambda path: seen.append(path) or Loaded)
-    monkeypatch.setattr(evaluate, "memory_mb", lambda model, seq: (model, seq))
-    assert evaluate.run_memory_mb("r/run.yaml") == (Loaded.model, 2048)
-    assert seen == ["r/run.yaml"]

@@ -365,39 +365,78 @@ def test_a_zero0_bf16_export_holds_deepspeeds_fp32_master_weights(tmp_path):
         checkpoint_weights(ckpt, tmp_path, dataclasses.replace(MODEL_16, num_layers=LAYERS - 1))
 
 
-@pytest.mark.parametrize(("zero", "precision"), STAGES, ids=STAGE_IDS)
-def test_the_export_peak_memory_is_a_few_tensors_not_the_model(trained, tmp_path, zero, precision):
+PEAK_LAYOUTS = [(z, p, 1, 1) for z, p in STAGES] + [(1, "bf16", 2, 2), (1, "fp32", 2, 2)]
+
+
+@pytest.mark.parametrize(
+    ("zero", "precision", "tp", "pp"),
+    PEAK_LAYOUTS,
+    ids=[LAYOUT_IDS[LAYOUTS.index(x)] for x in PEAK_LAYOUTS],
+)
+def test_the_export_peak_memory_is_a_few_tensors_not_the_model(
+    trained, tmp_path, zero, precision, tp, pp
+):
     """The export's peak tensor memory is at most twice the largest tensor (the model is 26
-    times it), while the consolidating read it replaces (zero_to_fp32; torch.load of the
-    ZeRO-0 file), measured the same way, holds at least the whole model: the measurement sees
-    whole-model copies when there are any."""
+    times it), while the consolidating read it replaces (zero_to_fp32, the universal
+    conversion, torch.load of the ZeRO-0 file), measured the same way, holds at least the
+    whole model: the measurement sees whole-model copies when there are any. Under tensor x
+    pipeline parallel the tensor-parallel slices are joined one parameter at a time."""
     from gptflow.export import export_hf
 
-    run_dir = trained(zero, precision)
+    run_dir = trained(zero, precision, tp, pp)
     total, largest = model_bytes(consolidated(run_dir))
     streamed = peak_allocated(
         lambda: export_hf(run_dir / "run.yaml", tmp_path / "hf", max_shard_size=400_000, log=silent)
     )
-    before = peak_allocated(lambda: consolidated(run_dir))
+    before = peak_allocated(lambda: consolidated.__wrapped__(run_dir))
     print(f"zero {zero} {precision}: model {total:,} B, largest tensor {largest:,} B, "
           f"streamed export peak {streamed:,} B, consolidated read peak {before:,} B")  # fmt: skip
     assert streamed <= 2 * largest, (streamed, largest)
     assert before >= total, (before, total)
 
 
-def test_evaluate_loads_the_weights_alone_one_tensor_at_a_time(trained):
+@pytest.mark.parametrize(("zero", "precision", "tp", "pp"), LAYOUTS, ids=LAYOUT_IDS)
+def test_evaluate_holds_the_consolidated_weights_for_every_layout(
+    trained, tmp_path, shards, zero, precision, tp, pp
+):
+    """The evaluated model holds exactly (torch.equal) the weights DeepSpeed consolidates,
+    for every layout the trainer accepts, and the evaluation writes eval.json (it failed with
+    the export's 'is not a zero checkpoint' after a default GPU run: ZeRO 1 + bf16)."""
+    from gptflow.evaluate import evaluate, load_model
+    from gptflow.run_config import RunConfig
+
+    run_dir = trained(zero, precision, tp, pp)
+    cfg = RunConfig.load(run_dir / "run.yaml")
+    want = consolidated(run_dir)
+    state = load_model(cfg, final_checkpoint(run_dir), "cpu").state_dict()
+    assert {("lm_head.weight" if k == "embed_out.weight" else k) for k in state} == want.keys()
+    for name, t in state.items():
+        assert torch.equal(t, want["lm_head.weight" if name == "embed_out.weight" else name])
+    result = evaluate(
+        run_dir / "run.yaml", tmp_path / "eval.json", prompts=["def"], new_tokens=2,
+        max_windows=2, extra={"corpus": shards}, log=silent,
+    )  # fmt: skip
+    assert json.loads((tmp_path / "eval.json").read_text()) == result
+    assert (result["device"], result["dtype"], result["step"]) == ("cpu", "fp32", 2)
+    assert math.isfinite(result["extra"]["corpus"]["perplexity"])
+
+
+@pytest.mark.parametrize(("zero", "precision", "tp", "pp"), [(0, "fp32", 1, 1), (1, "bf16", 2, 2)])
+def test_evaluate_loads_the_weights_alone_one_tensor_at_a_time(trained, zero, precision, tp, pp):
     """The evaluated model holds exactly the checkpoint's weights, and loading it allocates the
     model plus at most two tensors: the ZeRO-0 file's Adam states (twice the model) are never
-    read, nor is a second copy of the weights made."""
+    read, nor is a second copy of the weights made; under tensor x pipeline parallel the
+    slices are joined one parameter at a time, and nothing is initialised first."""
     from gptflow.evaluate import load_model
     from gptflow.run_config import RunConfig
 
-    run_dir = trained(0, "fp32")
+    run_dir = trained(zero, precision, tp, pp)
     cfg = RunConfig.load(run_dir / "run.yaml")
     ckpt = final_checkpoint(run_dir)
     want = consolidated(run_dir)
     total, largest = model_bytes(want)
-    assert (ckpt / "mp_rank_00_model_states.pt").stat().st_size > 3 * total  # + Adam states
+    files = [*ckpt.glob("mp_rank_*_model_states.pt"), *ckpt.glob("*optim_states.pt")]
+    assert sum(f.stat().st_size for f in files) > 3 * total  # + Adam states
     models = []
     peak = peak_allocated(lambda: models.append(load_model(cfg, ckpt, "cpu")))
     assert peak <= total + 2 * largest, (peak, total, largest)
@@ -425,3 +464,92 @@ def test_the_evaluate_job_memory_comes_from_the_model_without_importing_torch():
     code = "import sys, gptflow.evaluate; print('torch' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_evaluate_and_export_run_at_once_on_a_tp_pp_run_and_write_nothing_into_it(
+    trained, tmp_path
+):
+    """Both jobs follow DONE.json, so Snakemake starts them together: on a tensor x pipeline
+    run, `gptflow export-hf` and `gptflow evaluate` in two processes at once both succeed,
+    and neither writes into the checkpoint (before, each ran DeepSpeed's universal
+    conversion into the step's ``universal/`` and the second publish moved the first's
+    aside); the step's files and digest are unchanged."""
+    from gptflow.checkpoint import checkpoint_digest
+
+    run_dir = trained(1, "bf16", 2, 2)
+    ckpt = final_checkpoint(run_dir)
+    files = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*"))
+    digest = checkpoint_digest(ckpt)
+    config = str(run_dir / "run.yaml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([str(BIN / "gptflow"), *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env)
+        for args in (
+            ["export-hf", "--config", config, "--out", str(tmp_path / "hf")],
+            ["evaluate", "--config", config, "--out", str(tmp_path / "eval.json"),
+             "--max-windows", "4", "--new-tokens", "2", "--prompt=def"],
+        )
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == files
+    assert checkpoint_digest(ckpt) == digest
+    exported = read_export(tmp_path / "hf")
+    want = consolidated(run_dir)
+    assert exported.keys() == want.keys()
+    assert all(torch.equal(exported[k], want[k]) for k in want)
+    assert json.loads((tmp_path / "eval.json").read_text())["step"] == 2
+
+
+def test_layers_placed_over_two_devices_give_the_logits_of_one(trained, shards):
+    """The evaluation of a model larger than one GPU places its layers in consecutive blocks
+    over the job's GPUs (gptflow.sizing.layer_devices), each block moving its inputs to its
+    device. No GPU exists here: the two devices are both the CPU, so this checks the
+    placement's bookkeeping (every module allocated, hooks, weights in) and that the logits
+    are the one-device logits; bf16 placement gives logits within bf16's rounding."""
+    import numpy as np
+
+    from gptflow.evaluate import load_model, token_stream
+    from gptflow.run_config import RunConfig
+    from gptflow.sizing import layer_devices
+
+    assert layer_devices(16, 2) == [0] * 8 + [1] * 8
+    assert layer_devices(96, 5) == [i // 20 for i in range(96)]  # 20, 20, 20, 20, 16
+    run_dir = trained(0, "fp32")
+    cfg = RunConfig.load(run_dir / "run.yaml")
+    ckpt = final_checkpoint(run_dir)
+    x = torch.from_numpy(token_stream(shards)[0][: 2 * 64].astype(np.int64)).view(2, 64)
+    one = load_model(cfg, ckpt, ["cpu"])
+    two = load_model(cfg, ckpt, ["cpu", "cpu"])
+    half = load_model(cfg, ckpt, ["cpu", "cpu"], "bf16")
+    assert len(two.gpt_neox.layers[0]._forward_pre_hooks) == 1
+    assert not one.gpt_neox.layers[0]._forward_pre_hooks
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert half.gpt_neox.rotary.inv_freq.dtype == torch.float32
+    with torch.no_grad():
+        a, b, c = one(x), two(x), half(x).float()
+    assert torch.equal(a, b)
+    assert (a - c).abs().max() < 0.1 * a.abs().max()
+
+
+def test_the_jobs_after_training_are_sized_from_the_run_config(trained):
+    """The evaluate and export_hf jobs' resources as the rules ask for them, from run.yaml's
+    model (gptflow.sizing): the host memory of a CPU evaluation is the model's, on GPUs two
+    tensors; the export's a few tensors; minutes at least the floor."""
+    from gptflow import sizing
+    from gptflow.evaluate import export_resources, run_resources
+    from gptflow.run_config import RunConfig
+
+    run_dir = trained(0, "fp32")
+    model = RunConfig.load(run_dir / "run.yaml").model
+    eval_cfg = {"max_windows": 256, "prompts": ["a", "b"], "new_tokens": 32}
+    cpu = run_resources(run_dir / "run.yaml", 80 * 1024, False, eval_cfg)
+    gpu = run_resources(run_dir / "run.yaml", 80 * 1024, True, eval_cfg)
+    assert cpu["mem_mb"] == sizing.eval_host_mb(model, 64, False) > gpu["mem_mb"]
+    assert gpu["mem_mb"] == math.ceil((8 * model.largest_tensor_numel() + 2 * 2**30) / 2**20)
+    assert cpu["gres"] == gpu["gres"] == "gpu:1" and cpu["runtime"] == sizing.MIN_RUNTIME_MIN
+    assert export_resources(run_dir / "run.yaml") == {
+        "mem_mb": math.ceil((12 * model.largest_tensor_numel() + 2 * 2**30) / 2**20),
+        "runtime": sizing.MIN_RUNTIME_MIN,
+    }
