@@ -35,11 +35,11 @@ rule export_hf:
         directory(paths.HF_EXPORT),
     log:
         paths.log("export_hf", "{run}"),
+    conda:
+        "../envs/gptflow.yaml"
     resources:
         mem_mb=get_export_mem_mb,
         runtime=get_export_runtime,
-    conda:
-        "../envs/gptflow.yaml"
     shell:
         "gptflow export-hf --config {input.config:q} --out {output:q} > {log:q} 2>&1"
 
