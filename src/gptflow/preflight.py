@@ -9,8 +9,10 @@ and `gptflow why` run these before any job is queued.
 - the profile against the cluster, when ``sinfo`` is on PATH: the partitions exist and their
   nodes have the GPUs, CPUs and memory asked for;
 - memory per GPU: weights, gradients and optimizer state (by ZeRO stage, precision and
-  layout), activations (by micro batch, sequence, checkpointing) and the logits, against the
-  GPU's memory, the largest term named when it does not fit;
+  layout), activations as the model keeps them (by micro batch, sequence, checkpointing), the
+  logits (whole on every tensor-parallel rank) and the pipeline's buffers, on the most loaded
+  pipeline stage, plus a stated margin, against the GPU's memory, the largest term named when
+  it does not fit;
 - the run's size: parameters and FLOPs (from :class:`gptflow.config.ModelConfig`, the
   trainer's own numbers, with the tokenizer's real vocabulary when it is on disk), tokens,
   GPU-hours at a stated MFU, checkpoint and shard bytes against free disk.
@@ -38,9 +40,6 @@ GIB = 1024**3
 PLACEHOLDER = re.compile(r"\A<[^<>]*>\Z")  # how the shipped profile marks what to fill in
 DEFAULT_GPU_MEMORY_MB = 80 * 1024  # A100 80GB / H100 80GB, when the profile does not say
 ASSUMED_VOCAB = 50257  # GPT-2's, when no tokenizer is on disk yet and none is to be trained
-# CUDA context, NCCL buffers, the caching allocator's fragmentation: what a rank loses on a GPU
-# before its first tensor (measured elsewhere at 1-3 GB; one figure so the check is stable)
-RUNTIME_OVERHEAD_BYTES = 2 * GIB
 BYTES_PER_TOKEN_OF_TEXT = 4.0  # BPE on English text: about 4 bytes of UTF-8 per token
 EXPANSION = {"zst": 3.5, "gz": 3.0, "xz": 4.0, "zip": 3.0, "parquet": 2.5}  # text / file bytes
 
@@ -327,19 +326,26 @@ def model_config(cfg: dict, vocab: int) -> ModelConfig:
     return ModelConfig(**model)
 
 
-def parameters_per_rank(m: ModelConfig, tensor_parallel: int, pipeline_parallel: int) -> int:
-    """Parameters the most loaded rank holds: a pipeline stage's layers (the first stage also
-    the embedding, the last the final LayerNorm and the head), each split matrix 1/tp of it,
-    LayerNorms, the row-parallel biases, the embedding and the head whole
-    (gptflow.engine.TENSOR_PARALLEL_PLAN)."""
+def stage_parameters(
+    m: ModelConfig, tensor_parallel: int, pipeline_parallel: int, stage: int
+) -> int:
+    """Parameters a rank of pipeline stage `stage` holds: its decoder layers (balanced over the
+    stages, rounded up), each split matrix 1/tp of it, LayerNorms and the row-parallel biases
+    whole; the first stage also the embedding, the last the final LayerNorm and the head,
+    whole (gptflow.engine.TENSOR_PARALLEL_PLAN: the vocabulary is not split)."""
     h, f, v, t = m.hidden_size, m.ffn_size, m.vocab_size, tensor_parallel
     split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
     whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
-    layers = m.num_layers // pipeline_parallel * (split + whole)
-    embedding, head = v * h, v * h + 2 * h
-    if pipeline_parallel == 1:
-        return layers + embedding + head
-    return layers + max(embedding, head)
+    layers = -(-m.num_layers // pipeline_parallel) * (split + whole)
+    embedding = v * h if stage == 0 else 0
+    head = v * h + 2 * h if stage == pipeline_parallel - 1 else 0
+    return layers + embedding + head
+
+
+def parameters_per_rank(m: ModelConfig, tensor_parallel: int, pipeline_parallel: int) -> int:
+    """Parameters the most loaded rank holds: the first or the last pipeline stage's."""
+    ends = {0, pipeline_parallel - 1}
+    return max(stage_parameters(m, tensor_parallel, pipeline_parallel, s) for s in ends)
 
 
 # the terms that exist only between a backward pass and the update (not kept across steps)
@@ -363,7 +369,8 @@ def model_state_bytes(
     - ZeRO 3 partitions the weights too; offloaded optimizer state lives in host memory.
 
     Measured on CPU after a step (tests/unit/test_preflight.py): the kept terms (not
-    TRANSIENT) are exactly the tensors DeepSpeed holds."""
+    TRANSIENT) are exactly the tensors DeepSpeed holds, on one rank and on every rank of
+    tensor 2 x data 2 (ZeRO 1 and 2) and pipeline 2 x data 2 (ZeRO 1)."""
     half = precision in ("bf16", "fp16")
     width = 2 if half else 4
     shard = dp if zero >= 1 else 1
@@ -387,58 +394,145 @@ def model_state_bytes(
     return parts
 
 
-def activation_bytes(m: ModelConfig, t: TrainConfig, precision: str) -> dict[str, int]:
-    """Activations kept for the backward pass on the most loaded rank, after Korthikanti et
-    al. 2022 (Megatron, "Reducing activation recomputation"): per layer and micro-batch
-    s·b·h·(10 + 24/tp) bytes in 16-bit with attention through scaled_dot_product_attention
-    (no s x s score matrix kept), twice that in fp32; only each layer's input (s·b·h) with
-    activation checkpointing, plus one layer's whole set while it is recomputed. The first
-    pipeline stage holds up to pp micro-batches in flight (1F1B). The logits of a micro-batch
-    (fp32, with their gradient) on the last stage."""
-    s, b, h = t.seq_length, t.micro_batch_size, m.hidden_size
+LAYER_NORM_STATS = 2 * 4  # a LayerNorm keeps each token's mean and 1/std in fp32 (on CUDA also
+# for 16-bit input; CPU's bf16 LayerNorm keeps them in bf16, 4 bytes less)
+TOKEN_ID = 8  # int64: the ids the embedding keeps, the labels the loss keeps
+# The logits' peak, bytes a logit (b x s x V on the last stage, every tensor-parallel rank: the
+# head is replicated), in gptflow.model.lm_loss's backward: F.cross_entropy keeps log_softmax's
+# fp32 output (4); its backward holds that, the fp32 gradient nll_loss hands it (4) and the
+# gradient it makes (4). The 16-bit logits and their fp32 copy (2 + 4) are freed after the
+# forward -- except under a pipeline, whose engine keeps each micro-batch's stage output (here the
+# logits) in its buffers until the buffer is reused (deepspeed/runtime/pipe/engine.py; the last
+# stage runs two buffers), counted apart.
+LOGITS_PEAK = 12
+
+
+def layer_activation_bytes(m: ModelConfig, tensor_parallel: int, tokens: int, width: int) -> int:
+    """Bytes one decoder layer (gptflow.model.Layer) keeps for its backward, for `tokens`
+    tokens of a micro-batch on a rank of `tensor_parallel`, elements `width` bytes (2 in
+    bf16/fp16, 4 in fp32), as autograd saves them (measured on CPU in
+    tests/unit/test_preflight.py), in elements a token:
+
+    - the layer's input (kept by both LayerNorms, one tensor) and the two LayerNorms' outputs
+      (kept by query_key_value and dense_h_to_4h): 3h; each LayerNorm's mean and 1/std;
+    - query_key_value's output whole (3h/tp): q, k and v are views of it and attention keeps
+      v, so the projection stays alive; the rotated q and k (2h/tp, new tensors); attention's
+      output (h/tp) and its log-sum-exp (fp32, one a head); the copy of that output in (T, C)
+      order that ``dense`` keeps (h/tp: transpose + flatten copies);
+    - the MLP's GELU input and output (2f/tp);
+    - with hidden dropout, two 1-byte masks (h each). scaled_dot_product_attention keeps no
+      s x s matrix (flash / memory-efficient kernels; their dropout keeps no mask either)."""
+    h, f, heads, t = m.hidden_size, m.ffn_size, m.num_attention_heads, tensor_parallel
+    per_token = width * (3 * h + (7 * h + 2 * f) // t) + 2 * LAYER_NORM_STATS + 4 * heads // t
+    if m.hidden_dropout:
+        per_token += 2 * h
+    return tokens * per_token
+
+
+def activation_bytes(
+    m: ModelConfig, t: TrainConfig, precision: str, stage: int = 0, gas: int = 1
+) -> dict[str, int]:
+    """What a rank of pipeline stage `stage` keeps for its backward passes at its peak (the
+    start of a backward), by what holds it:
+
+    - activations: each layer's (:func:`layer_activation_bytes`), or with activation
+      checkpointing only each layer's input plus one layer's whole set while it is recomputed,
+      for each micro-batch in flight: under 1F1B stage k holds min(pp - k, gas) (DeepSpeed's
+      TrainSchedule); the first stage also the token ids, the last the final LayerNorm's input
+      and output, its mean and 1/std, and the labels;
+    - logits: on the last stage only, b x s x V on every tensor-parallel rank (the head is
+      replicated, the vocabulary not split), LOGITS_PEAK bytes each;
+    - pipeline buffers: DeepSpeed's pipeline engine keeps each buffer's received input (and one
+      receive buffer), each in-flight micro-batch's output (b x s x h) until its backward, and on
+      the last stage the logits of up to two micro-batches (its two buffers)."""
+    s, b, h, v = t.seq_length, t.micro_batch_size, m.hidden_size, m.vocab_size
     tp, pp = t.tensor_parallel, t.pipeline_parallel
-    scale = 1.0 if precision in ("bf16", "fp16") else 2.0
-    per_layer = s * b * h * (10 + 24 / tp) * scale
-    layers = m.num_layers // pp
-    in_flight = min(pp, max(1, t.global_batch_size // t.micro_batch_size))
+    width = 2 if precision in ("bf16", "fp16") else 4
+    tokens = s * b
+    first, last = stage == 0, stage == pp - 1
+    layers = -(-m.num_layers // pp)
+    one_layer = layer_activation_bytes(m, tp, tokens, width)
+    in_flight = min(pp - stage, gas)
+    # with checkpointing a layer keeps only its input
+    kept = layers * (tokens * width * h if m.activation_checkpointing else one_layer)
+    if first:
+        kept += tokens * (TOKEN_ID + (h if m.hidden_dropout else 0))
+    kept *= in_flight
     if m.activation_checkpointing:
-        kept = layers * in_flight * s * b * h * 2 * scale + per_layer
-    else:
-        kept = layers * in_flight * per_layer
-    return {"activations": int(kept), "logits": int(2 * 4 * s * b * m.vocab_size / tp)}
+        kept += one_layer
+    terms = {"activations": kept, "logits": 0}
+    if last:
+        terms["activations"] += tokens * (2 * width * h + LAYER_NORM_STATS + TOKEN_ID)
+        terms["logits"] = LOGITS_PEAK * tokens * v
+    if pp > 1:
+        buffers = max(2, in_flight)  # DeepSpeed's TrainSchedule.num_pipe_buffers
+        held = 0 if first else (buffers + 1) * tokens * width * h
+        held += 0 if last else in_flight * tokens * width * h
+        terms["pipeline buffers"] = held + (min(2, gas) * tokens * width * v if last else 0)
+    return terms
+
+
+# Room the estimate leaves for what it does not see, on top of its terms:
+# - CUDA context, cuBLAS/cuDNN workspaces and NCCL's communication buffers: a fixed amount a
+#   rank loses before its first tensor (NCCL_BUFFSIZE is 4 MiB a channel and peer; the context
+#   is a few hundred MB). Not measured here (no GPU): a round figure, on the safe side.
+RUNTIME_OVERHEAD_BYTES = 2 * GIB
+# - the caching allocator's fragmentation at the peak: DeepSpeed's activation-offload planner
+#   leaves 10 % of device memory to the allocator (MARGIN and MIN_MEASURED_MARGIN in
+#   deepspeed/compile/passes/offload_activation.py: "what a margin has to cover is peak-time
+#   fragmentation", calibrated there on GPUs).
+FRAGMENTATION_SHARE = 0.10
+
+
+def fit_margin(gpu_bytes: int) -> int:
+    """Bytes of a GPU the estimate leaves free: runtime overhead plus fragmentation."""
+    return RUNTIME_OVERHEAD_BYTES + int(FRAGMENTATION_SHARE * gpu_bytes)
 
 
 @dataclass(frozen=True)
 class MemoryFit:
-    terms: dict[str, int]  # bytes per GPU by what holds them
-    total: int
+    terms: dict[str, int]  # bytes per GPU by what holds them, on the most loaded rank
+    total: int  # the terms' sum
     gpu_bytes: int
     gpu_source: str
+    margin: int = 0  # bytes left free for what the terms do not see (fit_margin)
+    stage: str = ""  # which pipeline stage is the most loaded ("" without a pipeline)
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.gpu_bytes
+        return self.total + self.margin <= self.gpu_bytes
 
     @property
     def largest(self) -> str:
         return max(self.terms, key=self.terms.get)
 
 
-def memory_per_gpu(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> MemoryFit:
-    """The most loaded rank's memory against its GPU (the profile's gpu_mem_mb, else 80 GB)."""
-    precision = "bf16" if t.precision == "auto" else t.precision  # auto is bf16 on GPUs
-    dp = t.data_parallel_size(ranks)
-    params = parameters_per_rank(m, t.tensor_parallel, t.pipeline_parallel)
+def stage_memory(
+    m: ModelConfig, t: TrainConfig, dp: int, gas: int, precision: str, stage: int
+) -> dict[str, int]:
+    """The terms of a rank of pipeline stage `stage`: its model state and activations."""
     h, f = m.hidden_size, m.ffn_size
     largest = max(m.vocab_size * h, 4 * h * h + 2 * h * f)  # the embedding, or a layer
-    terms = {
+    params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)
+    return {
         **model_state_bytes(params, dp, t.zero_stage, precision, t.offload, largest),
-        **activation_bytes(m, t, precision),
-        "runtime": RUNTIME_OVERHEAD_BYTES,
+        **activation_bytes(m, t, precision, stage, gas),
     }
+
+
+def memory_per_gpu(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> MemoryFit:
+    """The most loaded rank's memory (of the first and the last pipeline stage, the larger)
+    against its GPU (the profile's gpu_mem_mb, else 80 GB), less fit_margin."""
+    precision = "bf16" if t.precision == "auto" else t.precision  # auto is bf16 on GPUs
+    dp, gas, pp = t.data_parallel_size(ranks), t.grad_accum_steps(ranks), t.pipeline_parallel
+    stages = {s: stage_memory(m, t, dp, gas, precision, s) for s in sorted({0, pp - 1})}
+    worst = max(stages, key=lambda s: sum(stages[s].values()))
+    name = "" if pp == 1 else ("first pipeline stage" if worst == 0 else "last pipeline stage")
     gpu_mb = p.gpu_mem_mb or DEFAULT_GPU_MEMORY_MB
     source = "set-resources train_gpt gpu_mem_mb" if p.gpu_mem_mb else "assumed: 80 GB GPUs"
-    return MemoryFit(terms, sum(terms.values()), gpu_mb * 1024**2, source)
+    gpu = gpu_mb * 1024**2
+    terms = stages[worst]
+    return MemoryFit(terms, sum(terms.values()), gpu, source, fit_margin(gpu), name)
 
 
 FIXES = {
@@ -450,8 +544,9 @@ FIXES = {
     "optimizer states": "raise train.zero_stage (1 partitions them over the data-parallel "
     "ranks), or train.offload optimizer",
     "activations": "set model.activation_checkpointing true, or lower train.micro_batch_size",
-    "logits": "lower train.micro_batch_size (or train.seq_length)",
-    "runtime": "use GPUs with more memory",
+    "logits": "lower train.micro_batch_size (or train.seq_length): every tensor-parallel rank "
+    "holds the whole vocabulary's logits",
+    "pipeline buffers": "lower train.micro_batch_size",
 }
 
 
@@ -460,14 +555,22 @@ def human(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
 
 
+def margin_text(fit: MemoryFit) -> str:
+    return (
+        f"margin {human(fit.margin)}: {human(RUNTIME_OVERHEAD_BYTES)} CUDA context and NCCL "
+        f"buffers + {FRAGMENTATION_SHARE:.0%} of the GPU for allocator fragmentation"
+    )
+
+
 def check_memory(fit: MemoryFit) -> None:
     if fit.fits:
         return
     parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in fit.terms.items())
+    where = f" on the {fit.stage}" if fit.stage else ""
     raise GptflowError(
-        f"the model does not fit in a GPU: about {fit.total / GIB:.1f} GiB per GPU ({parts} "
-        f"GiB) against {fit.gpu_bytes / GIB:.0f} GiB ({fit.gpu_source}); the largest is "
-        f"{fit.largest}: {FIXES[fit.largest]}"
+        f"the model does not fit in a GPU: about {fit.total / GIB:.1f} GiB per GPU{where} "
+        f"({parts} GiB) + {margin_text(fit)}, against {fit.gpu_bytes / GIB:.0f} GiB "
+        f"({fit.gpu_source}); the largest is {fit.largest}: {FIXES[fit.largest]}"
     )
 
 
@@ -620,11 +723,13 @@ def run(
         fit = memory_per_gpu(m, train, ranks, p)
         check_memory(fit)
         rep.memory = {"terms": fit.terms, "total": fit.total, "gpu_bytes": fit.gpu_bytes,
-                      "gpu_source": fit.gpu_source}  # fmt: skip
+                      "gpu_source": fit.gpu_source, "margin": fit.margin,
+                      "stage": fit.stage}  # fmt: skip
         terms = ", ".join(f"{k} {human(v)}" for k, v in fit.terms.items() if v)
+        where = f" ({fit.stage})" if fit.stage else ""
         rep.lines.append(
-            f"  memory per GPU: about {human(fit.total)} of {human(fit.gpu_bytes)} "
-            f"({terms}; {fit.gpu_source})"
+            f"  memory per GPU{where}: about {human(fit.total)} + {margin_text(fit)}, of "
+            f"{human(fit.gpu_bytes)} ({terms}; {fit.gpu_source})"
         )
         rep.lines += after_training(m, train.seq_length, p, cfg.get("eval") or {})
     for rule, n in sorted((profile_threads or {}).items()):

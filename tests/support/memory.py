@@ -38,3 +38,65 @@ def peak_allocated(fn) -> int:
     # first event
     before = events[0]["Total Allocated"] - events[0]["Bytes"]
     return max(e["Total Allocated"] for e in events) - before
+
+
+def kept_bytes(engine) -> int:
+    """Bytes of the distinct tensor storages a DeepSpeed engine keeps between steps: the
+    module's parameters (and gradients, if kept), the optimizer's state and DeepSpeed's own
+    buffers (fp32 partitions, accumulation buffers), found by walking the objects."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def walk(o, depth: int = 0) -> None:
+        if depth > 4:
+            return
+        if isinstance(o, torch.Tensor):
+            if o.numel():
+                storage = o.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+            if o.is_leaf and o.grad is not None:
+                walk(o.grad, depth + 1)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v, depth + 1)
+        elif isinstance(o, list | tuple):
+            for v in o:
+                walk(v, depth + 1)
+
+    walk(list(engine.module.parameters()))
+    opt = engine.optimizer
+    for o in {
+        id(opt): opt,
+        id(getattr(opt, "optimizer", opt)): getattr(opt, "optimizer", opt),
+    }.values():
+        walk(list(o.state.values()))
+        walk(list(vars(o).values()))
+    return sum(seen.values())
+
+
+def saved_peak(fn, params) -> int:
+    """Peak bytes of the tensors autograd keeps for backward while `fn()` runs (forward and
+    backward passes, a pipeline's interleaved ones too): every tensor a saved-tensors hook
+    packs, counted by distinct storage while autograd holds it, parameters left out (they
+    are model state). Taken at each pack, so at the end of each forward: where they peak."""
+    import weakref
+
+    import torch
+
+    weights = {p.untyped_storage().data_ptr() for p in params}
+    live: dict[int, tuple] = {}
+    peak = 0
+
+    def pack(t):
+        nonlocal peak
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            live[id(t)] = (weakref.ref(t), storage.data_ptr(), storage.nbytes())
+            held = {ptr: n for ref, ptr, n in live.values() if ref() is not None}
+            peak = max(peak, sum(held.values()))
+        return t  # autograd holds it: the weak reference dies when autograd lets it go
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return peak

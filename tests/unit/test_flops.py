@@ -99,3 +99,21 @@ def test_auto_precision_is_bf16_only_where_a_gpu_and_zero_can_train_it(
     precision, reason = training_precision(configured, zero, device, capability)
     assert precision == want
     assert why in reason
+
+
+def assert_mfu_is_per_device(log: str, records: list[dict], peak: float) -> None:
+    """A run's MFU is per device: the model FLOPs of the tokens all ranks trained (FLOPs per
+    token from the run's start line, tokens per second of the whole global batch) over every
+    rank's peak -- not the data-parallel ranks', whichever way tensor and pipeline parallel
+    split the model (each rank then does 1/(tp x pp) of a copy's FLOPs)."""
+    import re
+
+    flops_per_token = float(re.search(r"; ([\d,]+) FLOPs per token", log)[1].replace(",", ""))
+    tokens_per_step = int(re.search(r"(\d+) tokens/step", log)[1])
+    assert records
+    for r in records:
+        tokens_per_s = tokens_per_step / (r["ms_per_step"] / 1000)
+        assert r["tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-9)
+        per_device = flops_per_token * tokens_per_s / r["world_size"] / 1e12
+        assert r["tflops_per_device"] == pytest.approx(per_device, rel=1e-9)
+        assert r["mfu"] == pytest.approx(per_device / peak, rel=1e-9)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from .test_flops import assert_mfu_is_per_device
 from .test_relayout import continue_with, losses, stopped_at_4
 from .test_train import BIN, gptflow_train, records
 
@@ -302,10 +303,11 @@ def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(make_run):
                          ids=["tp2xdp2", "pp2xdp2"])  # fmt: skip
 def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(make_run, layout):
     """Four ranks: two data-parallel copies of a model split two ways, each copy reading its
-    half of every batch (the rank count is the point: 2 x 2)."""
+    half of every batch (the rank count is the point: 2 x 2); MFU against a stated peak is
+    per device, over all 4 ranks (tests/unit/test_flops.py)."""
     one = make_run("one", model=NO_DROPOUT, **SETTINGS)
     assert gptflow_train(one).returncode == 0
-    run = make_run("four", model=NO_DROPOUT, **{**SETTINGS, **layout})
+    run = make_run("four", model=NO_DROPOUT, **{**SETTINGS, **layout, "peak_tflops": 0.5})
     out = torchrun(run, 4)
     assert out.returncode == 0, out.stderr[-4000:]
     kind = "tensor" if "tensor_parallel" in layout else "pipeline"
@@ -313,6 +315,7 @@ def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(make_run,
         out.stderr
     )
     assert_close(losses(one), losses(run))
+    assert_mfu_is_per_device(out.stderr, records(run, "train"), 0.5)
 
 
 def test_tp2xpp2_on_4_ranks_follows_one_rank_exports_and_moves(make_run):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ from gptflow import preflight
 from gptflow.config import ModelConfig, TrainConfig
 from gptflow.errors import GptflowError
 from gptflow.preflight import PartitionNodes, Placement
+from tests.support.memory import kept_bytes, saved_peak
+
+from .test_train import BIN
 
 SLURM = Placement(
     executor="slurm", nodes=1, tasks_per_node=8, gres="gpu:8", threads=12, mem_mb=480000,
@@ -145,39 +150,6 @@ def test_a_batch_the_ranks_cannot_split_names_the_fixes():
 # ----------------------------------------------------------------------------- memory
 
 
-def kept_bytes(engine) -> int:
-    """Bytes of the distinct tensor storages a DeepSpeed engine keeps between steps: the
-    module's parameters (and gradients, if kept), the optimizer's state and DeepSpeed's own
-    buffers (fp32 partitions, accumulation buffers), found by walking the objects."""
-    seen: dict[int, int] = {}
-
-    def walk(o, depth: int = 0) -> None:
-        if depth > 4:
-            return
-        if isinstance(o, torch.Tensor):
-            if o.numel():
-                storage = o.untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
-            if o.is_leaf and o.grad is not None:
-                walk(o.grad, depth + 1)
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v, depth + 1)
-        elif isinstance(o, list | tuple):
-            for v in o:
-                walk(v, depth + 1)
-
-    walk(list(engine.module.parameters()))
-    opt = engine.optimizer
-    for o in {
-        id(opt): opt,
-        id(getattr(opt, "optimizer", opt)): getattr(opt, "optimizer", opt),
-    }.values():
-        walk(list(o.state.values()))
-        walk(list(vars(o).values()))
-    return sum(seen.values())
-
-
 def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, monkeypatch, request):
     """One rank on the CPU, after a forward, backward and update: the bytes DeepSpeed keeps
     (weights, optimizer states, its fp32 partition and accumulation buffers) equal the
@@ -212,6 +184,121 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     assert all(0 <= got - want <= 512 for got, want in measured.values()), measured
 
 
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
+
+
+def rotary_tables(m: ModelConfig, seq: int, layers: int = 1) -> int:
+    """The rotary cos and sin tables (fp32, seq x rotary dims) the layers multiply q and k by:
+    autograd keeps them, once per micro-batch (per layer under a pipeline, whose layers each
+    make their own); not in the estimate, which counts what grows with the micro batch."""
+    return layers * 2 * seq * m.rotary_ndims * 4
+
+
+@pytest.mark.parametrize(
+    ("split", "settings"),
+    [((2, 1), "1:fp32,1:bf16,2:bf16"), ((1, 2), "1:fp32,1:bf16")],
+    ids=["tp2xdp2", "pp2xdp2"],
+)
+def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, split, settings):
+    """Four torchrun ranks on the CPU (tensor 2 x data 2, pipeline 2 x data 2), one step of the
+    tiny model (micro batch 2, 16 tokens; the pipeline's 2 micro-batches in flight on its first
+    stage): on every rank the bytes DeepSpeed keeps are model_state_bytes' kept terms for that
+    rank's parameters over 2 data-parallel ranks (ZeRO 1 and 2, fp32 and bf16: DeepSpeed's
+    scalars aside, measured 12-268 bytes), and what autograd keeps for backward at its peak is
+    activation_bytes' activations plus the fp32 log-softmax on the last stage (LOGITS_PEAK's
+    kept 4 bytes a logit), but for the rotary tables and nll_loss's 4-byte total weight -- in
+    fp32 (CPU's bf16 LayerNorm keeps its mean and 1/std in bf16 where CUDA's keep fp32)."""
+    tp, pp = split
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=4",
+           str(repo / "tests" / "support" / "kept_memory.py"), str(tp), str(pp), str(tmp_path),
+           settings]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    dp, gas, micro, seq = 2, pp, 2, 16
+    for setting in settings.split(","):
+        zero, precision = int(setting[0]), setting[2:]
+        t = TrainConfig(train_iters=2, global_batch_size=micro * dp * gas, micro_batch_size=micro,
+                        seq_length=seq, zero_stage=zero, precision=precision,
+                        tensor_parallel=tp, pipeline_parallel=pp)  # fmt: skip
+        ranks = [
+            json.loads(f.read_text()) for f in tmp_path.glob(f"rank*-{setting[0]}-{precision}.json")
+        ]
+        assert sorted(r["stage"] for r in ranks) == ([0] * 4 if pp == 1 else [0, 0, 1, 1])
+        for r in ranks:
+            params = preflight.stage_parameters(TINY, tp, pp, r["stage"])
+            terms = preflight.model_state_bytes(params, dp, zero, precision)
+            kept = sum(v for k, v in terms.items() if k not in preflight.TRANSIENT)
+            assert 0 <= r["kept"] - kept <= 512, (setting, r, kept)
+            if precision != "fp32":
+                continue
+            last = r["stage"] == pp - 1
+            held = preflight.activation_bytes(TINY, t, precision, r["stage"], gas)
+            want = held["activations"] + (4 * micro * seq * TINY.vocab_size if last else 0)
+            in_flight = min(pp - r["stage"], gas)
+            rest = in_flight * rotary_tables(TINY, seq) + (4 if last else 0)
+            assert r["saved_peak"] - want == rest, (setting, r, want, rest)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activations_are_what_autograd_keeps(checkpointing):
+    """The tiny model on one rank in fp32, forward and backward with a loss, micro batch 1 and
+    2: what autograd keeps for backward at its peak grows by activation_bytes' activations plus
+    the fp32 log-softmax (4 bytes a logit) for each sequence added, exactly; with activation
+    checkpointing the layers' inputs (the estimate adds one layer's whole set, recomputed in
+    the backward, which these hooks do not see: checkpoint packs it under hooks of its own)."""
+    from gptflow.model import GPTNeoX
+
+    m = dataclasses.replace(TINY, activation_checkpointing=checkpointing)
+    torch.manual_seed(0)
+    model = GPTNeoX(m).train()
+    peaks = []
+    for micro in (1, 2):
+        x, y = torch.randint(0, 256, (2, micro, 16))
+        peaks.append(saved_peak(lambda: model(x, y).backward(), model.parameters()))  # noqa: B023
+    t = TrainConfig(train_iters=1, global_batch_size=1, micro_batch_size=1, seq_length=16)
+    held = preflight.activation_bytes(m, t, "fp32")["activations"] + 4 * 16 * 256
+    if checkpointing:  # the recomputed layer's are packed by checkpoint's own hooks, unseen here
+        held -= preflight.layer_activation_bytes(m, 1, 16, 4)
+    assert peaks[1] - peaks[0] == held
+    assert peaks[0] - held == rotary_tables(m, 16) + 4
+
+
+def test_every_tensor_parallel_rank_holds_the_whole_logits():
+    """Pythia-12B at tensor parallel 4, micro batch 8, as its layout trains it: the head is
+    replicated, so every rank holds the (8, 2048, 50,688) logits' loss backward -- fp32
+    log-softmax, the gradient into it and out of it, 12 bytes a logit: 9.3 GiB, not a quarter
+    of it; the same at tensor parallel 1. Under a pipeline only the last stage holds them."""
+    m = ModelConfig(num_layers=36, hidden_size=5120, num_attention_heads=40, vocab_size=50688)
+    t = TrainConfig(train_iters=1, seq_length=2048, micro_batch_size=8, global_batch_size=1024,
+                    precision="fp16", zero_stage=1, tensor_parallel=4)  # fmt: skip
+    logits = 12 * 8 * 2048 * 50688
+    fit = preflight.memory_per_gpu(m, t, 256, SLURM)
+    assert fit.terms["logits"] == logits and round(logits / 2**30, 1) == 9.3
+    assert (
+        preflight.activation_bytes(m, dataclasses.replace(t, tensor_parallel=1), "fp16")["logits"]
+        == logits
+    )
+    piped = dataclasses.replace(t, tensor_parallel=1, pipeline_parallel=4)
+    assert preflight.activation_bytes(m, piped, "fp16", stage=0, gas=4)["logits"] == 0
+    assert preflight.activation_bytes(m, piped, "fp16", stage=3, gas=4)["logits"] == logits
+
+
+def test_fits_leaves_the_margin_free():
+    """A model whose terms alone fit an 80 GiB GPU but not with the margin (2 GiB runtime and
+    10 % fragmentation: 10 GiB) does not fit, and the message says the margin."""
+    m = ModelConfig(num_layers=2, hidden_size=1024, num_attention_heads=8, vocab_size=50304)
+    t = TrainConfig(train_iters=1, seq_length=2048, micro_batch_size=60, global_batch_size=480,
+                    precision="bf16", zero_stage=1)  # fmt: skip
+    fit = preflight.memory_per_gpu(m, t, 8, SLURM)
+    assert fit.margin == 10 * 2**30 and 70 * 2**30 < fit.total < 80 * 2**30, fit.total / 2**30
+    assert not fit.fits
+    with pytest.raises(GptflowError, match=r"\+ margin 10.0 GiB: 2.0 GiB CUDA context and NCCL "
+                       r"buffers \+ 10% of the GPU for allocator fragmentation, against 80 GiB"):  # fmt: skip
+        preflight.check_memory(fit)
+
+
 @pytest.mark.parametrize("gpus", [1, 8, 64])
 def test_half_precision_zero_2_and_3_agree_with_deepspeeds_estimators(gpus):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
@@ -228,7 +315,8 @@ def test_half_precision_zero_2_and_3_agree_with_deepspeeds_estimators(gpus):
 def test_parameters_per_rank_is_the_split_models_own_count():
     """Tensor 2 x pipeline 2 of an 8-layer model: the last stage's ranks hold half of each of
     4 layers' split matrices, their LayerNorms and biases whole, the final LayerNorm and the
-    head -- counted on the real modules, split as gptflow.engine splits them."""
+    head -- counted on the real modules, split as gptflow.engine splits them; the first
+    stage's, the embedding instead."""
     from gptflow.engine import tensor_parallel_slice
     from gptflow.model import GPTNeoX
 
@@ -242,6 +330,12 @@ def test_parameters_per_rank_is_the_split_models_own_count():
     ]  # fmt: skip
     held = sum(tensor_parallel_slice(n, p, 0, 2).numel() for n, p in last_stage)
     assert preflight.parameters_per_rank(m, 2, 2) == held
+    assert preflight.stage_parameters(m, 2, 2, 1) == held
+    first = sum(
+        tensor_parallel_slice(n, p, 0, 2).numel() for n, p in model.named_parameters()
+        if n.startswith(("gpt_neox.embed_in", *(f"gpt_neox.layers.{i}." for i in range(4))))
+    )  # fmt: skip
+    assert preflight.stage_parameters(m, 2, 2, 0) == first
     assert preflight.parameters_per_rank(m, 1, 1) == m.num_parameters()
 
 
@@ -259,9 +353,11 @@ def test_a_model_that_does_not_fit_names_its_largest_term():
     fit = preflight.memory_per_gpu(m, t, 8, SLURM)
     # bf16 at ZeRO 1 sums every gradient in fp32: 4 bytes a parameter, the largest term
     assert not fit.fits and fit.largest == "fp32 gradient accumulation"
-    with pytest.raises(GptflowError, match=r"about 170.0 GiB per GPU \(weights 34.9, .* against "
-                       r"80 GiB \(assumed: 80 GB GPUs\); the largest is fp32 gradient accumulation: "
-                       r"raise train.zero_stage to 2, or train.tensor_parallel"):  # fmt: skip
+    with pytest.raises(GptflowError, match=r"about 168.5 GiB per GPU \(weights 34.9, .* logits "
+                       r"1.2 GiB\) \+ margin 10.0 GiB: 2.0 GiB CUDA context and NCCL buffers \+ "
+                       r"10% of the GPU for allocator fragmentation, against 80 GiB \(assumed: 80 "
+                       r"GB GPUs\); the largest is fp32 gradient accumulation: raise "
+                       r"train.zero_stage to 2, or train.tensor_parallel"):  # fmt: skip
         preflight.check_memory(fit)
     split = dataclasses.replace(t, tensor_parallel=8)
     assert preflight.memory_per_gpu(m, split, 8, SLURM).fits

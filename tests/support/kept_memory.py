@@ -1,0 +1,57 @@
+"""Run under torchrun on 4 ranks: for `tensor_parallel` and `pipeline_parallel` (arguments 1 and
+2) and each "zero:precision" of argument 4 (e.g. "1:bf16,2:bf16,1:fp32"), build this rank's model
+and engine as the trainer does (gptflow.engine), train one step on the tiny model and write
+`rank<N>-<zero>-<precision>.json` into the directory given third: the rank's pipeline stage, the
+bytes DeepSpeed keeps after the step (tests.support.memory.kept_bytes) and the peak of what
+autograd kept for backward during it (saved_peak). One file per rank and setting: lines four
+ranks print to one pipe can interleave."""
+
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from gptflow import distributed, engine
+from gptflow.config import ModelConfig, TrainConfig
+from gptflow.model import decay_groups
+from gptflow.train import device
+from tests.support.memory import kept_bytes, saved_peak
+
+
+def step(eng, x: torch.Tensor, y: torch.Tensor, pp: int) -> None:
+    """One optimizer step: a pipeline's `pp` micro-batches through its schedule, or one."""
+    if pp > 1:
+        eng.train_batch(data_iter=iter([(x, y)] * pp))
+    else:
+        eng.backward(eng(x, y))
+        eng.step()
+
+
+MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
+MICRO, SEQ = 2, 16
+
+env = distributed.resolve()
+distributed.export(env)
+dev = device.setup(env, timeout_minutes=5)
+tp, pp = int(sys.argv[1]), int(sys.argv[2])
+dp = env.world_size // (tp * pp)
+gas = pp  # a pipeline's first stage then holds pp micro-batches in flight (1F1B)
+for setting in sys.argv[4].split(","):
+    zero, precision = setting.split(":")
+    train = TrainConfig(
+        train_iters=2, global_batch_size=MICRO * dp * gas, micro_batch_size=MICRO,
+        seq_length=SEQ, zero_stage=int(zero), precision=precision, tensor_parallel=tp,
+        pipeline_parallel=pp,
+    )  # fmt: skip
+    model = engine.build_model(MODEL, train, env.world_size, dev.device)
+    eng = engine.build_engine(model, decay_groups(model, 0.1), train, env.world_size)
+    generator = torch.Generator().manual_seed(0)  # the same batch on every rank
+    x, y = (torch.randint(0, MODEL.vocab_size, (MICRO, SEQ), generator=generator) for _ in "xy")
+
+    peak = saved_peak(partial(step, eng, x, y, pp), eng.module.parameters())
+    stage = eng.stage_id if pp > 1 else 0
+    record = {"rank": env.rank, "stage": stage, "kept": kept_bytes(eng), "saved_peak": peak}
+    out = Path(sys.argv[3]) / f"rank{env.rank}-{zero}-{precision}.json"
+    out.write_text(json.dumps(record))
