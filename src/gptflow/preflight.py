@@ -611,9 +611,6 @@ def run(
         if p.mpi and p.tasks_per_node
         else f"{ranks} rank(s)"
     )
-    if p.executor == "local" and not p.mpi:
-        how = "nproc_per_node" if p.nproc_per_node is not None else "one per visible GPU"
-        where += f" on this machine ({how}; {p.gpus or 0} GPU(s): {p.gpus_source or 'not counted'})"
     rep.lines.append(
         f"gptflow preflight: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
         f"parallel; micro batch {train.micro_batch_size} x grad accum {gas} x {dp} = global "
@@ -639,6 +636,14 @@ def run(
             )
     if p.threads:
         rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
+    if p.executor == "local" and not p.mpi:
+        how = "one per visible GPU" if p.gpus else "one: no GPU visible"
+        if p.nproc_per_node is not None:
+            how = "set-resources train_gpt nproc_per_node"
+        rep.lines.append(
+            f"  train_gpt: {ranks} rank(s) on this machine ({how}; {p.gpus or 0} GPU(s): "
+            f"{p.gpus_source or 'not counted'}), the job's cores shared among them"
+        )
     rep.lines += [f"  WARNING: {w}" for w in rep.warnings]
     if datasets is not None:
         made, missing = token_bytes(datasets, vocab, tokenizer)
