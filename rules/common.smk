@@ -162,6 +162,17 @@ def get_train_threads(wildcards):
         return 1
 
 
+def get_local_ranks(wildcards):
+    """train_gpt's ranks on one machine unless the profile sets nproc_per_node: one per visible
+    GPU (none: one); under the Slurm profile one (srun starts the ranks)."""
+    return PLACEMENT.ranks if PLACEMENT.executor == "local" and not PLACEMENT.mpi else 1
+
+
+def get_rank_options(wildcards, resources, threads):
+    """Argv words after `gptflow train --config ...`: distributed.rank_options."""
+    return rank_options(dict(resources.items()), threads)
+
+
 def get_train_launcher(wildcards, resources, threads):
     """Argv words before `gptflow train` (srun, the container's): distributed.train_launcher."""
     section = CONTAINER if CONTAINER["enabled"] else None

@@ -20,12 +20,13 @@ from gptflow.container import (
     squash_options_arg,
 )
 from gptflow.data import sources
-from gptflow.distributed import train_launcher
+from gptflow.distributed import rank_options, train_launcher
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 from gptflow.evaluate import extra_args, extra_files, prompt_args
 from gptflow.evaluate import export_resources as run_export_resources
 from gptflow.evaluate import run_resources as run_eval_resources
+from gptflow.hardware import visible_gpus
 from gptflow.schema import load_yaml
 from gptflow.workflow_config import load_workflow_config
 
@@ -190,8 +191,12 @@ def profile_placement():
         ("default-resources slurm_partition", profile_value("all", "slurm_partition")),
         ("set-resources train_gpt slurm_partition", profile_value("train_gpt", "slurm_partition")),
     ]
+    executor = "slurm" if profile_value("train_gpt", "slurm_partition") else "local"
+    mpi = str(profile_value("train_gpt", "mpi") or "")
+    # GPUs counted only where train_gpt runs here without srun (nvidia-smi, not torch)
+    gpus, gpus_source = visible_gpus() if executor == "local" and not mpi else (None, "")
     return preflight.Placement(
-        executor="slurm" if profile_value("train_gpt", "slurm_partition") else "local",
+        executor=executor,
         nodes=number("nodes"),
         tasks_per_node=number("tasks_per_node"),
         tasks=number("tasks"),
@@ -200,8 +205,11 @@ def profile_placement():
         cpus_per_task=number("cpus_per_task"),
         mem_mb=number("mem_mb"),
         partition=profile_value("train_gpt", "slurm_partition"),
-        mpi=str(profile_value("train_gpt", "mpi") or ""),
+        mpi=mpi,
         gpu_mem_mb=number("gpu_mem_mb"),
+        nproc_per_node=profile_value("train_gpt", "nproc_per_node"),
+        gpus=gpus,
+        gpus_source=gpus_source,
         settings=tuple((k, str(v)) for k, v in settings if v is not None),
     )
 

@@ -60,14 +60,19 @@ rule train_gpt:
     conda:
         "../envs/gptflow.yaml"
     threads: get_train_threads
+    # One machine: nproc_per_node ranks (one per visible GPU unless the profile or
+    # --set-resources train_gpt:nproc_per_node=N says otherwise), the job's threads shared
+    # among them. A cluster: the profile's mpi (srun) with nodes x tasks_per_node ranks.
     resources:
         mpi="",
+        nproc_per_node=get_local_ranks,
     params:
         hyperparameters=TRAIN_SETTINGS,
         launcher=get_train_launcher,
+        ranks=get_rank_options,
     # --wait-for-lock: a job rerun while its predecessor still runs (Snakemake killed and
     # started again) waits for it (up to gptflow.checkpoint.LOCK_WAIT_S, 30 min) rather than
     # training beside it; a requeued job never waits on its own earlier run's lock
     shell:
-        "{params.launcher:q} gptflow train --config {input.config:q} --threads {threads:q}"
+        "{params.launcher:q} gptflow train --config {input.config:q} {params.ranks:q}"
         " --wait-for-lock >> {log:q} 2>&1"

@@ -249,8 +249,9 @@ class TrainConfig:
                 keys += f" = {self.model_parallel}"
             raise GptflowError(
                 f"{keys} does not divide the {world_size} training ranks; give the training rule "
-                f"a multiple of {self.model_parallel} ranks (the profile's nodes x tasks per "
-                f"node) or change {' or '.join(p.split()[0] for p in parts)}"
+                f"a multiple of {self.model_parallel} ranks (the profile's nodes x "
+                f"tasks_per_node, or nproc_per_node on one machine) or change "
+                f"{' or '.join(p.split()[0] for p in parts)}"
             )
         return world_size // self.model_parallel
 
@@ -279,7 +280,10 @@ class TrainConfig:
                 per_rank = self.global_batch_size // dp
                 fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
                 fixes.append(f"train.micro_batch_size one of {fits[-6:]}")
-            fixes.append("fewer ranks (the profile's nodes x tasks_per_node)")
+            fixes.append(
+                "fewer ranks (the profile's nodes x tasks_per_node, or nproc_per_node on one "
+                "machine)"
+            )
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
                 f"train.micro_batch_size {self.micro_batch_size} x {ranks} = {per_pass}: a "

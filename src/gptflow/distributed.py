@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -28,17 +29,32 @@ class DistEnv:
     launcher: str  # "slurm", "torchrun" or "single"
 
 
-def first_host(nodelist: str) -> str:
-    """First hostname of a Slurm node list: 'gpu[07-09,12],cpu1' -> 'gpu07'."""
+def parse_first_host(nodelist: str) -> str:
+    """First hostname of a Slurm node list, read here: its first item (commas inside brackets
+    do not split), each bracket group's first number put in: 'gpu[07-09,12],cpu1' -> 'gpu07',
+    'rack[1-2]-n[01-04]' -> 'rack1-n01'. :func:`first_host` asks Slurm first."""
     nodelist = nodelist.strip()
-    m = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    if not m:
+    m = re.match(r"(?:[^,\[\]]|\[[^\[\]]+\])+", nodelist)
+    if not m or not (m.end() == len(nodelist) or nodelist[m.end()] == ","):
         raise GptflowError(f"SLURM_JOB_NODELIST '{nodelist}' is not a Slurm node list")
-    prefix, ranges = m.group(1), m.group(2)
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return f"{prefix}{first}"
+    return re.sub(r"\[([^\]]+)\]", lambda g: g[1].split(",")[0].split("-")[0], m.group(0))
+
+
+def first_host(nodelist: str) -> str:
+    """First hostname of a Slurm node list -- rank 0's host, the rendezvous address -- as
+    ``scontrol show hostnames`` expands it (Slurm's own parser), or :func:`parse_first_host`
+    where scontrol is not on PATH or fails."""
+    if shutil.which("scontrol") is not None:
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            out = None
+        if out is not None and out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()[0]
+    return parse_first_host(nodelist)
 
 
 def _int(env: dict, key: str) -> int:
@@ -148,6 +164,35 @@ def srun_command(
     return args
 
 
+def _count(resources: dict, name: str) -> int | None:
+    """A count among the job's resources; one that is not a positive integer (Snakemake's
+    unset "<TBD>", a typo) is no count."""
+    value = resources.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+# The variables that choose the network interface of gloo (barriers, any_rank, CPU tensors)
+# and of NCCL's bootstrap and socket transport; unset, each picks the interface its host's
+# name resolves to, which on some clusters is loopback or one the other nodes cannot reach.
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def interface_env(resources: dict) -> list[str]:
+    """``env GLOO_SOCKET_IFNAME=IF NCCL_SOCKET_IFNAME=IF`` for the job's ``socket_ifname``
+    resource (an interface name, or several comma-separated, that every node has: ``ip -brief
+    address`` lists them); nothing when it is unset."""
+    name = resources.get("socket_ifname")
+    if name in (None, ""):
+        return []
+    if not isinstance(name, str) or not re.fullmatch(r"[\w.:@-]+(,[\w.:@-]+)*", name):
+        raise GptflowError(
+            f"set-resources train_gpt socket_ifname {name!r} is not a network interface name: "
+            "set it to the interface the nodes reach each other on, e.g. ib0 or eth0 "
+            "(`ip -brief address` on a compute node lists them)"
+        )
+    return ["env", *(f"{var}={name}" for var in SOCKET_IFNAME_VARS)]
+
+
 def train_launcher(
     resources: dict,
     threads: int,
@@ -156,17 +201,13 @@ def train_launcher(
     workdir: str = ".",
 ) -> list[str]:
     """Argv words before ``gptflow train`` in the train_gpt rule, from the job's `resources`
-    (``mpi``, ``nodes``, ``tasks_per_node``, ``tasks``, ``cpus_per_task``; counts that are not
-    positive integers are unset) and `threads`: nothing on one machine; under the Slurm
-    profile (``mpi: srun``) the srun that starts one training task per GPU, each with the
-    rule's threads as its CPUs unless ``cpus_per_task`` says otherwise. With `container` (the
-    config's ``container`` section, enabled) and its `image`: Pyxis options on that srun
-    (sqsh) or ``apptainer exec --nv IMAGE`` (sif), the working directory `workdir` mounted."""
-
-    def count(name: str) -> int | None:
-        value = resources.get(name)
-        return value if isinstance(value, int) and value > 0 else None
-
+    (``mpi``, ``nodes``, ``tasks_per_node``, ``tasks``, ``cpus_per_task``: see :func:`_count`;
+    ``socket_ifname``) and `threads`: nothing on one machine; under the Slurm profile (``mpi:
+    srun``) the srun that starts one training task per GPU, each with the rule's threads as
+    its CPUs unless ``cpus_per_task`` says otherwise. With `container` (the config's
+    ``container`` section, enabled) and its `image`: Pyxis options on that srun (sqsh) or
+    ``apptainer exec --nv IMAGE`` (sif), the working directory `workdir` mounted. Last, with
+    ``socket_ifname``: :func:`interface_env`, in every rank's own environment."""
     mpi = str(resources.get("mpi") or "")
     pyxis, prefix = [], []
     if container is not None:
@@ -175,13 +216,13 @@ def train_launcher(
         )
     launcher = srun_command(
         mpi,
-        nodes=count("nodes"),
-        tasks_per_node=count("tasks_per_node"),
-        tasks=count("tasks"),
-        cpus_per_task=count("cpus_per_task") or threads,
+        nodes=_count(resources, "nodes"),
+        tasks_per_node=_count(resources, "tasks_per_node"),
+        tasks=_count(resources, "tasks"),
+        cpus_per_task=_count(resources, "cpus_per_task") or threads,
         container_options=pyxis,
     )
-    return launcher + prefix
+    return launcher + prefix + interface_env(resources)
 
 
 def launched_ranks(
@@ -192,6 +233,26 @@ def launched_ranks(
     if tasks_per_node:
         return (nodes or 1) * tasks_per_node
     return tasks or 1
+
+
+def local_ranks(nproc_per_node: object = None, gpus: int = 0) -> int:
+    """How many ranks ``gptflow train`` starts on one machine (no srun): `nproc_per_node` when
+    it is a positive count (the profile's, or ``--set-resources train_gpt:nproc_per_node=N``),
+    else one per visible GPU (`gpus`, gptflow.hardware.visible_gpus), else one."""
+    counted = isinstance(nproc_per_node, int) and not isinstance(nproc_per_node, bool)
+    return nproc_per_node if counted and nproc_per_node > 0 else max(1, gpus)
+
+
+def rank_options(resources: dict, threads: int) -> list[str]:
+    """Argv words after ``gptflow train --config RUN.yaml`` in the train_gpt rule: on one
+    machine (no ``mpi``) with ``nproc_per_node`` N > 1, ``--nproc-per-node N`` (the elastic
+    launcher of gptflow.train.launch starts the N ranks and keeps their exit code 75) and the
+    job's `threads` shared among them as each rank's ``--threads``; otherwise ``--threads``
+    `threads` (under srun each task's own CPUs: :func:`train_launcher`)."""
+    ranks = 1 if resources.get("mpi") else local_ranks(resources.get("nproc_per_node"))
+    if ranks == 1:
+        return ["--threads", str(threads)]
+    return ["--nproc-per-node", str(ranks), "--threads", str(max(1, threads // ranks))]
 
 
 def requeue_job(job_id: str) -> str | None:

@@ -3,10 +3,16 @@ utilisation), and the precision a run trains in when the config leaves it to the
 
 MFU = achieved model FLOP/s per device / the device's peak. The peak is dense bf16 tensor-core
 throughput from the vendors' data sheets (no 2:4 sparsity); `train.peak_tflops` overrides it,
-and is the only source on a CPU or an accelerator not in the table.
+and is the only source on a CPU or an accelerator not in the table. How many GPUs this machine
+shows, counted without torch (planning imports none): :func:`visible_gpus`.
 """
 
 from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
 
 # name fragment as torch.cuda.get_device_name() reports it -> dense bf16 TFLOP/s
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -68,3 +74,48 @@ def training_precision(
             f"master weights: set train.zero_stage 1 for bf16"
         )
     return "bf16", f"auto on {device_name} (bf16 tensor cores, ZeRO stage {zero_stage})"
+
+
+# --------------------------------------------------------------------------- GPUs on this machine
+
+NVIDIA_SMI_LIST = ["nvidia-smi", "-L"]  # one "GPU <i>: <name> (UUID: GPU-...)" line per GPU
+
+
+def cuda_visible_count(value: str) -> int:
+    """GPUs ``CUDA_VISIBLE_DEVICES=value`` lets a process see, as CUDA reads it: its entries up
+    to the first that is not a GPU (a negative or non-numeric index: ``-1`` hides them all),
+    an index or a ``GPU-``/``MIG-`` UUID each; empty: none."""
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not (entry.isdigit() or re.match(r"(GPU|MIG)-", entry)):
+            break
+        count += 1
+    return count
+
+
+def listed_gpus() -> tuple[int | None, str]:
+    """(the GPUs ``nvidia-smi -L`` lists, how), None where it is missing or fails (no driver)."""
+    if shutil.which(NVIDIA_SMI_LIST[0]) is None:
+        return None, "no nvidia-smi on PATH"
+    try:
+        out = subprocess.run(NVIDIA_SMI_LIST, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"nvidia-smi -L: {e}"
+    if out.returncode != 0:
+        return None, f"nvidia-smi -L exited {out.returncode}"
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")), "nvidia-smi -L"
+
+
+def visible_gpus(env: dict | None = None) -> tuple[int, str]:
+    """(NVIDIA GPUs a process started here would see, how that was counted), without torch:
+    ``CUDA_VISIBLE_DEVICES`` when set (no more than ``nvidia-smi -L`` lists, when it runs),
+    else ``nvidia-smi -L``'s GPUs; none without either."""
+    env = os.environ if env is None else env
+    listed, how = listed_gpus()
+    if "CUDA_VISIBLE_DEVICES" in env:
+        visible = cuda_visible_count(env["CUDA_VISIBLE_DEVICES"])
+        if listed is not None:
+            visible = min(visible, listed)
+        return visible, f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}"
+    return listed or 0, how

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from gptflow import paths, sizing
 from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
-from gptflow.distributed import launched_ranks
+from gptflow.distributed import launched_ranks, local_ranks
 from gptflow.errors import GptflowError
 
 GIB = 1024**3
@@ -62,12 +62,21 @@ class Placement:
     partition: str | None = None
     mpi: str = ""
     gpu_mem_mb: int | None = None  # memory of one GPU, for the fit check
+    # one machine without mpi: the ranks to start (as the profile gives it, any type), and the
+    # GPUs this machine shows (gptflow.hardware.visible_gpus) and how they were counted
+    nproc_per_node: object = None
+    gpus: int | None = None
+    gpus_source: str = ""
     # every profile value that may be a placeholder: (where, value)
     settings: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def ranks(self) -> int:
-        return launched_ranks(self.nodes, self.tasks_per_node, self.tasks)
+        """The training ranks: srun's counts under ``mpi``, else those started on one machine
+        (nproc_per_node, else one per visible GPU, else one)."""
+        if self.mpi:
+            return launched_ranks(self.nodes, self.tasks_per_node, self.tasks)
+        return local_ranks(self.nproc_per_node, self.gpus or 0)
 
     @property
     def gpus_per_node(self) -> int | None:
@@ -113,7 +122,7 @@ def check_launch(p: Placement) -> list[str]:
     it after the queue; returns warnings (not errors)."""
     warnings: list[str] = []
     if p.executor != "slurm":
-        return warnings
+        return check_local_launch(p)
     where = "set-resources train_gpt"
     if p.mpi:
         if p.tasks_per_node and p.tasks:
@@ -144,6 +153,29 @@ def check_launch(p: Placement) -> list[str]:
             "threads; drop cpus_per_task (it follows set-threads)"
         )
     return warnings
+
+
+def check_local_launch(p: Placement) -> list[str]:
+    """One machine without srun: nproc_per_node is a count of ranks, and no more than the GPUs
+    this machine shows when it shows any (one rank per GPU; without a GPU the ranks are CPU
+    processes, any number). Returns warnings."""
+    if p.mpi:
+        return []
+    n = p.nproc_per_node
+    where = "set-resources train_gpt nproc_per_node"
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise GptflowError(
+            f"{where} is {n!r}; expected the number of training ranks to start on this machine "
+            "(one per GPU), e.g. --set-resources train_gpt:nproc_per_node=2, or leave it unset "
+            "for one rank per visible GPU"
+        )
+    if p.gpus and p.ranks > p.gpus:
+        raise GptflowError(
+            f"{where} is {p.ranks}, but this machine shows {p.gpus} GPU(s) ({p.gpus_source}); "
+            f"gptflow runs one rank per GPU: set nproc_per_node to at most {p.gpus}, or leave "
+            "it unset for one rank per visible GPU"
+        )
+    return []
 
 
 # --------------------------------------------------------------------------- the cluster (sinfo)
@@ -693,13 +725,14 @@ def run(
     """Every check above for `cfg` placed by `p`; raises GptflowError at the first failure
     (the key and the fix named), else returns the lines to print at -n."""
     train = TrainConfig(**cfg["train"])
+    launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
     ranks = p.ranks
     gas = check_layout(train, ranks)
     rep = Report(placement=asdict(p))
     found = placeholders(p)
     if found:
         rep.lines.append("gptflow: " + placeholder_message(found, "the Slurm profile"))
-    rep.warnings += check_launch(p)
+    rep.warnings += launch_warnings
     if p.executor == "slurm" and (groups := sinfo()) is not None:
         cpu = dict(p.settings).get("default-resources slurm_partition")
         check_cluster(p, cpu, groups, accounts(), runtimes)
@@ -710,7 +743,7 @@ def run(
                                           (train.pipeline_parallel, "pipeline")) if n > 1]  # fmt: skip
     where = (
         f"{p.nodes or 1} node(s) x {p.tasks_per_node} rank(s)"
-        if p.tasks_per_node
+        if p.mpi and p.tasks_per_node
         else f"{ranks} rank(s)"
     )
     rep.lines.append(
@@ -741,6 +774,14 @@ def run(
             )
     if p.threads:
         rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
+    if p.executor == "local" and not p.mpi:
+        how = "one per visible GPU" if p.gpus else "one: no GPU visible"
+        if p.nproc_per_node is not None:
+            how = "set-resources train_gpt nproc_per_node"
+        rep.lines.append(
+            f"  train_gpt: {ranks} rank(s) on this machine ({how}; {p.gpus or 0} GPU(s): "
+            f"{p.gpus_source or 'not counted'}), the job's cores shared among them"
+        )
     rep.lines += [f"  WARNING: {w}" for w in rep.warnings]
     if datasets is not None:
         made, missing = token_bytes(datasets, vocab, tokenizer)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gptflow.distributed import first_host, resolve
+from gptflow.distributed import first_host, parse_first_host, resolve
 from gptflow.errors import GptflowError
 
 
@@ -14,10 +14,44 @@ from gptflow.errors import GptflowError
         ("gpu[12,07-09]", "gpu12"),
         ("a100-[3-4],cpu1", "a100-3"),
         ("n1,n2", "n1"),
+        ("rack[1-2]-n[01-04]", "rack1-n01"),  # every bracket group, not only the first
+        ("rack[3]-gpu[10-11],rack4-gpu01", "rack3-gpu10"),
     ],
 )
-def test_first_host(nodelist, host):
-    assert first_host(nodelist) == host
+def test_parse_first_host(nodelist, host):
+    assert parse_first_host(nodelist) == host
+
+
+@pytest.mark.parametrize("nodelist", ["", "gpu[07", ",n1"])
+def test_a_node_list_that_is_none_is_named(nodelist):
+    with pytest.raises(GptflowError, match="is not a Slurm node list"):
+        parse_first_host(nodelist)
+
+
+def fake_scontrol(bin_dir, out: str, code: int = 0):
+    """A stand-in `scontrol` that records its arguments and prints `out`: Slurm's own
+    expansion is tested with the real one in tests/workflow/test_slurm.py's jobs (whose
+    ranks find rank 0 through it); here it shows which of the two answers is used."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" > {bin_dir}/args\nprintf "{out}"\nexit {code}\n')
+    script.chmod(0o755)
+
+
+def test_first_host_is_the_first_that_scontrol_show_hostnames_prints(tmp_path, monkeypatch):
+    """scontrol on PATH: its expansion wins (here a host the parser could not guess); when
+    it fails, or is not on PATH, the parser answers."""
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    fake_scontrol(tmp_path / "bin", "node-b\\nnode-a\\n")
+    assert first_host("gpu[07-09]") == "node-b"
+    assert (tmp_path / "bin/args").read_text() == "show hostnames gpu[07-09]\n"
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+           "SLURM_STEP_NODELIST": "gpu[07-08]"}  # fmt: skip
+    assert resolve(env).master_addr == "node-b"
+    fake_scontrol(tmp_path / "bin", "", code=1)
+    assert first_host("gpu[07-09]") == "gpu07"
+    (tmp_path / "bin/scontrol").unlink()
+    assert first_host("rack[1-2]-n[01-04]") == "rack1-n01"
 
 
 def test_srun_task_of_a_two_node_job():
@@ -212,3 +246,57 @@ def test_the_training_launcher_from_the_jobs_resources():
     ]  # fmt: skip
     with pytest.raises(GptflowError, match="format sqsh runs through Pyxis"):
         train_launcher({"mpi": ""}, 2, sqsh, "/w/img.sqsh", "/w")
+
+
+def test_the_interface_the_ranks_rendezvous_over_reaches_every_rank(tmp_path):
+    """set-resources train_gpt socket_ifname: the launcher's last words set GLOO_SOCKET_IFNAME
+    and NCCL_SOCKET_IFNAME in the environment of the command after them -- under srun, in
+    Apptainer, on one machine -- checked by running the rendered words before a real
+    process; a name that is not an interface is refused with the fix."""
+    import subprocess
+    import sys
+
+    from gptflow.distributed import train_launcher
+
+    ib = ["env", "GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME=ib0"]
+    slurm = {"mpi": "srun", "nodes": 2, "tasks_per_node": 8, "socket_ifname": "ib0"}
+    assert train_launcher(slurm, 12)[-4:] == ["--cpus-per-task=12", *ib]
+    sif = {"format": "sif", "mounts": []}
+    assert train_launcher({"socket_ifname": "ib0"}, 2, sif, "/w/img.sif", "/w")[-4:] == [
+        "/w/img.sif", *ib,
+    ]  # fmt: skip
+    assert train_launcher({"socket_ifname": ""}, 2) == train_launcher({}, 2) == []
+    words = train_launcher({"socket_ifname": "lo,eth0"}, 2)
+    shown = "import os; print(os.environ['GLOO_SOCKET_IFNAME'], os.environ['NCCL_SOCKET_IFNAME'])"
+    out = subprocess.run([*words, sys.executable, "-c", shown], capture_output=True, text=True)
+    assert out.stdout == "lo,eth0 lo,eth0\n", out.stderr
+    for bad in ("ib0 eth0", "ib0;reboot", 3):
+        with pytest.raises(GptflowError, match=r"socket_ifname .* is not a network interface"):
+            train_launcher({"socket_ifname": bad}, 2)
+
+
+def test_the_ranks_on_one_machine_and_their_threads():
+    """After `gptflow train --config RUN.yaml`: with nproc_per_node N > 1 and no srun,
+    --nproc-per-node N and the job's threads shared among the ranks; one rank, or srun
+    (which starts the ranks, each with its own CPUs), keeps every thread; and what the rule
+    renders parses as `gptflow train`'s own options."""
+    from gptflow.cli import build_parser
+    from gptflow.distributed import local_ranks, rank_options
+
+    assert rank_options({"mpi": "", "nproc_per_node": 2}, 2) == [
+        "--nproc-per-node", "2", "--threads", "1",
+    ]  # fmt: skip
+    assert rank_options({"nproc_per_node": 4}, 10) == [
+        "--nproc-per-node", "4", "--threads", "2",
+    ]  # fmt: skip
+    assert rank_options({"nproc_per_node": 8}, 2)[-1] == "1"  # never 0 threads
+    assert rank_options({"nproc_per_node": 1}, 6) == ["--threads", "6"]
+    assert rank_options({"mpi": "srun", "tasks_per_node": 8, "nproc_per_node": 8}, 12) == [
+        "--threads", "12",
+    ]  # fmt: skip
+    assert rank_options({"nproc_per_node": "<TBD>"}, 3) == ["--threads", "3"]
+    assert [local_ranks(None, 0), local_ranks(None, 4), local_ranks(2, 4)] == [1, 4, 2]
+    assert [local_ranks(0, 0), local_ranks(True, 0), local_ranks("2", 3)] == [1, 1, 3]
+    a = build_parser().parse_args(["train", "--config", "r.yaml", *rank_options(
+        {"nproc_per_node": 2}, 2)])  # fmt: skip
+    assert (a.nproc_per_node, a.threads) == (2, 1)

@@ -136,3 +136,35 @@ def test_nproc_per_node_is_refused_inside_a_launcher(tmp_path):
         "(started by torchrun); drop --nproc-per-node, the launcher that started it starts "
         "the ranks"
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [("0,1,2,3", 4), ("", 0), ("-1", 0), ("0,1,-1,2", 2), ("GPU-8f2a,GPU-11bc", 2),
+     ("MIG-4c1e", 1), ("3", 1), ("NoDevFiles", 0)],
+)  # fmt: skip
+def test_cuda_visible_devices_counted_as_cuda_reads_it(value, count):
+    from gptflow.hardware import cuda_visible_count
+
+    assert cuda_visible_count(value) == count
+
+
+def test_the_gpus_planning_counts_without_torch(tmp_path, monkeypatch):
+    """One rank per GPU this machine shows: `nvidia-smi -L`'s GPU lines (MIG lines not
+    counted), no more than CUDA_VISIBLE_DEVICES lets through; none without nvidia-smi. The
+    nvidia-smi here is a stand-in printing what a 4-GPU node's prints: no GPU exists here."""
+    from gptflow.hardware import visible_gpus
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert visible_gpus({}) == (0, "no nvidia-smi on PATH")
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == (2, "CUDA_VISIBLE_DEVICES='0,1'")
+    smi = tmp_path / "nvidia-smi"
+    lines = [f"GPU {i}: NVIDIA A100-SXM4-80GB (UUID: GPU-{i}f2a)" for i in range(4)]
+    lines.insert(1, "  MIG 3g.40gb     Device  0: (UUID: MIG-4c1e)")
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in lines))
+    smi.chmod(0o755)
+    assert visible_gpus({}) == (4, "nvidia-smi -L")
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"})[0] == 2
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})[0] == 4
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert visible_gpus({}) == (0, "nvidia-smi -L exited 9")

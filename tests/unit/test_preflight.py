@@ -121,6 +121,43 @@ def test_one_gpu_on_each_of_several_nodes_and_cpus_against_threads():
     assert "cpus_per_task 4 differs from set-threads train_gpt 12" in warning
 
 
+def test_the_ranks_on_one_machine():
+    """Without srun: nproc_per_node, else one per visible GPU, else one; srun's counts when
+    the profile gives mpi (nproc_per_node is then not what starts the ranks)."""
+    assert [Placement().ranks, Placement(gpus=4).ranks, Placement(nproc_per_node=2).ranks,
+            Placement(nproc_per_node=2, gpus=8).ranks] == [1, 4, 2, 2]  # fmt: skip
+    assert Placement(mpi="srun", tasks=4, nproc_per_node=2).ranks == 4
+    assert SLURM.ranks == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"nproc_per_node": "two"}, r"nproc_per_node is 'two'; expected the number of training "
+         r"ranks to start on this machine \(one per GPU\), e.g. --set-resources "
+         r"train_gpt:nproc_per_node=2"),
+        ({"nproc_per_node": 0}, "nproc_per_node is 0; expected the number"),
+        ({"nproc_per_node": 8, "gpus": 4, "gpus_source": "nvidia-smi -L"}, r"nproc_per_node is "
+         r"8, but this machine shows 4 GPU\(s\) \(nvidia-smi -L\); gptflow runs one rank per "
+         r"GPU: set nproc_per_node to at most 4"),
+    ],
+)  # fmt: skip
+def test_local_launches_that_cannot_run_are_refused(change, message):
+    with pytest.raises(GptflowError, match=message):
+        preflight.check_launch(Placement(**change))
+
+
+def test_local_launches_that_can_run():
+    """As many CPU ranks as asked where no GPU shows; up to one per GPU where some do."""
+    for p in (
+        Placement(nproc_per_node=3, gpus=0),
+        Placement(nproc_per_node=4, gpus=4),
+        Placement(gpus=2),
+        Placement(mpi="srun", tasks=8, gpus=2, nproc_per_node=9),
+    ):
+        assert preflight.check_launch(p) == []  # fmt: skip
+
+
 def test_placeholders_are_named():
     shipped = dataclasses.replace(
         SLURM, settings=(("default-resources slurm_account", "<account>"),
@@ -143,7 +180,7 @@ def test_a_batch_the_ranks_cannot_split_names_the_fixes():
         "train.global_batch_size 16 is not a multiple of train.micro_batch_size 8 x 16 ranks = "
         "128: a step is whole micro-batches on every data-parallel rank; set "
         "train.global_batch_size a multiple of 128, or train.micro_batch_size one of [1], or "
-        "fewer ranks (the profile's nodes x tasks_per_node)"
+        "fewer ranks (the profile's nodes x tasks_per_node, or nproc_per_node on one machine)"
     )
 
 

@@ -605,6 +605,62 @@ def test_sigkilled_trainer_resumes_from_its_last_checkpoint(
     assert train_steps == list(range(5, 155, 5)), "metrics.jsonl must hold one trajectory"
 
 
+def test_two_local_ranks_through_the_local_profile_save_exit_75_and_resume(
+    pipeline_copy, write_config, tiny, snakemake
+):
+    """`--set-resources train_gpt:nproc_per_node=2` on profiles/local: train_gpt starts two
+    gloo ranks through `gptflow train --nproc-per-node 2`, the job's 2 cores shared (one
+    thread each). SIGTERM to that launcher (as a stopped workstation or `kill` sends it) makes
+    both ranks save their ZeRO-1 partitions and exit 75, and Snakemake sees exit status 75;
+    the rerun resumes on two ranks and finishes."""
+    import psutil
+
+    wd, _ = pipeline_copy
+    two = copy.deepcopy(tiny)
+    two["run"] = "tiny-2"
+    two["train"].update(zero_stage=1, train_iters=60, save_interval=5, eval_interval=100)
+    config = write_config(wd / "two.yaml", two)
+    run_dir = wd / "results/runs/tiny-2"
+    ranks = ["train", "--set-resources", "train_gpt:nproc_per_node=2"]
+    proc = subprocess.Popen(
+        snakemake_cmd(wd, config, *ranks), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(run_dir.glob("checkpoints/*/latest")):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        rank0 = psutil.Process(json.loads((run_dir / "train.lock").read_text())["pid"])
+        launcher = rank0.parent()
+        assert "--nproc-per-node" in launcher.cmdline(), launcher.cmdline()
+        launcher.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    log = (wd / "logs/train_gpt/tiny-2.log").read_text()
+    assert proc.returncode != 0
+    started = "gptflow train --config results/runs/tiny-2/run.yaml --nproc-per-node 2 --threads 1"
+    assert started in out
+    assert "exit status 75" in out, out[-3000:]
+    assert "the 2 ranks saved and stopped; exiting 75" in log, log[-3000:]
+    assert not (run_dir / "DONE.json").exists()
+    stopped = int(log.split("saved step ")[1].split(";")[0])
+
+    rerun = snakemake(wd, config, *ranks)
+    assert rerun.returncode == 0, rerun.out[-3000:]
+    log = (wd / "logs/train_gpt/tiny-2.log").read_text()
+    assert f"resuming from step {stopped};" in log
+    assert "2 ranks (torchrun)" in log
+    done = json.loads((run_dir / "DONE.json").read_text())
+    assert done["final_step"] == 60
+    step = wd / done["checkpoint"]
+    assert json.loads((step / "COMPLETE").read_text())["layout"]["world_size"] == 2
+    assert sorted(p.name for p in step.glob("zero_pp_rank_*_optim_states.pt")) == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]  # fmt: skip
+
+
 def test_snakemake_lint_is_clean(repo):
     out = subprocess.run(
         [str(BIN / "snakemake"), "--lint", "--snakefile", str(repo / "Snakefile")],
