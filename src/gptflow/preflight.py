@@ -504,21 +504,10 @@ def activation_bytes(
     return terms
 
 
-# Room the estimate leaves for what it does not see, on top of its terms:
-# - CUDA context, cuBLAS/cuDNN workspaces and NCCL's communication buffers: a fixed amount a
-#   rank loses before its first tensor (NCCL_BUFFSIZE is 4 MiB a channel and peer; the context
-#   is a few hundred MB). Not measured here (no GPU): a round figure, on the safe side.
-RUNTIME_OVERHEAD_BYTES = 2 * GIB
-# - the caching allocator's fragmentation at the peak: DeepSpeed's activation-offload planner
-#   leaves 10 % of device memory to the allocator (MARGIN and MIN_MEASURED_MARGIN in
-#   deepspeed/compile/passes/offload_activation.py: "what a margin has to cover is peak-time
-#   fragmentation", calibrated there on GPUs).
-FRAGMENTATION_SHARE = 0.10
-
-
-def fit_margin(gpu_bytes: int) -> int:
-    """Bytes of a GPU the estimate leaves free: runtime overhead plus fragmentation."""
-    return RUNTIME_OVERHEAD_BYTES + int(FRAGMENTATION_SHARE * gpu_bytes)
+# The margin a fit leaves free: gptflow.sizing's (one home, shared with the evaluation).
+RUNTIME_OVERHEAD_BYTES = sizing.RUNTIME_OVERHEAD_BYTES
+FRAGMENTATION_SHARE = sizing.FRAGMENTATION_SHARE
+fit_margin = sizing.fit_margin
 
 
 @dataclass(frozen=True)
@@ -621,8 +610,8 @@ def after_training(m: ModelConfig, seq_length: int, p: Placement, eval_cfg: dict
             f"  WARNING: evaluating {m.num_parameters():,} parameters needs {plan.gpus} GPU(s) "
             f"of {gpu_mb / 1024:.0f} GiB in bf16 on one node, a node of train_gpt's partition "
             f"has {node}; evaluation across nodes is not supported, so the evaluate job will "
-            "stop with this message: build the train and export targets (snakemake ... train "
-            "export) and evaluate the export on a machine that holds it"
+            "not run (Slurm refuses its GPUs): build the train and export targets (snakemake "
+            "... train export) and evaluate the export on a machine that holds it"
         )
     windows, prompts = eval_cfg.get("max_windows", 256), len(eval_cfg.get("prompts", []))
     minutes = sizing.eval_runtime_min(

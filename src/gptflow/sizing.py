@@ -24,10 +24,18 @@ from gptflow.config import ModelConfig
 MIB = 2**20
 GIB = 2**30
 EVAL_BATCH = 8  # windows per forward pass
-# What a process loses on a GPU before its first tensor: the CUDA context (300-500 MB), cuBLAS
-# workspaces and the caching allocator's fragmentation; the same figure as the training check
-# (gptflow.preflight.RUNTIME_OVERHEAD_BYTES)
-GPU_OVERHEAD_BYTES = 2 * GIB
+# Room the estimate leaves for what it does not see, on top of its terms:
+# - CUDA context, cuBLAS/cuDNN workspaces and NCCL's communication buffers: a fixed amount a
+#   rank loses before its first tensor (NCCL_BUFFSIZE is 4 MiB a channel and peer; the context
+#   is a few hundred MB). Not measured here (no GPU): a round figure, on the safe side.
+RUNTIME_OVERHEAD_BYTES = 2 * GIB
+# - the caching allocator's fragmentation at the peak: DeepSpeed's activation-offload planner
+#   leaves 10 % of device memory to the allocator (MARGIN and MIN_MEASURED_MARGIN in
+#   deepspeed/compile/passes/offload_activation.py: "what a margin has to cover is peak-time
+#   fragmentation", calibrated there on GPUs).
+FRAGMENTATION_SHARE = 0.10
+
+
 # Host memory of a job besides its tensors: Python, torch, tokenizers, the shard index
 HOST_OVERHEAD_BYTES = 2 * GIB
 # Sequential read + write of the fp32 weights by the export (a parallel file system gives a
@@ -39,10 +47,12 @@ LOAD_BYTES_PER_S = 500 * 10**6
 # peak (a bf16 A100: 312 TFLOP/s); generations add a few forward passes per new token
 EVAL_TFLOPS = 312 * 0.2
 MIN_RUNTIME_MIN = 10  # a job's floor: start-up, imports, the shard index
-# Planned against this fraction of a GPU's memory: the caching allocator rounds and splits
-# blocks (fragmentation of 5-10 % is common in long runs), and the estimate does not see
-# temporaries of the attention kernel
-GPU_MEMORY_USABLE = 0.9
+
+
+def fit_margin(gpu_bytes: int) -> int:
+    """Bytes of a GPU an estimate leaves free: runtime overhead plus fragmentation (training's
+    fit check and the evaluation's plan alike)."""
+    return RUNTIME_OVERHEAD_BYTES + int(FRAGMENTATION_SHARE * gpu_bytes)
 
 
 @dataclass(frozen=True)
@@ -51,12 +61,12 @@ class EvalPlan:
 
     dtype: str  # "fp32" or "bf16"
     gpus: int  # devices the layers are placed over (1: the whole model on one)
-    device_bytes: int  # the most loaded device's memory: its weights, the logits, overhead
-    gpu_bytes: int  # one GPU's memory, planned against (GPU_MEMORY_USABLE of it)
+    device_bytes: int  # the most loaded device's tensors: its weights, the logits
+    gpu_bytes: int  # one GPU's memory, planned against (less fit_margin)
 
     @property
     def fits(self) -> bool:
-        return self.device_bytes <= GPU_MEMORY_USABLE * self.gpu_bytes
+        return self.device_bytes + fit_margin(self.gpu_bytes) <= self.gpu_bytes
 
 
 def logits_bytes(model: ModelConfig, seq_length: int, batch: int = EVAL_BATCH) -> int:
@@ -67,12 +77,12 @@ def logits_bytes(model: ModelConfig, seq_length: int, batch: int = EVAL_BATCH) -
 def eval_plan(
     model: ModelConfig, seq_length: int, gpu_bytes: int, batch: int = EVAL_BATCH
 ) -> EvalPlan:
-    """fp32 on one GPU of `gpu_bytes` when the weights, logits and overhead fit in
-    :data:`GPU_MEMORY_USABLE` of it; otherwise bf16 on the fewest GPUs whose shares of the
+    """fp32 on one GPU of `gpu_bytes` when the weights and logits fit with
+    :func:`fit_margin` left free; otherwise bf16 on the fewest GPUs whose shares of the
     weights fit (the last holds the logits too)."""
     n = model.num_parameters()
-    fixed = logits_bytes(model, seq_length, batch) + GPU_OVERHEAD_BYTES
-    usable = GPU_MEMORY_USABLE * gpu_bytes
+    fixed = logits_bytes(model, seq_length, batch)
+    usable = gpu_bytes - fit_margin(gpu_bytes)
     if 4 * n + fixed <= usable:
         return EvalPlan("fp32", 1, 4 * n + fixed, gpu_bytes)
     # layers are whole: a device holds ceil(layers / gpus) of them and the embedding or head
