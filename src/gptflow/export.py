@@ -566,13 +566,3 @@ def export_hf(
         f"file(s), step {done['final_step']}"
     )
     return {"dir": str(out), "parameters": params, "step": done["final_step"], "files": len(plan)}
-
-
-def __getattr__(name: str):
-    """The evaluation moved to gptflow.evaluate; ``from gptflow.export import load_model``
-    (and token_stream, perplexity, greedy, evaluate) keeps working."""
-    if name in {"load_model", "token_stream", "perplexity", "greedy", "evaluate"}:
-        import importlib
-
-        return getattr(importlib.import_module("gptflow.evaluate"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

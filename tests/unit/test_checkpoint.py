@@ -141,3 +141,26 @@ def test_a_requeued_job_takes_over_the_lock_of_its_own_earlier_run(tmp_path, mon
     )
     with pytest.raises(GptflowError, match=r"another trainer is running this run \(host node7"):
         RunLock(path).acquire()  # same run of the job, another node: its heartbeat is fresh
+
+
+def test_a_requeued_job_never_takes_over_a_different_live_jobs_lock(tmp_path, monkeypatch):
+    """Requeued job 777 (restart 1) meets a lock of job 555's first run: not its own earlier
+    run, so the requeue rule does not apply and 555 is alive -- by its live pid on this host,
+    or by a fresh heartbeat on another host with no Slurm to ask. The lock is refused, not
+    taken over: two trainers never share a run."""
+    path = tmp_path / "train.lock"
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no squeue, no scontrol
+    for holder in (
+        {"host": socket.gethostname(), "pid": os.getppid(), "slurm_job_id": "555"},
+        {"host": "node7", "pid": 4242, "slurm_job_id": "555", "slurm_restart_count": 0},
+    ):
+        path.write_text(json.dumps(holder))
+        assert RunLock(path).stale_reason(holder) is None
+        with pytest.raises(
+            GptflowError, match=rf"another trainer is running this run \(host {holder['host']}, "
+            rf"pid {holder['pid']}, Slurm job 555\)"
+        ):  # fmt: skip
+            RunLock(path).acquire()
+        assert json.loads(path.read_text()) == holder  # left as it was

@@ -32,7 +32,21 @@ def module_graph(root: Path = SRC) -> dict[str, set[str]]:
                         edges[m].add(target)
             elif isinstance(node, ast.Import):
                 edges[m].update(a.name for a in node.names if a.name in mods and a.name != m)
+            elif (name := imported_by_name(node)) in mods and name != m:
+                edges[m].add(name)  # importlib.import_module("gptflow.x"): an import all the same
     return edges
+
+
+def imported_by_name(node: ast.AST) -> str | None:
+    """The module of an ``importlib.import_module("...")`` (or ``__import__``) call with a
+    literal name, else None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    f, name = node.func, node.args[0]
+    called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+    if called not in ("import_module", "__import__") or not isinstance(name, ast.Constant):
+        return None
+    return name.value if isinstance(name.value, str) else None
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -84,6 +98,16 @@ def test_a_circle_is_found(tmp_path):
     (pkg / "data" / "tokenize.py").write_text("from gptflow.config import f\n")
     (pkg / "model.py").write_text("from . import config\n")
     assert cycles(module_graph(pkg)) == [["gptflow.config", "gptflow.data.tokenize"]]
+    # a module __getattr__ forwarding names through importlib is an import too
+    (pkg / "export.py").write_text(
+        "import importlib\n\n\ndef __getattr__(name):\n"
+        "    return getattr(importlib.import_module('gptflow.evaluate'), name)\n"
+    )
+    (pkg / "evaluate.py").write_text("def f():\n    from gptflow.export import g\n")
+    assert cycles(module_graph(pkg)) == [
+        ["gptflow.config", "gptflow.data.tokenize"],
+        ["gptflow.evaluate", "gptflow.export"],
+    ]
 
 
 def test_the_token_dtype_threshold_has_one_home(tmp_path):

@@ -7,9 +7,11 @@ import dataclasses
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from gptflow import preflight
 from gptflow.config import ModelConfig, TrainConfig
@@ -60,8 +62,81 @@ def test_slurm_time_limits(limit, minutes):
     assert preflight.minutes(limit) == minutes
 
 
+# How the train_gpt rule reads profiles/slurm (rules/setup.smk, profile_placement): the keys of
+# set-resources train_gpt checked against sinfo, and those that are not a node's resource
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "slurm" / "config.yaml"
+CHECKED_AGAINST_SINFO = {"slurm_partition", "nodes", "tasks_per_node", "gres", "mem_mb", "runtime"}
+NOT_IN_SINFO = {
+    "gpu_mem_mb": "one GPU's memory: the fit check of the model, sinfo does not list it",
+    "mpi": "how the rule starts the ranks",
+    "slurm_extra": "sbatch options (the signal before the time limit, --exclusive)",
+}
+
+
+def shipped_profile(names: dict[str, str]) -> tuple[Placement, dict[str, int], dict]:
+    """(train_gpt's Placement, the runtimes, evaluate's set-resources) of profiles/slurm as
+    shipped, its placeholders filled with `names` (account, cpu, gpu) as the quick start says."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    fill = {"<account>": names["account"], "<cpu partition>": names["cpu"],
+            "<gpu partition>": names["gpu"]}  # fmt: skip
+    default = {k: fill.get(v, v) for k, v in profile["default-resources"].items()}
+    rules = {
+        r: {k: fill.get(v, v) for k, v in res.items()}
+        for r, res in profile["set-resources"].items()
+    }
+    train = rules["train_gpt"]
+    assert set(train) == CHECKED_AGAINST_SINFO | set(NOT_IN_SINFO), sorted(train)
+    placement = Placement(
+        executor="slurm", nodes=train["nodes"], tasks_per_node=train["tasks_per_node"],
+        gres=train["gres"], threads=profile["set-threads"]["train_gpt"], mem_mb=train["mem_mb"],
+        partition=train["slurm_partition"], mpi=train["mpi"], gpu_mem_mb=train["gpu_mem_mb"],
+        settings=(("default-resources slurm_account", default["slurm_account"]),
+                  ("default-resources slurm_partition", default["slurm_partition"]),
+                  ("set-resources train_gpt slurm_partition", train["slurm_partition"])),
+    )  # fmt: skip
+    runtimes = {"default-resources runtime": default["runtime"],
+                "set-resources train_gpt runtime": train["runtime"]}  # fmt: skip
+    return placement, runtimes, {**rules["evaluate"], "threads": profile["set-threads"]["evaluate"]}
+
+
 def test_the_shipped_profiles_fit_a_cluster_that_has_what_it_asks_for():
-    preflight.check_cluster(SLURM, "cpu", preflight.parse_sinfo(SINFO), {"acct"}, {"x": 2880})
+    """profiles/slurm as shipped (placeholders filled) against a cluster of exactly what it
+    asks: it fits; a cluster short of any one thing -- a GPU, a CPU, a MB, a node, a minute
+    of either partition's time limit -- is refused, naming the profile key to lower."""
+    names = {"account": "acct", "cpu": "cpu", "gpu": "gpu"}
+    p, runtimes, evaluate = shipped_profile(names)
+    assert (p.nodes, p.tasks_per_node, p.gpus_per_node, p.threads) == (1, 8, 8, 12)
+    cpu_runtime, train_runtime = runtimes.values()
+    have = {"gpus": p.gpus_per_node, "cpus": p.threads * p.tasks_per_node, "mem": p.mem_mb,
+            "nodes": p.nodes, "minutes": train_runtime, "cpu minutes": cpu_runtime}  # fmt: skip
+
+    def cluster(**short) -> list[PartitionNodes]:
+        h = {k: v - short.get(k.replace(" ", "_"), 0) for k, v in have.items()}
+        return preflight.parse_sinfo(
+            f"cpu*|(null)|4|64|256000|up|{h['cpu minutes']}\n"
+            f"gpu|gpu:h100:{h['gpus']}(S:0-1)|{h['nodes']}|{h['cpus']}|{h['mem']}|up|"
+            f"{h['minutes']}\n"
+        )
+
+    preflight.check_cluster(p, names["cpu"], cluster(), {"acct"}, runtimes)
+    # evaluate runs on the training partition's nodes, with its set-threads within one's CPUs
+    assert evaluate["slurm_partition"] == p.partition
+    assert evaluate["threads"] <= have["cpus"]
+    for short, names_the_key in [
+        ({"gpus": 1}, r"asks for 8 gres GPUs per node but the nodes of partition 'gpu' have "
+                      r"at most 7; lower gres"),
+        ({"cpus": 1}, r"asks for 96 CPUs per node \(set-threads train_gpt 12 x 8 ranks per node\) "
+                      r"but the nodes of partition 'gpu' have at most 95; lower set-threads"),
+        ({"mem": 1}, r"asks for 480000 MB of memory per node but the nodes of partition 'gpu' "
+                     r"have at most 479999; lower mem_mb"),
+        ({"nodes": 1}, r"set-resources train_gpt nodes 1, but partition 'gpu' has 0"),
+        ({"minutes": 1}, r"profile set-resources train_gpt runtime is 2880 minutes, beyond "
+                         r"partition 'gpu''s time limit of 2879 minutes"),
+        ({"cpu_minutes": 1}, r"profile default-resources runtime is 120 minutes, beyond "
+                             r"partition 'cpu''s time limit of 119 minutes"),
+    ]:  # fmt: skip
+        with pytest.raises(GptflowError, match=names_the_key):
+            preflight.check_cluster(p, names["cpu"], cluster(**short), {"acct"}, runtimes)
 
 
 @pytest.mark.parametrize(

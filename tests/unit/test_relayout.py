@@ -116,6 +116,16 @@ def test_which_layout_changes_load_how(tmp_path):
     assert resume_mode(layout(4, 1, pp=2), layout(4, 1, pp=2), tmp_path) == "native"
     assert resume_mode(layout(2, 1, pp=2), layout(1, 1), tmp_path) == "universal"
     assert resume_mode(layout(2, 2), layout(4, 1, pp=4), tmp_path) == "universal"
+    # the same ranks and ZeRO stage, the model split another way: every rank's slices differ
+    # (pipeline parallel runs at ZeRO 1 only: TrainConfig)
+    for saved, now in [
+        (layout(4, 1, pp=2), layout(4, 1)),  # pipeline only
+        (layout(4, 1), layout(4, 1, pp=4)),
+        (layout(4, 1, tp=2), layout(4, 1, pp=2)),  # tensor <-> pipeline
+        *[(layout(4, z, tp=2), layout(4, z)) for z in (1, 2)],  # tensor only
+        *[(layout(4, z, tp=2), layout(4, z, tp=4)) for z in (1, 2)],
+    ]:
+        assert resume_mode(saved, now, tmp_path) == "universal", (saved, now)
     for saved, now, message in [
         (layout(2, 1), layout(2, 0), "Set train.zero_stage 1 and train.tensor_parallel 1"),
         (layout(1, 0), layout(1, 2), "Set train.zero_stage 0 and train.tensor_parallel 1"),

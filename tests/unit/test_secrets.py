@@ -307,6 +307,24 @@ def test_origins_default_to_the_primary_urls_and_are_normalised():
     assert url_dataset(["http://10.0.0.1/a.jsonl"]).token_origins == ()
 
 
+def test_without_auth_origins_the_token_never_goes_to_a_mirror():
+    """The default scope is the primary URLs' origins only: a mirror on another host (or
+    another port of the same host) does not get the token, and the download job is told so
+    (its --token-origin words name the primary's origin alone)."""
+    d = url_dataset(
+        ["https://hf.example/a.jsonl", "https://hf.example/b.jsonl"], {"token_env": ENV},
+        mirrors=["https://mirror.example/a.jsonl", "https://hf.example:8443/a.jsonl"],
+    )  # fmt: skip
+    assert d.token_origins == ("https://hf.example",)
+    assert d.remote_files["a.jsonl"].mirror_args() == [
+        "--mirror", "https://mirror.example/a.jsonl", "--mirror", "https://hf.example:8443/a.jsonl"
+    ]  # fmt: skip
+    assert d.token_origin_args() == ["--token-origin", "https://hf.example"]
+    assert token_origins({"token_env": ENV}, ["https://hf.example/a"], "w") == (
+        "https://hf.example",
+    )
+
+
 def test_a_token_that_could_never_be_sent_is_a_plan_time_error():
     with pytest.raises(GptflowError) as e:
         url_dataset(["http://10.0.0.1:8080/a.jsonl"], {"token_env": ENV})

@@ -167,7 +167,7 @@ def test_the_export_loads_in_transformers_with_logit_parity(pipeline):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gptflow.export import greedy, load_model, token_stream
+    from gptflow.evaluate import greedy, load_model, token_stream
     from gptflow.run_config import RunConfig
 
     wd, _, _, _ = pipeline
