@@ -190,6 +190,7 @@ def profile_placement():
         ("default-resources slurm_account", profile_value("all", "slurm_account")),
         ("default-resources slurm_partition", profile_value("all", "slurm_partition")),
         ("set-resources train_gpt slurm_partition", profile_value("train_gpt", "slurm_partition")),
+        ("set-resources evaluate slurm_partition", profile_value("evaluate", "slurm_partition")),
     ]
     executor = "slurm" if profile_value("train_gpt", "slurm_partition") else "local"
     mpi = str(profile_value("train_gpt", "mpi") or "")

@@ -64,6 +64,7 @@ TEST_CLUSTER = {
             "gres": "gpu:2",
             "mem_mb": 4000,
             "gpu_mem_mb": 81920,
-        }
+        },
+        "evaluate": {"slurm_partition": "debug"},
     },
 }
