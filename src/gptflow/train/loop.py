@@ -86,14 +86,14 @@ def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: in
     tr = build(cfg, dev, rank, launcher, exit_interval)
     prog = resume(tr)
     if prog.step == 0:
-        evaluate_and_log(tr, 0)
+        evaluate_and_log(tr, prog)
     while prog.step < t.train_iters:
-        train_step(tr, prog)
+        timed_step(tr, prog)
         stop = stop_reason(tr, prog.step)
         if prog.step % t.log_interval == 0 or prog.step == t.train_iters:
             log_progress(tr, prog)
         if prog.step % t.eval_interval == 0 or prog.step == t.train_iters:
-            evaluate_and_log(tr, prog.step)
+            evaluate_and_log(tr, prog)
         if stop or prog.step % t.save_interval == 0 or prog.step == t.train_iters:
             save(tr, prog)
         if stop:
@@ -300,6 +300,17 @@ def micro_batch_start(t, step: int, micro: int, rank: int, world: int) -> int:
     return step * t.global_batch_size + (micro * world + rank) * t.micro_batch_size
 
 
+WARM_UP = "the warm-up step"  # the attempt's first: allocations, DeepSpeed's lazy set-up
+
+
+def timed_step(tr: Trainer, prog: Progress) -> None:
+    """:func:`train_step`; the attempt's first step is warm-up, left out of the throughput."""
+    started = time.perf_counter()
+    train_step(tr, prog)
+    if prog.step == prog.first_step + 1:
+        prog.interval.leave_out(time.perf_counter() - started, WARM_UP, steps=1)
+
+
 def train_step(tr: Trainer, prog: Progress) -> None:
     """One optimizer step: `gas` micro-batches forward and backward, then the update."""
     t = tr.cfg.train
@@ -378,9 +389,10 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
             tr.series.dir.mkdir(parents=True, exist_ok=True)
             write_json(tr.series.dir / DIVERGED, {"step": prog.step, "message": message})
         raise GptflowError(message)
+    timed_steps, seconds = prog.interval.timed()
     speed = Throughput.measure(
-        prog.interval.steps,
-        time.perf_counter() - prog.interval.started,
+        timed_steps,
+        seconds,
         t.tokens_per_step,
         tr.flops_per_token,
         tr.dev.world_size,
@@ -401,6 +413,8 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
         "tokens_per_s": speed.tokens_per_s,
         "tflops_per_device": speed.tflops_per_device,
         "mfu": speed.mfu,
+        "timed_steps": timed_steps,  # the steps the four figures above are over
+        "timing_excludes": prog.interval.left_out,  # what their time leaves out
         "loss_scale": ds.loss_scale(tr.engine),
         "skipped_iters": ds.skipped_steps(tr.engine),
         "nan_iters": int(nan_iters),
@@ -445,8 +459,9 @@ def forward_loss(tr: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return tr.engine(x, y).detach()
 
 
-def evaluate_and_log(tr: Trainer, step: int) -> None:
-    t = tr.cfg.train
+def evaluate_and_log(tr: Trainer, prog: Progress) -> None:
+    """Evaluate, log the result; its time is left out of the log interval's throughput."""
+    t, step = tr.cfg.train, prog.step
     if t.eval_iters == 0 or tr.valid_data is None:
         return
     started = time.perf_counter()
@@ -461,6 +476,7 @@ def evaluate_and_log(tr: Trainer, step: int) -> None:
             time.perf_counter() - started,
         )
         tr.metrics.write({"step": step, "kind": "eval", "val_loss": loss, "val_ppl": ppl})
+    prog.interval.leave_out(time.perf_counter() - started, "evaluation")
 
 
 # ----------------------------------------------------------------------------- saving, stopping
@@ -479,7 +495,7 @@ def save(tr: Trainer, prog: Progress) -> None:
     path = tr.series.save(tr.engine, prog.step, client, tr.rank, tr.dev.barrier, layout(tr))
     if tr.rank == 0:
         log.info("saved checkpoint %s in %.2f s", path, time.perf_counter() - started)
-    prog.interval.started += time.perf_counter() - started  # throughput excludes the save
+    prog.interval.leave_out(time.perf_counter() - started, "checkpoint saves")
 
 
 def announce_stop(tr: Trainer, step: int, reason: str) -> int:
