@@ -129,9 +129,8 @@ def build(
     torch.manual_seed(t.seed)  # identical initialisation on every rank
     with initial_weights(cfg, rank, resume_from) as init:
         model = ds.build_model(cfg.model, t, dev.world_size, dev.device, init)
-    engine = ds.build_engine(
-        model, decay_groups(model, t.weight_decay), t, dev.world_size, mode == "universal"
-    )
+    groups = decay_groups(model, t.weight_decay)
+    engine = ds.build_engine(model, groups, t, dev.world_size, mode == "universal", dev.device)
     if t.pipeline_parallel > 1 and engine.grid.get_data_parallel_rank() != t.data_parallel_rank(
         rank, dev.world_size
     ):  # the data order assumes DeepSpeed's pipe-major layout of the ranks
@@ -141,6 +140,13 @@ def build(
             f"{t.data_parallel_rank(rank, dev.world_size)}; this DeepSpeed lays ranks out "
             f"differently (report it with the DeepSpeed version)"
         )
+    gas = t.grad_accum_steps(dev.world_size)
+    if rank == 0 and t.precision == "fp16" and gas > 1 and ds.grad_accum_dtype(t) is None:
+        log.warning(
+            "train.precision fp16 at train.zero_stage 0: DeepSpeed sums the %d micro-batches' "
+            "gradients in fp16 (it refuses fp32 sums without ZeRO); train.zero_stage 1 sums "
+            "them in fp32", gas,
+        )  # fmt: skip
     peak, source = peak_tflops(dev.name, t.peak_tflops)
     if rank == 0 and t.compile and engine.is_compiled:
         log.info("model compiled (torch.compile through DeepSpeed's engine.compile)")
@@ -155,7 +161,7 @@ def build(
         series=series,
         train_data=data["train"],
         valid_data=data["valid"],
-        gas=t.grad_accum_steps(dev.world_size),
+        gas=gas,
         flops_per_token=cfg.model.flops_per_token(t.seq_length),
         peak_tflops=peak,
         exit_interval=exit_interval,
@@ -376,8 +382,10 @@ def stop_reason(tr: Trainer, step: int) -> str | None:
 def log_progress(tr: Trainer, prog: Progress) -> None:
     """The log line and metrics record of the interval: the loop's one host sync."""
     t = tr.cfg.train
-    extra = [prog.grad_norm] if prog.grad_norm is not None else []
-    loss, nan_iters, nan_streak, *norm = prog.interval.read(*extra)
+    norm = prog.grad_norm if prog.grad_norm is not None else ds.global_grad_norm(tr.engine)
+    on_device = isinstance(norm, torch.Tensor)
+    loss, nan_iters, nan_streak, *read = prog.interval.read(*([norm] if on_device else []))
+    norm = read[0] if on_device else norm  # a float or None already
     if nan_streak > MAX_NAN_STREAK:
         message = (
             f"the loss was NaN or infinite for {int(nan_streak)} steps in a row (steps "
@@ -406,7 +414,7 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
         "tokens": consumed * t.seq_length,
         "loss": loss,
         "lr": prog.lr,
-        "grad_norm": norm[0] if norm else ds.global_grad_norm(tr.engine),
+        "grad_norm": norm,
         "global_batch_size": t.global_batch_size,
         "world_size": tr.dev.world_size,
         "ms_per_step": speed.ms_per_step,
