@@ -443,28 +443,37 @@ def evaluate(tr: Trainer, dataset) -> float:
     # a model-parallel group evaluates the same rows
     rank = t.data_parallel_rank(tr.rank, tr.dev.world_size)
     per_rank = t.global_batch_size // t.data_parallel_size(tr.dev.world_size)
+    parts = [  # (first sample, sequences) of each of this rank's micro-batches
+        (it * t.global_batch_size + rank * per_rank + off, min(t.micro_batch_size, per_rank - off))
+        for it in range(t.eval_iters)
+        for off in range(0, per_rank, t.micro_batch_size)
+    ]
     sums = tr.dev.zeros(2)  # [loss x sequences, sequences]
     tr.engine.eval()
     with torch.no_grad():
-        for it in range(t.eval_iters):
-            base = it * t.global_batch_size + rank * per_rank
-            for off in range(0, per_rank, t.micro_batch_size):
-                n = min(t.micro_batch_size, per_rank - off)
-                x, y = batch(dataset, base + off, n, tr.dev)
-                sums[0] += forward_loss(tr, x, y) * n
+        if t.pipeline_parallel > 1:
+            sequences = sum(n for _, n in parts)
+            sums[0] += pipeline_eval_loss(tr, dataset, parts) * sequences
+            sums[1] += sequences
+        else:
+            for start, n in parts:
+                x, y = batch(dataset, start, n, tr.dev)
+                sums[0] += tr.engine(x, y).detach() * n
                 sums[1] += n
     tr.engine.train()
     total, count = tr.dev.sum_over_ranks(sums).tolist()
     return total / max(1, count)
 
 
-def forward_loss(tr: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loss of one batch without gradients: through the pipeline (``eval_batch``: the
-    last stage's loss, averaged over the data-parallel ranks and sent to every stage) or
-    the module."""
-    if tr.cfg.train.pipeline_parallel > 1:
-        return tr.engine.eval_batch(iter([(x, y)]), num_micro_batches=1).detach().reshape(())
-    return tr.engine(x, y).detach()
+def pipeline_eval_loss(tr: Trainer, dataset, parts: list[tuple[int, int]]) -> torch.Tensor:
+    """The mean loss of all of an evaluation's micro-batches (equal in size: the global batch
+    splits into whole micro-batches) in one pass of DeepSpeed's ``eval_batch`` -- one schedule
+    and one barrier, not one per micro-batch -- the last stage's, averaged over the
+    data-parallel ranks and sent to every stage. The micro-batches are read when the schedule
+    loads them: by the first stage (inputs) and the last (labels) only."""
+    micro_batches = (batch(dataset, start, n, tr.dev) for start, n in parts)
+    loss = tr.engine.eval_batch(micro_batches, num_micro_batches=len(parts))
+    return loss.detach().reshape(())
 
 
 def evaluate_and_log(tr: Trainer, prog: Progress) -> None:
