@@ -79,6 +79,14 @@ def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run, log_interval
         a = [(r["step"], r[key]) for r in records(straight, kind)]
         b = [(r["step"], r[key]) for r in records(resumed, kind)]
         assert a == b  # exact float equality, not approx
+    if log_interval == 4:
+        # tokens/s at step 8 is over steps 7-8: 5 was the last attempt's, 6 is warm-up, and
+        # the evaluation at step 6 is left out
+        (at_8,) = [r for r in records(resumed, "train") if r["step"] == 8]
+        assert at_8["timed_steps"] == 2
+        assert at_8["timing_excludes"] == [
+            "the steps before the resume", "the warm-up step", "evaluation"
+        ]  # fmt: skip
     done_a = json.loads((straight / "DONE.json").read_text())
     done_b = json.loads((resumed / "DONE.json").read_text())
     assert done_a["final_step"] == done_b["final_step"] == 12

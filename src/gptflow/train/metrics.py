@@ -186,7 +186,9 @@ class Interval:
         if saved:
             self.sums.copy_(torch.tensor(saved["sums"], dtype=torch.float64))
             self.steps = int(saved["steps"])
-        self.restart_clock(untimed=self.steps)  # a resumed interval's earlier steps: not timed here
+        self.restart_clock()
+        if self.steps:  # resumed inside an interval: its earlier steps were timed by no one
+            self.leave_out(0.0, "the steps before the resume", steps=self.steps)
 
     def add(self, step_loss: torch.Tensor, micro_batches: int) -> None:
         """`step_loss`: this rank's loss summed over its micro-batches (a device scalar)."""
@@ -209,10 +211,10 @@ class Interval:
         self.steps = 0
         self.restart_clock()
 
-    def restart_clock(self, untimed: int = 0) -> None:
+    def restart_clock(self) -> None:
         self.started = time.perf_counter()
         self.excluded = 0.0  # seconds of the interval that were not training
-        self.untimed = untimed  # steps whose time is not in the interval's (e.g. warm-up)
+        self.untimed = 0  # steps whose time is not in the interval's (e.g. warm-up)
         self.left_out: list[str] = []  # what the excluded time was, for the log line
 
     def leave_out(self, seconds: float, what: str, steps: int = 0) -> None:
