@@ -77,12 +77,15 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         # torch AdamW on the offloaded states (DeepSpeedCPUAdam is faster but needs a C++ build)
         cfg["zero_force_ds_cpu_optimizer"] = False
+    if grad_accum_dtype(train) is not None:
+        # gradients summed over micro-batches in fp32, as Megatron does (half-precision sums
+        # lose low bits with every micro-batch); bf16 under ZeRO 1 selects DeepSpeed's
+        # BF16_Optimizer, the other ZeRO cases their separate fp32 accumulation buffers
+        cfg["data_types"] = {"grad_accum_dtype": grad_accum_dtype(train)}
     if train.precision == "bf16":
-        cfg["bf16"] = {"enabled": True}
-        # gradients summed over micro-batches in fp32, as Megatron does (bf16 sums lose
-        # low bits with every micro-batch); under ZeRO 1 this selects DeepSpeed's
-        # BF16_Optimizer, under ZeRO 2/3 their separate fp32 accumulation buffers
-        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+        # check_grad_overflow (DeepSpeed's default, pinned): the ZeRO optimizer skips a step
+        # with a NaN/inf gradient whole, before SkippingAdamW sees any group of it
+        cfg["bf16"] = {"enabled": True, "check_grad_overflow": True}
     elif train.precision == "fp16":
         cfg["fp16"] = {
             "enabled": True,
@@ -95,30 +98,58 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
     return cfg
 
 
-class SkippingAdamW(torch.optim.AdamW):
-    """torch AdamW that skips its update when any gradient is NaN or infinite.
+def grad_accum_dtype(train: TrainConfig) -> str | None:
+    """What DeepSpeed sums the micro-batches' gradients in: fp32 for bf16 and fp16 under
+    ZeRO (stages 1-3); None (the model's dtype) otherwise -- fp32 runs, and fp16 at ZeRO 0,
+    where DeepSpeed 0.19 refuses fp32 sums ("unsupported mix of model_dtype=torch.float16
+    and grad_accum_dtype=torch.float32") and sums in fp16."""
+    half = train.precision in ("bf16", "fp16")
+    return "fp32" if half and train.zero_stage > 0 else None
 
-    It sets ``overflow`` as DeepSpeed's own optimizers do, so under ZeRO 0 the engine counts
-    the step in ``skipped_steps`` and does not advance the learning-rate schedule (Megatron's
-    behaviour for skipped iterations). ZeRO 1/2 already skip such steps before calling it;
-    under ZeRO 3 each rank sees only its partition, so the verdict is agreed on by all ranks.
+
+class SkippingAdamW(torch.optim.AdamW):
+    """torch AdamW whose update is skipped, whole, when any gradient of the step is NaN or
+    infinite on any rank: one verdict per optimizer step, for every parameter group.
+
+    Who decides depends on what DeepSpeed wraps it in (``deepspeed.initialize`` chooses; see
+    :func:`build_engine`):
+
+    - ZeRO 1-3, and fp16/bf16 at any stage: DeepSpeed's own optimizer (``DeepSpeedZeroOptimizer``,
+      ``..._Stage3``, ``BF16_Optimizer``, the fp16 ones) checks the norm of all of the step's
+      gradients, reduced over the data- and model-parallel ranks, before it calls this one
+      (once per parameter group at ZeRO 1/2, per sub-group at ZeRO 3); on a NaN/inf it skips
+      the whole step, counts it in ``engine.skipped_steps`` and holds the learning-rate
+      schedule. This optimizer then only updates: no check, no collective, no host read
+      (checking here, per group, made an all-reduce and a host read per call, and a group's
+      verdict of its own).
+    - ZeRO 0 fp32: it is the engine's optimizer, called once per step with every group. It
+      decides: one flag on `device` (the loop's, also on a rank holding no gradient) from all
+      the groups' gradients, OR-ed over all ranks in one all-reduce (the same collective on
+      every rank), and sets ``overflow`` as DeepSpeed's optimizers do, so the engine counts the
+      step in ``skipped_steps`` and holds the schedule (Megatron's behaviour). The engine reads
+      ``overflow`` as a Python bool after every step, so here the flag is read on the host
+      once per step: DeepSpeed's ZeRO optimizers read theirs likewise (``has_overflow``,
+      ``is_invalid_grad_norm``).
     """
 
     overflow = False
+    decides = True  # False under a DeepSpeed optimizer that decides (build_engine sets it)
+
+    def __init__(self, params, *, device: torch.device, **kwargs) -> None:
+        super().__init__(params, **kwargs)
+        self.device = device
 
     def step(self, closure=None):
+        if not self.decides:
+            return super().step(closure)
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        # on the gradients' device (the rank's GPU, or the CPU under offload; the process
-        # group reduces CPU tensors through gloo)
-        bad = torch.zeros(1, device=grads[0].device if grads else "cpu")
+        bad = torch.zeros((), device=self.device)
         if grads:
             norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-            bad[0] = (~torch.isfinite(norm)).to(bad.dtype)  # on the device, no host sync
+            bad.copy_(~torch.isfinite(norm))  # on the device, no host sync
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        # the one host sync of the step: DeepSpeed reads `overflow` to skip the update and hold
-        # the schedule (its own fp16/ZeRO optimizers, and Megatron's, read found_inf likewise)
-        self.overflow = bool(bad.item())
+        self.overflow = bool(bad)  # what DeepSpeed's engine reads, as a bool (see above)
         if self.overflow:
             return None
         return super().step(closure)
@@ -337,12 +368,16 @@ def build_engine(
     train: TrainConfig,
     world_size: int,
     load_universal: bool = False,
+    device: torch.device | None = None,
 ):
-    """``deepspeed.initialize`` with a torch AdamW and our LR schedule; returns the engine."""
+    """``deepspeed.initialize`` with a torch AdamW and our LR schedule; returns the engine.
+    `device`: the loop's (default: the first parameter's), where the optimizer's skip verdict
+    is made at ZeRO 0."""
     import deepspeed
 
     optimizer = SkippingAdamW(
         param_groups,
+        device=device or next(p.device for g in param_groups for p in g["params"]),
         lr=train.lr,
         betas=(train.adam_beta1, train.adam_beta2),
         eps=train.adam_eps,
@@ -358,6 +393,8 @@ def build_engine(
         lr_scheduler=scheduler,
         config=deepspeed_config(train, world_size, load_universal),
     )
+    # under a DeepSpeed optimizer, that one decides the skip for the whole step (see above)
+    optimizer.decides = engine.optimizer is optimizer
     if train.compile:  # in place: parameter names and checkpoints stay those of the module
         engine.compile()
     if world_size == 1 and train.zero_stage == 0:
@@ -386,11 +423,10 @@ def init_distributed(backend: str | None = None) -> None:
     )
 
 
-def global_grad_norm(engine) -> float | None:
-    norm = engine.get_global_grad_norm()
-    if norm is None:
-        return None
-    return float(norm.item() if hasattr(norm, "item") else norm)
+def global_grad_norm(engine) -> torch.Tensor | float | None:
+    """The last step's gradient norm as DeepSpeed keeps it: a device tensor (read with the
+    log line's other figures), a float (inf after a skipped step), or None."""
+    return engine.get_global_grad_norm()
 
 
 def loss_scale(engine) -> float:

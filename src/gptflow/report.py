@@ -59,9 +59,7 @@ def plot_metrics(metrics: str | os.PathLike, series: str, out_dir: str | os.Path
             ("validation loss", [r["step"] for r in evals], [r["val_loss"] for r in evals]),
         ],
         "lr": [("learning rate", [r["step"] for r in train], [r["lr"] for r in train])],
-        "throughput": [
-            ("tokens/s", [r["step"] for r in train], [r["tokens_per_s"] for r in train])
-        ],
+        "throughput": [("tokens/s", *_present(train, "tokens_per_s"))],
         "mfu": [("MFU (%)", *_present(train, "mfu", 100.0))],
         "grad_norm": [("gradient norm", *_present(train, "grad_norm"))],
     }

@@ -31,11 +31,17 @@ def test_clipping_is_always_explicit():
 def test_precision_sections():
     for stage in (1, 2, 3):
         bf16 = deepspeed_config(TrainConfig(train_iters=1, precision="bf16", zero_stage=stage), 1)
-        assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16
+        # DeepSpeed's ZeRO optimizers skip a step with a NaN/inf gradient whole (pinned: our
+        # SkippingAdamW leaves the verdict to them)
+        assert bf16["bf16"] == {"enabled": True, "check_grad_overflow": True}
+        assert "fp16" not in bf16
         assert bf16["data_types"] == {"grad_accum_dtype": "fp32"}  # Megatron's fp32 sums
+        fp16 = deepspeed_config(TrainConfig(train_iters=1, precision="fp16", zero_stage=stage), 1)
+        assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic scaling
+        assert fp16["data_types"] == {"grad_accum_dtype": "fp32"}  # as for bf16
     assert "data_types" not in deepspeed_config(TrainConfig(train_iters=1), 1)
-    fp16 = deepspeed_config(TrainConfig(train_iters=1, precision="fp16"), 1)
-    assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+    # DeepSpeed refuses fp32 sums of fp16 gradients without ZeRO ("unsupported mix")
+    assert "data_types" not in deepspeed_config(TrainConfig(train_iters=1, precision="fp16"), 1)
 
 
 def test_indivisible_batch_names_the_numbers():
@@ -135,6 +141,152 @@ def test_a_step_with_nan_gradients_is_skipped_at_every_zero_stage():
         assert r["unchanged"] and r["then_trains"] and r["finite"], (stage, r)
     assert {s: result[s]["skipped_steps"] for s in result} == {"0": 1, "1": 1, "2": 1, "3": 1}
     assert all(r["lr_held"] for r in result.values()), result
+
+
+GROUP_SKIP_SCRIPT = r"""
+import collections, json, os, sys
+import torch
+import torch.distributed as dist
+from gptflow import engine as ds
+from gptflow.config import ModelConfig, TrainConfig
+from gptflow.model import GPTNeoX, decay_groups
+import deepspeed
+
+ds.init_distributed()
+rank = dist.get_rank()
+collectives = collections.Counter()  # all-reduces made by gptflow.engine, per layout
+plain = dist.all_reduce
+def counted(*a, **k):
+    if sys._getframe(1).f_code.co_filename == ds.__file__:
+        collectives[layout] += 1
+    return plain(*a, **k)
+dist.all_reduce = counted
+x = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(rank))
+out = {}
+for stage, precision in ((0, "fp32"), (1, "bf16"), (2, "bf16"), (3, "bf16")):
+    layout = f"{stage} {precision}"
+    torch.manual_seed(0)
+    model = GPTNeoX(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=128))
+    t = TrainConfig(train_iters=10, zero_stage=stage, micro_batch_size=2, global_batch_size=4,
+                    lr=1e-2, min_lr=1e-3, lr_warmup_iters=0, precision=precision)
+    eng = ds.build_engine(model, decay_groups(model, 0.1), t, 2)
+    # a LayerNorm weight (the no-decay group) gets a NaN gradient, on rank 1 only
+    poison = {"on": False}
+    norm = next(m for m in eng.module.modules() if isinstance(m, torch.nn.LayerNorm)).weight
+    norm.register_hook(lambda g: g * float("nan") if poison["on"] and rank == 1 else g)
+
+    def params():
+        ps = list(eng.module.parameters())
+        with deepspeed.zero.GatheredParameters(ps, enabled=stage == 3):
+            return [p.detach().float().clone() for p in ps]
+
+    def step():
+        loss = eng(x, x)
+        eng.backward(loss)
+        eng.step()
+
+    step()
+    before, lr = params(), eng.get_lr()[0]
+    poison["on"] = True
+    step()
+    after = params()
+    out[layout] = {
+        "changed": sum(not torch.equal(a, b) for a, b in zip(before, after)),
+        "skipped_steps": eng.skipped_steps,
+        "lr_held": eng.get_lr()[0] == lr,
+        "collectives": collectives[layout],
+    }
+with open(f"{sys.argv[1]}.{rank}", "w") as f:  # a file per rank: printed lines interleave
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+def test_a_nan_in_one_group_on_one_rank_skips_the_whole_step_everywhere(tmp_path):
+    """A NaN gradient in one parameter group (the LayerNorm weights) on one of two gloo ranks:
+    no parameter of either group changes on either rank, the step is counted in DeepSpeed's
+    skipped_steps and the schedule is held, at ZeRO 0 fp32 and ZeRO 1/2/3 bf16. At ZeRO 0
+    gptflow's optimizer decides, in one all-reduce per step (two steps here); under ZeRO 1-3
+    DeepSpeed's optimizer has decided for the whole step before it calls ours, which then
+    makes no collective of its own (it made one per group or sub-group, each read on the
+    host)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "skip.py"
+    script.write_text(GROUP_SKIP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "out")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"out.{rank}").read_text())
+        for layout, r in result.items():
+            assert r["changed"] == 0 and r["skipped_steps"] == 1 and r["lr_held"], (layout, r)
+        collectives = {layout: r["collectives"] for layout, r in result.items()}
+        assert collectives == {"0 fp32": 2, "1 bf16": 0, "2 bf16": 0, "3 bf16": 0}
+
+
+FP16_SCRIPT = r"""
+import json, os, sys
+import torch
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0")
+from gptflow import engine as ds
+from gptflow.config import ModelConfig, TrainConfig
+from gptflow.model import GPTNeoX, decay_groups
+
+ds.init_distributed()
+x = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+out = {}
+for stage in (0, 1, 2, 3):
+    torch.manual_seed(0)
+    model = GPTNeoX(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=128))
+    t = TrainConfig(train_iters=10, zero_stage=stage, micro_batch_size=2, global_batch_size=4,
+                    lr=1e-3, min_lr=1e-4, lr_warmup_iters=0, precision="fp16")
+    eng = ds.build_engine(model, decay_groups(model, 0.1), t, 1)
+    losses = []
+    for step in range(2):
+        for micro in range(2):
+            loss = eng(x, x)
+            eng.backward(loss)
+            eng.step()
+        losses.append(loss.item())
+    sums = getattr(eng.optimizer, "gradient_accumulation_dtype", None)
+    out[stage] = {"losses": losses, "sums": str(sums), "skipped": eng.skipped_steps,
+                  "params": str(next(eng.module.parameters()).dtype)}
+print(json.dumps(out))
+"""
+
+
+def test_fp16_sums_gradients_in_fp32_under_zero():
+    """fp16 (the published layouts' precision) at ZeRO 1/2/3: DeepSpeed's optimizer sums the
+    micro-batches' gradients in fp32, as for bf16, and two steps of two micro-batches train (no
+    skipped step, the loss falls). At ZeRO 0 DeepSpeed refuses fp32 sums of fp16 gradients, so
+    they stay fp16 there (the trainer warns). Real DeepSpeed engines on one gloo rank; the CPU
+    runs fp16 matmuls through oneDNN."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = subprocess.run(
+        [sys.executable, "-c", FP16_SCRIPT, port], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for stage, r in result.items():
+        assert r["params"] == "torch.float16" and r["skipped"] == 0, (stage, r)
+        assert r["losses"][1] < r["losses"][0], (stage, r)
+    assert {s: r["sums"] for s, r in result.items()} == {
+        "0": "None", "1": "torch.float32", "2": "torch.float32", "3": "torch.float32"
+    }  # fmt: skip
 
 
 def test_bf16_without_zero_is_refused_with_the_fix(repo, tiny_config):

@@ -270,6 +270,52 @@ def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make
     ), diffs
 
 
+EVAL_PROBE = """
+import json, os, sys
+from deepspeed.runtime.pipe.engine import PipelineEngine
+from gptflow.train import train
+
+calls = []  # the micro-batches of each eval_batch call
+plain = PipelineEngine.eval_batch
+def counted(self, data_iter, *args, **kwargs):
+    calls.append(kwargs.get("num_micro_batches"))
+    return plain(self, data_iter, *args, **kwargs)
+PipelineEngine.eval_batch = counted
+code = train(sys.argv[1], threads=1)
+with open(f"{sys.argv[2]}.{os.environ['RANK']}", "w") as f:
+    json.dump(calls, f)
+sys.exit(code)
+"""
+
+
+def test_a_pipeline_evaluates_in_one_pass(make_run, tmp_path):
+    """An evaluation through 2 pipeline stages is one ``eval_batch`` with all of its
+    micro-batches (it was one per micro-batch: a serial pass of every stage and a barrier
+    each), and its loss is one rank's, within fp32 rounding of another summation order."""
+    settings = dict(
+        model=NO_DROPOUT, train_iters=2, lr_warmup_iters=1, log_interval=2, eval_interval=2,
+        eval_iters=3, save_interval=100, global_batch_size=8, zero_stage=1,
+    )  # fmt: skip
+    one = make_run("one", **settings)
+    assert gptflow_train(one).returncode == 0
+    run_dir = make_run("pp", pipeline_parallel=2, **settings)
+    probe = tmp_path / "probe.py"
+    probe.write_text(EVAL_PROBE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(probe),
+           str(run_dir / "run.yaml"), str(tmp_path / "calls")]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    for rank in (0, 1):
+        # steps 0 and 2: 3 global batches of 8 sequences, in micro-batches of 4, on 1
+        # data-parallel rank
+        assert json.loads((tmp_path / f"calls.{rank}").read_text()) == [6, 6]
+    want = [r["val_loss"] for r in records(one, "eval")]
+    got = [r["val_loss"] for r in records(run_dir, "eval")]
+    assert len(want) == len(got) == 2
+    assert all(abs(a - b) < 1e-4 * a for a, b in zip(want, got, strict=True)), (want, got)
+
+
 def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(make_run):
     """A 2-stage pipeline checkpoint continued on one rank (no pipeline), and a 2-rank
     data-parallel ZeRO-2 checkpoint continued as 2 pipeline stages: through the universal

@@ -86,14 +86,14 @@ def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: in
     tr = build(cfg, dev, rank, launcher, exit_interval)
     prog = resume(tr)
     if prog.step == 0:
-        evaluate_and_log(tr, 0)
+        evaluate_and_log(tr, prog)
     while prog.step < t.train_iters:
-        train_step(tr, prog)
+        timed_step(tr, prog)
         stop = stop_reason(tr, prog.step)
         if prog.step % t.log_interval == 0 or prog.step == t.train_iters:
             log_progress(tr, prog)
         if prog.step % t.eval_interval == 0 or prog.step == t.train_iters:
-            evaluate_and_log(tr, prog.step)
+            evaluate_and_log(tr, prog)
         if stop or prog.step % t.save_interval == 0 or prog.step == t.train_iters:
             save(tr, prog)
         if stop:
@@ -129,9 +129,8 @@ def build(
     torch.manual_seed(t.seed)  # identical initialisation on every rank
     with initial_weights(cfg, rank, resume_from) as init:
         model = ds.build_model(cfg.model, t, dev.world_size, dev.device, init)
-    engine = ds.build_engine(
-        model, decay_groups(model, t.weight_decay), t, dev.world_size, mode == "universal"
-    )
+    groups = decay_groups(model, t.weight_decay)
+    engine = ds.build_engine(model, groups, t, dev.world_size, mode == "universal", dev.device)
     if t.pipeline_parallel > 1 and engine.grid.get_data_parallel_rank() != t.data_parallel_rank(
         rank, dev.world_size
     ):  # the data order assumes DeepSpeed's pipe-major layout of the ranks
@@ -141,6 +140,13 @@ def build(
             f"{t.data_parallel_rank(rank, dev.world_size)}; this DeepSpeed lays ranks out "
             f"differently (report it with the DeepSpeed version)"
         )
+    gas = t.grad_accum_steps(dev.world_size)
+    if rank == 0 and t.precision == "fp16" and gas > 1 and ds.grad_accum_dtype(t) is None:
+        log.warning(
+            "train.precision fp16 at train.zero_stage 0: DeepSpeed sums the %d micro-batches' "
+            "gradients in fp16 (it refuses fp32 sums without ZeRO); train.zero_stage 1 sums "
+            "them in fp32", gas,
+        )  # fmt: skip
     peak, source = peak_tflops(dev.name, t.peak_tflops)
     if rank == 0 and t.compile and engine.is_compiled:
         log.info("model compiled (torch.compile through DeepSpeed's engine.compile)")
@@ -155,7 +161,7 @@ def build(
         series=series,
         train_data=data["train"],
         valid_data=data["valid"],
-        gas=t.grad_accum_steps(dev.world_size),
+        gas=gas,
         flops_per_token=cfg.model.flops_per_token(t.seq_length),
         peak_tflops=peak,
         exit_interval=exit_interval,
@@ -300,6 +306,17 @@ def micro_batch_start(t, step: int, micro: int, rank: int, world: int) -> int:
     return step * t.global_batch_size + (micro * world + rank) * t.micro_batch_size
 
 
+WARM_UP = "the warm-up step"  # the attempt's first: allocations, DeepSpeed's lazy set-up
+
+
+def timed_step(tr: Trainer, prog: Progress) -> None:
+    """:func:`train_step`; the attempt's first step is warm-up, left out of the throughput."""
+    started = time.perf_counter()
+    train_step(tr, prog)
+    if prog.step == prog.first_step + 1:
+        prog.interval.leave_out(time.perf_counter() - started, WARM_UP, steps=1)
+
+
 def train_step(tr: Trainer, prog: Progress) -> None:
     """One optimizer step: `gas` micro-batches forward and backward, then the update."""
     t = tr.cfg.train
@@ -365,8 +382,10 @@ def stop_reason(tr: Trainer, step: int) -> str | None:
 def log_progress(tr: Trainer, prog: Progress) -> None:
     """The log line and metrics record of the interval: the loop's one host sync."""
     t = tr.cfg.train
-    extra = [prog.grad_norm] if prog.grad_norm is not None else []
-    loss, nan_iters, nan_streak, *norm = prog.interval.read(*extra)
+    norm = prog.grad_norm if prog.grad_norm is not None else ds.global_grad_norm(tr.engine)
+    on_device = isinstance(norm, torch.Tensor)
+    loss, nan_iters, nan_streak, *read = prog.interval.read(*([norm] if on_device else []))
+    norm = read[0] if on_device else norm  # a float or None already
     if nan_streak > MAX_NAN_STREAK:
         message = (
             f"the loss was NaN or infinite for {int(nan_streak)} steps in a row (steps "
@@ -378,9 +397,10 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
             tr.series.dir.mkdir(parents=True, exist_ok=True)
             write_json(tr.series.dir / DIVERGED, {"step": prog.step, "message": message})
         raise GptflowError(message)
+    timed_steps, seconds = prog.interval.timed()
     speed = Throughput.measure(
-        prog.interval.steps,
-        time.perf_counter() - prog.interval.started,
+        timed_steps,
+        seconds,
         t.tokens_per_step,
         tr.flops_per_token,
         tr.dev.world_size,
@@ -394,13 +414,15 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
         "tokens": consumed * t.seq_length,
         "loss": loss,
         "lr": prog.lr,
-        "grad_norm": norm[0] if norm else ds.global_grad_norm(tr.engine),
+        "grad_norm": norm,
         "global_batch_size": t.global_batch_size,
         "world_size": tr.dev.world_size,
         "ms_per_step": speed.ms_per_step,
         "tokens_per_s": speed.tokens_per_s,
         "tflops_per_device": speed.tflops_per_device,
         "mfu": speed.mfu,
+        "timed_steps": timed_steps,  # the steps the four figures above are over
+        "timing_excludes": prog.interval.left_out,  # what their time leaves out
         "loss_scale": ds.loss_scale(tr.engine),
         "skipped_iters": ds.skipped_steps(tr.engine),
         "nan_iters": int(nan_iters),
@@ -421,32 +443,42 @@ def evaluate(tr: Trainer, dataset) -> float:
     # a model-parallel group evaluates the same rows
     rank = t.data_parallel_rank(tr.rank, tr.dev.world_size)
     per_rank = t.global_batch_size // t.data_parallel_size(tr.dev.world_size)
+    parts = [  # (first sample, sequences) of each of this rank's micro-batches
+        (it * t.global_batch_size + rank * per_rank + off, min(t.micro_batch_size, per_rank - off))
+        for it in range(t.eval_iters)
+        for off in range(0, per_rank, t.micro_batch_size)
+    ]
     sums = tr.dev.zeros(2)  # [loss x sequences, sequences]
     tr.engine.eval()
     with torch.no_grad():
-        for it in range(t.eval_iters):
-            base = it * t.global_batch_size + rank * per_rank
-            for off in range(0, per_rank, t.micro_batch_size):
-                n = min(t.micro_batch_size, per_rank - off)
-                x, y = batch(dataset, base + off, n, tr.dev)
-                sums[0] += forward_loss(tr, x, y) * n
+        if t.pipeline_parallel > 1:
+            sequences = sum(n for _, n in parts)
+            sums[0] += pipeline_eval_loss(tr, dataset, parts) * sequences
+            sums[1] += sequences
+        else:
+            for start, n in parts:
+                x, y = batch(dataset, start, n, tr.dev)
+                sums[0] += tr.engine(x, y).detach() * n
                 sums[1] += n
     tr.engine.train()
     total, count = tr.dev.sum_over_ranks(sums).tolist()
     return total / max(1, count)
 
 
-def forward_loss(tr: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loss of one batch without gradients: through the pipeline (``eval_batch``: the
-    last stage's loss, averaged over the data-parallel ranks and sent to every stage) or
-    the module."""
-    if tr.cfg.train.pipeline_parallel > 1:
-        return tr.engine.eval_batch(iter([(x, y)]), num_micro_batches=1).detach().reshape(())
-    return tr.engine(x, y).detach()
+def pipeline_eval_loss(tr: Trainer, dataset, parts: list[tuple[int, int]]) -> torch.Tensor:
+    """The mean loss of all of an evaluation's micro-batches (equal in size: the global batch
+    splits into whole micro-batches) in one pass of DeepSpeed's ``eval_batch`` -- one schedule
+    and one barrier, not one per micro-batch -- the last stage's, averaged over the
+    data-parallel ranks and sent to every stage. The micro-batches are read when the schedule
+    loads them: by the first stage (inputs) and the last (labels) only."""
+    micro_batches = (batch(dataset, start, n, tr.dev) for start, n in parts)
+    loss = tr.engine.eval_batch(micro_batches, num_micro_batches=len(parts))
+    return loss.detach().reshape(())
 
 
-def evaluate_and_log(tr: Trainer, step: int) -> None:
-    t = tr.cfg.train
+def evaluate_and_log(tr: Trainer, prog: Progress) -> None:
+    """Evaluate, log the result; its time is left out of the log interval's throughput."""
+    t, step = tr.cfg.train, prog.step
     if t.eval_iters == 0 or tr.valid_data is None:
         return
     started = time.perf_counter()
@@ -461,6 +493,7 @@ def evaluate_and_log(tr: Trainer, step: int) -> None:
             time.perf_counter() - started,
         )
         tr.metrics.write({"step": step, "kind": "eval", "val_loss": loss, "val_ppl": ppl})
+    prog.interval.leave_out(time.perf_counter() - started, "evaluation")
 
 
 # ----------------------------------------------------------------------------- saving, stopping
@@ -479,7 +512,7 @@ def save(tr: Trainer, prog: Progress) -> None:
     path = tr.series.save(tr.engine, prog.step, client, tr.rank, tr.dev.barrier, layout(tr))
     if tr.rank == 0:
         log.info("saved checkpoint %s in %.2f s", path, time.perf_counter() - started)
-    prog.interval.started += time.perf_counter() - started  # throughput excludes the save
+    prog.interval.leave_out(time.perf_counter() - started, "checkpoint saves")
 
 
 def announce_stop(tr: Trainer, step: int, reason: str) -> int:

@@ -186,7 +186,9 @@ class Interval:
         if saved:
             self.sums.copy_(torch.tensor(saved["sums"], dtype=torch.float64))
             self.steps = int(saved["steps"])
-        self.started = time.perf_counter()
+        self.restart_clock()
+        if self.steps:  # resumed inside an interval: its earlier steps were timed by no one
+            self.leave_out(0.0, "the steps before the resume", steps=self.steps)
 
     def add(self, step_loss: torch.Tensor, micro_batches: int) -> None:
         """`step_loss`: this rank's loss summed over its micro-batches (a device scalar)."""
@@ -207,7 +209,27 @@ class Interval:
         """A new interval: the loss sum starts again, the non-finite counts go on."""
         self.sums[0] = 0.0
         self.steps = 0
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
         self.started = time.perf_counter()
+        self.excluded = 0.0  # seconds of the interval that were not training
+        self.untimed = 0  # steps whose time is not in the interval's (e.g. warm-up)
+        self.left_out: list[str] = []  # what the excluded time was, for the log line
+
+    def leave_out(self, seconds: float, what: str, steps: int = 0) -> None:
+        """Take `seconds` spent on `what` (an evaluation, a save, the warm-up step) out of the
+        interval's time, and `steps` steps out of its timed ones: tokens/s and MFU are of
+        training alone."""
+        self.excluded += seconds
+        self.untimed += steps
+        if what not in self.left_out:
+            self.left_out.append(what)
+
+    def timed(self) -> tuple[int, float]:
+        """(steps timed, seconds they took): the interval's wall time less what was left out."""
+        seconds = time.perf_counter() - self.started - self.excluded
+        return self.steps - self.untimed, seconds
 
     def state(self) -> dict:
         """For the checkpoint (read on the host when saving, not per step)."""
@@ -216,11 +238,12 @@ class Interval:
 
 @dataclass(frozen=True)
 class Throughput:
-    """Tokens/s, model TFLOP/s per device and MFU over `seconds` for `steps` steps."""
+    """Tokens/s, model TFLOP/s per device and MFU over `seconds` for `steps` steps; all None
+    when no step was timed (an interval of the warm-up step alone)."""
 
-    ms_per_step: float
-    tokens_per_s: float
-    tflops_per_device: float
+    ms_per_step: float | None
+    tokens_per_s: float | None
+    tflops_per_device: float | None
     mfu: float | None
 
     @classmethod
@@ -235,22 +258,33 @@ class Throughput:
     ) -> Throughput:
         from gptflow.hardware import mfu
 
+        if steps <= 0 or seconds <= 0:
+            return cls(None, None, None, None)
         tokens_per_s = steps * tokens_per_step / seconds
         tflops = flops_per_token * tokens_per_s / world_size / 1e12
         return cls(1000 * seconds / steps, tokens_per_s, tflops, mfu(tflops, peak_tflops))
 
 
 def iteration_line(step: int, total: int, rec: dict, elapsed_s: float, remaining_s: float) -> str:
-    """Megatron's iteration line, with MFU and the time spent (this attempt) and left."""
+    """Megatron's iteration line, with MFU, what its timing left out, and the time spent (this
+    attempt) and left."""
     mfu = "n/a" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
     grad = "n/a" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
+    ms, tokens, tflops = (
+        ("n/a", "n/a", "n/a")
+        if rec["tokens_per_s"] is None
+        else (f"{rec['ms_per_step']:.1f}", f"{rec['tokens_per_s']:.0f}",
+              f"{rec['tflops_per_device']:.3f}")
+    )  # fmt: skip
+    left_out = rec["timing_excludes"]
+    timing = f"timed without {', '.join(left_out)}" if left_out else "timed: all of it"
     return (
         f" iteration {step:8d}/{total:8d} | consumed samples: {rec['consumed_samples']:12d} | "
-        f"elapsed time per iteration (ms): {rec['ms_per_step']:.1f} | learning rate: "
+        f"elapsed time per iteration (ms): {ms} | learning rate: "
         f"{rec['lr']:.6E} | global batch size: {rec['global_batch_size']:5d} | lm loss: "
         f"{rec['loss']:.6E} | loss scale: {rec['loss_scale']:.1f} | grad norm: {grad} | "
         f"number of skipped iterations: {rec['skipped_iters']:3d} | number of nan iterations: "
-        f"{rec['nan_iters']:3d} | tokens per second: {rec['tokens_per_s']:.0f} | TFLOP/s per "
-        f"device: {rec['tflops_per_device']:.3f} | MFU: {mfu} | elapsed: "
+        f"{rec['nan_iters']:3d} | tokens per second: {tokens} | TFLOP/s per "
+        f"device: {tflops} | MFU: {mfu} | {timing} | elapsed: "
         f"{hms(elapsed_s)} | remaining: {hms(remaining_s)} |"
     )
