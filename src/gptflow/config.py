@@ -340,6 +340,22 @@ def check_model_parallel(model: ModelConfig, train: TrainConfig) -> None:
                 f"1/{tp} of the attention heads and of the MLP; pick a tensor_parallel that "
                 f"divides both ({model.num_attention_heads} heads, {model.ffn_size} MLP columns)"
             )
+    # The vocabulary is split too (each rank holds 1/tp of the embedding's and the head's rows).
+    # Its padding does not follow tensor_parallel (Megatron pads to the multiple x tp): the
+    # checkpoint's shape must not change when a run moves to another tensor_parallel.
+    multiple = model.make_vocab_size_divisible_by
+    if multiple % tp or model.vocab_size % tp:
+        key, value = ("model.make_vocab_size_divisible_by", multiple)
+        if model.vocab_size % tp:
+            key, value = ("model.vocab_size", model.vocab_size)
+        raise GptflowError(
+            f"train.tensor_parallel {tp} does not divide {key} {value}: each rank holds 1/{tp} of the "
+            f"vocabulary (the embedding's and the output head's rows, padded to a multiple of "
+            f"model.make_vocab_size_divisible_by); set model.make_vocab_size_divisible_by to "
+            f"a multiple of {tp} (e.g. {math.lcm(multiple, tp)}) when the run starts -- "
+            f"the padding fixes the checkpoint's shape -- or pick a tensor_parallel that "
+            f"divides {multiple}"
+        )
 
 
 MODEL_CHOICES = ("preset", "init_from")

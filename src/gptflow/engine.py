@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from functools import partial
 
 import torch
 
@@ -23,7 +24,9 @@ from gptflow.errors import GptflowError
 # split, so each rank computes whole heads (query_key_value's rows are grouped per head as
 # [q_h; k_h; v_h], so a contiguous block is whole heads) and 1/tp of the MLP's columns.
 # Row-parallel: the input columns are split and the outputs summed over the group (their
-# biases replicated, added once). Embeddings, LayerNorms and the output head are replicated.
+# biases replicated, added once). LayerNorms are replicated. The vocabulary is split too
+# (VOCAB_PARALLEL, Megatron's VocabParallelEmbedding and vocab-parallel output layer): each rank
+# holds a contiguous block of the embedding's and the head's rows.
 TENSOR_PARALLEL_PLAN = [
     {
         "patterns": [
@@ -37,6 +40,11 @@ TENSOR_PARALLEL_PLAN = [
         "partition_type": "row",
     },
 ]
+# The embedding and the output head, split along the vocabulary (rows [r V/tp, (r+1) V/tp) on
+# tensor-parallel rank r) by split_tensor_parallel with DeepSpeed's own vocab-parallel layers:
+# not AutoTP layer specs, whose column split would gather the logits and whose embedding
+# split is along the hidden size.
+VOCAB_PARALLEL = [r"gpt_neox\.embed_in\.weight", r"embed_out\.weight"]
 
 
 def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool = False) -> dict:
@@ -256,9 +264,12 @@ def tensor_parallel_slice(name: str, whole: torch.Tensor, rank: int, size: int) 
 
 
 def tensor_parallel_dim(name: str) -> int | None:
-    """The dimension along which :data:`TENSOR_PARALLEL_PLAN` splits parameter `name` (of
-    :class:`~gptflow.model.GPTNeoX`): 0 for a column-parallel matrix and its bias, 1 for a
-    row-parallel matrix, None for a replicated parameter."""
+    """The dimension along which tensor parallel splits parameter `name` (of
+    :class:`~gptflow.model.GPTNeoX`): 0 for a column-parallel matrix and its bias and for the
+    vocabulary-parallel embedding and head (:data:`VOCAB_PARALLEL`), 1 for a row-parallel
+    matrix (:data:`TENSOR_PARALLEL_PLAN`), None for a replicated parameter."""
+    if any(re.fullmatch(pattern, name) for pattern in VOCAB_PARALLEL):
+        return 0
     for spec in TENSOR_PARALLEL_PLAN:
         if any(re.fullmatch(pattern, name) for pattern in spec["patterns"]):
             return 0 if spec["partition_type"] == "column" else 1
@@ -332,12 +343,92 @@ def split_tensor_parallel(module, group) -> None:
     autotp.set_tensor_parallel_config(config.tp_size, group)
     autotp.update_linear_policies()
     autotp._replace_module(module)
+    split_vocabulary(module, group)
     # how ds_to_universal merges each parameter's slices: rank 0's record is the one saved, so
     # under a pipeline it must name every stage's parameters, not only the first stage's
     records = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(records, collect_autotp_universal_checkpoint_info(module))
     setattr(module, UNIVERSAL_CHECKPOINT_INFO, merge_records(records))
     module.ds_autotp_parsed = True  # deepspeed.initialize splits nothing again
+
+
+def split_vocabulary(module, group) -> None:
+    """The embedding and the output head of `module` (a GPTNeoX or a pipeline's stages, on the
+    meta device) split along the vocabulary over `group` (:data:`VOCAB_PARALLEL`), as Megatron
+    and GPT-NeoX split them, with DeepSpeed's layers (which carry AutoTP's universal-checkpoint
+    marks, so ds_to_universal merges their rows): the embedding looks up the ids in its rows
+    and sums over the group; the head keeps its block of the logits (no gather), and the loss
+    (``loss_fn``, of the model or of the pipeline's last stage) is
+    :func:`vocab_parallel_lm_loss`."""
+    from deepspeed.module_inject.layers import VocabParallelEmbedding, VocabParallelLinear
+
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if name == "embed_in" and isinstance(child, torch.nn.Embedding):
+                setattr(parent, name, VocabParallelEmbedding(child, group, name=name))
+            elif name == "embed_out" and isinstance(child, torch.nn.Linear):
+                head = VocabParallelLinear(child, group, name=name)
+                if len(set(head._partition_sizes)) != 1:
+                    raise GptflowError(
+                        f"the vocabulary of {head.vocab_size} rows does not split evenly over "
+                        f"{len(head._partition_sizes)} tensor-parallel ranks"
+                    )
+                setattr(parent, name, head)
+                module.loss_fn = partial(
+                    vocab_parallel_lm_loss, group=group, start=head.vocab_start_index
+                )
+
+
+def vocab_parallel_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, group, start: int
+) -> torch.Tensor:
+    """:func:`gptflow.model.lm_loss` of logits split along the vocabulary over `group`
+    (this rank's columns ``start`` to ``start + logits.size(-1)``): the mean next-token
+    cross-entropy, in fp32."""
+    return VocabParallelCrossEntropy.apply(logits, labels, group, start).mean()
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron's ``vocab_parallel_cross_entropy``: each token's loss from logits split along
+    the vocabulary, (B, T, V/tp) -> (B, T) fp32, without gathering them. The maximum is
+    all-reduced over the group, then the target's logit (taken by the rank whose block holds
+    it, 0 elsewhere) and the sum of exponentials in one all-reduce. It keeps the softmax of its
+    block (fp32) for the backward, which turns it into the gradient in place (softmax minus the
+    target's one-hot, times the incoming gradient): 4 bytes a logit kept, no other copy."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, group, start):
+        dist = torch.distributed
+        shifted = logits.to(torch.float32, copy=True)  # (B, T, V/tp)
+        top = shifted.amax(dim=-1)  # (B, T)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted.sub_(top.unsqueeze(-1))
+        local, owned = _local_labels(labels, start, shifted.size(-1))
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        probs = shifted.exp_()
+        sums = torch.stack((torch.where(owned, picked, 0.0), probs.sum(dim=-1)))  # (2, B, T)
+        dist.all_reduce(sums, group=group)
+        probs.div_(sums[1].unsqueeze(-1))
+        ctx.save_for_backward(probs, labels)
+        ctx.start, ctx.dtype = start, logits.dtype
+        return sums[1].log() - sums[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        probs, labels = ctx.saved_tensors
+        local, owned = _local_labels(labels, ctx.start, probs.size(-1))
+        grad_logits = probs  # (B, T, V/tp): the softmax, made the gradient in place
+        grad_logits.scatter_add_(-1, local.unsqueeze(-1), -owned.unsqueeze(-1).to(probs.dtype))
+        grad_logits.mul_(grad.unsqueeze(-1))
+        return grad_logits.to(ctx.dtype), None, None, None
+
+
+def _local_labels(labels: torch.Tensor, start: int, width: int):
+    """The labels as columns of a rank's block (0 where another rank's block holds them),
+    and which ones it holds."""
+    local = labels - start
+    owned = (local >= 0) & (local < width)
+    return local.masked_fill(~owned, 0), owned
 
 
 def merge_records(records: list):

@@ -128,6 +128,9 @@ class GPTNeoX(nn.Module):
         self.cfg = cfg
         self.gpt_neox = Backbone(cfg)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # (logits, labels) -> mean loss; under tensor parallel the logits are split along the
+        # vocabulary and gptflow.engine.split_tensor_parallel puts its vocab-parallel loss here
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss
         if self.embed_out.weight.device.type != "meta":
             self.reset_parameters(torch.initial_seed() if seed is None else seed)
 
@@ -154,10 +157,10 @@ class GPTNeoX(nn.Module):
                 x = checkpoint(layer, x, cos, sin, use_reentrant=False)
             else:
                 x = layer(x, cos, sin)
-        logits = self.embed_out(self.gpt_neox.final_layer_norm(x))  # (B, T, V)
+        logits = self.embed_out(self.gpt_neox.final_layer_norm(x))  # (B, T, V), or V/tp
         if labels is None:
             return logits
-        return lm_loss(logits, labels)
+        return self.loss_fn(logits, labels)
 
 
 # The initial value of a parameter, whole, by its GPTNeoX name and shape (a CPU tensor, fp32):

@@ -10,9 +10,9 @@ and `gptflow why` run these before any job is queued.
   nodes have the GPUs, CPUs and memory asked for;
 - memory per GPU: weights, gradients and optimizer state (by ZeRO stage, precision and
   layout), activations as the model keeps them (by micro batch, sequence, checkpointing), the
-  logits (whole on every tensor-parallel rank) and the pipeline's buffers, on the most loaded
-  pipeline stage, plus a stated margin, against the GPU's memory, the largest term named when
-  it does not fit;
+  logits (1/tp of the vocabulary on each tensor-parallel rank) and the pipeline's buffers, on
+  the most loaded pipeline stage, plus a stated margin, against the GPU's memory, the largest
+  term named when it does not fit;
 - the run's size: parameters and FLOPs (from :class:`gptflow.config.ModelConfig`, the
   trainer's own numbers, with the tokenizer's real vocabulary when it is on disk), tokens,
   GPU-hours at a stated MFU, checkpoint and shard bytes against free disk.
@@ -364,13 +364,13 @@ def stage_parameters(
     """Parameters a rank of pipeline stage `stage` holds: its decoder layers (balanced over the
     stages, rounded up), each split matrix 1/tp of it, LayerNorms and the row-parallel biases
     whole; the first stage also the embedding, the last the final LayerNorm and the head,
-    whole (gptflow.engine.TENSOR_PARALLEL_PLAN: the vocabulary is not split)."""
+    and each of those 1/tp of the vocabulary's rows (gptflow.engine.VOCAB_PARALLEL)."""
     h, f, v, t = m.hidden_size, m.ffn_size, m.vocab_size, tensor_parallel
     split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
     whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
     layers = -(-m.num_layers // pipeline_parallel) * (split + whole)
-    embedding = v * h if stage == 0 else 0
-    head = v * h + 2 * h if stage == pipeline_parallel - 1 else 0
+    embedding = v * h // t if stage == 0 else 0
+    head = v * h // t + 2 * h if stage == pipeline_parallel - 1 else 0
     return layers + embedding + head
 
 
@@ -429,14 +429,26 @@ def model_state_bytes(
 LAYER_NORM_STATS = 2 * 4  # a LayerNorm keeps each token's mean and 1/std in fp32 (on CUDA also
 # for 16-bit input; CPU's bf16 LayerNorm keeps them in bf16, 4 bytes less)
 TOKEN_ID = 8  # int64: the ids the embedding keeps, the labels the loss keeps
-# The logits' peak, bytes a logit (b x s x V on the last stage, every tensor-parallel rank: the
-# head is replicated), in gptflow.model.lm_loss's backward: F.cross_entropy keeps log_softmax's
-# fp32 output (4); its backward holds that, the fp32 gradient nll_loss hands it (4) and the
-# gradient it makes (4). The 16-bit logits and their fp32 copy (2 + 4) are freed after the
+# The logits' peak, bytes a logit (b x s x V on the last stage, V/tp on each tensor-parallel
+# rank), in the loss's backward. On one rank gptflow.model.lm_loss: F.cross_entropy keeps
+# log_softmax's fp32 output (4); its backward holds that, the fp32 gradient nll_loss hands it (4)
+# and the gradient it makes (4). The 16-bit logits and their fp32 copy (2 + 4) are freed after the
 # forward -- except under a pipeline, whose engine keeps each micro-batch's stage output (here the
 # logits) in its buffers until the buffer is reused (deepspeed/runtime/pipe/engine.py; the last
 # stage runs two buffers), counted apart.
 LOGITS_PEAK = 12
+# Under tensor parallel gptflow.engine.VocabParallelCrossEntropy keeps its block's fp32 softmax
+# (4) and makes it the gradient in place; its forward holds the logits and that fp32 copy, and its
+# backward that and the gradient in the logits' dtype: 4 + the logits' width (2 or 4) either way.
+VOCAB_PARALLEL_LOGITS_PEAK = 4
+
+
+def logits_bytes(tokens: int, vocab: int, tensor_parallel: int, width: int) -> int:
+    """The loss's peak over the logits of `tokens` tokens on a rank of `tensor_parallel` (its
+    1/tp of the `vocab` columns), logits `width` bytes each (LOGITS_PEAK)."""
+    if tensor_parallel == 1:
+        return LOGITS_PEAK * tokens * vocab
+    return (VOCAB_PARALLEL_LOGITS_PEAK + width) * tokens * (vocab // tensor_parallel)
 
 
 def layer_activation_bytes(m: ModelConfig, tensor_parallel: int, tokens: int, width: int) -> int:
@@ -472,8 +484,8 @@ def activation_bytes(
       for each micro-batch in flight: under 1F1B stage k holds min(pp - k, gas) (DeepSpeed's
       TrainSchedule); the first stage also the token ids, the last the final LayerNorm's input
       and output, its mean and 1/std, and the labels;
-    - logits: on the last stage only, b x s x V on every tensor-parallel rank (the head is
-      replicated, the vocabulary not split), LOGITS_PEAK bytes each;
+    - logits: on the last stage only, b x s x V/tp on each tensor-parallel rank (the head is
+      split along the vocabulary), :func:`logits_bytes`;
     - pipeline buffers: DeepSpeed's pipeline engine keeps each buffer's received input (and one
       receive buffer), each in-flight micro-batch's output (b x s x h) until its backward, and on
       the last stage the logits of up to two micro-batches (its two buffers)."""
@@ -487,20 +499,21 @@ def activation_bytes(
     in_flight = min(pp - stage, gas)
     # with checkpointing a layer keeps only its input
     kept = layers * (tokens * width * h if m.activation_checkpointing else one_layer)
-    if first:
-        kept += tokens * (TOKEN_ID + (h if m.hidden_dropout else 0))
+    if first:  # the ids; split along the vocabulary, the embedding keeps its rank's (as many)
+        # and the mask of those other ranks hold (1 byte each)
+        kept += tokens * (TOKEN_ID + (1 if tp > 1 else 0) + (h if m.hidden_dropout else 0))
     kept *= in_flight
     if m.activation_checkpointing:
         kept += one_layer
     terms = {"activations": kept, "logits": 0}
     if last:
         terms["activations"] += tokens * (2 * width * h + LAYER_NORM_STATS + TOKEN_ID)
-        terms["logits"] = LOGITS_PEAK * tokens * v
+        terms["logits"] = logits_bytes(tokens, v, tp, width)
     if pp > 1:
         buffers = max(2, in_flight)  # DeepSpeed's TrainSchedule.num_pipe_buffers
         held = 0 if first else (buffers + 1) * tokens * width * h
         held += 0 if last else in_flight * tokens * width * h
-        terms["pipeline buffers"] = held + (min(2, gas) * tokens * width * v if last else 0)
+        terms["pipeline buffers"] = held + (min(2, gas) * tokens * width * v // tp if last else 0)
     return terms
 
 
@@ -565,8 +578,8 @@ FIXES = {
     "optimizer states": "raise train.zero_stage (1 partitions them over the data-parallel "
     "ranks), or train.offload optimizer",
     "activations": "set model.activation_checkpointing true, or lower train.micro_batch_size",
-    "logits": "lower train.micro_batch_size (or train.seq_length): every tensor-parallel rank "
-    "holds the whole vocabulary's logits",
+    "logits": "lower train.micro_batch_size (or train.seq_length), or raise "
+    "train.tensor_parallel: each tensor-parallel rank holds its share of the vocabulary's logits",
     "pipeline buffers": "lower train.micro_batch_size",
 }
 

@@ -2,8 +2,9 @@
 from a run's model.init_from (gptflow.init_from.HFWeights), at the layout given as arguments
 (RUN_YAML TENSOR_PARALLEL PIPELINE_PARALLEL ZERO_STAGE OUT_DIR), and compare every parameter the rank
 holds with the checkpoint's tensor as the safetensors library reads it, cut here by Megatron's
-split (rows of query_key_value and dense_h_to_4h, columns of attention.dense and
-dense_4h_to_h; apart from gptflow.engine.tensor_parallel_slice). Under ZeRO-3 each parameter
+split (rows of query_key_value and dense_h_to_4h and the vocabulary's rows of the embedding and
+the head, columns of attention.dense and dense_4h_to_h; apart from
+gptflow.engine.tensor_parallel_slice). Under ZeRO-3 each parameter
 is gathered first. Writes OUT_DIR/rank{N}.json (one file per rank: their stdout would
 interleave): rank, parameters compared, those equal (torch.equal), and the shape of each
 parameter the rank holds."""
@@ -42,7 +43,7 @@ tp_rank = env.rank % tp
 
 def expected(name: str) -> torch.Tensor:
     whole = next(stored[n] for n in checkpoint_names(name) if n in stored).float()
-    if re.search(r"(query_key_value|dense_h_to_4h)\.(weight|bias)$", name):
+    if re.search(r"(query_key_value|dense_h_to_4h)\.(weight|bias)$|embed_(in|out)\.", name):
         rows = whole.shape[0] // tp
         return whole[tp_rank * rows : (tp_rank + 1) * rows]
     if re.search(r"(attention\.dense|dense_4h_to_h)\.weight$", name):

@@ -42,6 +42,8 @@ HALVES = {
     "mlp.dense_h_to_4h.weight": [128, 64],
     "mlp.dense_4h_to_h.weight": [64, 128],
 }
+# and the vocabulary's 512 rows: each rank's half of the embedding and of the head
+VOCAB_HALVES = {"gpt_neox.embed_in.weight": [256, 64], "embed_out.weight": [256, 64]}
 
 
 def silent(_line: str) -> None:
@@ -190,6 +192,8 @@ def test_each_rank_loads_its_part_of_the_checkpoint(render, source, repo, tp, pp
             assert r["compared"] == every
             for suffix, shape in HALVES.items():
                 assert r["shapes"][f"gpt_neox.layers.1.{suffix}"] == shape, suffix
+            for name, shape in VOCAB_HALVES.items():
+                assert r["shapes"][name] == shape, name
     elif pp == 2:  # embedding + layer 0, then layer 1 + final LayerNorm + head
         first, last = (set(r["shapes"]) for r in ranks)
         assert not first & last and len(first | last) == every

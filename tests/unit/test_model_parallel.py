@@ -39,6 +39,8 @@ HALVES = {
     "mlp.dense_4h_to_h.weight": (64, 128),
     "input_layernorm.weight": (64,),
 }
+# and the vocabulary (the tiny run's tokenizer: 512 rows): the embedding's and the head's rows
+VOCAB_HALVES = {"gpt_neox.embed_in.weight": (256, 64), "embed_out.weight": (256, 64)}
 
 
 def torchrun(run_dir, ranks: int, *extra: str) -> subprocess.CompletedProcess:
@@ -70,12 +72,13 @@ def module_slices(step_dir) -> list[dict]:
 
 
 def merged_by_hand(slices: list[dict]) -> dict:
-    """The whole model from the slices, by Megatron's split: column-parallel rows and
-    row-parallel columns concatenated, everything else identical on every rank."""
+    """The whole model from the slices, by Megatron's split: column-parallel rows (and the
+    vocabulary's: the embedding's and the head's) and row-parallel columns concatenated,
+    everything else identical on every rank."""
     whole = {}
     for name, first in slices[0].items():
         parts = [s[name] for s in slices]
-        if re.search(r"(query_key_value|dense_h_to_4h)\.(weight|bias)$", name):
+        if re.search(r"(query_key_value|dense_h_to_4h)\.(weight|bias)$|embed_(in|out)\.", name):
             whole[name] = torch.cat(parts, dim=0)
         elif re.search(r"(attention\.dense|dense_4h_to_h)\.weight$", name):
             whole[name] = torch.cat(parts, dim=1)
@@ -83,6 +86,34 @@ def merged_by_hand(slices: list[dict]) -> dict:
             assert all(torch.equal(first, p) for p in parts), name  # replicated, in step
             whole[name] = first
     return whole
+
+
+def test_vocab_parallel_loss_and_embedding_are_the_unsplit_ones(repo, tmp_path):
+    """Two gloo ranks (tests/support/vocab_parallel.py): Megatron's vocab-parallel
+    cross-entropy (max and sum of exponentials over the group, the target's logit from the rank
+    that holds it) on logits split in two, fp32 and bf16, against F.cross_entropy on the whole
+    logits; and the tiny model at tensor parallel 2 (embedding and head split along the
+    vocabulary) against the same weights unsplit: the loss and each rank's rows' gradients,
+    within fp32 rounding."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2",
+           str(repo / "tests" / "support" / "vocab_parallel.py"), str(tmp_path)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    for f in sorted(tmp_path.glob("rank*.json")):
+        r = json.loads(f.read_text())
+        assert r["loss float32"] < 1e-5 and r["grad float32"] < 1e-6, r
+        # bf16 logits: the loss in fp32 either way; the gradient rounded to bf16 (8 bits)
+        assert r["loss bfloat16"] < 1e-5 and r["grad bfloat16"] < 1e-4, r
+        assert r["grad dtype bfloat16"] == "torch.bfloat16", r
+        assert r["model loss"] < 1e-5, r
+        for name in VOCAB_HALVES:
+            assert tuple(r[f"{name} shape"]) == (128, 64), r  # half of its 256 rows
+            assert r[f"{name} weight"] == 0.0, r
+            assert r[f"{name} grad"] < 1e-6, r
+        assert r["qkv grad"] < 1e-6, r
+    assert len(list(tmp_path.glob("rank*.json"))) == 2
 
 
 def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make_run):
@@ -106,6 +137,8 @@ def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make
     for suffix, shape in HALVES.items():
         for s in slices:
             assert tuple(s[f"gpt_neox.layers.1.{suffix}"].shape) == shape, suffix
+    for name, shape in VOCAB_HALVES.items():
+        assert all(tuple(s[name].shape) == shape for s in slices), name
 
     # killed at step 4 by the exit interval, resumed in the same layout: the same run, bit
     # for bit (losses and weights)
@@ -175,6 +208,12 @@ def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(make_run):
         ({}, {"tensor_parallel": 3, "zero_stage": 1}, "train.tensor_parallel 3 does not divide model.num_attention_heads 4"),
         ({"num_attention_heads": 8, "intermediate_size": 100}, {"tensor_parallel": 8, "zero_stage": 1},
          r"does not divide model.intermediate_size \(default 4 x hidden_size\) 100"),
+        ({"make_vocab_size_divisible_by": 1}, {"tensor_parallel": 2, "zero_stage": 1},
+         r"train.tensor_parallel 2 does not divide model.make_vocab_size_divisible_by 1: each "
+         r"rank holds 1/2 of the vocabulary .* set model.make_vocab_size_divisible_by to a "
+         r"multiple of 2 \(e.g. 2\)"),
+        ({"num_attention_heads": 6, "hidden_size": 96}, {"tensor_parallel": 3, "zero_stage": 1},
+         r"does not divide model.make_vocab_size_divisible_by 128: .* \(e.g. 384\)"),
         ({}, {"tensor_parallel": 2, "zero_stage": 0}, "needs train.zero_stage 1 or 2"),
         ({}, {"tensor_parallel": 2, "zero_stage": 3}, "with train.zero_stage 3 is not supported"),
         ({}, {"pipeline_parallel": 3, "zero_stage": 1}, "exceeds model.num_layers 2"),
@@ -392,6 +431,10 @@ def test_tp2xpp2_on_4_ranks_follows_one_rank_exports_and_moves(make_run):
         layer = torch.load(step / f"layer_02-model_0{tp_rank}-model_states.pt", weights_only=True)
         for suffix, shape in HALVES.items():
             assert tuple(layer[f"layer.{suffix}"].shape) == shape, suffix
+        embed = torch.load(step / f"layer_00-model_0{tp_rank}-model_states.pt", weights_only=True)
+        head = torch.load(step / f"layer_03-model_0{tp_rank}-model_states.pt", weights_only=True)
+        assert tuple(embed["embed_in.weight"].shape) == VOCAB_HALVES["gpt_neox.embed_in.weight"]
+        assert tuple(head["embed_out.weight"].shape) == VOCAB_HALVES["embed_out.weight"]
     whole = checkpoint_weights(step, both)
     single = checkpoint_weights(final_step(one), one)
     assert list(whole) == list(single)

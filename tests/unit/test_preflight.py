@@ -318,7 +318,9 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
     rank's parameters over 2 data-parallel ranks (ZeRO 1 and 2, fp32 and bf16: DeepSpeed's
     scalars aside, measured 12-268 bytes), and what autograd keeps for backward at its peak is
     activation_bytes' activations plus the fp32 log-softmax on the last stage (LOGITS_PEAK's
-    kept 4 bytes a logit), but for the rotary tables and nll_loss's 4-byte total weight -- in
+    kept 4 bytes a logit; at tensor parallel 2 the vocab-parallel loss's fp32 softmax of the
+    rank's half of the vocabulary), but for the rotary tables and nll_loss's 4-byte total
+    weight (one rank's loss) -- in
     fp32 (CPU's bf16 LayerNorm keeps its mean and 1/std in bf16 where CUDA's keep fp32)."""
     tp, pp = split
     env = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -347,9 +349,11 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
                 continue
             last = r["stage"] == pp - 1
             held = preflight.activation_bytes(TINY, t, precision, r["stage"], gas)
-            want = held["activations"] + (4 * micro * seq * TINY.vocab_size if last else 0)
+            # the loss keeps a 4-byte softmax (or log-softmax) a logit, 1/tp of the vocabulary
+            want = held["activations"] + (4 * micro * seq * TINY.vocab_size // tp if last else 0)
             in_flight = min(pp - r["stage"], gas)
-            rest = in_flight * rotary_tables(TINY, seq) + (4 if last else 0)
+            # F.cross_entropy's nll_loss keeps a 4-byte total weight; the vocab-parallel loss not
+            rest = in_flight * rotary_tables(TINY, seq) + (4 if last and tp == 1 else 0)
             assert r["saved_peak"] - want == rest, (setting, r, want, rest)
 
 
@@ -377,24 +381,31 @@ def test_activations_are_what_autograd_keeps(checkpointing):
     assert peaks[0] - held == rotary_tables(m, 16) + 4
 
 
-def test_every_tensor_parallel_rank_holds_the_whole_logits():
-    """Pythia-12B at tensor parallel 4, micro batch 8, as its layout trains it: the head is
-    replicated, so every rank holds the (8, 2048, 50,688) logits' loss backward -- fp32
-    log-softmax, the gradient into it and out of it, 12 bytes a logit: 9.3 GiB, not a quarter
-    of it; the same at tensor parallel 1. Under a pipeline only the last stage holds them."""
+def test_each_tensor_parallel_rank_holds_its_share_of_the_logits():
+    """Pythia-12B at tensor parallel 4, micro batch 8, as its layout trains it: the head is split
+    along the vocabulary, so each rank holds a quarter of the (8, 2048, 50,688) logits, and the
+    vocab-parallel loss's peak over them is its fp32 softmax made the gradient in place plus the
+    16-bit gradient (6 bytes a logit): 1.2 GiB, where the replicated head's F.cross_entropy
+    held 12 bytes of every logit on every rank (9.3 GiB, as one rank still does). Under a
+    pipeline only the last stage holds them."""
     m = ModelConfig(num_layers=36, hidden_size=5120, num_attention_heads=40, vocab_size=50688)
     t = TrainConfig(train_iters=1, seq_length=2048, micro_batch_size=8, global_batch_size=1024,
                     precision="fp16", zero_stage=1, tensor_parallel=4)  # fmt: skip
-    logits = 12 * 8 * 2048 * 50688
+    whole, share = 12 * 8 * 2048 * 50688, 6 * 8 * 2048 * 50688 // 4
     fit = preflight.memory_per_gpu(m, t, 256, SLURM)
-    assert fit.terms["logits"] == logits and round(logits / 2**30, 1) == 9.3
-    assert (
-        preflight.activation_bytes(m, dataclasses.replace(t, tensor_parallel=1), "fp16")["logits"]
-        == logits
-    )
-    piped = dataclasses.replace(t, tensor_parallel=1, pipeline_parallel=4)
+    assert fit.terms["logits"] == share and round(share / 2**30, 2) == 1.16
+    assert round(whole / 2**30, 1) == 9.3
+    one = dataclasses.replace(t, tensor_parallel=1)
+    assert preflight.activation_bytes(m, one, "fp16")["logits"] == whole
+    # fp32 logits: the forward holds them and their fp32 copy, 8 bytes a logit
+    assert preflight.activation_bytes(m, t, "fp32")["logits"] == 8 * 8 * 2048 * 50688 // 4
+    piped = dataclasses.replace(t, pipeline_parallel=4)
     assert preflight.activation_bytes(m, piped, "fp16", stage=0, gas=4)["logits"] == 0
-    assert preflight.activation_bytes(m, piped, "fp16", stage=3, gas=4)["logits"] == logits
+    last = preflight.activation_bytes(m, piped, "fp16", stage=3, gas=4)
+    assert last["logits"] == share
+    # its buffers: 3 received inputs (b, s, h) and two micro-batches' split logits, 16-bit
+    tokens = 8 * 2048
+    assert last["pipeline buffers"] == 3 * tokens * 2 * 5120 + 2 * tokens * 2 * 50688 // 4
 
 
 def test_fits_leaves_the_margin_free():
