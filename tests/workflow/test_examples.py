@@ -138,6 +138,13 @@ def test_each_published_layout_splits_over_the_nodes_its_header_names(layout):
     assert cfg["model"]["preset"] == layout.stem  # each layout trains its own model
 
 
+EVALUATE_PLANS = {
+    "pythia-12b": "  evaluate: fp32 on 1 GPU(s)",
+    "gpt-neox-20b": "  evaluate: bf16 on 1 GPU(s)",
+    "megatron-gpt3-310.1b": "  evaluate: bf16 on 11 GPU(s)",
+}
+
+
 @pytest.mark.parametrize("name", ["pythia-12b", "gpt-neox-20b", "megatron-gpt3-310.1b"])
 def test_layouts_plan_through_the_slurm_profile(name, tmp_path):
     """`snakemake --profile <profiles/slurm with the header's nodes> -n train`, with the data
@@ -154,6 +161,12 @@ def test_layouts_plan_through_the_slurm_profile(name, tmp_path):
     assert out.returncode == 0, out.stdout[-3000:]
     assert job_counts(out.stdout) == PLANS[recipe.stem]
     assert f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=8 " in out.stdout
+    # the jobs after training, sized from the model on the profile's 80 GB GPUs (issue 24):
+    # fp32 on one GPU where it fits, else bf16 over the fewest GPUs; past one node, a warning
+    assert EVALUATE_PLANS[name] in out.stdout, out.stdout[-3000:]
+    assert "  export_hf: " in out.stdout
+    warned = "evaluation across nodes is not supported" in out.stdout
+    assert warned == (name == "megatron-gpt3-310.1b")
 
 
 def test_the_largest_layout_is_refused_on_the_shipped_profile(tmp_path):
