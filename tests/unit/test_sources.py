@@ -80,7 +80,7 @@ def test_errors_name_the_dataset_and_the_fix(catalog):
         match=r"datasets\.x\.name 'pyle' is not in the catalog .*entries: enwik8, oscar",
     ):
         resolve("x", {"type": "catalog", "name": "pyle"}, catalog)
-    with pytest.raises(GptflowError, match=r"catalog entry 'enwik8' has no parts"):
+    with pytest.raises(GptflowError, match=r"catalog entry 'enwik8' is a list of files, not a"):
         resolve("x", {"type": "catalog", "name": "enwik8", "parts": [0, 1]}, catalog)
     spec = {"type": "url", "url_template": "http://h/{lang}/{part}.jsonl", "parts": [0, 1]}
     with pytest.raises(GptflowError, match=r"needs \['lang', 'part'\] - set them with vars"):
