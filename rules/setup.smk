@@ -15,6 +15,7 @@ from gptflow import init_from, paths, preflight, submission, why
 from gptflow.container import (
     build_arg_args,
     build_option_args,
+    check_planned as check_container,
     recipe_hash,
     registry_login_args,
     squash_options_arg,
@@ -242,6 +243,20 @@ if workflow.is_main_process:
     for line in PREFLIGHT.lines:
         logger.info(line)
     why.dump_preflight(PREFLIGHT)
+    # The container section and eval.extra's files, found here, not in a job's input function
+    # (a Snakemake traceback) or as a missing input of evaluate
+    try:
+        check_container(CONTAINER, container_dockerfile(), srun=bool(PLACEMENT.mpi))
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
+    if CONTAINER["enabled"]:
+        container_hash()  # the rest of the recipe: the image train_gpt will need
+    try:
+        sources.check_eval_extra(
+            CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE
+        )
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {e}") from None
 
 
 # --------------------------------------------------------------------------- the hooks

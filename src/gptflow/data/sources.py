@@ -582,3 +582,44 @@ def resolve_datasets(
             name, spec, catalog=catalog or {}, catalog_path=str(catalog_path), source=source
         )
     return out
+
+
+def planned_shard(prefix: str, datasets: dict[str, Dataset], tokenizer: str, parts: bool) -> bool:
+    """`prefix` is a token shard the workflow makes for one of `datasets` (a shard, its
+    dataset's merged shard, or with `parts` (tokenize.documents_per_shard) a part of a shard)."""
+    for name, d in datasets.items():
+        shards = [s.name for s in d.shards]
+        if prefix in (paths.shard_prefix(tokenizer, name, s) for s in shards):
+            return True
+        if d.kind == "megatron":
+            continue
+        if prefix == paths.merged_prefix(tokenizer, name):
+            return True
+        stems = [paths.part_prefix(tokenizer, name, s, "") for s in shards]
+        if parts and any(re.fullmatch(re.escape(stem) + r"\d{4}", prefix) for stem in stems):
+            return True
+    return False
+
+
+def check_eval_extra(
+    extra: dict[str, list[str]],
+    datasets: dict[str, Dataset],
+    tokenizer: str,
+    parts: bool,
+    source: str,
+) -> None:
+    """Every ``eval.extra`` prefix has its .bin and .idx on disk or is a shard this plan makes
+    (:func:`planned_shard`), so the evaluation's inputs exist when the workflow is planned."""
+    for name, prefixes in extra.items():
+        for i, prefix in enumerate(prefixes):
+            if planned_shard(prefix, datasets, tokenizer, parts):
+                continue
+            for path in (Path(f"{prefix}.bin"), Path(f"{prefix}.idx")):
+                if not path.is_file():
+                    raise GptflowError(
+                        f"{source}: eval.extra.{name}[{i}] is {prefix!r}, but {path} does not "
+                        f"exist (relative to {Path.cwd()}) and no dataset of this config makes "
+                        f"it; give the prefix of an existing .bin/.idx pair (without the "
+                        f"extension) or of a shard of datasets "
+                        f"(results/tokens/{tokenizer}/DATASET/00000). Fix eval.extra in {source}."
+                    )
