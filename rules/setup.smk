@@ -243,14 +243,15 @@ if workflow.is_main_process:
     for line in PREFLIGHT.lines:
         logger.info(line)
     why.dump_preflight(PREFLIGHT)
-    # The container section and eval.extra's files, found here, not in a job's input function
-    # (a Snakemake traceback) or as a missing input of evaluate
-    try:
-        check_container(CONTAINER, container_dockerfile(), srun=bool(PLACEMENT.mpi))
-    except GptflowError as e:
-        raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
+    # The container section (when training runs in the image) and eval.extra's files, found
+    # here, not in a job's input function (a Snakemake traceback) or as a missing input.
+    # (The targets, e.g. `snakemake container`, are not known while this file is parsed.)
     if CONTAINER["enabled"]:
-        container_hash()  # the rest of the recipe: the image train_gpt will need
+        try:
+            check_container(CONTAINER, container_dockerfile(), srun=bool(PLACEMENT.mpi))
+        except GptflowError as e:
+            raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
+        container_hash()  # the rest of the recipe, read once: the image's name
     try:
         sources.check_eval_extra(
             CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE

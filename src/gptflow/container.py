@@ -517,15 +517,15 @@ def check_launch(fmt: str, *, srun: bool) -> None:
 
 def check_planned(section: dict, dockerfile: str | os.PathLike, *, srun: bool) -> None:
     """The config's container section when the workflow is planned (not first in a job's
-    input function): its Dockerfile exists (`dockerfile`: resolved against the workflow
-    directory) and, when training runs in the image, it can start there (:func:`check_launch`)."""
+    input function), when training runs in the image: its Dockerfile exists (`dockerfile`:
+    resolved against the workflow directory) and the image can start there
+    (:func:`check_launch`)."""
     if not Path(dockerfile).is_file():
         raise GptflowError(
-            f"container.dockerfile {section['dockerfile']!r} ({dockerfile}) does not exist; "
-            f"point it at a Dockerfile (relative to the workflow directory, or absolute)"
+            f"container.dockerfile is {section['dockerfile']!r}, but {dockerfile} does not "
+            f"exist; point it at a Dockerfile (relative to the workflow directory, or absolute)"
         )
-    if section["enabled"]:
-        check_launch(section["format"], srun=srun)
+    check_launch(section["format"], srun=srun)
 
 
 def container_launch(

@@ -54,7 +54,7 @@ CASES = {
     ),
     "dockerfile missing": (
         edited("container", {"enabled": True, "format": "sif", "dockerfile": "envs/NoSuch"}),
-        "container.dockerfile 'envs/NoSuch' (",
+        "container.dockerfile is 'envs/NoSuch', but ",
     ),
     "eval.extra prefix missing": (
         edited("eval", {"extra": {"wiki": ["nowhere/wiki/00000"]}}),
