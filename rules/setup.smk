@@ -15,6 +15,7 @@ from gptflow import init_from, paths, preflight, submission, why
 from gptflow.container import (
     build_arg_args,
     build_option_args,
+    check_planned as check_container,
     recipe_hash,
     registry_login_args,
     squash_options_arg,
@@ -243,6 +244,21 @@ if workflow.is_main_process:
     for line in PREFLIGHT.lines:
         logger.info(line)
     why.dump_preflight(PREFLIGHT)
+    # The container section (when training runs in the image) and eval.extra's files, found
+    # here, not in a job's input function (a Snakemake traceback) or as a missing input.
+    # (The targets, e.g. `snakemake container`, are not known while this file is parsed.)
+    if CONTAINER["enabled"]:
+        try:
+            check_container(CONTAINER, container_dockerfile(), srun=bool(PLACEMENT.mpi))
+        except GptflowError as e:
+            raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
+        container_hash()  # the rest of the recipe, read once: the image's name
+    try:
+        sources.check_eval_extra(
+            CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE
+        )
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {e}") from None
 
 
 # --------------------------------------------------------------------------- the hooks

@@ -503,6 +503,31 @@ def squash_options_arg(options: list[str]) -> str:
 # --------------------------------------------------------------------------- running in it
 
 
+def check_launch(fmt: str, *, srun: bool) -> None:
+    """Training can start in an image of format `fmt` (`srun`: under the Slurm profile's srun)."""
+    if fmt == "sqsh" and not srun:
+        raise GptflowError(
+            "container.format sqsh runs through Pyxis (srun --container-image), which needs "
+            "the Slurm profile (resources mpi: srun); use container.format sif with "
+            "Apptainer here, or container.enabled: false"
+        )
+    if fmt not in ("sqsh", "sif"):
+        raise GptflowError(f"container.format {fmt!r}: use sqsh or sif")
+
+
+def check_planned(section: dict, dockerfile: str | os.PathLike, *, srun: bool) -> None:
+    """The config's container section when the workflow is planned (not first in a job's
+    input function), when training runs in the image: its Dockerfile exists (`dockerfile`:
+    resolved against the workflow directory) and the image can start there
+    (:func:`check_launch`)."""
+    if not Path(dockerfile).is_file():
+        raise GptflowError(
+            f"container.dockerfile is {section['dockerfile']!r}, but {dockerfile} does not "
+            f"exist; point it at a Dockerfile (relative to the workflow directory, or absolute)"
+        )
+    check_launch(section["format"], srun=srun)
+
+
 def container_launch(
     fmt: str,
     image: str,
@@ -518,22 +543,15 @@ def container_launch(
     exec --nv` before the command, under srun or alone.
     """
     binds = [f"{workdir}:{workdir}", *mounts]
+    check_launch(fmt, srun=srun)
     if fmt == "sqsh":
-        if not srun:
-            raise GptflowError(
-                "container.format sqsh runs through Pyxis (srun --container-image), which needs "
-                "the Slurm profile (resources mpi: srun); use container.format sif with "
-                "Apptainer here, or container.enabled: false"
-            )
         return [
             f"--container-image={image}",
             f"--container-mounts={','.join(binds)}",
             f"--container-workdir={workdir}",
             "--no-container-mount-home",
         ], []
-    if fmt == "sif":
-        prefix = ["apptainer", "exec", "--nv", "--pwd", workdir]
-        for bind in binds:
-            prefix += ["--bind", bind]
-        return [], [*prefix, image]
-    raise GptflowError(f"container.format {fmt!r}: use sqsh or sif")
+    prefix = ["apptainer", "exec", "--nv", "--pwd", workdir]  # sif
+    for bind in binds:
+        prefix += ["--bind", bind]
+    return [], [*prefix, image]

@@ -159,6 +159,21 @@ def non_finite_numbers(value: Any, path: tuple = ()) -> list[tuple[str, float]]:
     return []
 
 
+def non_string_keys(value: Any, path: tuple = ()) -> list[tuple[str, Any]]:
+    """(dotted mapping, key) of every mapping key that is not a string (YAML reads `5:` or
+    `yes:` as a number or a boolean; JSON schema checks only string keys' names)."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                out.append((_dotted(path), k))
+            out += non_string_keys(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += non_string_keys(v, (*path, i))
+    return out
+
+
 def _resolve(schema: dict, root: dict) -> dict:
     """Follow a local ``$ref`` ("#/$defs/x"), merging the referring schema's own keys over it."""
     ref = schema.get("$ref")
@@ -320,8 +335,9 @@ def _to_end(pattern: str) -> str:
 @functools.cache
 def _validator_class():
     """Draft 2020-12, stricter where a config value can become a path or a command word:
-    ``pattern`` matches to the end of the string (see :func:`_to_end`), and a string holds no
-    control character unless its schema says ``x-text: true`` (free text, e.g. a prompt)."""
+    ``pattern`` matches to the end of the string (see :func:`_to_end`), a string holds no
+    control character unless its schema says ``x-text: true`` (free text, e.g. a prompt), and
+    an integer is written as one (2.0 is a number, not an integer)."""
     from jsonschema import Draft202012Validator, ValidationError, validators
 
     draft_type = Draft202012Validator.VALIDATORS["type"]
@@ -339,7 +355,13 @@ def _validator_class():
         ):
             yield ValidationError(f"{instance!r} holds a control character", validator="control")
 
-    return validators.extend(Draft202012Validator, {"pattern": pattern, "type": type_})
+    # An integer is an int: JSON schema also takes 2.0, which range() and ids refuse later
+    checker = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, instance: isinstance(instance, int) and not isinstance(instance, bool)
+    )
+    return validators.extend(
+        Draft202012Validator, {"pattern": pattern, "type": type_}, type_checker=checker
+    )
 
 
 def validate(instance: Any, schema: dict, *, source: str, root: dict | None = None) -> None:
@@ -354,6 +376,13 @@ def validate(instance: Any, schema: dict, *, source: str, root: dict | None = No
         for key, value in non_finite
     }
     reported = {key for key, _ in non_finite}
+    keys = {
+        f"'{where}' has a key {key!r} ({_type_name(key)}); keys are names: quote it "
+        f"('{key}':) or rename it"
+        for where, key in non_string_keys(instance)
+    }
+    if keys:  # before the schema, whose messages name keys as strings
+        raise GptflowError(f"{source}: {'; '.join(sorted(keys | lines))}. Fix {source}.")
     for err in _validator_class()(schema).iter_errors(instance):
         if _dotted(err.absolute_path) not in reported:  # a NaN is also out of range, ...
             lines.add(_describe_error(err, root, source))

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from gptflow.config import ModelConfig, TrainConfig, architecture, check_model_parallel, check_wandb
+from gptflow.data.tokenizer import BYTE_ALPHABET, check_tokenizer_file, smallest_trained_vocab
 from gptflow.errors import GptflowError
 from gptflow.schema import check_config_file, fill_defaults, load_yaml, plain, validate
 
@@ -101,12 +102,25 @@ def _check_tokenizer(cfg: dict, schema: dict, names: set[str], source: str) -> N
                 f"{source}: tokenizer.eod_token '{tok['eod_token']}' is not in "
                 f"tokenizer.special_tokens {tok['special_tokens']}. Fix {source}."
             )
+        smallest = smallest_trained_vocab(tok["special_tokens"])
+        if train["vocab_size"] < smallest:
+            raise GptflowError(
+                f"{source}: tokenizer.train.vocab_size {train['vocab_size']} is below the "
+                f"{len(tok['special_tokens'])} tokenizer.special_tokens + {BYTE_ALPHABET} byte "
+                f"tokens a ByteLevel BPE starts with; set it to {smallest} or more. Fix {source}."
+            )
     elif tok["source"] == "file":
         if "path" not in tok:
             raise GptflowError(
                 f"{source}: tokenizer.source is 'file' but tokenizer.path is not set. Fix {source}."
             )
         _check_path(tok["path"], "tokenizer.path", source)
+        try:  # parsed now, not first by the job that reads it
+            check_tokenizer_file(tok["path"], tok["eod_token"], "tokenizer.path")
+        except GptflowError as e:
+            raise GptflowError(
+                f"{source}: tokenizer.path: {e}. Fix tokenizer.path in {source}."
+            ) from None
     elif tok["source"] == "url":
         if not tok.get("url", {}).get("url"):
             raise GptflowError(
@@ -127,10 +141,11 @@ def _check_tokenizer(cfg: dict, schema: dict, names: set[str], source: str) -> N
 def _check_split(split: str, train: TrainConfig, source: str) -> None:
     """data.split gives training a share, and validation one when train.eval_iters asks for it
     (else the data index of the run fails to build, after the whole data stage)."""
-    from gptflow.data.dataset import parse_split
+    from gptflow.data.dataset import check_split_samples, parse_split
 
     try:
         train_share, valid_share, _ = parse_split(split)
+        check_split_samples(train)
     except GptflowError as e:
         raise GptflowError(f"{source}: {e}. Fix {source}.") from None
     if train_share == 0:

@@ -324,3 +324,148 @@ def test_a_json_config_loads_as_plain_data_and_is_recorded(repo, tiny_config, tm
     import yaml
 
     assert yaml.safe_load((tmp_path / RECORD).read_text())["config"]["run"] == "tiny"
+
+
+# --------------------------------------------------------------------------- bad input, issue 25
+
+
+def plan(repo, cfg):
+    """What rules/setup.smk does with a config before any job: load it, resolve its datasets."""
+    from gptflow.data import sources
+    from gptflow.schema import load_yaml
+
+    loaded = load(repo, cfg)
+    schema = load_yaml(repo / "config/schema/config.schema.yaml")
+    return sources.resolve_datasets(
+        loaded,
+        sources.needed_datasets(loaded),
+        catalog_path=repo / "config/datasets.yaml",
+        schema=schema,
+        source="my.yaml",
+    )
+
+
+def _local(**spec):
+    return lambda cfg, tmp_path: cfg["datasets"]["stdlib"].update(spec)
+
+
+def _train(**spec):
+    return lambda cfg, tmp_path: cfg["train"].update(spec)
+
+
+def _tokenizer(**spec):
+    return lambda cfg, tmp_path: cfg["tokenizer"].update(spec)
+
+
+def _catalog(**spec):
+    def edit(cfg, tmp_path):
+        cfg["datasets"]["stdlib"] = {"type": "catalog", **spec}
+        cfg["tokenizer"] = {
+            "name": "gpt2",
+            "source": "gpt2",
+            "vocab": {"url": "https://example.org/vocab.json"},
+            "merges": {"url": "https://example.org/merges.txt"},
+        }
+
+    return edit
+
+
+def _not_a_tokenizer(cfg, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"version": "1.0", "model": ')
+    cfg["tokenizer"] = {"name": "t", "source": "file", "path": str(path)}
+
+
+BAD_INPUT = {
+    # globs pathlib refuses
+    "absolute include": (
+        _local(include=["/usr/lib/*.py"]),
+        "'datasets.stdlib.include[0]' is '/usr/lib/*.py'; expected a glob relative to "
+        "datasets.*.root (not empty, not starting with '/')",
+    ),
+    "empty include": (_local(include=[""]), "'datasets.stdlib.include[0]' is ''; expected a glob"),
+    "empty exclude": (_local(exclude=[""]), "'datasets.stdlib.exclude[0]' is ''; expected a glob"),
+    "'**' inside a component": (
+        _local(include=["json/**.py"]),
+        "datasets.stdlib.include[0] is 'json/**.py', a glob pathlib refuses",
+    ),
+    # a float where an integer is meant, a key that is not a name
+    "shards 2.0": (_local(shards=2.0), "'datasets.stdlib.shards' is 2.0 (a number); expected an"),
+    "seq_length 64.0": (_train(seq_length=64.0), "'train.seq_length' is 64.0 (a number); expected"),
+    "a number as a vars key": (
+        _catalog(name="oscar", vars={5: "de"}),
+        "'datasets.stdlib.vars' has a key 5 (an integer); keys are names: quote it ('5':)",
+    ),
+    # the catalog: parts within the entry's, vars a template uses
+    "parts beyond the entry's": (
+        _catalog(name="pile", parts=[0, 40]),
+        "datasets.stdlib.parts is [0, 40], but catalog entry 'pile' has parts [0, 29]",
+    ),
+    "vars without a template": (
+        _catalog(name="enwik8", vars={"lang": "de"}),
+        "datasets.stdlib.vars sets ['lang'], which catalog entry 'enwik8' has no URL template",
+    ),
+    "vars the template does not use": (
+        _catalog(name="pile", vars={"lang": "de"}),
+        "datasets.stdlib.vars sets ['lang'], which catalog entry 'pile' does not use",
+    ),
+    # the tokenizer
+    "vocabulary smaller than the special tokens": (
+        _tokenizer(
+            special_tokens=["<|endoftext|>", *(f"<|s{i}|>" for i in range(9))],
+            train={"datasets": ["stdlib"], "vocab_size": 260},
+        ),
+        "tokenizer.train.vocab_size 260 is below the 10 tokenizer.special_tokens + 256 byte "
+        "tokens a ByteLevel BPE starts with; set it to 266 or more",
+    ),
+    "empty eod_token": (
+        _tokenizer(eod_token="", special_tokens=["", "<|padding|>"]),
+        "'tokenizer.eod_token' must not be empty",
+    ),
+    "empty special token": (
+        _tokenizer(special_tokens=["<|endoftext|>", ""]),
+        "'tokenizer.special_tokens[1]' must not be empty",
+    ),
+    "tokenizer.path not a tokenizer": (
+        _not_a_tokenizer,
+        "tokenizer.json: not a Hugging Face tokenizer.json (",
+    ),
+    # numbers beyond what their consumer takes
+    "seed past numpy's RandomState": (
+        _train(seed=2**32),
+        "'train.seed' is 4294967296; it must be <= 4294967295",
+    ),
+    "a global batch no split could give": (
+        _train(global_batch_size=2**62),
+        "the train split would have to give 184,467,440,737,095,516,160 samples",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_one_line_naming_the_key(repo, tiny_config, tmp_path, case):
+    """Each class of bad input the adversarial suite found (issue 25) is refused before any
+    job, in one line naming the key and the fix (before: a traceback, or accepted)."""
+    edit, message = BAD_INPUT[case]
+    cfg = copy.deepcopy(tiny_config)
+    edit(cfg, tmp_path)
+    with pytest.raises(GptflowError) as e:
+        plan(repo, cfg)
+    msg = str(e.value)
+    assert message in msg and "\n" not in msg, msg
+    assert msg.startswith("my.yaml: ") and "Fix " in msg and "my.yaml" in msg.split("Fix ")[-1]
+
+
+def test_what_the_bad_input_rules_leave_alone(repo, tiny_config, tmp_path):
+    # parts within the entry's; OSCAR's parts are not bounded (their number differs by lang)
+    pile = {"name": "pile", "parts": [0, 29]}
+    oscar = {"name": "oscar", "vars": {"lang": "de"}, "parts": [1, 9]}
+    for spec in (pile, oscar):
+        cfg = copy.deepcopy(tiny_config)
+        _catalog(**spec)(cfg, tmp_path)
+        assert len(plan(repo, cfg)["stdlib"].shards) == spec["parts"][1] - spec["parts"][0] + 1
+    cfg = copy.deepcopy(tiny_config)
+    _train(seed=2**32 - 1)(cfg, tmp_path)  # the largest seed numpy's RandomState takes
+    _tokenizer(special_tokens=["<|endoftext|>", "a", "b", "c"])(cfg, tmp_path)
+    cfg["tokenizer"]["train"]["vocab_size"] = 260  # = 256 bytes + 4 special tokens
+    plan(repo, cfg)

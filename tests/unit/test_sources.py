@@ -80,7 +80,7 @@ def test_errors_name_the_dataset_and_the_fix(catalog):
         match=r"datasets\.x\.name 'pyle' is not in the catalog .*entries: enwik8, oscar",
     ):
         resolve("x", {"type": "catalog", "name": "pyle"}, catalog)
-    with pytest.raises(GptflowError, match=r"catalog entry 'enwik8' has no parts"):
+    with pytest.raises(GptflowError, match=r"catalog entry 'enwik8' is a list of files, not a"):
         resolve("x", {"type": "catalog", "name": "enwik8", "parts": [0, 1]}, catalog)
     spec = {"type": "url", "url_template": "http://h/{lang}/{part}.jsonl", "parts": [0, 1]}
     with pytest.raises(GptflowError, match=r"needs \['lang', 'part'\] - set them with vars"):
@@ -207,3 +207,29 @@ def test_the_datasets_a_config_needs_and_the_stamps_of_local_files(tmp_path):
     f.write_text("hello")
     st = f.stat()
     assert file_stamps([str(f)]) == [[str(f), 5, st.st_mtime_ns]]
+
+
+def test_eval_extra_takes_files_on_disk_and_shards_the_plan_makes(tmp_path):
+    """eval.extra is checked when the workflow is planned (issue 25): a prefix whose files
+    exist, or a shard (part, merged shard) a dataset of the plan makes, passes; any other is
+    one line naming eval.extra and the missing file."""
+    from gptflow.data.sources import Dataset, Shard, check_eval_extra
+
+    made = {"wiki": Dataset("wiki", "collect", (Shard("00000", "x.jsonl", "jsonl"),))}
+    on_disk = tmp_path / "old" / "00007"
+    on_disk.parent.mkdir()
+    for ext in (".bin", ".idx"):
+        on_disk.with_suffix(ext).write_bytes(b"")
+    ok = [str(on_disk), "results/tokens/t/wiki/00000", "results/tokens/t/wiki/merged"]
+    check_eval_extra({"a": ok}, made, "t", False, "c.yaml")
+    check_eval_extra({"a": ["results/tokens/t/wiki/00000-0003"]}, made, "t", True, "c.yaml")
+    for bad, parts in [
+        ("results/tokens/t/wiki/00001", True),  # no such shard
+        ("results/tokens/t/wiki/00000-0003", False),  # no parts without documents_per_shard
+        ("results/tokens/other/wiki/00000", True),  # another tokenizer's
+        (str(on_disk.parent / "00008"), True),
+    ]:
+        with pytest.raises(GptflowError) as e:
+            check_eval_extra({"a": [str(on_disk), bad]}, made, "t", parts, "c.yaml")
+        assert str(e.value).startswith(f"c.yaml: eval.extra.a[1] is {bad!r}, but {bad}.bin does ")
+        assert "\n" not in str(e.value)

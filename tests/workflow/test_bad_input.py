@@ -46,6 +46,20 @@ CASES = {
         edited("tokenizer", {"name": "t", "source": "file", "path": "nowhere/tokenizer.json"}),
         "tokenizer.path 'nowhere/tokenizer.json' does not exist",
     ),
+    # issue 25: these came inside a Snakemake traceback, or as its MissingInputException
+    "sqsh on the local profile": (
+        edited("container", {"enabled": True, "format": "sqsh"}),
+        "container.format sqsh runs through Pyxis (srun --container-image), which needs the "
+        "Slurm profile",
+    ),
+    "dockerfile missing": (
+        edited("container", {"enabled": True, "format": "sif", "dockerfile": "envs/NoSuch"}),
+        "container.dockerfile is 'envs/NoSuch', but ",
+    ),
+    "eval.extra prefix missing": (
+        edited("eval", {"extra": {"wiki": ["nowhere/wiki/00000"]}}),
+        "eval.extra.wiki[0] is 'nowhere/wiki/00000', but nowhere/wiki/00000.bin does not exist",
+    ),
 }
 
 
@@ -59,6 +73,7 @@ def test_config_errors_stop_before_any_job(case, tmp_path, snakemake, write_conf
     assert len(lines) == 1, out.out
     assert message in lines[0]
     assert str(config) in lines[0]  # names the file to fix
+    assert "Traceback" not in out.out and "Exception" not in out.out
     assert not (tmp_path / "wd" / "results").exists()
 
 
@@ -73,12 +88,19 @@ def test_empty_corpus_stops_before_any_job(tmp_path, snakemake, write_config):
     assert "datasets.stdlib matched 2 files under" in out.out and "all empty" in out.out
 
 
-def test_a_broken_tokenizer_fails_its_job_and_publishes_no_shard(tmp_path, snakemake, write_config):
-    broken = tmp_path / "tokenizer.json"
-    broken.write_text('{"version": "1.0", "model": ')
-    cfg = edited("tokenizer", {"name": "broken", "source": "file", "path": str(broken)})
+def test_a_broken_tokenizer_fails_its_job_and_publishes_no_shard(
+    tmp_path, snakemake, write_config, tokenizer_json
+):
+    # tokenizer.path is parsed when the workflow is planned (issue 25), so the file breaks
+    # after it was imported: the copy the jobs read, JSON the preflight counts a vocabulary
+    # in but no Hugging Face tokenizer
+    cfg = edited("tokenizer", {"name": "broken", "source": "file", "path": str(tokenizer_json)})
     wd = tmp_path / "wd"
-    out = snakemake(wd, write_config(tmp_path / "c.yaml", cfg), "data")
+    config = write_config(tmp_path / "c.yaml", cfg)
+    imported = "results/tokenizers/broken/tokenizer.json"
+    assert snakemake(wd, config, imported).returncode == 0
+    (wd / imported).write_text('{"model": {"vocab": {"a": 0}}}')
+    out = snakemake(wd, config, "data")
     assert out.returncode != 0
     assert "Error in rule tokenize_shard" in out.out
     # Snakemake schedules the shards in no fixed order and stops after the first failure,

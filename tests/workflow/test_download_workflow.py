@@ -150,7 +150,8 @@ def test_unreachable_urls_fail_with_one_line_naming_dataset_and_urls(
         ({"type": "url", "files": [{"url": "http://h/corpus.bin"}]},
          "datasets.d: cannot tell the format of 'corpus.bin' from its name; set format"),
         ({"type": "catalog", "name": "pile", "parts": [5, 2]},
-         "datasets.d (catalog entry 'pile'): parts [5, 2] is empty (last < first)"),
+         "datasets.d.parts is [5, 2], but catalog entry 'pile' has parts [0, 29]; give "
+         "[first, last] with 0 <= first <= last <= 29"),
     ],
 )  # fmt: skip
 def test_bad_dataset_entries_stop_before_any_job(

@@ -521,7 +521,7 @@ def test_enabling_the_container_reruns_only_the_image_and_training(
     cfg["container"].update(format="sif", dockerfile=str(tmp_path / "nope" / "Dockerfile"))
     missing = snakemake(wd, write_config(tmp_path / "missing.yaml", cfg), "-n", "train")
     assert missing.returncode != 0
-    assert "nope/Dockerfile (Dockerfile) does not exist" in missing.out
+    assert f"container.dockerfile is '{tmp_path}/nope/Dockerfile', but" in missing.out
     cfg["container"]["enabled"] = False
     off = snakemake(wd, write_config(tmp_path / "off.yaml", cfg), "-n", "train")
     assert off.returncode == 0 and "Nothing to be done" in off.out, off.out[-3000:]

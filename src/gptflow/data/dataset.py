@@ -90,6 +90,34 @@ class ShardSet:
 # ----------------------------------------------------------------------------- index building
 
 
+# Token positions in a split's sample index are int64 (build_sample_index): no split, of any
+# size or number of epochs, gives more tokens than this
+MAX_SPLIT_TOKENS = int(np.iinfo(np.int64).max)
+
+
+def split_samples(train) -> dict[str, int]:
+    """Samples each split must give a run (`train`: its TrainConfig): every step's global
+    batch, and every evaluation's eval_iters global batches of the validation split."""
+    return {
+        "train": train.train_iters * train.global_batch_size,
+        "valid": train.eval_iters * train.global_batch_size,
+    }
+
+
+def check_split_samples(train) -> None:
+    """Refuse a run whose samples no split could give (:data:`MAX_SPLIT_TOKENS`)."""
+    iters = {"train": "train.train_iters", "valid": "train.eval_iters"}
+    for split, samples in split_samples(train).items():
+        tokens = samples * train.seq_length + 1
+        if tokens > MAX_SPLIT_TOKENS:
+            raise GptflowError(
+                f"the {split} split would have to give {samples:,} samples of "
+                f"train.seq_length {train.seq_length} ({tokens:.3g} tokens, train.global_batch_size "
+                f"{train.global_batch_size} x {iters[split]}), beyond the 2^63 - 1 token "
+                f"positions of a data index; lower train.global_batch_size or the iterations"
+            )
+
+
 def num_epochs_needed(tokens_per_epoch: int, num_samples: int, seq_length: int) -> int:
     """Smallest number of epochs whose tokens cover `num_samples` samples (+1 extra token)."""
     needed = num_samples * seq_length + 1
@@ -564,10 +592,7 @@ def run_split_datasets(cfg, build_allowed: bool = True) -> dict:
     trainer then only loads the cached files (``build_allowed=False`` on ranks > 0).
     """
     t = cfg.train
-    samples = {
-        "train": t.train_iters * t.global_batch_size,
-        "valid": t.eval_iters * t.global_batch_size,
-    }
+    samples = split_samples(t)
     blend = [
         (d.name, d.weight, [s.prefix for s in d.shards], [s.idx_sha256 for s in d.shards])
         for d in cfg.datasets

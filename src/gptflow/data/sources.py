@@ -211,6 +211,19 @@ def _matches(rel: str, patterns: list[str]) -> bool:
     return False
 
 
+def _glob(root: Path, pattern: str, key: str, source: str) -> list[Path]:
+    """``root.glob(pattern)``; a pattern pathlib refuses (empty, absolute, '**' inside a
+    component) is an error naming `key`."""
+    try:
+        return list(root.glob(pattern))
+    except (ValueError, NotImplementedError) as e:
+        raise GptflowError(
+            f"{source}: {key} is {pattern!r}, a glob pathlib refuses ({e}); give a pattern "
+            f"relative to the root, '**' only as a whole path component (e.g. 'json/**/*.py'). "
+            f"Fix {key} in {source}."
+        ) from None
+
+
 def list_local_files(name: str, spec: dict, source: str = "config") -> list[Path]:
     """Sorted files of a ``local`` dataset; an error names the key when nothing matches."""
     root = expand_root(spec["root"])
@@ -221,8 +234,8 @@ def list_local_files(name: str, spec: dict, source: str = "config") -> list[Path
         )
     include, exclude = spec["include"], spec.get("exclude", [])
     found: set[Path] = set()
-    for pattern in include:
-        for path in root.glob(pattern):
+    for i, pattern in enumerate(include):
+        for path in _glob(root, pattern, f"datasets.{name}.include[{i}]", source):
             if path.is_file():
                 rel = path.relative_to(root).as_posix()
                 if not _matches(rel, exclude):
@@ -374,6 +387,18 @@ def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
         raise GptflowError(
             f"{where}: a url dataset needs either files or url_template (with parts), not both"
         )
+    given = sorted(k for k in ("parts", "vars", "mirror_templates") if k in spec)
+    if spec.get("files") and given:
+        raise GptflowError(
+            f"{where}: {' and '.join(given)} apply to a url_template; with files they are "
+            f"unused - remove them"
+        )
+    unused = sorted(set(spec.get("vars", {})) - template_fields(spec))
+    if unused:
+        raise GptflowError(
+            f"{where}: vars sets {unused}, which url_template does not use (its variables: "
+            f"{sorted(template_fields(spec) - {'part'}) or 'none'}); remove them"
+        )
     files: list[RemoteFile] = []
     if spec.get("files"):
         for i, f in enumerate(spec["files"]):
@@ -493,15 +518,54 @@ def resolve_dataset(
         for k, v in catalog[entry_name].items()
         if k not in ("description", "homepage", "license", "gated", "size_gb")
     }
+    key = f"datasets.{name}"
     if "parts" in spec:
         if "url_template" not in entry:
             raise GptflowError(
-                f"{source}: datasets.{name}.parts: catalog entry '{entry_name}' has no parts"
+                f"{source}: {key}.parts is {spec['parts']}, but catalog entry '{entry_name}' is "
+                f"a list of files, not a template over parts; remove {key}.parts. Fix {source}."
             )
+        _check_catalog_parts(entry, spec["parts"], f"{key}.parts", entry_name, source)
         entry["parts"] = spec["parts"]
     if "vars" in spec:
+        used = template_fields(entry)
+        unused = sorted(set(spec["vars"]) - used)
+        if unused:
+            takes = sorted(used - {"part"})
+            raise GptflowError(
+                f"{source}: {key}.vars sets {unused}, which catalog entry '{entry_name}' "
+                f"{'has no URL template to use' if not entry.get('url_template') else 'does not use'}"
+                f" (its template variables: {takes or 'none'}); remove them from {key}.vars. "
+                f"Fix {source}."
+            )
         entry["vars"] = {**entry.get("vars", {}), **spec["vars"]}
-    return _url_dataset(name, entry, f"{source}: datasets.{name} (catalog entry '{entry_name}')")
+    return _url_dataset(name, entry, f"{source}: {key} (catalog entry '{entry_name}')")
+
+
+def template_fields(spec: dict) -> set[str]:
+    """The variables of a url dataset's url_template and mirror_templates ({part}, {lang}, ...)."""
+    templates = [spec.get("url_template") or "", *spec.get("mirror_templates", [])]
+    return {
+        field.split(".")[0].split("[")[0]
+        for t in templates
+        for _, field, _, _ in string.Formatter().parse(t)
+        if field
+    }
+
+
+def _check_catalog_parts(entry: dict, parts: list, key: str, entry_name: str, source: str) -> None:
+    """A config's parts lie within the entry's: those are the files that exist. Not checked
+    when the template takes other variables (OSCAR's {lang}): how many parts exist differs by
+    their values, and the entry's parts are only a default."""
+    if template_fields(entry) - {"part"}:
+        return
+    first, last = entry["parts"]
+    if not first <= parts[0] <= parts[1] <= last:
+        raise GptflowError(
+            f"{source}: {key} is {parts}, but catalog entry '{entry_name}' has parts "
+            f"[{first}, {last}]; give [first, last] with {first} <= first <= last <= {last}. "
+            f"Fix {source}."
+        )
 
 
 def resolve_datasets(
@@ -518,3 +582,44 @@ def resolve_datasets(
             name, spec, catalog=catalog or {}, catalog_path=str(catalog_path), source=source
         )
     return out
+
+
+def planned_shard(prefix: str, datasets: dict[str, Dataset], tokenizer: str, parts: bool) -> bool:
+    """`prefix` is a token shard the workflow makes for one of `datasets` (a shard, its
+    dataset's merged shard, or with `parts` (tokenize.documents_per_shard) a part of a shard)."""
+    for name, d in datasets.items():
+        shards = [s.name for s in d.shards]
+        if prefix in (paths.shard_prefix(tokenizer, name, s) for s in shards):
+            return True
+        if d.kind == "megatron":
+            continue
+        if prefix == paths.merged_prefix(tokenizer, name):
+            return True
+        stems = [paths.part_prefix(tokenizer, name, s, "") for s in shards]
+        if parts and any(re.fullmatch(re.escape(stem) + r"\d{4}", prefix) for stem in stems):
+            return True
+    return False
+
+
+def check_eval_extra(
+    extra: dict[str, list[str]],
+    datasets: dict[str, Dataset],
+    tokenizer: str,
+    parts: bool,
+    source: str,
+) -> None:
+    """Every ``eval.extra`` prefix has its .bin and .idx on disk or is a shard this plan makes
+    (:func:`planned_shard`), so the evaluation's inputs exist when the workflow is planned."""
+    for name, prefixes in extra.items():
+        for i, prefix in enumerate(prefixes):
+            if planned_shard(prefix, datasets, tokenizer, parts):
+                continue
+            for path in (Path(f"{prefix}.bin"), Path(f"{prefix}.idx")):
+                if not path.is_file():
+                    raise GptflowError(
+                        f"{source}: eval.extra.{name}[{i}] is {prefix!r}, but {path} does not "
+                        f"exist (relative to {Path.cwd()}) and no dataset of this config makes "
+                        f"it; give the prefix of an existing .bin/.idx pair (without the "
+                        f"extension) or of a shard of datasets "
+                        f"(results/tokens/{tokenizer}/DATASET/00000). Fix eval.extra in {source}."
+                    )

@@ -77,6 +77,27 @@ def tokenizer_info(
     )
 
 
+# The ByteLevel alphabet a trained BPE starts from: one token per byte value
+BYTE_ALPHABET = 256
+
+
+def smallest_trained_vocab(special_tokens: list[str]) -> int:
+    """The vocabulary a trained BPE holds before its first merge: the special tokens and the
+    byte alphabet. A smaller tokenizer.train.vocab_size cannot be met (the trainer keeps
+    them all and the file holds more ids than asked)."""
+    return BYTE_ALPHABET + len(special_tokens)
+
+
+def check_tokenizer_file(path: str | os.PathLike, eod_token: str, key: str) -> None:
+    """The tokenizer.json at `path` (config key `key`) parses and holds `eod_token`."""
+    tok = load_tokenizer(path)
+    if tok.token_to_id(eod_token) is None:
+        raise GptflowError(
+            f"{key} '{path}' has no token {eod_token!r} (tokenizer.eod_token); set "
+            f"tokenizer.eod_token to its end-of-document token"
+        )
+
+
 def train_bpe(
     texts: Iterable[str],
     out: str | os.PathLike,
