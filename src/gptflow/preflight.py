@@ -343,9 +343,16 @@ def vocab_size(cfg: dict, tokenizer_json: Path | None) -> tuple[int, str]:
     if model_vocab:
         return model_vocab, "model.vocab_size"
     if tokenizer_json is not None and tokenizer_json.is_file():
-        tok = json.loads(tokenizer_json.read_text())
-        ids = set(tok["model"]["vocab"].values()) | {t["id"] for t in tok.get("added_tokens", [])}
-        return max(ids) + 1, str(tokenizer_json)
+        try:
+            tok = json.loads(tokenizer_json.read_text())
+            vocab = tok["model"]["vocab"].values()
+            ids = set(vocab) | {t["id"] for t in tok.get("added_tokens", [])}
+            return max(ids) + 1, str(tokenizer_json)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise GptflowError(
+                f"{tokenizer_json}: not a tokenizer.json with a vocabulary ({type(e).__name__}: "
+                f"{e}); a job cut short or a disk error? Delete it and it is made again"
+            ) from None
     train = cfg.get("tokenizer", {}).get("train") or {}
     if cfg.get("tokenizer", {}).get("source") == "train" and train.get("vocab_size"):
         return train["vocab_size"], "tokenizer.train.vocab_size"

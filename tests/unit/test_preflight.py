@@ -498,6 +498,13 @@ def test_the_vocabulary_comes_from_the_tokenizer_on_disk(tmp_path):
         8192,
         "tokenizer.train.vocab_size",
     )
+    # a half-written or corrupt tokenizer.json: one line naming the file and the fix
+    for text in ('{"model": {"vocab": {"a"', '{"model": {}}', "[]"):
+        path.write_text(text)
+        with pytest.raises(
+            GptflowError, match=r"tokenizer.json: not a tokenizer.json .* Delete it"
+        ):
+            preflight.vocab_size(cfg, path)
 
 
 def test_made_shards_count_their_bytes_whole_or_in_parts(tmp_path, monkeypatch):
