@@ -9,6 +9,7 @@ DeepSpeed once per optimizer step and saved in its checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -561,3 +562,51 @@ def convert_to_universal(step_dir: str | os.PathLike, out_dir: str | os.PathLike
     )
     with contextlib.redirect_stdout(sys.stderr):
         ds_to_universal.main(args)
+
+
+# ----------------------------------------------------------------------------- dropout RNG
+#
+# Megatron's model-parallel RNG, with less machinery. Under tensor parallel the dropout masks of
+# a replicated region (the embedding's; the hidden dropouts, whose inputs are the row-parallel
+# sums) must agree on the ranks of a tensor-parallel group, or their copies of the replicated
+# weights drift apart; those of a split region (the attention probabilities: each rank holds
+# other heads) must differ, or head h of every rank gets the same mask. The default RNG stream
+# is the replicated one: the trainer seeds it per micro-batch from the data-parallel rank,
+# never the tensor-parallel one (gptflow.train.loop.reseed). The attention's dropout runs in a
+# fork of it reseeded for the tensor-parallel rank (:func:`split_region_rng`).
+
+
+def use_split_region_rng(module: torch.nn.Module, train: TrainConfig, device: torch.device) -> None:
+    """Under tensor parallel, give every attention of `module` (this rank's model, or its
+    pipeline stage) the split-region RNG of its tensor-parallel rank: the model's hook
+    ``Attention.split_rng``, a null context by default."""
+    if train.tensor_parallel == 1:
+        return
+    rank = tensor_parallel_rank(train.tensor_parallel)
+    devices = []  # the GPU whose generator the attention draws from, besides the CPU's
+    if device.type == "cuda":
+        devices = [torch.cuda.current_device() if device.index is None else device.index]
+    for m in module.modules():
+        if hasattr(m, "split_rng"):
+            m.split_rng = lambda: split_region_rng(rank, train.tensor_parallel, devices)
+
+
+@contextlib.contextmanager
+def split_region_rng(rank: int, size: int, devices: list[int]):
+    """The default generators (the CPU's, and those of the GPUs `devices`) reseeded for a split
+    region of tensor-parallel rank `rank` of `size`, and restored after it.
+
+    The seed is a draw from the default CPU stream, the same on every rank of the group,
+    times `size` plus `rank`: distinct per rank, and a function of the replicated stream, so
+    of (seed, step, micro-batch, data-parallel rank) -- repeated by a resume, and by activation
+    checkpointing's recomputation, which restores the default RNG states before it reruns a
+    layer (Megatron's tracker, a stream of its own, needs its own checkpoint function for that).
+    The draw advances the replicated stream alike on every rank. No host sync: the draw is a
+    CPU tensor, and a GPU generator's state (seed, Philox offset) lives on the host (ATen's
+    ``CUDAGeneratorState``; get/set_state copy it to and from a CPU byte tensor)."""
+    draw = int(torch.randint(2**62 // size, (), device="cpu"))  # a CPU tensor: no device sync
+    with torch.random.fork_rng(devices=devices, device_type="cuda"):
+        torch.default_generator.manual_seed(draw * size + rank)
+        for index in devices:
+            torch.cuda.default_generators[index].manual_seed(draw * size + rank)
+        yield

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 
 import torch
@@ -63,6 +64,9 @@ class Attention(nn.Module):
         self.query_key_value = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = cfg.attention_dropout
+        # the RNG of the dropout of this rank's heads: under tensor parallel, a stream of the
+        # tensor-parallel rank's own (set by gptflow.engine.use_split_region_rng)
+        self.split_rng: Callable[[], AbstractContextManager] = nullcontext
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # heads counted from the projection's width: under tensor parallelism a rank holds
@@ -70,9 +74,10 @@ class Attention(nn.Module):
         qkv = self.query_key_value(x).unflatten(-1, (-1, 3 * self.head_dim))
         q, k, v = qkv.permute(0, 2, 1, 3).chunk(3, dim=-1)  # each (B, H, T, hd)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, T, hd)
+        with self.split_rng():
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, H, T, hd)
         return self.dense(y.transpose(1, 2).flatten(2))
 
 

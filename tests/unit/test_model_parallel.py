@@ -480,3 +480,56 @@ def test_no_rank_builds_the_whole_model(repo, tmp_path):
     for r in ranks:
         assert r["held"] < r["whole"] / 3, r  # a quarter of the layers' weights, or so
         assert 0 < r["peak"] <= r["held"] + 2 * r["largest"], r
+
+
+def test_tp2_dropout_masks_differ_in_split_regions_agree_in_replicated_ones(repo, tmp_path):
+    """Megatron's model-parallel RNG, on 2 tensor-parallel ranks (tests/support/dropout_masks.py,
+    activation checkpointing on): the attention's dropout masks (each rank holds other heads)
+    differ between the ranks; the embedding's and the hidden dropouts' (their inputs are the
+    row-parallel sums, the same on both) are equal; the backward's recomputation of a layer
+    draws the attention masks its forward drew."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2",
+           str(repo / "tests" / "support" / "dropout_masks.py"), str(tmp_path)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    # forward: the embedding's, then each layer's two; then those the recomputation reruns (it
+    # stops once the saved tensors the backward needs are remade)
+    assert len(a["hidden"]) == len(b["hidden"]) > 1 + 2 * 2
+    assert all(torch.equal(x, y) for x, y in zip(a["hidden"], b["hidden"], strict=True))
+    # forward layers 0, 1; the backward recomputes layer 1, then 0
+    assert len(a["attention"]) == len(b["attention"]) == 4
+    for ranks in (a, b):
+        first, second, again_second, again_first = ranks["attention"]
+        assert torch.equal(first, again_first) and torch.equal(second, again_second)
+        assert not torch.equal(first, second)
+    assert not any(torch.equal(x, y) for x, y in zip(a["attention"], b["attention"], strict=True))
+
+
+def test_tp2_with_dropout_resumes_exactly_and_keeps_replicated_weights_equal(make_run):
+    """The tiny model's dropout (0.1) at tensor parallel 2: killed at step 4 and resumed, the
+    run repeats the uninterrupted one bit for bit (losses and weights) -- the attention's
+    per-rank stream is reseeded with the default one -- and the replicated weights (LayerNorms,
+    embeddings, row-parallel biases) are the same on both ranks: the replicated regions' masks
+    agree (merged_by_hand checks them)."""
+    from gptflow.export import checkpoint_weights
+
+    steps = dict(SETTINGS, train_iters=6, eval_interval=6, save_interval=6, tensor_parallel=2)
+    straight = make_run("straight", **steps)
+    out = torchrun(straight, 2)
+    assert out.returncode == 0, out.stderr[-4000:]
+    merged_by_hand(module_slices(Path(final_step(straight))))
+    resumed = make_run("resumed", **steps)
+    assert stopped_at_4(torchrun(resumed, 2, "--exit-interval", "4"))
+    again = torchrun(resumed, 2)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resuming from step 4" in again.stderr
+    assert losses(resumed) == losses(straight) and sorted(losses(straight)) == [1, 2, 3, 4, 5, 6]
+    a = checkpoint_weights(final_step(straight), straight)
+    b = checkpoint_weights(final_step(resumed), resumed)
+    assert all(torch.equal(a[k].read(), b[k].read()) for k in a)

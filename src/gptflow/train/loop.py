@@ -4,9 +4,11 @@
 Data order is a pure function of (seed, consumed samples): step s of every rank reads samples
 ``[s * global_batch, (s+1) * global_batch)`` of the training split, rank r's micro-batch m being
 the slice ``(m * ranks + r) * micro_batch`` of it (Megatron's pretraining sampler). Dropout RNG is
-reseeded from (seed, step, micro-batch, rank). Together with DeepSpeed's model, optimizer and
-scheduler state and the log interval's sums (saved with each checkpoint) that makes a resumed
-run repeat the uninterrupted one bit for bit.
+reseeded from (seed, step, micro-batch, data-parallel rank): under tensor parallel the same on
+the ranks of a group, the attention's dropout (its heads are split) drawing from a fork of it
+per tensor-parallel rank (:func:`gptflow.engine.split_region_rng`). Together with DeepSpeed's
+model, optimizer and scheduler state and the log interval's sums (saved with each checkpoint)
+that makes a resumed run repeat the uninterrupted one bit for bit.
 
 The loop reads the device once per log interval (:class:`~gptflow.train.metrics.Interval`);
 every tensor it makes comes from :class:`~gptflow.train.device.Device`.
@@ -129,6 +131,7 @@ def build(
     torch.manual_seed(t.seed)  # identical initialisation on every rank
     with initial_weights(cfg, rank, resume_from) as init:
         model = ds.build_model(cfg.model, t, dev.world_size, dev.device, init)
+    ds.use_split_region_rng(model, t, dev.device)  # attention dropout per tensor-parallel rank
     groups = decay_groups(model, t.weight_decay)
     engine = ds.build_engine(model, groups, t, dev.world_size, mode == "universal", dev.device)
     if t.pipeline_parallel > 1 and engine.grid.get_data_parallel_rank() != t.data_parallel_rank(
@@ -284,7 +287,9 @@ def parallel_line(t, dp: int) -> str:
 
 def reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) -> None:
     """Dropout's RNG for one micro-batch: the same sample gets the same mask whatever the
-    number of ranks (micro-batch m of one rank is micro-batch 0 of rank m of several)."""
+    number of ranks (micro-batch m of one rank is micro-batch 0 of rank m of several).
+    `rank` and `world` are data-parallel: a tensor-parallel group shares the stream (its
+    replicated regions' masks agree; :func:`gptflow.engine.split_region_rng` forks it)."""
     torch.manual_seed(seed * 1_000_003 + (step * gas + micro) * world + rank)
 
 
