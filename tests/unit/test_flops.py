@@ -110,8 +110,12 @@ def assert_mfu_is_per_device(log: str, records: list[dict], peak: float) -> None
 
     flops_per_token = float(re.search(r"; ([\d,]+) FLOPs per token", log)[1].replace(",", ""))
     tokens_per_step = int(re.search(r"(\d+) tokens/step", log)[1])
-    assert records
+    timed = [r for r in records if r["timed_steps"]]  # an interval of only untimed steps: n/a
+    assert timed
     for r in records:
+        if not r["timed_steps"]:
+            assert r["ms_per_step"] is r["tokens_per_s"] is r["mfu"] is None
+    for r in timed:
         tokens_per_s = tokens_per_step / (r["ms_per_step"] / 1000)
         assert r["tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-9)
         per_device = flops_per_token * tokens_per_s / r["world_size"] / 1e12
