@@ -69,6 +69,24 @@ def test_offload_sections_and_their_zero_requirements():
         TrainConfig(train_iters=1, zero_stage=2, offload="optimizer_and_params")
 
 
+def one_gloo_rank(script: str) -> dict:
+    """`script` run by a fresh Python as one gloo rank (its rendezvous port, free, is argv[1]);
+    the JSON object its last line prints."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = subprocess.run(
+        [sys.executable, "-c", script, port], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 SKIP_SCRIPT = r"""
 import json, os, sys
 import torch
@@ -124,19 +142,7 @@ def test_a_step_with_nan_gradients_is_skipped_at_every_zero_stage():
     DeepSpeed counts the skip (ZeRO 0 through our optimizer's overflow flag, ZeRO 1-3 by their
     own gradient-norm checks), and the next step trains normally. Real DeepSpeed engines, one
     gloo rank."""
-    import json
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    out = subprocess.run(
-        [sys.executable, "-c", SKIP_SCRIPT, port], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = one_gloo_rank(SKIP_SCRIPT)
     for stage, r in result.items():
         assert r["unchanged"] and r["then_trains"] and r["finite"], (stage, r)
     assert {s: result[s]["skipped_steps"] for s in result} == {"0": 1, "1": 1, "2": 1, "3": 1}
@@ -268,19 +274,7 @@ def test_fp16_sums_gradients_in_fp32_under_zero():
     skipped step, the loss falls). At ZeRO 0 DeepSpeed refuses fp32 sums of fp16 gradients, so
     they stay fp16 there (the trainer warns). Real DeepSpeed engines on one gloo rank; the CPU
     runs fp16 matmuls through oneDNN."""
-    import json
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    out = subprocess.run(
-        [sys.executable, "-c", FP16_SCRIPT, port], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = one_gloo_rank(FP16_SCRIPT)
     for stage, r in result.items():
         assert r["params"] == "torch.float16" and r["skipped"] == 0, (stage, r)
         assert r["losses"][1] < r["losses"][0], (stage, r)

@@ -19,7 +19,7 @@ import torch
 
 from .test_flops import assert_mfu_is_per_device
 from .test_relayout import continue_with, losses, stopped_at_4
-from .test_train import BIN, gptflow_train, records
+from .test_train import BIN, gptflow_train, probe_ranks, records
 
 # No dropout: a split layer draws its masks per rank, so only dropout-free losses match 1 rank's.
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
@@ -338,13 +338,7 @@ def test_a_pipeline_evaluates_in_one_pass(make_run, tmp_path):
     one = make_run("one", **settings)
     assert gptflow_train(one).returncode == 0
     run_dir = make_run("pp", pipeline_parallel=2, **settings)
-    probe = tmp_path / "probe.py"
-    probe.write_text(EVAL_PROBE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(probe),
-           str(run_dir / "run.yaml"), str(tmp_path / "calls")]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
+    probe_ranks(EVAL_PROBE, run_dir, tmp_path)
     for rank in (0, 1):
         # steps 0 and 2: 3 global batches of 8 sequences, in micro-batches of 4, on 1
         # data-parallel rank

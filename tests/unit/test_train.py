@@ -459,6 +459,18 @@ def test_tensorboard_events_hold_the_logged_scalars(make_run):
     assert "train/tflops_per_device" in events.Tags()["scalars"]
 
 
+def probe_ranks(probe: str, run_dir: Path, tmp_path: Path) -> None:
+    """`probe` (a script given run.yaml and an output prefix, writing ``{prefix}.{rank}``) run
+    as two torchrun ranks on `run_dir`'s run; the outputs are ``tmp_path/calls.{rank}``."""
+    script = tmp_path / "probe.py"
+    script.write_text(probe)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(script),
+           str(run_dir / "run.yaml"), str(tmp_path / "calls")]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+
+
 SYNC_PROBE = '''
 """Run `gptflow train` with every host read of a tensor recorded by the gptflow function
 that made it: Tensor.item/tolist/__float__/__int__/__bool__."""
@@ -504,13 +516,7 @@ def test_the_loop_reads_the_device_once_per_log_interval(make_run, tmp_path, zer
         "sync", train_iters=12, log_interval=4, eval_interval=6, eval_iters=1, save_interval=6,
         zero_stage=zero_stage,
     )  # fmt: skip
-    probe = tmp_path / "probe.py"
-    probe.write_text(SYNC_PROBE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(probe),
-           str(run_dir / "run.yaml"), str(tmp_path / "calls")]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
+    probe_ranks(SYNC_PROBE, run_dir, tmp_path)
     for rank in (0, 1):
         calls = json.loads((tmp_path / f"calls.{rank}").read_text())
         assert calls == {
