@@ -18,7 +18,9 @@ dtype) and reads each one only when asked, so nothing holds the whole model:
 - ZeRO 3: the partitions through DeepSpeed's own zero_to_fp32 loader (its ``GatheredTensor``).
 
   The Adam states beside the weights are dropped unread. Optimizer files hold pickled
-  DeepSpeed objects, so they are read only from a checkpoint inside the run directory.
+  DeepSpeed objects: ZeRO 1/2's are read by torch's weights-only unpickler with the four
+  DeepSpeed classes they hold allowed by name; ZeRO 3's by zero_to_fp32, so they are read only
+  from a checkpoint inside the run directory.
 
 Writing. safetensors shards of at most ``max_shard_size`` bytes, planned as Hugging Face plans
 them (``model-00001-of-0000N.safetensors`` + ``model.safetensors.index.json``; a single
@@ -267,7 +269,15 @@ def optimizer_files(ckpt: Path) -> dict[tuple[int, int], Path]:
 def _optimizer_state(path: Path) -> dict:
     """The DeepSpeed optimizer state of one rank, memory-mapped, without the Adam moments
     (dropped unread: only the fp32 master weights are wanted)."""
-    state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    # the only objects a ZeRO 1/2 optimizer file holds besides tensors and containers, allowed
+    # by name: torch's weights-only unpickler refuses anything else
+    allowed = [fragment_address, ZeroStageEnum, LossScaler, DynamicLossScaler]
+    with torch.serialization.safe_globals(allowed):
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     optim = state["optimizer_state_dict"]
     optim.pop("base_optimizer_state", None)
     return optim
@@ -340,7 +350,7 @@ def _sliced_weights(
 def _param_shapes(path: Path) -> list[dict]:
     if not path.is_file():
         raise GptflowError(f"{path.parent}: no {path.name}; not a complete DeepSpeed checkpoint")
-    states = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    states = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     if states.get("frozen_param_shapes"):
         raise GptflowError(f"{path}: frozen parameters are not supported by the export")
     return states["param_shapes"]
