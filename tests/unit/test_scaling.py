@@ -54,6 +54,18 @@ def test_power_law_with_one_percent_noise():
     assert 0.001 < fit.rmse < 0.1 and 0 < fit.max_rel_error < 0.03
 
 
+def test_power_law_keeps_the_floor_nonnegative():
+    """Losses falling linearly in log N (4 - 0.1 ln(N / 1e6): no floor in sight) are fitted best
+    without constraints by a negative E and the smallest alpha; the fit clips E to 0 and refits
+    A and alpha (measured: E = 0, A = 5.85, alpha = 0.027, rmse 0.006), so the law stays
+    positive beyond the points."""
+    loss = 4 - 0.1 * np.log(SIZES / 1e6)
+    fit = fit_power_law(SIZES, loss)
+    assert fit.E == 0 and fit.A > 0 and 0.01 < fit.alpha < 3
+    assert fit.max_rel_error < 0.01
+    assert fit.predict(1e15) > 0
+
+
 def test_two_term_recovers_chinchilla_without_noise():
     """Noiseless Chinchilla law on a 4 x 4 grid of N x D: all five parameters within 1e-2
     relative (measured: ~1e-10)."""
