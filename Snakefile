@@ -23,6 +23,7 @@ include: "rules/tokenize.smk"
 include: "rules/train.smk"
 include: "rules/container.smk"
 include: "rules/evaluate.smk"
+include: "rules/study.smk"
 
 
 onstart:

@@ -148,9 +148,19 @@ def get_tokenizer_file(wildcards):
     return tokenizer_asset("url") if TOKENIZER_SOURCE == "url" else CFG["tokenizer"]["path"]
 
 
+def get_data_index(wildcards):
+    """The data index a run reads (gptflow.paths.DATA_INDEX, shared by runs like it)."""
+    return paths.DATA_INDEX.format(index=INDEX_OF[wildcards.run])
+
+
+def get_index_settings(wildcards):
+    """What data index {index} is built from (gptflow.run_config.data_index_settings)."""
+    return INDEXES[wildcards.index]
+
+
 def get_init_from_files(wildcards):
     """model.init_from's files: run.yaml records them, so a changed file re-renders it."""
-    path = CFG["model"].get("init_from")
+    path = RUNS[wildcards.run]["model"].get("init_from")
     return init_from.input_files(path) if path else []
 
 
@@ -234,4 +244,9 @@ def get_train_container_record(wildcards):
 
 def get_final_outputs():
     outputs = [paths.DONE, paths.EVAL, paths.HF_EXPORT, paths.REPORT_CARD]
-    return expand(outputs, run=RUN)
+    return expand(outputs, run=RUNS) + get_study_outputs()
+
+
+def get_study_outputs():
+    """The study's comparison (rule study_report), or nothing without a study."""
+    return [STUDY_PAGE.format(study=STUDY)] if STUDY else []

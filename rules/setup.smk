@@ -29,7 +29,8 @@ from gptflow.evaluate import export_resources as run_export_resources
 from gptflow.evaluate import run_resources as run_eval_resources
 from gptflow.hardware import visible_gpus
 from gptflow.schema import load_yaml
-from gptflow.workflow_config import load_workflow_config
+from gptflow.run_config import data_index_name, data_index_settings
+from gptflow.workflow_config import load_workflow_config, run_configs
 
 REPO = Path(workflow.basedir)
 SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
@@ -52,22 +53,42 @@ except GptflowError as e:
 # `gptflow why`: its dry run asks for the config this plan uses (gptflow.why.DUMP_ENV)
 why.dump_config(CFG)
 
-RUN = CFG["run"]
+# Every run: one for a config without a study, the study's runs otherwise (each a config of
+# its own: its name, model and train; the rest shared). STUDY names the study, else None.
+RUNS = run_configs(CFG)
+STUDY = CFG["run"] if CFG.get("study") is not None else None
+STUDY_PAGE = f"{paths.STUDY_DIR}/study.html"
 TOKENIZER = CFG["tokenizer"]["name"]
 TOKENIZER_SOURCE = CFG["tokenizer"]["source"]
 BLENDED = [item["dataset"] for item in CFG["data"]["blend"]]
 DOCUMENTS_PER_SHARD = CFG["tokenize"]["documents_per_shard"]
 CONTAINER = CFG["container"]
-# What run.yaml is rendered from: a change here re-renders it (and so reruns training)
-RUN_SETTINGS = {
-    "run": CFG["run"],
-    "tokenizer": {"eod_token": CFG["tokenizer"]["eod_token"]},
-    "data": CFG["data"],
-    "model": CFG["model"],
-    "train": CFG["train"],
-}
-# Model and optimisation settings: Snakemake reruns training when one changes
-TRAIN_SETTINGS = {"model": CFG["model"], "train": CFG["train"], "data": CFG["data"]}
+# The data index each run reads (gptflow.paths.DATA_INDEX): runs reading the same samples of
+# the same shards share one, built once
+INDEX_SETTINGS = {name: data_index_settings(run) for name, run in RUNS.items()}
+INDEX_OF = {name: data_index_name(settings) for name, settings in INDEX_SETTINGS.items()}
+INDEXES = {INDEX_OF[name]: settings for name, settings in INDEX_SETTINGS.items()}
+
+
+def get_run_settings(wildcards):
+    """What run.yaml is rendered from: a change here re-renders it (and so reruns training)."""
+    run = RUNS[wildcards.run]
+    return {
+        "run": run["run"],
+        **({"study": STUDY} if STUDY else {}),
+        "tokenizer": {"eod_token": CFG["tokenizer"]["eod_token"]},
+        "data": CFG["data"],
+        "model": run["model"],
+        "train": run["train"],
+    }
+
+
+def get_train_settings(wildcards):
+    """Model and optimisation settings: Snakemake reruns training when one changes."""
+    run = RUNS[wildcards.run]
+    return {"model": run["model"], "train": run["train"], "data": CFG["data"]}
+
+
 APPEND_EOD = ["--append-eod"] if CFG["tokenize"]["append_eod"] else []
 
 # Datasets are resolved once, here (catalog, globs, URL templates), so that a glob matching
@@ -107,7 +128,9 @@ wildcard_constraints:
     dataset=dataset_choice(DATASETS),
     shard=r"\d{5}",
     part=r"\d{4}",
-    run=re.escape(RUN),
+    run=dataset_choice(RUNS),
+    index=dataset_choice(INDEXES),
+    study=re.escape(STUDY or "-"),
     tokenizer=re.escape(TOKENIZER),
     file=sources.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
     hash=r"[0-9a-f]{12}",
@@ -117,7 +140,8 @@ wildcard_constraints:
 # model.init_from's tokenizer against the run's at -n, when the run's exists already
 # (tokenizer.path, or made by an earlier run); render_run_config checks it in any case
 try:
-    init_from.check_planned_tokenizer(CFG, paths.tokenizer_json(TOKENIZER))
+    for run_cfg in RUNS.values():
+        init_from.check_planned_tokenizer(run_cfg, paths.tokenizer_json(TOKENIZER))
 except GptflowError as e:
     raise WorkflowError(f"gptflow config ({CONFIG_SOURCE}): {e}") from None
 
@@ -220,9 +244,11 @@ def profile_placement():
 # would fail on the cluster is refused here, before any job waits in the queue.
 PLACEMENT = profile_placement()
 if workflow.is_main_process:
+    # a study: every run's layout and memory checked, the largest run's preflight in full
+    LARGEST = max(RUNS, key=lambda name: preflight.model_config(RUNS[name], 0).num_parameters())
     try:
         PREFLIGHT = preflight.run(
-            CFG,
+            RUNS[LARGEST],
             PLACEMENT,
             tokenizer_json=Path(paths.tokenizer_json(TOKENIZER)),
             datasets=DATASETS,
@@ -238,7 +264,16 @@ if workflow.is_main_process:
                 name: threads.value
                 for name, threads in (workflow.resource_settings.overwrite_threads or {}).items()
             },
+            label=f" (largest run: {LARGEST})" if STUDY else "",
         )
+        if STUDY:
+            PREFLIGHT.lines += preflight.study(
+                RUNS,
+                PLACEMENT,
+                tokenizer_json=Path(paths.tokenizer_json(TOKENIZER)),
+                indexes=len(INDEXES),
+                trained={name for name in RUNS if Path(paths.DONE.format(run=name)).is_file()},
+            )
     except GptflowError as e:
         raise WorkflowError(f"gptflow preflight ({CONFIG_SOURCE} and the profile): {e}") from None
     for line in PREFLIGHT.lines:

@@ -2,12 +2,14 @@
 
 Checkpoints live in results/runs/{run}/checkpoints/ and are deliberately not outputs:
 Snakemake deletes the outputs of failed jobs. DONE.json is written last, by the trainer.
+A study's runs are {run}s of these same rules; they share the data index where they read
+the same samples (gptflow.run_config.data_index_settings).
 """
 
 
 rule train:
     input:
-        expand(paths.DONE, run=RUN),
+        expand(paths.DONE, run=RUNS),
 
 
 # The one rule that takes every shard file: the rules after it read the shards through
@@ -25,33 +27,39 @@ rule render_run_config:
     conda:
         "../envs/gptflow.yaml"
     params:
-        settings=RUN_SETTINGS,
+        settings=get_run_settings,
         shards=get_blend_prefixes,
         run_dir=paths.RUN_DIR,
+        data_index=get_data_index,
     script:
         "../workflow/scripts/render_run_config.py"
 
 
 # Every index the trainer reads (each dataset's document, sample and shuffle indices, and the
-# blend's), built once here into results/runs/{run}/data-index/; the trainer's ranks then only
-# memory-map them.
+# blend's), built once here into results/data-index/{index}/ for every run that reads the same
+# samples (a study's runs of other sizes or learning rates share it); the trainer's ranks then
+# only memory-map them. The same code as `gptflow build-index --config RUN.yaml`.
 rule build_data_index:
     input:
-        config=paths.RUN_YAML,
+        tokenizer=paths.tokenizer_json(TOKENIZER),
+        shards=get_blend_shard_files,
     output:
         paths.DATA_INDEX,
     log:
-        paths.log("build_data_index", "{run}"),
+        paths.log("build_data_index", "{index}"),
     conda:
         "../envs/gptflow.yaml"
-    shell:
-        "gptflow build-index --config {input.config:q} --out {output:q} > {log:q} 2>&1"
+    params:
+        settings=get_index_settings,
+        shards=get_blend_prefixes,
+    script:
+        "../workflow/scripts/build_data_index.py"
 
 
 rule train_gpt:
     input:
         config=paths.RUN_YAML,
-        index=paths.DATA_INDEX,
+        index=get_data_index,
         image=get_train_container,
     output:
         paths.DONE,
@@ -67,7 +75,7 @@ rule train_gpt:
         mpi="",
         nproc_per_node=get_local_ranks,
     params:
-        hyperparameters=TRAIN_SETTINGS,
+        hyperparameters=get_train_settings,
         launcher=get_train_launcher,
         ranks=get_rank_options,
     # --wait-for-lock: a job rerun while its predecessor still runs (Snakemake killed and

@@ -7,9 +7,11 @@ Bad input exits with status 1 and one line on stderr: what is wrong, where, and 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -609,8 +611,10 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
 
 def add_why_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--directory", default=".", help="the workflow's working directory")
-    s.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU (H100 bf16: 989)")
-    s.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization assumed")
+    s.add_argument(
+        "--peak-tflops", type=float, default=None, help="per GPU (default: H100 bf16, 989)"
+    )
+    s.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization assumed (0.4)")
     s.add_argument("--json", default=None, help="also write the result as JSON here")
     s.add_argument(
         "snakemake_args", nargs=argparse.REMAINDER,
@@ -635,25 +639,52 @@ def add_summary_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_summary(a: argparse.Namespace) -> int:
-    from gptflow.status import finished_runs, outputs
+    from gptflow.status import by_study, finished_runs, outputs
 
-    for run_dir in finished_runs(a.results):
-        o = outputs(run_dir)
-        done = o["done"]
-        print(f"run {o['run']}: step {done['final_step']}, {done['tokens']:,} tokens")
-        if done.get("initial_val_loss") is not None:
-            print(
-                f"  validation loss: {done['initial_val_loss']:.4f} at step 0 -> "
-                f"{done['final_val_loss']:.4f} at step {done['final_step']}"
-            )
-        width = max(len(x["what"]) for x in o["outputs"]) + 1
-        for x in o["outputs"]:
-            label = f"{x['what']}:".ljust(width)
-            if x["present"]:
-                print(f"  {label} {x['path']}" + (f" ({x['detail']})" if x["detail"] else ""))
-            else:
-                print(f"  {label} {x['absent']}: {x['path']} ({x['made_by']})")
+    for study, runs in by_study([outputs(d) for d in finished_runs(a.results)]):
+        if study is not None:
+            print(study_summary(study, runs, Path(a.results)))
+        for o in runs:
+            print(textwrap.indent(run_summary(o), "  " if study else ""))
     return 0
+
+
+def study_summary(study: str, runs: list[dict], results: Path) -> str:
+    """A study's line in `gptflow summary`: its finished runs' final validation losses, and
+    where its comparison is."""
+    from gptflow import paths
+
+    page = results.parent / paths.STUDY_DIR.format(study=study) / "study.html"
+    where = page if page.is_file() else f"{page} not made yet (snakemake target study)"
+    losses = ", ".join(
+        f"{o['run']} {o['done']['final_val_loss']:.4f}"
+        for o in runs
+        if o["done"].get("final_val_loss") is not None
+    )
+    return (
+        f"study {study}: {len(runs)} finished run(s); final validation loss: {losses or 'n/a'}"
+        f"\n  comparison: {where}"
+    )
+
+
+def run_summary(o: dict) -> str:
+    """One finished run of `gptflow summary`: its step, losses and every output."""
+    out = []
+    done = o["done"]
+    out.append(f"run {o['run']}: step {done['final_step']}, {done['tokens']:,} tokens")
+    if done.get("initial_val_loss") is not None:
+        out.append(
+            f"  validation loss: {done['initial_val_loss']:.4f} at step 0 -> "
+            f"{done['final_val_loss']:.4f} at step {done['final_step']}"
+        )
+    width = max(len(x["what"]) for x in o["outputs"]) + 1
+    for x in o["outputs"]:
+        label = f"{x['what']}:".ljust(width)
+        if x["present"]:
+            out.append(f"  {label} {x['path']}" + (f" ({x['detail']})" if x["detail"] else ""))
+        else:
+            out.append(f"  {label} {x['absent']}: {x['path']} ({x['made_by']})")
+    return "\n".join(out)
 
 
 def add_status_arguments(s: argparse.ArgumentParser) -> None:
@@ -663,14 +694,19 @@ def add_status_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    from gptflow.status import NO_SQUEUE, statuses
+    from gptflow.status import NO_SQUEUE, by_study, statuses
 
     result = statuses(a.runs_dir, a.runs)
     if a.json:
         print(json.dumps(result, indent=2))
         return 0
-    for run in result["runs"]:
-        print("\n".join(status_lines(run)))
+    for study, runs in by_study(result["runs"]):
+        if study is not None:
+            states = collections.Counter(r["state"] for r in runs)
+            counts = ", ".join(f"{n} {state}" for state, n in states.most_common())
+            print(f"study {study}: {len(runs)} run(s): {counts}")
+        for run in runs:
+            print(textwrap.indent("\n".join(status_lines(run)), "  " if study else ""))
     if result["slurm"] not in (None, NO_SQUEUE):
         print(f"Slurm queue not read: {result['slurm']}")
     return 0

@@ -35,10 +35,14 @@ MERGED = "results/tokens/{tokenizer}/{dataset}/merged"  # tokenize.merge
 IMAGE_RECORD = "results/containers/gptflow-{hash}.json"
 IMAGE = "results/containers/gptflow-{hash}.{format}"  # format: sqsh or sif
 
+# the data index (document, sample and shuffle indices) of every run that reads the same
+# samples of the same shards: named by gptflow.run_config.data_index_name, shared by a study
+DATA_INDEX = "results/data-index/{index}.json"
+DATA_INDEX_DIR = "results/data-index/{index}"
+
 RUN_DIR = "results/runs/{run}"
 RUN_YAML = "results/runs/{run}/run.yaml"
-DATA_INDEX = "results/runs/{run}/data-index.json"
-DATA_INDEX_DIR = "results/runs/{run}/data-index"
+RUN_DATA_INDEX_DIR = "results/runs/{run}/data-index"  # before shared indices (old run.yaml)
 CHECKPOINTS = "results/runs/{run}/checkpoints"  # not a Snakemake output (DESIGN.md)
 TRAIN_LOCK = "results/runs/{run}/train.lock"
 TRAIN_LOG = "results/runs/{run}/train.log"
@@ -50,6 +54,9 @@ EVAL = "results/runs/{run}/eval.json"
 HF_EXPORT = "results/runs/{run}/hf"
 REPORT_DIR = "results/runs/{run}/report"
 REPORT_CARD = "results/runs/{run}/report/card.html"
+
+# a study (workflow config `study`): its runs are results/runs/{run}/, its comparison here
+STUDY_DIR = "results/studies/{study}"
 
 # a job's log: logs/{rule}/{the job's wildcards}.log
 LOG = "logs/{rule}/{job}.log"

@@ -649,6 +649,10 @@ def after_training(m: ModelConfig, seq_length: int, p: Placement, eval_cfg: dict
 
 # --------------------------------------------------------------------------- the run's size
 
+# GPU-hours at -n and in `gptflow why`: an H100's dense bf16 peak at 40 % MFU, unless told
+ASSUMED_PEAK_TFLOPS = 989.0
+ASSUMED_MFU = 0.4
+
 
 def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, mfu: float) -> dict:
     """Parameters, tokens, FLOPs, GPU-hours, checkpoint and shard bytes, free disk."""
@@ -670,6 +674,53 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
         "shard_bytes": shards,
         "free_bytes": free,
     }
+
+
+def study(
+    runs: dict[str, dict],
+    p: Placement,
+    *,
+    tokenizer_json: Path | None,
+    indexes: int,
+    trained: set[str],
+    peak_tflops: float = ASSUMED_PEAK_TFLOPS,
+    mfu: float = ASSUMED_MFU,
+) -> list[str]:
+    """A study's plan, one line a run (parameters, tokens, batch split, memory per GPU where
+    the run goes to GPUs, GPU-hours, trained or not) under the study's totals. Every run's
+    layout and memory are checked as a single run's are (the error names the run)."""
+    vocab = vocab_size(next(iter(runs.values())), tokenizer_json)[0]
+    rows, total_flops, total_hours = [], 0.0, 0.0
+    for name, cfg in runs.items():
+        train = TrainConfig(**cfg["train"])
+        m = model_config(cfg, vocab)
+        try:
+            gas = check_layout(train, p.ranks)
+            fit = memory_per_gpu(m, train, p.ranks, p) if p.executor == "slurm" or p.gres else None
+            if fit is not None:
+                check_memory(fit)
+        except GptflowError as e:
+            raise GptflowError(f"study run '{name}': {e}") from None
+        s = size(cfg, m, 0, 0, peak_tflops, mfu)
+        total_flops += s["training_flops"]
+        total_hours += s["gpu_hours"]
+        memory = f"{human(fit.total)} of {human(fit.gpu_bytes)}" if fit else "-"
+        split = f"{train.micro_batch_size} x {gas} x {train.data_parallel_size(p.ranks)}"
+        state = "trained" if name in trained else "to train"
+        rows.append((name, f"{s['parameters']:,}", f"{s['training_tokens']:,}", split, memory,
+                     f"{s['gpu_hours']:.3g}", state))  # fmt: skip
+    header = ("run", "parameters", "tokens", "micro x accum x dp", "memory/GPU", "GPU-hours", "")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    table = [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+    return [
+        f"gptflow study: {len(runs)} run(s), {len(trained)} trained; {indexes} data index(es) "
+        f"shared by them; {total_flops:.3g} training FLOPs = {total_hours:.3g} GPU-hours at "
+        f"{mfu:.0%} MFU of {peak_tflops:g} TFLOP/s",
+        *table,
+    ]
 
 
 @dataclass
@@ -730,6 +781,7 @@ def run(
     runtimes: dict[str, int | None] | None = None,
     sinfo=read_sinfo,
     accounts=read_accounts,
+    label: str = "",
 ) -> Report:
     """Every check above for `cfg` placed by `p`; raises GptflowError at the first failure
     (the key and the fix named), else returns the lines to print at -n."""
@@ -738,8 +790,7 @@ def run(
     ranks = p.ranks
     gas = check_layout(train, ranks)
     rep = Report(placement=asdict(p))
-    found = placeholders(p)
-    if found:
+    if found := placeholders(p):
         rep.lines.append("gptflow: " + placeholder_message(found, "the Slurm profile"))
     rep.warnings += launch_warnings
     if p.executor == "slurm" and (groups := sinfo()) is not None:
@@ -756,7 +807,7 @@ def run(
         else f"{ranks} rank(s)"
     )
     rep.lines.append(
-        f"gptflow preflight: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
+        f"gptflow preflight{label}: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
         f"parallel; micro batch {train.micro_batch_size} x grad accum {gas} x {dp} = global "
         f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
         f"{vocab:,}: {vocab_source})"

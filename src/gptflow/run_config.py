@@ -56,6 +56,10 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig
     init_from: InitFromInfo | None = None  # model.init_from: the weights of step 0
+    # the shared data index's summary (gptflow.paths.DATA_INDEX); "" in a run.yaml from
+    # before shared indices: the run directory's data-index/
+    data_index: str = ""
+    study: str = ""  # the study (workflow config `study`) the run is one of, else ""
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -98,7 +102,9 @@ class RunConfig:
 
     @property
     def index_cache_dir(self) -> Path:
-        return paths.in_run_dir(paths.DATA_INDEX_DIR, self.run_dir)
+        if self.data_index:
+            return Path(self.data_index).with_suffix("")
+        return paths.in_run_dir(paths.RUN_DATA_INDEX_DIR, self.run_dir)
 
     @property
     def train_log_path(self) -> Path:
@@ -181,6 +187,8 @@ class RunConfig:
             "model": dataclasses.asdict(self.model),
             **({"init_from": dataclasses.asdict(self.init_from)} if self.init_from else {}),
             "train": dataclasses.asdict(self.train),
+            **({"data_index": self.data_index} if self.data_index else {}),
+            **({"study": self.study} if self.study else {}),
             **({"derived": self.extra} if self.extra else {}),
         }
 
@@ -203,6 +211,8 @@ class RunConfig:
                 model=ModelConfig(**d["model"]),
                 train=TrainConfig(**d["train"]),
                 init_from=InitFromInfo(**d["init_from"]) if d.get("init_from") else None,
+                data_index=d.get("data_index", ""),
+                study=d.get("study", ""),
                 extra=d.get("derived", {}),
             )
         except (KeyError, TypeError) as e:
@@ -219,8 +229,67 @@ class RunConfig:
         return cls.from_dict(data, source=str(path))
 
 
+def data_index_settings(cfg: dict) -> dict:
+    """What a run's data index depends on, from its validated workflow config: the tokenizer,
+    the blend, the split, the sequence length, the seed and the samples each split gives
+    (gptflow.data.dataset.split_samples). Runs with the same settings read the same samples of
+    the same shards (the shards' content is the index job's input files), so a study's runs
+    that differ in model or learning rate share one index."""
+    from gptflow.data.dataset import split_samples
+
+    train = TrainConfig(**cfg["train"])
+    return {
+        "tokenizer": cfg["tokenizer"]["name"],
+        "blend": [{"dataset": b["dataset"], "weight": b["weight"]} for b in cfg["data"]["blend"]],
+        "split": cfg["data"]["split"],
+        "seq_length": train.seq_length,
+        "seed": train.seed,
+        "samples": split_samples(train),
+    }
+
+
+def data_index_name(settings: dict) -> str:
+    """The {index} of gptflow.paths.DATA_INDEX: a hash of :func:`data_index_settings`."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_data_index(settings: dict, shards: dict[str, list[str]], out: str) -> dict:
+    """Build every index of `settings` (:func:`data_index_settings`) over the shard prefixes
+    `shards` (dataset -> prefixes) into out's directory (out without ``.json``), as the
+    trainer reads them (gptflow.data.dataset.build_split_datasets, keyed by content); returns
+    the summary the build_data_index rule writes to `out`."""
+    import time
+
+    from gptflow.data.dataset import build_split_datasets
+    from gptflow.data.tokenize import read_manifest
+
+    blend = []
+    for item in settings["blend"]:
+        prefixes = shards[item["dataset"]]
+        shas = [read_manifest(p)["idx_sha256"] for p in prefixes]
+        blend.append((item["dataset"], float(item["weight"]), prefixes, shas))
+    cache = Path(out).with_suffix("")
+    t0 = time.perf_counter()
+    data = build_split_datasets(
+        blend, settings["split"], settings["samples"], settings["seq_length"],
+        settings["seed"], cache,
+    )  # fmt: skip
+    return {
+        "settings": settings,
+        "cache_dir": str(cache),
+        "samples": {name: len(ds) for name, ds in data.items() if ds is not None},
+        "files": sorted(p.name for p in cache.glob("*.npy")),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
 def render_run_config(
-    cfg: dict, *, tokenizer_path: str, shards: dict[str, list[str]], run_dir: str
+    cfg: dict,
+    *,
+    tokenizer_path: str,
+    shards: dict[str, list[str]],
+    run_dir: str,
+    data_index: str = "",
 ) -> RunConfig:
     """The run config of a validated workflow config: model resolved, tokenizer and shards checked.
 
@@ -286,6 +355,8 @@ def render_run_config(
         model=model,
         train=train,
         init_from=init_from,
+        data_index=data_index,
+        study=cfg.get("study") or "",
         extra=derived,
     )
 

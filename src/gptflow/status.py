@@ -197,13 +197,20 @@ def live_trainer(files: RunFiles) -> dict | None:
 
 def train_iters(files: RunFiles) -> int | None:
     """The run's total steps (run.yaml's train.train_iters); None before run.yaml exists."""
+    return run_yaml_facts(files)[0]
+
+
+def run_yaml_facts(files: RunFiles) -> tuple[int | None, str | None]:
+    """(total steps, study) from run.yaml: train.train_iters and the study the run is part of
+    (None for a run of its own); (None, None) before run.yaml exists."""
     try:
         text = files.run_yaml.read_text()
     except FileNotFoundError:
-        return None
+        return None, None
     try:
-        return int(yaml.safe_load(text)["train"]["train_iters"])
-    except (yaml.YAMLError, KeyError, TypeError, ValueError):
+        data = yaml.safe_load(text)
+        return int(data["train"]["train_iters"]), data.get("study") or None
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError):
         raise GptflowError(
             f"{files.run_yaml}: no train.train_iters; not a gptflow run config. Re-render it "
             f"(delete it and rerun the workflow: rule render_run_config)"
@@ -221,7 +228,7 @@ def run_status(run_dir: str | Path, now: float | None = None, jobs: list | None 
     trains = [r for r in records if r.get("kind") == "train" and "time" in r]
     evals = [r for r in records if r.get("kind") == "eval"]
     trainer = live_trainer(files)
-    total = train_iters(files)
+    total, study = run_yaml_facts(files)
     last = trains[-1] if trains else None
     step = last["step"] if last else 0
     if files.done.is_file():  # also when metrics.jsonl is gone
@@ -237,6 +244,7 @@ def run_status(run_dir: str | Path, now: float | None = None, jobs: list | None 
     since = now - last["time"] if last else None
     return {
         "run": files.run,
+        "study": study,
         "dir": str(files.dir),
         "exists": files.dir.is_dir(),
         "stage": stage(files, trainer is not None),
@@ -325,6 +333,15 @@ def statuses(
 # ----------------------------------------------------------------------------- outputs
 
 
+def by_study(items: list[dict]) -> list[tuple[str | None, list[dict]]]:
+    """`items` (each with a "study": its name or None) grouped: every study's in the order
+    they come, then the runs of no study (None) last."""
+    groups: dict[str | None, list[dict]] = {}
+    for item in items:
+        groups.setdefault(item.get("study"), []).append(item)
+    return sorted(groups.items(), key=lambda g: g[0] is None)
+
+
 def finished_runs(results: str | Path = "results") -> list[Path]:
     """The run directories under `results`/runs/ with a DONE.json, by name."""
     done = sorted(Path(results).glob("runs/*/DONE.json"))
@@ -366,8 +383,10 @@ def outputs(run_dir: str | Path) -> dict:
         ("report card", files.report_card, "", "not made yet",
          "rule report_assets; snakemake target all"),
     ]  # fmt: skip
+    _, study = run_yaml_facts(files) if files.run_yaml.is_file() else (None, None)
     return {
         "run": files.run,
+        "study": study,
         "done": done,
         "outputs": [
             {

@@ -145,20 +145,25 @@ def attribute(job: Job, workdir: Path, changes: list[tuple[str, object, object]]
     for value in recorded_params(workdir, job.outputs[0]):
         if isinstance(value, dict):
             stored.update(flatten(value))
+    run = re.search(r"\brun=([^,\s]+)", job.wildcards)
     for key, old, new in changes:
         # a job's params hold config sections (e.g. train_gpt: {model, train, data}) whose
-        # keys are the config's own paths
-        if key in stored:
+        # keys are the config's own paths; a study run's are under runs.<run>.
+        own = key.removeprefix(f"runs.{run[1]}.") if run else key
+        if own in stored and not (own == key and key.startswith("runs.")):
             job.keys.append((key, old, new))
 
 
 # --------------------------------------------------------------------------- preflight
 
 
-def size(cfg: dict, plan: dict, workdir: Path, peak_tflops: float, mfu: float) -> dict:
+def size(cfg: dict, plan: dict, workdir: Path, peak_tflops, mfu) -> dict:
     """The run's size (gptflow.preflight.size) from the plan's own preflight: its parameter
-    count with the tokenizer's real vocabulary, and the token shards' bytes."""
-    from gptflow.preflight import model_config, size
+    count with the tokenizer's real vocabulary, and the token shards' bytes; GPU-hours at
+    the preflight's assumed peak and MFU unless given."""
+    from gptflow.preflight import ASSUMED_MFU, ASSUMED_PEAK_TFLOPS, model_config, size
+
+    peak_tflops, mfu = peak_tflops or ASSUMED_PEAK_TFLOPS, mfu or ASSUMED_MFU
 
     found = plan.get("size") or {}
     model = model_config(cfg, found.get("vocab") or 0) if found.get("vocab") else None
@@ -178,8 +183,8 @@ def why(
     snakemake_args: list[str],
     *,
     workdir: str | os.PathLike = ".",
-    peak_tflops: float = 989.0,
-    mfu: float = 0.4,
+    peak_tflops: float | None = None,
+    mfu: float | None = None,
     out=sys.stdout,
 ) -> dict:
     workdir = Path(workdir)

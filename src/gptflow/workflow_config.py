@@ -7,13 +7,18 @@ Errors name the key, the value and the fix, in this config's own terms.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
+import re
 from pathlib import Path
 
 from gptflow.config import ModelConfig, TrainConfig, architecture, check_model_parallel, check_wandb
 from gptflow.data.tokenizer import BYTE_ALPHABET, check_tokenizer_file, smallest_trained_vocab
 from gptflow.errors import GptflowError
 from gptflow.schema import check_config_file, fill_defaults, load_yaml, plain, validate
+
+NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # the schema's $defs/name
 
 
 def load_workflow_config(
@@ -49,28 +54,121 @@ def load_workflow_config(
             )
     _check_tokenizer(cfg, schema, names, source)
 
-    cfg["model"] = resolve_model(cfg["model"], schema, Path(models_dir), source)
+    study = cfg.get("study")
+    raw_model = cfg["model"]
+    cfg["model"] = _check_run(cfg["model"], cfg["train"], cfg, schema, models_dir, source)
+    if study is not None:
+        cfg["runs"] = {
+            name: _study_run(name, overrides, raw_model, cfg, schema, models_dir, source)
+            for name, overrides in study_runs(study, source).items()
+        }
+    return cfg
+
+
+def _check_run(model: dict, train: dict, cfg: dict, schema: dict, models_dir, source: str) -> dict:
+    """The model resolved (preset + overrides) and the cross-field rules of a run's model and
+    train keys, named in this file's terms."""
+    model = resolve_model(model, schema, Path(models_dir), source)
     try:  # the cross-field rules of the dataclasses, named in this file's terms
-        train = TrainConfig(**cfg["train"])
-        train.check_trainable()
-        model = ModelConfig(**architecture(cfg["model"]))
-        check_model_parallel(model, train)
-        if cfg["model"].get("init_from"):  # its directory, architecture, weights and rows
+        t = TrainConfig(**train)
+        t.check_trainable()
+        m = ModelConfig(**architecture(model))
+        check_model_parallel(m, t)
+        if model.get("init_from"):  # its directory, architecture, weights and rows
             from gptflow.init_from import check_planned
 
-            check_planned(cfg["model"]["init_from"], model)
+            check_planned(model["init_from"], m)
     except GptflowError as e:
         raise GptflowError(f"{source}: {e}. Fix {source}.") from None
-    if train.seq_length > cfg["model"]["max_position_embeddings"]:
+    if t.seq_length > model["max_position_embeddings"]:
         raise GptflowError(
-            f"{source}: train.seq_length {train.seq_length} exceeds "
-            f"model.max_position_embeddings {cfg['model']['max_position_embeddings']}. Fix {source}."
+            f"{source}: train.seq_length {t.seq_length} exceeds "
+            f"model.max_position_embeddings {model['max_position_embeddings']}. Fix {source}."
         )
-    _check_split(cfg["data"]["split"], train, source)
-    check_wandb(train.wandb, source)
+    _check_split(cfg["data"]["split"], t, source)
+    check_wandb(t.wandb, source)
     # Not errors: log, eval and save intervals longer than train_iters (the last step logs,
     # evaluates and saves anyway), an eval_interval with eval_iters 0 (nothing to evaluate).
-    return cfg
+    return model
+
+
+# --------------------------------------------------------------------------- studies
+
+
+def _label(key: str, value) -> str:
+    """A grid value as part of a run name: a string as it is, a number or a boolean after its
+    key's last part (lr0.001, tokens1e08), characters a name cannot hold as '_'."""
+    if isinstance(value, str):
+        text = value
+    else:
+        shown = str(value).lower() if isinstance(value, bool) else f"{value:g}".replace("+", "")
+        text = f"{key.rsplit('.', 1)[-1]}{shown}"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
+
+
+def study_runs(study: dict, source: str) -> dict[str, dict]:
+    """A study's runs by name, each its overrides {model: {...}, train: {...}, tokens: N}:
+    the named runs, then every combination of the grid (in the grid's key order)."""
+    runs = {name: dict(o or {}) for name, o in study["runs"].items()}
+    grid = study["grid"]
+    for values in itertools.product(*grid.values()):
+        name = "-".join(_label(k, v) for k, v in zip(grid, values, strict=True))
+        if not NAME.match(name):
+            raise GptflowError(
+                f"{source}: study.grid makes the run name '{name}', which does not start with a "
+                f"letter or digit; start the grid's first values with one. Fix {source}."
+            )
+        if name in runs:
+            raise GptflowError(
+                f"{source}: study run '{name}' is named twice (study.runs and study.grid, or "
+                f"two grid values that read alike); rename one. Fix {source}."
+            )
+        overrides: dict = {}
+        for key, value in zip(grid, values, strict=True):
+            section, _, leaf = key.partition(".")
+            if section == "tokens":
+                overrides["tokens"] = value
+            else:
+                overrides.setdefault(section, {})[leaf] = value
+        runs[name] = overrides
+    if not runs:
+        raise GptflowError(
+            f"{source}: study has no runs: give study.runs or study.grid (or remove study for "
+            f"one run). Fix {source}."
+        )
+    return runs
+
+
+def _study_run(
+    name: str, overrides: dict, raw_model: dict, cfg: dict, schema: dict, models_dir, source: str
+) -> dict:
+    """One study run's {model (resolved), train (defaults filled)}: the base config's model
+    and train sections with the run's overrides, checked as a run's are."""
+    where = f"{source}: study run '{name}'"
+    # the base's own model keys stay over another preset (as they do over the base's preset)
+    model = {**raw_model, **overrides.get("model", {})}
+    train = {**cfg["train"], **overrides.get("train", {})}
+    if "tokens" in overrides:
+        if "train_iters" in overrides.get("train", {}):
+            raise GptflowError(
+                f"{where} sets both tokens and train.train_iters; keep one. Fix {source}."
+            )
+        per_step = train["global_batch_size"] * train["seq_length"]
+        train["train_iters"] = max(1, math.ceil(overrides["tokens"] / per_step))
+    props = schema["properties"]
+    validate(model, props["model"], source=where, root=schema)
+    validate(train, props["train"], source=where, root=schema)
+    fill_defaults(train, props["train"], schema)
+    return {"model": _check_run(model, train, cfg, schema, models_dir, where), "train": train}
+
+
+def run_configs(cfg: dict) -> dict[str, dict]:
+    """Every run of a validated config as a config of its own (`run` its name, `model` and
+    `train` its own; the other sections shared, not copied): one for a config without a
+    study, the study's runs otherwise."""
+    if cfg.get("study") is None:
+        return {cfg["run"]: cfg}
+    return {name: {**cfg, "run": name, **r} for name, r in cfg["runs"].items()}
 
 
 def _check_tokenizer(cfg: dict, schema: dict, names: set[str], source: str) -> None:

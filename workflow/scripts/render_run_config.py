@@ -12,6 +12,7 @@ with report_errors(sm.log[0]):
         tokenizer_path=sm.input.tokenizer,
         shards=sm.params.shards,
         run_dir=sm.params.run_dir,
+        data_index=sm.params.data_index,
     )
     write_run_config(run, sm.output[0])
     series = run.series if run.train.precision != "auto" else "named on the training device"

@@ -1,0 +1,60 @@
+"""A study's comparison: every run's validation loss against tokens and training FLOPs, the
+final loss per run and per learning rate, the fitted scaling law and the compute-optimal size
+(gptflow.study_report), in results/studies/{study}/ and in `snakemake --report`."""
+
+
+rule study:
+    input:
+        get_study_outputs(),
+
+
+# It reads each run's metrics.jsonl (not an output: the trainer appends to it while it runs)
+# after the run's DONE.json, written last.
+rule study_report:
+    input:
+        configs=expand(paths.RUN_YAML, run=RUNS),
+        done=expand(paths.DONE, run=RUNS),
+    output:
+        loss_tokens=report(
+            f"{paths.STUDY_DIR}/loss_tokens.svg",
+            caption="../workflow/report/study_loss_tokens.rst",
+            category="Study",
+            labels={"study": "{study}", "figure": "loss against tokens"},
+        ),
+        loss_flops=report(
+            f"{paths.STUDY_DIR}/loss_flops.svg",
+            caption="../workflow/report/study_loss_flops.rst",
+            category="Study",
+            labels={"study": "{study}", "figure": "loss against FLOPs"},
+        ),
+        loss_lr=report(
+            f"{paths.STUDY_DIR}/loss_lr.svg",
+            caption="../workflow/report/study_loss_lr.rst",
+            category="Study",
+            labels={"study": "{study}", "figure": "loss against learning rate"},
+        ),
+        fit=report(
+            f"{paths.STUDY_DIR}/fit.svg",
+            caption="../workflow/report/study_fit.rst",
+            category="Study",
+            labels={"study": "{study}", "figure": "scaling law"},
+        ),
+        fit_json=f"{paths.STUDY_DIR}/fit.json",
+        page=report(
+            STUDY_PAGE,
+            caption="../workflow/report/study_page.rst",
+            category="Study",
+            labels={"study": "{study}", "figure": "study page"},
+        ),
+    log:
+        paths.log("study_report", "{study}"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        study=STUDY,
+        runs=list(RUNS),
+        metrics=expand(paths.METRICS, run=RUNS),
+        out_dir=paths.STUDY_DIR,
+        budgets=(CFG.get("study") or {}).get("budgets", []),
+    script:
+        "../workflow/scripts/study_report.py"
