@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +67,43 @@ def job_counts(output: str) -> dict[str, int]:
             break
         counts[parts[0]] = int(parts[1])
     return counts
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's chromium, installed when missing (root only)."""
+    path = shutil.which("chromium")
+    if path:
+        return path
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip(
+            f"Debian's chromium is not installed, and installing it needs root and apt-get "
+            f"(here uid {os.geteuid()}, apt-get {'present' if shutil.which('apt-get') else 'missing'}); "
+            "the report is checked in a real headless browser"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
+        check=True, env=env, timeout=900, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return shutil.which("chromium")
+
+
+def headless(chromium: str, page: Path, *args: str) -> str:
+    out = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000",
+         "--window-size=1400,900", *args, page.as_uri()],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def screenshot_pixels(png: Path):
+    """(height, width, 3) uint8 RGB of a PNG screenshot (Pillow, a dependency of matplotlib)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(png) as im:
+        return np.asarray(im.convert("RGB"))
