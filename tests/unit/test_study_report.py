@@ -162,7 +162,7 @@ def test_two_sizes_render_with_no_fit_and_its_reason(tmp_path):
     reason = json.loads(Path(paths["fit_json"]).read_text())["power_law"]["error"]
     assert reason
     page = Path(paths["study"]).read_text()
-    assert html.escape(f"no fit: {reason}") in page
+    assert f"<p>{html.escape(f'no fit: {reason}')}</p>" in page  # in the text, not only fit.svg
     assert len(table_rows(page)) == 4 and page.count("<svg") == 4
     assert any(t.startswith("no fit:") for t in texts(paths["fit"]))
 
