@@ -42,7 +42,7 @@ rule study_report:
         fit_json=f"{paths.STUDY_DIR}/fit.json",
         page=report(
             STUDY_PAGE,
-            caption="../workflow/report/study_page.rst",
+            caption="../workflow/report/study.rst",
             category="Study",
             labels={"study": "{study}", "figure": "study page"},
         ),

@@ -1,1 +1,13 @@
-"""Placeholder until the study report lands."""
+"""Snakemake adapter: a study's finished runs -> its comparison figures, fit.json and page."""
+
+from gptflow.errors import report_errors
+from gptflow.study_report import study_report
+
+sm = snakemake  # noqa: F821 - injected by Snakemake
+with report_errors(sm.log[0]):
+    files = zip(sm.input.configs, sm.params.metrics, sm.input.done, strict=True)
+    runs = {
+        name: {"config": config, "metrics": metrics, "done": done}
+        for name, (config, metrics, done) in zip(sm.params.runs, files, strict=True)
+    }
+    study_report(sm.params.study, runs, sm.params.out_dir, budgets=sm.params.budgets or None)

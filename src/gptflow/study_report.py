@@ -1,0 +1,411 @@
+"""The comparison of a study's runs: loss curves against tokens and FLOPs, loss against lr,
+the fitted scaling laws and the compute-optimal sizes they give, on one self-contained page.
+
+Each run is read from what a finished run leaves (run.yaml, metrics.jsonl, DONE.json), only
+the records of its finished series. The fits live in `gptflow.scaling`; a fit that cannot be
+made (two sizes, one token budget) is said on the page in place of its numbers, so a study of
+any shape renders. Everything is escaped: run names never reach the HTML unescaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from gptflow.errors import GptflowError
+from gptflow.fsutil import atomic_write, write_json
+from gptflow.report import STYLE, _records, _table
+
+DEFAULT_BUDGETS = (1e19, 1e21, 1e23)  # FLOPs; the study's own total is added
+SAME_LR = (
+    "Not swept: the learning rate is the same in every run,\nso there is no loss-against-lr curve."
+)
+FINAL_LOSS_RULE = (
+    "Final loss: DONE.json's final_val_loss; when that is null (eval_iters 0), the last "
+    "evaluation record of the finished series; else the last train loss (the 'from' column)."
+)
+LINESTYLES = ("-", "--", ":", "-.")
+FIGURES = ("loss_tokens", "loss_flops", "loss_lr", "fit")
+
+
+def _load_run(name: str, paths: dict[str, str]) -> dict:
+    """One run's numbers and its validation curve (tokens, FLOPs, loss) of its finished series."""
+    import yaml
+
+    try:
+        run = yaml.safe_load(Path(paths["config"]).read_text())
+        done = json.loads(Path(paths["done"]).read_text())
+        derived, series = run["derived"], done["series"]
+        per_token = derived["training_flops"] / derived["total_tokens"]
+        per_step = derived["tokens_per_step"]
+        lr, tokens = run["train"]["lr"], done["tokens"]
+    except KeyError as e:
+        raise GptflowError(
+            f"study run {name!r}: {paths['config']} or {paths['done']} has no key {e}; "
+            "rerun render_run_config and train_gpt for it"
+        ) from None
+    records = [r for r in _records(Path(paths["metrics"])) if r.get("series") == series]
+    evals = [r for r in records if r["kind"] == "eval" and r.get("val_loss") is not None]
+    train = [r for r in records if r["kind"] == "train" and r.get("loss") is not None]
+    final, source = done.get("final_val_loss"), "final_val_loss"
+    if final is None and evals:
+        final, source = evals[-1]["val_loss"], "last evaluation"
+    if final is None:
+        final, source = (train[-1]["loss"] if train else done["train_loss"]), "last train loss"
+    curve = [(r["step"] * per_step, r["val_loss"]) for r in evals if r["step"] > 0]
+    return {
+        "name": name, "preset": derived.get("preset"), "parameters": derived["parameters"],
+        "lr": lr, "tokens": tokens, "training_flops": tokens * per_token,
+        "final_val_loss": final, "final_from": source, "series": series,
+        "curve": {"tokens": [t for t, _ in curve], "flops": [t * per_token for t, _ in curve],
+                  "loss": [v for _, v in curve]},
+    }  # fmt: skip
+
+
+def _size_points(runs: list[dict]) -> tuple[list[dict], str]:
+    """The run standing for each size in L(N): the lowest final loss over the other varied
+    settings (lr) at the largest token budget every size trained for; and that rule in words."""
+    budgets: dict[int, set] = {}
+    for r in runs:
+        budgets.setdefault(r["parameters"], set()).add(r["tokens"])
+    common = set.intersection(*budgets.values()) if budgets else set()
+    if common:
+        budget = max(common)
+        rule = (
+            f"per size, the lowest final loss over the learning rates at {budget:,} tokens, "
+            "the largest token budget every size trained for"
+        )
+        pool = [r for r in runs if r["tokens"] == budget]
+    else:
+        rule = (
+            "per size, the lowest final loss at that size's own largest token budget "
+            "(the sizes share no token budget)"
+        )
+        pool = [r for r in runs if r["tokens"] == max(budgets[r["parameters"]])]
+    best: dict[int, dict] = {}
+    for r in pool:
+        if (
+            r["parameters"] not in best
+            or r["final_val_loss"] < best[r["parameters"]]["final_val_loss"]
+        ):
+            best[r["parameters"]] = r
+    return [best[n] for n in sorted(best)], rule
+
+
+def _attempt(fit: Callable, *args):
+    """(result, None), or (None, the reason) when the fit raises GptflowError."""
+    try:
+        return fit(*args), None
+    except GptflowError as e:
+        return None, str(e)
+
+
+def _fits(runs: list[dict], budgets: list[float]) -> dict:
+    """L(N) over the size points, L(N, D) when tokens vary, the compute frontier of the
+    curves, and the compute-optimal size for each budget from each fit that could be made."""
+    from gptflow.scaling import compute_frontier, fit_power_law, fit_two_term, optimal_size
+
+    points, rule = _size_points(runs)
+    power, power_error = _attempt(
+        fit_power_law, [r["parameters"] for r in points], [r["final_val_loss"] for r in points]
+    )
+    best: dict[tuple, float] = {}  # (N, D) -> lowest final loss over the learning rates
+    for r in runs:
+        key = (r["parameters"], r["tokens"])
+        best[key] = min(best.get(key, r["final_val_loss"]), r["final_val_loss"])
+    two, two_error = None, "every run trained for the same tokens (L(N, D) needs two budgets)"
+    if len({d for _, d in best}) >= 2:
+        two, two_error = _attempt(
+            fit_two_term, [n for n, _ in best], [d for _, d in best], list(best.values())
+        )
+    curves = {r["name"]: (r["parameters"], r["curve"]["flops"], r["curve"]["loss"]) for r in runs}
+    frontier, frontier_error = _attempt(compute_frontier, curves)
+    # the study's own FLOPs per parameter per token (6 plus attention), not the textbook 6
+    k = statistics.median(r["training_flops"] / (r["parameters"] * r["tokens"]) for r in runs)
+    optimal = []
+    for c in budgets:
+        if two is not None:
+            optimal.append({**two.compute_optimal(c, flops_per_param_token=k), "from": "two_term"})
+        if frontier is not None:
+            n = optimal_size(frontier, c)
+            optimal.append({"flops": c, "parameters": n, "tokens": c / (k * n), "loss": None,
+                            "from": "frontier"})  # fmt: skip
+    return {
+        "rule": rule, "points": [r["name"] for r in points], "flops_per_parameter_token": k,
+        "power_law": (power, power_error), "two_term": (two, two_error),
+        "frontier": (frontier, frontier_error), "compute_optimal": optimal,
+    }  # fmt: skip
+
+
+def _plot(path: Path, draw: Callable, *, title: str, xlabel: str, ylabel: str) -> str:
+    """One figure drawn by `draw(ax)`, written as SVG atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    draw(ax)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_write(path, "w") as f:
+        fig.savefig(f, format="svg")
+    plt.close(fig)
+    return str(path)
+
+
+def _say(ax, text: str) -> None:
+    """A figure that says why it has no points."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _styles(runs: list[dict]) -> dict[str, dict]:
+    """Colour by size, line style by lr, so a run's line reads the same in every figure."""
+    sizes = sorted({r["parameters"] for r in runs})
+    lrs = sorted({r["lr"] for r in runs})
+    return {
+        r["name"]: {
+            "color": f"C{sizes.index(r['parameters']) % 10}",
+            "linestyle": LINESTYLES[lrs.index(r["lr"]) % len(LINESTYLES)],
+        }
+        for r in runs
+    }
+
+
+def _curves(runs: list[dict], x: str) -> Callable:
+    def draw(ax) -> None:
+        style = _styles(runs)
+        for r in runs:
+            c = r["curve"]
+            ax.plot(c[x], c["loss"], marker="o" if len(c[x]) < 30 else None, markersize=3,
+                    label=r["name"], **style[r["name"]])  # fmt: skip
+        ax.set_xscale("log")
+        if x == "flops":
+            ax.set_yscale("log")
+
+    return draw
+
+
+def _frontier(frontier: dict | None) -> Callable:
+    def draw(ax) -> None:
+        if frontier is not None:
+            ax.plot(frontier["budgets"], frontier["best_loss"], color="black", linewidth=2,
+                    alpha=0.5, label="compute frontier")  # fmt: skip
+
+    return draw
+
+
+def _loss_lr(runs: list[dict]) -> Callable:
+    def draw(ax) -> None:
+        if len({r["lr"] for r in runs}) < 2:
+            _say(ax, SAME_LR)
+            return
+        groups: dict[tuple, list[dict]] = {}
+        for r in runs:
+            groups.setdefault((r["parameters"], r["tokens"]), []).append(r)
+        several_budgets = len({d for _, d in groups}) > 1
+        for (n, d), rs in sorted(groups.items()):
+            rs = sorted(rs, key=lambda r: r["lr"])
+            label = f"{rs[0]['preset']} ({n:,} parameters)"
+            label += f", {d:,} tokens" if several_budgets else ""
+            ax.plot([r["lr"] for r in rs], [r["final_val_loss"] for r in rs], marker="o",
+                    label=label)  # fmt: skip
+        ax.set_xscale("log")
+
+    return draw
+
+
+def _power_law_fit(runs: list[dict], fits: dict) -> Callable:
+    def draw(ax) -> None:
+        ax.plot([r["parameters"] for r in runs], [r["final_val_loss"] for r in runs], "o",
+                color="0.7", label="every run")  # fmt: skip
+        used = [r for r in runs if r["name"] in fits["points"]]
+        ax.plot([r["parameters"] for r in used], [r["final_val_loss"] for r in used], "o",
+                color="C0", label="points of the fit")  # fmt: skip
+        fit, error = fits["power_law"]
+        if fit is None:
+            ax.text(0.5, 0.9, f"no fit: {error}", ha="center", va="top", wrap=True,
+                    transform=ax.transAxes, fontsize=8)  # fmt: skip
+        else:
+            lo, hi = min(r["parameters"] for r in runs), max(r["parameters"] for r in runs)
+            xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+            ax.plot(xs, [fit.predict(x) for x in xs], color="C1", label=_formula(fit))
+        ax.set_xscale("log")
+
+    return draw
+
+
+def _formula(fit) -> str:
+    return f"L(N) = {fit.E:.4g} + {fit.A:.4g} / N^{fit.alpha:.4f}"
+
+
+def _figures(runs: list[dict], fits: dict, out: Path) -> dict[str, str]:
+    frontier = _frontier(fits["frontier"][0])
+
+    def flops(ax) -> None:
+        _curves(runs, "flops")(ax)
+        frontier(ax)
+
+    loss = "validation loss"
+    return {
+        "loss_tokens": _plot(out / "loss_tokens.svg", _curves(runs, "tokens"),
+                             title="validation loss against tokens", xlabel="tokens",
+                             ylabel=loss),
+        "loss_flops": _plot(out / "loss_flops.svg", flops,
+                            title="validation loss against training FLOPs",
+                            xlabel="training FLOPs", ylabel=loss),
+        "loss_lr": _plot(out / "loss_lr.svg", _loss_lr(runs),
+                         title="final loss against learning rate", xlabel="learning rate",
+                         ylabel="final loss"),
+        "fit": _plot(out / "fit.svg", _power_law_fit(runs, fits),
+                     title="final loss against parameters", xlabel="parameters N",
+                     ylabel="final loss"),
+    }  # fmt: skip
+
+
+RUN_KEYS = ("name", "preset", "parameters", "lr", "tokens", "training_flops", "final_val_loss",
+            "final_from", "series")  # fmt: skip
+
+
+def _fit_json(study: str, runs: list[dict], fits: dict) -> dict:
+    def result(key: str) -> dict:
+        fit, error = fits[key]
+        if fit is None:
+            return {"error": error}
+        return fit if isinstance(fit, dict) else fit.to_json()
+
+    return {
+        "study": study,
+        "runs": [{k: r[k] for k in RUN_KEYS} for r in runs],
+        "size_points": {"rule": fits["rule"], "runs": fits["points"]},
+        "power_law": result("power_law"),
+        "two_term": result("two_term"),
+        "frontier": result("frontier"),
+        "flops_per_parameter_token": fits["flops_per_parameter_token"],
+        "compute_optimal": fits["compute_optimal"],
+    }
+
+
+def _g(x) -> str:
+    """A number as the page shows it: 4 significant digits, '—' for none."""
+    return "—" if x is None else f"{x:.4g}"
+
+
+def _runs_table(runs: list[dict]) -> str:
+    head = ["run", "preset", "parameters", "learning rate", "tokens", "training FLOPs",
+            "final loss", "from", "series"]  # fmt: skip
+    rows = [
+        [r["name"], r["preset"], f"{r['parameters']:,}", f"{r['lr']:g}", f"{r['tokens']:,}",
+         _g(r["training_flops"]), f"{r['final_val_loss']:.4f}", r["final_from"], r["series"]]
+        for r in runs
+    ]  # fmt: skip
+    return _table(head, rows)
+
+
+def _fit_tables(fits: dict) -> list[str]:
+    """Each fit's parameters and errors, or 'no fit:' and why."""
+    power, two, frontier = (fits[k][0] for k in ("power_law", "two_term", "frontier"))
+    err = {k: html.escape(f"no fit: {fits[k][1]}") for k in ("power_law", "two_term", "frontier")}
+    error_head = ["RMSE", "max relative error", "points"]
+
+    def count(points) -> int:
+        return len(points) if isinstance(points, list | tuple) else points
+
+    parts = ["<h2>L(N) = E + A / N<sup>α</sup></h2>",
+             f"<p>points: {html.escape(fits['rule'])}</p>"]  # fmt: skip
+    if power is None:
+        parts.append(f"<p>{err['power_law']}</p>")
+    else:
+        row = [_g(power.E), _g(power.A), _g(power.alpha), _g(power.rmse),
+               _g(power.max_rel_error), count(power.points)]  # fmt: skip
+        parts.append(_table(["E", "A", "α", *error_head], [row]))
+    parts.append("<h2>L(N, D) = E + A / N<sup>α</sup> + B / D<sup>β</sup></h2>")
+    if two is None:
+        parts.append(f"<p>{err['two_term']}</p>")
+    else:
+        row = [_g(two.E), _g(two.A), _g(two.alpha), _g(two.B), _g(two.beta), _g(two.rmse),
+               _g(two.max_rel_error), count(two.points)]  # fmt: skip
+        parts.append(_table(["E", "A", "α", "B", "β", *error_head], [row]))
+    parts.append("<h2>Compute frontier</h2>")
+    if frontier is None:
+        parts.append(f"<p>{err['frontier']}</p>")
+    else:
+        row = [_g(frontier["k"]), _g(frontier["a"]), len(frontier["budgets"])]
+        parts.append(_table(["k (N_opt = k C^a)", "a", "budgets"], [row]))
+    return parts
+
+
+def _optimal_table(fits: dict) -> list[str]:
+    rows = [[_g(o["flops"]), _g(o["parameters"]), _g(o["tokens"]), _g(o["loss"]), o["from"]]
+            for o in fits["compute_optimal"]]  # fmt: skip
+    k = fits["flops_per_parameter_token"]
+    return [
+        "<h2>Compute-optimal size</h2>",
+        f"<p>training FLOPs C = {k:.3g} × N × D (this study's median FLOPs per parameter "
+        "per token, from each run's derived.training_flops)</p>",
+        _table(["FLOPs", "parameters", "tokens", "predicted loss", "from"], rows)
+        if rows
+        else "<p>none: neither L(N, D) nor the compute frontier could be fitted</p>",
+    ]
+
+
+def _inline(svg: str) -> str:
+    """An SVG file's <svg> element, without the XML declaration and doctype."""
+    text = Path(svg).read_text()
+    return text[text.index("<svg") :]
+
+
+def _page(study: str, runs: list[dict], fits: dict, figures: dict[str, str]) -> str:
+    parts = [
+        f"<h1>Study {html.escape(study)}</h1>",
+        "<h2>Runs</h2>",
+        f"<p>{html.escape(FINAL_LOSS_RULE)}</p>",
+        _runs_table(runs),
+        *_fit_tables(fits),
+        *_optimal_table(fits),
+        "<h2>Figures</h2>",
+        *(f"<div>{_inline(path)}</div>" for path in figures.values()),
+    ]
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>study "
+        f"{html.escape(study)}</title><style>{STYLE}</style></head><body>"
+        f"{''.join(parts)}</body></html>\n"
+    )
+
+
+def study_report(
+    study: str,
+    runs: dict[str, dict[str, str]],
+    out_dir: str | os.PathLike,
+    *,
+    budgets: list[float] | None = None,
+) -> dict[str, str]:
+    """loss_tokens.svg, loss_flops.svg, loss_lr.svg, fit.svg, fit.json and study.html of a
+    study's finished runs; `runs` maps a run name to its "config" (run.yaml), "metrics"
+    (metrics.jsonl) and "done" (DONE.json) paths. Returns file name (no suffix) -> path."""
+    if not runs:
+        raise GptflowError(f"study {study!r} has no runs; name at least one under its runs")
+    loaded = sorted((_load_run(name, paths) for name, paths in runs.items()),
+                    key=lambda r: (r["parameters"], r["lr"], r["tokens"], r["name"]))  # fmt: skip
+    total = sum(r["training_flops"] for r in loaded)
+    fits = _fits(loaded, list(budgets) if budgets is not None else [*DEFAULT_BUDGETS, total])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = _figures(loaded, fits, out)
+    paths["fit_json"] = str(out / "fit.json")
+    write_json(paths["fit_json"], _fit_json(study, loaded, fits))
+    paths["study"] = str(out / "study.html")
+    with atomic_write(paths["study"]) as f:
+        f.write(_page(study, loaded, fits, {k: paths[k] for k in FIGURES}))
+    return paths

@@ -1,0 +1,208 @@
+"""The study report from hand-made run files whose losses follow a known L(N) = E + A / N^alpha
+plus a learning-rate penalty (no training needed). The assertions on fitted numbers are in their
+own tests: they hold `gptflow.scaling` to the synthetic law, the others the page and files."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gptflow.study_report import study_report
+from tests.unit.test_report import assert_plot_shows, plotted_points, texts
+
+E, A, ALPHA = 1.8, 60.0, 0.3
+B, BETA = 50.0, 0.3  # the data term: a run's loss after D tokens is L(N) + B / D^BETA
+SIZES = {"s": 1_000_000, "m": 4_000_000, "l": 16_000_000}
+PENALTY = {1e-3: 0.0, 3e-3: 0.07}  # 1e-3 is the best lr at every size
+PER_STEP = 512  # tokens per step
+EVAL_INTERVAL = 100  # steps
+FLOPS_PER_PARAMETER_TOKEN = 6.5
+
+
+def law(n: int) -> float:
+    return E + A / n**ALPHA
+
+
+def loss(preset: str, lr: float, step: int) -> float:
+    """The validation loss of a run after `step` steps (9.0 before training)."""
+    return law(SIZES[preset]) + B / (step * PER_STEP) ** BETA + PENALTY[lr] if step else 9.0
+
+
+def write_run(root: Path, name: str, preset: str, lr: float, *, steps: int = 1000,
+              null_final: bool = False) -> dict[str, str]:  # fmt: skip
+    """run.yaml, metrics.jsonl (an evaluation every EVAL_INTERVAL steps from 0 of series "s1",
+    after the records of a stale series "old" whose losses are 0.5) and DONE.json."""
+    n, tokens = SIZES[preset], steps * PER_STEP
+    d = root / f"{len(list(root.glob('*'))) if root.is_dir() else 0}"
+    d.mkdir(parents=True)
+    run = {
+        "run": name, "model": {"num_layers": 2}, "train": {"lr": lr, "train_iters": steps},
+        "derived": {"preset": preset, "parameters": n, "tokens_per_step": PER_STEP,
+                    "total_tokens": tokens,
+                    "training_flops": FLOPS_PER_PARAMETER_TOKEN * n * tokens},
+    }  # fmt: skip
+    (d / "run.yaml").write_text(yaml.safe_dump(run))
+    records = [{"series": "old", "kind": "eval", "step": s, "val_loss": 0.5} for s in (0, 4000)]
+    for step in range(0, steps + 1, EVAL_INTERVAL):
+        records.append({"series": "s1", "kind": "eval", "step": step,
+                        "val_loss": loss(preset, lr, step)})  # fmt: skip
+    records.append({"series": "s1", "kind": "train", "step": steps, "tokens": tokens,
+                    "loss": loss(preset, lr, steps) - 0.1, "lr": lr})  # fmt: skip
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    final = None if null_final else loss(preset, lr, steps)
+    done = {"series": "s1", "final_step": steps, "tokens": tokens,
+            "train_loss": loss(preset, lr, steps) - 0.1, "final_val_loss": final}  # fmt: skip
+    (d / "DONE.json").write_text(json.dumps(done))
+    return {"config": str(d / "run.yaml"), "metrics": str(d / "metrics.jsonl"),
+            "done": str(d / "DONE.json")}  # fmt: skip
+
+
+def grid(root: Path, presets=("s", "m", "l"), lrs=(1e-3, 3e-3), steps=(1000,)) -> dict:
+    """Every preset x lr x steps run, listed largest first (the report sorts by size then lr);
+    the medium size's 3e-3 runs have final_val_loss null, as with eval_iters 0."""
+    return {
+        f"{p}-lr{lr:g}" + (f"-{t}" if len(steps) > 1 else ""): write_run(
+            root / "runs", f"{p}-lr{lr:g}", p, lr, steps=t, null_final=(p, lr) == ("m", 3e-3)
+        )
+        for p in reversed(presets) for lr in lrs for t in steps
+    }  # fmt: skip
+
+
+def table_rows(page: str) -> list[list[str]]:
+    """The cells of the first table's body rows (the runs table), unescaped."""
+    body = page.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    return [
+        [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body)
+    ]
+
+
+ORDER = [(p, lr) for p in ("s", "m", "l") for lr in (1e-3, 3e-3)]  # by size, then lr
+TOKENS = 1000 * PER_STEP
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> dict[str, str]:
+    """The report of the 3 sizes x 2 lrs study, made once for the tests that only read it."""
+    root = tmp_path_factory.mktemp("sweep")
+    return study_report("sweep", grid(root), root / "out")
+
+
+def test_every_file_parses_and_the_runs_table_holds_the_inputs(sweep):
+    """The files exist and parse; the runs table lists every run by size then lr with its
+    inputs; the medium size's 3e-3 run (final_val_loss null) takes its series' last
+    evaluation, not the stale series' 0.5; the curves are each run's evaluations after step 0."""
+    paths = sweep
+    assert set(paths) == {"loss_tokens", "loss_flops", "loss_lr", "fit", "fit_json", "study"}
+    for name in ("loss_tokens", "loss_flops", "loss_lr", "fit"):
+        assert ET.parse(paths[name]).getroot().tag.endswith("svg")
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    page = Path(paths["study"]).read_text()
+    want = [
+        [f"{p}-lr{lr:g}", p, f"{SIZES[p]:,}", f"{lr:g}", f"{TOKENS:,}",
+         f"{FLOPS_PER_PARAMETER_TOKEN * SIZES[p] * TOKENS:.4g}", f"{loss(p, lr, 1000):.4f}",
+         "last evaluation" if (p, lr) == ("m", 3e-3) else "final_val_loss", "s1"]
+        for p, lr in ORDER
+    ]  # fmt: skip
+    assert table_rows(page) == want
+    assert [r["name"] for r in fit["runs"]] == [w[0] for w in want]
+    for r, (p, lr) in zip(fit["runs"], ORDER, strict=True):
+        assert (r["parameters"], r["lr"], r["tokens"], r["series"]) == (SIZES[p], lr, TOKENS, "s1")
+        assert math.isclose(r["final_val_loss"], loss(p, lr, 1000))
+        assert math.isclose(r["training_flops"], FLOPS_PER_PARAMETER_TOKEN * SIZES[p] * TOKENS)
+    assert fit["study"] == "sweep"
+    assert "same tokens" in fit["two_term"]["error"]  # one token budget: L(N, D) not attempted
+    assert page.count("<svg") == 4 and "<?xml" not in page
+    steps = range(EVAL_INTERVAL, 1001, EVAL_INTERVAL)
+    curves = [[(math.log10(s * PER_STEP), loss(p, lr, s)) for s in steps] for p, lr in ORDER]
+    assert_plot_shows(paths["loss_tokens"], curves)
+    log_curves = [
+        [(math.log10(FLOPS_PER_PARAMETER_TOKEN * SIZES[p] * s * PER_STEP), math.log10(v))
+         for (_, v), s in zip(line, steps, strict=True)]
+        for line, (p, _) in zip(curves, ORDER, strict=True)
+    ]  # fmt: skip
+    frontier = plotted_points(paths["loss_flops"])[len(log_curves) :]
+    assert frontier in ([], [[]])  # drawn after the runs, without markers, when it was fitted
+    assert_plot_shows(paths["loss_flops"], log_curves + frontier)
+
+
+def test_the_lr_figure_says_so_when_the_lr_does_not_vary(tmp_path, sweep):
+    same = study_report("sizes", grid(tmp_path, lrs=(1e-3,)), tmp_path / "out")
+    assert "the learning rate is the same in every run" in " ".join(texts(same["loss_lr"]))
+    assert plotted_points(same["loss_lr"]) == []
+    swept = sweep
+    assert "the learning rate is the same" not in " ".join(texts(swept["loss_lr"]))
+    lines = [[(math.log10(lr), loss(p, lr, 1000)) for lr in (1e-3, 3e-3)] for p in "sml"]
+    assert_plot_shows(swept["loss_lr"], lines)  # one line per size: final loss against lr
+
+
+def test_a_run_name_with_markup_is_escaped(tmp_path):
+    runs = grid(tmp_path)
+    evil = "<script>alert(1)</script>&"
+    runs[evil] = runs.pop("s-lr0.001")
+    paths = study_report("<b>study</b>", runs, tmp_path / "out")
+    page = Path(paths["study"]).read_text()
+    assert "<script" not in page and "<b>study" not in page
+    assert html.escape(evil) in page and "&lt;b&gt;study&lt;/b&gt;" in page
+    assert evil in [row[0] for row in table_rows(page)]
+    assert evil in [r["name"] for r in json.loads(Path(paths["fit_json"]).read_text())["runs"]]
+
+
+def test_two_sizes_render_with_no_fit_and_its_reason(tmp_path):
+    """L(N) needs three sizes: the page says "no fit:" and the fit's own reason, and every
+    figure is still drawn."""
+    paths = study_report("pair", grid(tmp_path, presets=("s", "m")), tmp_path / "out")
+    reason = json.loads(Path(paths["fit_json"]).read_text())["power_law"]["error"]
+    assert reason
+    page = Path(paths["study"]).read_text()
+    assert f"<p>{html.escape(f'no fit: {reason}')}</p>" in page  # in the text, not only fit.svg
+    assert len(table_rows(page)) == 4 and page.count("<svg") == 4
+    assert any(t.startswith("no fit:") for t in texts(paths["fit"]))
+
+
+def test_the_fit_recovers_the_synthetic_power_law(sweep):
+    """Fit-dependent: the L(N) points are each size's 1e-3 run (its best lr), and the fitted
+    alpha is the synthetic one within 0.02; the formula is in fit.svg's legend."""
+    paths = sweep
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    assert fit["size_points"]["runs"] == ["s-lr0.001", "m-lr0.001", "l-lr0.001"]
+    assert f"learning rates at {TOKENS:,} tokens" in fit["size_points"]["rule"]
+    assert abs(fit["power_law"]["alpha"] - ALPHA) < 0.02
+    assert abs(fit["power_law"]["E"] - (E + B / TOKENS**BETA)) < 0.05  # the data term at D
+    assert any(t.startswith("L(N) = ") for t in texts(paths["fit"]))
+    page = Path(paths["study"]).read_text()
+    assert "no fit:" not in page.split("L(N, D)")[0]  # L(N) fitted: its table is shown
+
+
+def test_compute_optimal_rows_for_the_default_budgets(sweep):
+    """Fit-dependent: the frontier of the curves gives one compute-optimal row per default
+    budget (1e19, 1e21, 1e23 FLOPs and the study's own total), at this study's FLOPs per
+    parameter per token."""
+    paths = sweep
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    total = sum(FLOPS_PER_PARAMETER_TOKEN * n * TOKENS for n in SIZES.values()) * 2
+    assert math.isclose(fit["flops_per_parameter_token"], FLOPS_PER_PARAMETER_TOKEN)
+    rows = [o for o in fit["compute_optimal"] if o["from"] == "frontier"]
+    assert [o["flops"] for o in rows] == [1e19, 1e21, 1e23, total]
+    for o in rows:
+        assert math.isclose(o["flops"], FLOPS_PER_PARAMETER_TOKEN * o["parameters"] * o["tokens"])
+
+
+def test_two_token_budgets_fit_the_data_term(tmp_path):
+    """Fit-dependent: runs of 100 and 1000 steps are two token budgets, so L(N, D) is fitted
+    (through every point: RMSE < 0.01; with two budgets E, B and beta are not separately
+    identifiable, so only alpha is held to the law) and gives compute-optimal rows; L(N)
+    takes the 1000-step runs, the largest budget every size has."""
+    paths = study_report("budgets", grid(tmp_path, steps=(100, 1000)), tmp_path / "out")
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    assert fit["two_term"]["rmse"] < 0.01, fit["two_term"]
+    assert abs(fit["two_term"]["alpha"] - ALPHA) < 0.02
+    assert [o["from"] for o in fit["compute_optimal"]].count("two_term") == 4
+    assert fit["size_points"]["runs"] == ["s-lr0.001-1000", "m-lr0.001-1000", "l-lr0.001-1000"]
