@@ -16,7 +16,7 @@ TORCH_INDEX ?=
 SNAKEMAKE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup run study test lint format bench clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 run: setup
 	snakemake --profile $(PROFILE) $(SNAKEMAKE_ARGS)
+	gptflow summary
+
+# A study on this machine: 3 model sizes x 2 learning rates on the embedded corpus, compared in
+# results/studies/stdlib-sweep/study.html (README, Studies)
+study: setup
+	snakemake --profile $(PROFILE) --configfile config/config.yaml config/examples/studies/cpu-sweep.yaml $(SNAKEMAKE_ARGS) study
 	gptflow summary
 
 test: setup

@@ -42,7 +42,9 @@ DATA_INDEX_DIR = "results/data-index/{index}"
 
 RUN_DIR = "results/runs/{run}"
 RUN_YAML = "results/runs/{run}/run.yaml"
-RUN_DATA_INDEX_DIR = "results/runs/{run}/data-index"  # before shared indices (old run.yaml)
+# a run's own data index, before indices were shared (a run.yaml without data_index)
+RUN_DATA_INDEX = "results/runs/{run}/data-index.json"
+RUN_DATA_INDEX_DIR = "results/runs/{run}/data-index"
 CHECKPOINTS = "results/runs/{run}/checkpoints"  # not a Snakemake output (DESIGN.md)
 TRAIN_LOCK = "results/runs/{run}/train.lock"
 TRAIN_LOG = "results/runs/{run}/train.log"

@@ -692,9 +692,9 @@ def study(
     vocab = vocab_size(next(iter(runs.values())), tokenizer_json)[0]
     rows, total_flops, total_hours = [], 0.0, 0.0
     for name, cfg in runs.items():
-        train = TrainConfig(**cfg["train"])
-        m = model_config(cfg, vocab)
         try:
+            train = TrainConfig(**cfg["train"])
+            m = model_config(cfg, vocab)
             gas = check_layout(train, p.ranks)
             fit = memory_per_gpu(m, train, p.ranks, p) if p.executor == "slurm" or p.gres else None
             if fit is not None:

@@ -57,8 +57,19 @@ class RunFiles:
         return self._in_dir(paths.RUN_YAML)
 
     @property
+    def workdir(self) -> Path:
+        """The workflow's directory: the one holding ``results/runs/{run}``."""
+        return self.dir.parents[len(Path(paths.RUN_DIR).parts) - 1]
+
+    @property
     def data_index(self) -> Path:
-        return self._in_dir(paths.DATA_INDEX)
+        """The data index summary run.yaml names (gptflow.paths.DATA_INDEX, shared by the
+        runs that read the same samples); the run's own before indices were shared."""
+        try:
+            named = yaml.safe_load(self.run_yaml.read_text()).get("data_index")
+        except (OSError, yaml.YAMLError, AttributeError):
+            named = None
+        return self.workdir / named if named else self._in_dir(paths.RUN_DATA_INDEX)
 
     @property
     def checkpoints(self) -> Path:
@@ -95,8 +106,7 @@ class RunFiles:
     def job_log(self, rule: str) -> Path:
         """The Snakemake job log of `rule` for this run (gptflow.paths.log) in the workflow's
         directory: the one holding ``results/runs/{run}``."""
-        workdir = self.dir.parents[len(Path(paths.RUN_DIR).parts) - 1]
-        return workdir / paths.log(rule, self.run)
+        return self.workdir / paths.log(rule, self.run)
 
 
 def stage(files: RunFiles, trainer_alive: bool = False) -> str:

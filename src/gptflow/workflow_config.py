@@ -111,7 +111,7 @@ def study_runs(study: dict, source: str) -> dict[str, dict]:
     the named runs, then every combination of the grid (in the grid's key order)."""
     runs = {name: dict(o or {}) for name, o in study["runs"].items()}
     grid = study["grid"]
-    for values in itertools.product(*grid.values()):
+    for values in itertools.product(*grid.values()) if grid else []:
         name = "-".join(_label(k, v) for k, v in zip(grid, values, strict=True))
         if not NAME.match(name):
             raise GptflowError(

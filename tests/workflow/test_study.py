@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, headless, job_counts, snakemake_cmd
+from .conftest import BIN, REPO, headless, job_counts, snakemake_cmd
 
 SIZES = ("tiny", "small", "pythia-14m")
 LRS = (1.0e-3, 3.0e-3)
@@ -91,22 +91,25 @@ def test_status_and_summary_list_the_study_together(study):
 
 def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, snakemake,
                                                               write_config):  # fmt: skip
-    """Editing one run's lr plans that run (and the comparison) only; its training, killed
-    with SIGKILL after a checkpoint, resumes from it on the rerun, and the five finished runs
-    are not touched."""
+    """Editing one run's lr plans that run (and the comparison) only; made longer too (its
+    own data index: more samples), its training, killed with SIGKILL after a checkpoint,
+    resumes from it on the rerun, and the five finished runs are not touched."""
     wd = tmp_path / "wd"
     shutil.copytree(study[0], wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
     before = done_mtimes(wd)
     cfg = study_config()
     edited = "small-lr0.003"
-    cfg["study"]["runs"][edited]["train"].update(lr=2.0e-3, train_iters=120, save_interval=5)
-    config = write_config(wd / "config.yaml", cfg)
-    plan = snakemake(wd, config, "-n", "study")
+    cfg["study"]["runs"][edited]["train"]["lr"] = 2.0e-3
+    plan = snakemake(wd, write_config(wd / "lr.yaml", cfg), "-n", "study")
     assert job_counts(plan.out) == {"render_run_config": 1, "train_gpt": 1, "study_report": 1,
                                     "study": 1}, plan.out[-3000:]  # fmt: skip
     assert f"wildcards: run={edited}" in plan.out
 
+    cfg["study"]["runs"][edited]["train"].update(train_iters=120, save_interval=5)
+    config = write_config(wd / "config.yaml", cfg)
+
     run_dir = wd / "results/runs" / edited
+    old_series = {p.name for p in (run_dir / "checkpoints").iterdir()}  # of the 16-step run
     proc = subprocess.Popen(snakemake_cmd(wd, config, "study"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
@@ -115,6 +118,8 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
         while time.time() < deadline and killed_at is None:
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             for latest in run_dir.glob("checkpoints/*/latest"):
+                if latest.parent.name in old_series:
+                    continue
                 step = int(latest.read_text()[4:])
                 if step >= 10:
                     trainer = json.loads((run_dir / "train.lock").read_text())["pid"]
@@ -137,3 +142,72 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
     assert {r: t for r, t in after.items() if r != edited} == {
         r: t for r, t in before.items() if r != edited
     }, "a finished run was touched"
+
+
+def test_the_comparison_holds_the_real_losses_and_the_report_shows_it(
+    study, snakemake, chromium, tmp_path
+):
+    """fit.json's runs are the runs' own final losses; L(N) is fitted on the three sizes (the
+    best of the two lrs each) and predicts those points within its own stated error; the page
+    and `snakemake --report` render in a real browser."""
+    wd, config, _, _ = study
+    out = wd / "results/studies/sweep"
+    fit = json.loads((out / "fit.json").read_text())
+    by_name = {r["name"]: r for r in fit["runs"]}
+    assert sorted(by_name) == sorted(RUNS)
+    best = {}
+    for name in RUNS:
+        done = json.loads((wd / f"results/runs/{name}/DONE.json").read_text())
+        cfg = yaml.safe_load((wd / f"results/runs/{name}/run.yaml").read_text())
+        r = by_name[name]
+        assert r["final_val_loss"] == done["final_val_loss"], name
+        assert r["parameters"] == cfg["derived"]["parameters"], name
+        n = r["parameters"]
+        best[n] = min(best.get(n, float("inf")), r["final_val_loss"])
+    law = fit["power_law"]
+    assert law["points"] == 3, law
+    for n, loss in best.items():
+        predicted = law["E"] + law["A"] / n ** law["alpha"]
+        assert abs(predicted - loss) <= law["rmse"] * 3**0.5 + 1e-9, (n, loss, predicted)
+
+    page = headless(chromium, out / "study.html", "--dump-dom")
+    for want in ("Study sweep", *RUNS, "L(N) = E + A / N"):
+        assert want in page, want
+    assert page.count("<svg") >= 4  # the four figures, inline
+    report = tmp_path / "report.html"
+    made = snakemake(wd, config, "--report", str(report), "study")
+    assert made.returncode == 0, made.out[-3000:]
+    dom = headless(chromium, report, "--dump-dom")
+    assert "Snakemake Report" in dom and "Study" in dom
+
+
+def test_the_pythia_suite_plans_through_the_shipped_slurm_profile(tmp_path):
+    """config/examples/studies/pythia-suite.yaml after its data recipe, planned with
+    profiles/slurm as shipped but for nodes: 8 (what the example says to set), on a PATH
+    without Slurm: the eight sizes fit an 80 GB GPU at their layouts and batch splits, and
+    the plan lists each with the suite's total GPU-hours (no GPU or cluster here: a plan)."""
+    from tests.support.noslurm import path_without_slurm
+
+    profile = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
+    profile["set-resources"]["train_gpt"]["nodes"] = 8
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile/config.yaml").write_text(yaml.safe_dump(profile))
+    examples = REPO / "config/examples"
+    cmd = [
+        str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(tmp_path), "--profile", str(tmp_path / "profile"),
+        "--configfile", str(examples / "neox-pile-enwik8.yaml"),
+        str(examples / "studies/pythia-suite.yaml"), "--replace-workflow-config", "-n", "study",
+    ]  # fmt: skip
+    env = {**os.environ, "PATH": path_without_slurm(tmp_path / "bin")}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    lines = out.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("gptflow study: "))
+    assert lines[head].startswith("gptflow study: 8 run(s), 0 trained; 1 data index(es)")
+    rows = {line.split()[0]: line for line in lines[head + 2 : head + 10]}
+    sizes = ["70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"]
+    assert list(rows) == [f"pythia-{s}" for s in sizes]
+    assert "8 x 8 x 16" in rows["pythia-12b"] and "16 x 1 x 64" in rows["pythia-70m"]
+    assert all(line.endswith("to train") and "GiB of 80.0 GiB" in line for line in rows.values())
+    assert job_counts(out.stdout)["train_gpt"] == 8

@@ -1,0 +1,129 @@
+"""A study in the workflow config: its runs (named, and the grid's combinations), what each
+overrides, what is refused, the data index its runs share, and its plan (the preflight)."""
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+
+from gptflow import preflight
+from gptflow.errors import GptflowError
+from gptflow.run_config import data_index_name, data_index_settings
+from gptflow.workflow_config import load_workflow_config, run_configs
+
+from .test_preflight import SLURM
+
+
+def load(repo, cfg):
+    return load_workflow_config(
+        cfg,
+        schema_path=repo / "config/schema/config.schema.yaml",
+        models_dir=repo / "config/models",
+        source="my.yaml",
+    )
+
+
+@pytest.fixture
+def study(tiny_config):
+    def make(**study) -> dict:
+        cfg = copy.deepcopy(tiny_config)
+        cfg["run"] = "sweep"
+        cfg["study"] = study
+        return cfg
+
+    return make
+
+
+def test_a_grid_expands_into_named_runs_with_their_overrides(repo, study):
+    cfg = load(repo, study(grid={"model.preset": ["tiny", "small"], "train.lr": [1e-3, 3e-3]}))
+    runs = run_configs(cfg)
+    assert list(runs) == ["tiny-lr0.001", "tiny-lr0.003", "small-lr0.001", "small-lr0.003"]
+    small = runs["small-lr0.003"]
+    assert (small["run"], small["model"]["num_layers"], small["train"]["lr"]) == (
+        "small-lr0.003", 4, 3e-3)  # fmt: skip
+    assert runs["tiny-lr0.001"]["model"]["num_layers"] == 2
+    # the rest is shared, not copied; the other train keys are the base's
+    assert small["datasets"] is cfg["datasets"] and small["data"] is cfg["data"]
+    assert small["train"]["train_iters"] == cfg["train"]["train_iters"] == 40
+    assert cfg["train"]["lr"] == 3.0e-3 and cfg["model"]["preset"] == "tiny"  # the base as it was
+
+
+def test_named_runs_tokens_and_the_base_model_keys(repo, study):
+    cfg = load(repo, study(runs={
+        "base": {},
+        "long": {"tokens": 1e5},  # 8 x 64 tokens a step: ceil(1e5 / 512) = 196 steps
+        "big": {"model": {"preset": "small", "hidden_dropout": 0.2}},
+    }))  # fmt: skip
+    runs = run_configs(cfg)
+    assert runs["long"]["train"]["train_iters"] == 196
+    assert runs["base"]["model"] == cfg["model"] and runs["base"]["train"] == cfg["train"]
+    assert (
+        runs["big"]["model"]["hidden_size"] == 128 and runs["big"]["model"]["hidden_dropout"] == 0.2
+    )
+    # a grid and named runs together; a grid of tokens labels its numbers
+    cfg = load(repo, study(runs={"x": {}}, grid={"tokens": [1e5, 2e5]}))
+    assert list(run_configs(cfg)) == ["x", "tokens100000", "tokens200000"]
+
+
+def test_a_config_without_a_study_is_one_run(repo, tiny_config):
+    cfg = load(repo, copy.deepcopy(tiny_config))
+    assert run_configs(cfg) == {"tiny": cfg} and "runs" not in cfg
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"grid": {"data.split": ["90,9,1"]}},
+         "'study.grid' has a key 'data.split'; expected model.KEY, train.KEY or tokens (a "
+         "study's runs share the datasets, tokenizer and data settings"),
+        ({"runs": {"x": {"tokenizer": {"name": "other"}}}}, "study.runs.x"),
+        ({"runs": {"x": {"train": {"lr": "fast"}}}},
+         "study run 'x': 'lr' is 'fast' (a string); expected a number"),
+        ({"runs": {"x": {"model": {"preset": "nope"}}}},
+         "study run 'x': model.preset is 'nope', but"),
+        ({"runs": {"x": {"tokens": 1e5, "train": {"train_iters": 3}}}},
+         "study run 'x' sets both tokens and train.train_iters; keep one"),
+        ({"runs": {"tiny": {}}, "grid": {"model.preset": ["tiny"]}},
+         "study run 'tiny' is named twice"),
+        ({"grid": {"model.preset": ["-x"]}}, "makes the run name '-x'"),
+        ({}, "study has no runs: give study.runs or study.grid"),
+        ({"runs": {"x": {"train": {"tensor_parallel": 3}}}}, "study run 'x'"),
+    ],
+)  # fmt: skip
+def test_what_a_study_refuses(repo, study, section, message):
+    with pytest.raises(GptflowError) as e:
+        load(repo, study(**section))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_runs_that_read_the_same_samples_share_a_data_index(repo, study):
+    cfg = load(repo, study(runs={
+        "a": {"model": {"preset": "small"}}, "b": {"train": {"lr": 1e-3, "clip_grad": 0.5}},
+        "c": {"train": {"seed": 7}}, "d": {"tokens": 1e5}, "e": {},
+    }))  # fmt: skip
+    names = {n: data_index_name(data_index_settings(r)) for n, r in run_configs(cfg).items()}
+    assert names["a"] == names["b"] == names["e"]
+    assert len({names["a"], names["c"], names["d"]}) == 3  # another order, more samples
+    assert re.fullmatch(r"[0-9a-f]{12}", names["a"])
+
+
+def test_the_plan_lists_every_run_and_names_the_one_that_does_not_fit(repo, study):
+    cfg = study(grid={"model.preset": ["tiny", "small"]})
+    cfg["train"].update(micro_batch_size=1, global_batch_size=16)  # 1 x 2 x 8 ranks
+    runs = run_configs(load(repo, cfg))
+    lines = preflight.study(runs, SLURM, tokenizer_json=None, indexes=1, trained={"tiny"})
+    assert lines[0].startswith("gptflow study: 2 run(s), 1 trained; 1 data index(es) shared")
+    assert "GPU-hours at 40% MFU of 989 TFLOP/s" in lines[0]
+    header, tiny, small = lines[1:]
+    assert header.split() == ["run", "parameters", "tokens", "micro", "x", "accum", "x", "dp",
+                              "memory/GPU", "GPU-hours"]  # fmt: skip
+    assert tiny.split()[0] == "tiny" and tiny.endswith("trained")
+    vocab = preflight.vocab_size(runs["small"], None)[0]
+    parameters = preflight.model_config(runs["small"], vocab).num_parameters()
+    assert small.split()[:2] == ["small", f"{parameters:,}"]
+    assert small.endswith("to train") and "1 x 2 x 8" in small
+    tight = {**runs, "small": {**runs["small"], "train": {**runs["small"]["train"],
+                                                          "micro_batch_size": 3}}}  # fmt: skip
+    with pytest.raises(GptflowError, match=r"\Astudy run 'small': .*global_batch_size"):
+        preflight.study(tight, SLURM, tokenizer_json=Path("none"), indexes=1, trained=set())
