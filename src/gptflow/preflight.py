@@ -687,7 +687,7 @@ def study(
     mfu: float = ASSUMED_MFU,
 ) -> list[str]:
     """A study's plan, one line a run (parameters, tokens, batch split, memory per GPU where
-    the run goes to GPUs, GPU-hours, trained or not) under the study's totals. Every run's
+    the run goes to GPUs, GPU-hours, finished or not) under the study's totals. Every run's
     layout and memory are checked as a single run's are (the error names the run)."""
     vocab = vocab_size(next(iter(runs.values())), tokenizer_json)[0]
     rows, total_flops, total_hours = [], 0.0, 0.0
@@ -706,7 +706,7 @@ def study(
         total_hours += s["gpu_hours"]
         memory = f"{human(fit.total)} of {human(fit.gpu_bytes)}" if fit else "-"
         split = f"{train.micro_batch_size} x {gas} x {train.data_parallel_size(p.ranks)}"
-        state = "trained" if name in trained else "to train"
+        state = "finished" if name in trained else "to train"
         rows.append((name, f"{s['parameters']:,}", f"{s['training_tokens']:,}", split, memory,
                      f"{s['gpu_hours']:.3g}", state))  # fmt: skip
     header = ("run", "parameters", "tokens", "micro x accum x dp", "memory/GPU", "GPU-hours", "")
@@ -716,8 +716,8 @@ def study(
         for r in [header, *rows]
     ]
     return [
-        f"gptflow study: {len(runs)} run(s), {len(trained)} trained; {indexes} data index(es) "
-        f"shared by them; {total_flops:.3g} training FLOPs = {total_hours:.3g} GPU-hours at "
+        f"gptflow study: {len(runs)} run(s), {len(trained)} finished (a DONE.json; one whose "
+        f"settings changed trains again); {indexes} data index(es) shared by them; {total_flops:.3g} training FLOPs = {total_hours:.3g} GPU-hours at "
         f"{mfu:.0%} MFU of {peak_tflops:g} TFLOP/s",
         *table,
     ]

@@ -235,7 +235,12 @@ def why(
         p(f"Config unchanged since the last successful run ({recorded['time']}).\n")
     for line in plan.get("lines", []):
         p(f"{line.removeprefix('gptflow ')}\n")
-    pre = size(current, plan, workdir, peak_tflops, mfu) if current else {}
+    # a study: the preflight lines hold every run's size and the total (not the base config's)
+    pre = (
+        size(current, plan, workdir, peak_tflops, mfu)
+        if current and not current.get("study")
+        else {}
+    )
     if pre:
         shards = f"shards about {pre['shard_bytes'] / 1e9:.3g} GB"
         if pre["inputs_not_on_disk"]:

@@ -113,12 +113,14 @@ def test_the_plan_lists_every_run_and_names_the_one_that_does_not_fit(repo, stud
     cfg["train"].update(micro_batch_size=1, global_batch_size=16)  # 1 x 2 x 8 ranks
     runs = run_configs(load(repo, cfg))
     lines = preflight.study(runs, SLURM, tokenizer_json=None, indexes=1, trained={"tiny"})
-    assert lines[0].startswith("gptflow study: 2 run(s), 1 trained; 1 data index(es) shared")
+    assert lines[0].startswith(
+        "gptflow study: 2 run(s), 1 finished (a DONE.json; one whose settings changed trains again); 1 data index(es) shared"
+    )
     assert "GPU-hours at 40% MFU of 989 TFLOP/s" in lines[0]
     header, tiny, small = lines[1:]
     assert header.split() == ["run", "parameters", "tokens", "micro", "x", "accum", "x", "dp",
                               "memory/GPU", "GPU-hours"]  # fmt: skip
-    assert tiny.split()[0] == "tiny" and tiny.endswith("trained")
+    assert tiny.split()[0] == "tiny" and tiny.endswith("finished")
     vocab = preflight.vocab_size(runs["small"], None)[0]
     parameters = preflight.model_config(runs["small"], vocab).num_parameters()
     assert small.split()[:2] == ["small", f"{parameters:,}"]

@@ -1,5 +1,6 @@
 """The whole DAG through Snakemake on the tiny config: plan, run, no-op rerun, targeted rerun,
-and a trainer killed with SIGKILL that resumes from its last checkpoint on the next run.
+and two local ranks that save, exit 75 and resume. (A trainer killed with SIGKILL through
+Snakemake and resumed on the next run: tests/workflow/test_study.py, on a study's run.)
 
 The pipeline runs once per module (`pipeline`); a test that reads it uses that directory as it
 is, and a test that reruns or changes anything gets its own copy (`pipeline_copy`), so every
@@ -520,52 +521,6 @@ def test_changing_a_hyperparameter_reruns_only_training(
     assert (wd / "results/runs/tiny/checkpoints" / old["series"] / "metrics.jsonl").is_file()
     assert shard.stat().st_mtime_ns == before  # tokenization did not rerun
     assert {p: p.stat().st_mtime_ns for p in indices} == indices  # the indices were cached
-
-
-def test_sigkilled_trainer_resumes_from_its_last_checkpoint(
-    pipeline_copy, write_config, tiny, snakemake
-):
-    wd, _ = pipeline_copy
-    long = copy.deepcopy(tiny)
-    long["run"] = "tiny-kill"
-    long["train"].update(train_iters=150, save_interval=5, log_interval=5, eval_interval=100)
-    config = write_config(wd / "kill.yaml", long)
-    run_dir = wd / "results/runs/tiny-kill"
-    proc = subprocess.Popen(
-        snakemake_cmd(wd, config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.time() + 300
-        latest = None
-        while time.time() < deadline:
-            found = list(run_dir.glob("checkpoints/*/latest"))
-            if found and int(found[0].read_text()[4:]) >= 10:
-                latest = found[0]
-                break
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            time.sleep(0.2)
-        assert latest is not None, "no checkpoint within 300 s"
-        trainer = json.loads((run_dir / "train.lock").read_text())["pid"]
-        os.kill(trainer, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode != 0
-    assert "Error in rule train_gpt" in out
-    assert not (run_dir / "DONE.json").exists()
-    killed_at = int(latest.read_text()[4:])
-
-    rerun = snakemake(wd, config)
-    assert rerun.returncode == 0, rerun.out[-3000:]
-    log = (wd / "logs/train_gpt/tiny-kill.log").read_text()
-    resumed = int(log.split("resuming from step ")[1].split(";")[0])
-    assert resumed >= killed_at >= 10  # the step counter continued; it did not start at 0
-    assert f"took over a stale lock: process {trainer}" in log
-    done = json.loads((run_dir / "DONE.json").read_text())
-    assert done["final_step"] == 150
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train_steps = [r["step"] for r in records if r["kind"] == "train"]
-    assert train_steps == list(range(5, 155, 5)), "metrics.jsonl must hold one trajectory"
 
 
 def test_two_local_ranks_through_the_local_profile_save_exit_75_and_resume(

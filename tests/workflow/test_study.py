@@ -61,7 +61,10 @@ def test_one_command_trains_every_run_on_data_built_once(study):
     per_run = {"render_run_config": 6, "train_gpt": 6}
     assert job_counts(run.out) == {**once, **per_run, "study_report": 1, "study": 1}
     # the plan lists every run with its size and batch split, and the study's total
-    assert "gptflow study: 6 run(s), 0 trained; 1 data index(es) shared by them" in plan.out
+    assert (
+        "gptflow study: 6 run(s), 0 finished (a DONE.json; one whose settings changed trains again); 1 data index(es) shared by them"
+        in plan.out
+    )
     for name in RUNS:
         assert f"  {name} " in plan.out, name
     indices = set()
@@ -93,17 +96,29 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
                                                               write_config):  # fmt: skip
     """Editing one run's lr plans that run (and the comparison) only; made longer too (its
     own data index: more samples), its training, killed with SIGKILL after a checkpoint,
-    resumes from it on the rerun, and the five finished runs are not touched."""
+    resumes from it on the rerun (taking over the dead trainer's lock, one trajectory in
+    metrics.jsonl), and the five finished runs are not touched."""
     wd = tmp_path / "wd"
     shutil.copytree(study[0], wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
     before = done_mtimes(wd)
     cfg = study_config()
     edited = "small-lr0.003"
     cfg["study"]["runs"][edited]["train"]["lr"] = 2.0e-3
-    plan = snakemake(wd, write_config(wd / "lr.yaml", cfg), "-n", "study")
-    assert job_counts(plan.out) == {"render_run_config": 1, "train_gpt": 1, "study_report": 1,
-                                    "study": 1}, plan.out[-3000:]  # fmt: skip
-    assert f"wildcards: run={edited}" in plan.out
+    why = subprocess.run(
+        [str(BIN / "gptflow"), "why", "--directory", str(wd), "--json", str(tmp_path / "w.json"),
+         "--", "--snakefile", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles/local"),
+         "--configfile", str(write_config(wd / "lr.yaml", cfg)), "study"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert why.returncode == 0, why.stderr[-3000:]
+    result = json.loads((tmp_path / "w.json").read_text())
+    jobs = {(j["rule"], j["outputs"][0]): j for j in result["jobs"]}
+    assert sorted(r for r, _ in jobs) == ["render_run_config", "study_report", "train_gpt"]
+    key = [f"runs.{edited}.train.lr", 0.003, 0.002]
+    assert jobs["train_gpt", f"results/runs/{edited}/DONE.json"]["keys"] == [key], why.stdout
+    # the plan's study lines: every run (all six have a DONE.json)
+    assert "gptflow study: 6 run(s), 6 finished" in why.stdout, why.stdout
+    assert f"config {key[0]}: 0.003 -> 0.002" in why.stdout
 
     cfg["study"]["runs"][edited]["train"].update(train_iters=120, save_interval=5)
     config = write_config(wd / "config.yaml", cfg)
@@ -137,7 +152,11 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
     assert job_counts(rerun.out) == {"train_gpt": 1, "study_report": 1, "study": 1}
     log = (wd / f"logs/train_gpt/{edited}.log").read_text()
     assert int(log.split("resuming from step ")[-1].split(";")[0]) >= killed_at
+    assert f"took over a stale lock: process {trainer}" in log
     assert json.loads((run_dir / "DONE.json").read_text())["final_step"] == 120
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert steps == list(range(4, 124, 4)), "metrics.jsonl must hold one trajectory"
     after = done_mtimes(wd)
     assert {r: t for r, t in after.items() if r != edited} == {
         r: t for r, t in before.items() if r != edited
@@ -204,7 +223,7 @@ def test_the_pythia_suite_plans_through_the_shipped_slurm_profile(tmp_path):
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     lines = out.stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("gptflow study: "))
-    assert lines[head].startswith("gptflow study: 8 run(s), 0 trained; 1 data index(es)")
+    assert lines[head].startswith("gptflow study: 8 run(s), 0 finished")
     rows = {line.split()[0]: line for line in lines[head + 2 : head + 10]}
     sizes = ["70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"]
     assert list(rows) == [f"pythia-{s}" for s in sizes]
