@@ -34,7 +34,7 @@ run: setup
 # A study on this machine: 3 model sizes x 2 learning rates on the embedded corpus, compared in
 # results/studies/stdlib-sweep/study.html (README, Studies)
 study: setup
-	snakemake --profile $(PROFILE) --configfile config/config.yaml config/examples/studies/cpu-sweep.yaml $(SNAKEMAKE_ARGS) study
+	snakemake study --profile $(PROFILE) $(SNAKEMAKE_ARGS) --configfile config/config.yaml config/examples/studies/cpu-sweep.yaml
 	gptflow summary
 
 test: setup

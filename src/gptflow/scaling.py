@@ -54,9 +54,15 @@ class PowerLawFit:
         out = self.E + self.A / np.asarray(n, dtype=float) ** self.alpha
         return float(out) if np.ndim(out) == 0 else out
 
+    @property
+    def warnings(self) -> list[str]:
+        """Why these numbers may say little (:func:`fit_warnings`)."""
+        return fit_warnings({"alpha": self.alpha}, self.points, 3)
+
     def to_json(self) -> dict:
         return {"form": "E + A / N^alpha", "E": self.E, "A": self.A, "alpha": self.alpha,
-                "rmse": self.rmse, "max_rel_error": self.max_rel_error, "points": self.points}  # fmt: skip
+                "rmse": self.rmse, "max_rel_error": self.max_rel_error, "points": self.points,
+                "warnings": self.warnings}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -77,10 +83,16 @@ class TwoTermFit:
         out = self.E + self.A / n**self.alpha + self.B / d**self.beta
         return float(out) if np.ndim(out) == 0 else out
 
+    @property
+    def warnings(self) -> list[str]:
+        """Why these numbers may say little (:func:`fit_warnings`)."""
+        return fit_warnings({"alpha": self.alpha, "beta": self.beta}, self.points, 5)
+
     def to_json(self) -> dict:
         return {"form": "E + A / N^alpha + B / D^beta", "E": self.E, "A": self.A,
                 "alpha": self.alpha, "B": self.B, "beta": self.beta, "rmse": self.rmse,
-                "max_rel_error": self.max_rel_error, "points": self.points}  # fmt: skip
+                "max_rel_error": self.max_rel_error, "points": self.points,
+                "warnings": self.warnings}  # fmt: skip
 
     def compute_optimal(self, flops: float, flops_per_param_token: float = 6.0) -> dict:
         """The size and tokens that minimise the law at `flops` under ``C = k * N * D``
@@ -101,6 +113,25 @@ class TwoTermFit:
         d = x / n
         return {"flops": float(flops), "parameters": float(n), "tokens": float(d),
                 "loss": float(self.predict(n, d))}  # fmt: skip
+
+
+def fit_warnings(exponents: dict[str, float], points: int, parameters: int) -> list[str]:
+    """What makes a fit's numbers weak: an exponent at the edge of the range searched (the
+    points do not pin it: the optimum may lie beyond), and no more points than parameters
+    (the curve passes through every point; its error says nothing)."""
+    lo, hi = EXPONENTS
+    out = [
+        f"{name} {value:.3g} is at the edge of the range searched ({lo:g} to {hi:g}): these "
+        f"points do not determine it"
+        for name, value in exponents.items()
+        if not lo * 1.01 < value < hi / 1.01
+    ]
+    if points <= parameters:
+        out.append(
+            f"{points} points for {parameters} parameters: the curve passes through them, so "
+            f"its error says nothing about the law; add sizes"
+        )
+    return out
 
 
 def fit_power_law(n, loss) -> PowerLawFit:

@@ -330,6 +330,7 @@ def _fit_tables(fits: dict) -> list[str]:
         row = [_g(power.E), _g(power.A), _g(power.alpha), _g(power.rmse),
                _g(power.max_rel_error), count(power.points)]  # fmt: skip
         parts.append(_table(["E", "A", "α", *error_head], [row]))
+        parts += [f"<p>warning: {html.escape(w)}</p>" for w in power.warnings]
     parts.append("<h2>L(N, D) = E + A / N<sup>α</sup> + B / D<sup>β</sup></h2>")
     if two is None:
         parts.append(f"<p>{err['two_term']}</p>")
@@ -337,6 +338,7 @@ def _fit_tables(fits: dict) -> list[str]:
         row = [_g(two.E), _g(two.A), _g(two.alpha), _g(two.B), _g(two.beta), _g(two.rmse),
                _g(two.max_rel_error), count(two.points)]  # fmt: skip
         parts.append(_table(["E", "A", "α", "B", "β", *error_head], [row]))
+        parts += [f"<p>warning: {html.escape(w)}</p>" for w in two.warnings]
     parts.append("<h2>Compute frontier</h2>")
     if frontier is None:
         parts.append(f"<p>{err['frontier']}</p>")

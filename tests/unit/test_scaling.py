@@ -38,7 +38,8 @@ def test_power_law_recovers_known_parameters_without_noise():
     assert fit.predict(1e12) == pytest.approx(E + A / 1e12**ALPHA, rel=1e-3)
     assert fit.to_json() == {"form": "E + A / N^alpha", "E": fit.E, "A": fit.A,
                              "alpha": fit.alpha, "rmse": fit.rmse,
-                             "max_rel_error": fit.max_rel_error, "points": 8}  # fmt: skip
+                             "max_rel_error": fit.max_rel_error, "points": 8,
+                             "warnings": []}  # fmt: skip
 
 
 def test_power_law_with_one_percent_noise():
@@ -75,7 +76,7 @@ def test_two_term_recovers_chinchilla_without_noise():
     assert got == pytest.approx((E, A, ALPHA, B, BETA), rel=1e-2)
     assert fit.rmse < 1e-6 and fit.points == 16
     assert set(fit.to_json()) == {"form", "E", "A", "alpha", "B", "beta", "rmse",
-                                  "max_rel_error", "points"}  # fmt: skip
+                                  "max_rel_error", "points", "warnings"}  # fmt: skip
 
 
 def test_two_term_with_one_percent_noise():
@@ -177,3 +178,19 @@ def test_bad_input_is_refused_in_one_line(call, message):
     with pytest.raises(GptflowError) as err:
         call()
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_fit_says_when_its_numbers_say_little():
+    """An exponent pushed to the edge of the searched range, and as many points as
+    parameters, are named in the fit's warnings (and its JSON); a well-posed fit has none."""
+    from gptflow.scaling import fit_power_law
+
+    n = np.array([1e5, 3e5, 1e6, 3e6, 1e7])
+    good = fit_power_law(n, 1.7 + 400 / n**0.34)
+    assert good.warnings == [] and good.to_json()["warnings"] == []
+    # three sizes whose losses fall off a cliff (the drops need 2^alpha = 80: alpha 6.3),
+    # so alpha runs to the top of the range; and three points for three parameters
+    steep = fit_power_law([1e5, 2e5, 4e5], [10.0, 2.0, 1.9])
+    assert len(steep.warnings) == 2, steep.warnings
+    assert steep.warnings[0].startswith("alpha 3 is at the edge of the range searched")
+    assert "3 points for 3 parameters" in steep.warnings[1]
