@@ -10,18 +10,10 @@ import pytest
 from gptflow import preflight
 from gptflow.errors import GptflowError
 from gptflow.run_config import data_index_name, data_index_settings
-from gptflow.workflow_config import load_workflow_config, run_configs
+from gptflow.workflow_config import run_configs
 
+from .test_config import load
 from .test_preflight import SLURM
-
-
-def load(repo, cfg):
-    return load_workflow_config(
-        cfg,
-        schema_path=repo / "config/schema/config.schema.yaml",
-        models_dir=repo / "config/models",
-        source="my.yaml",
-    )
 
 
 @pytest.fixture

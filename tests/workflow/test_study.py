@@ -97,7 +97,8 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
     """Editing one run's lr plans that run (and the comparison) only; made longer too (its
     own data index: more samples), its training, killed with SIGKILL after a checkpoint,
     resumes from it on the rerun (taking over the dead trainer's lock, one trajectory in
-    metrics.jsonl), and the five finished runs are not touched."""
+    metrics.jsonl); another edited run trains in the same invocation although the first
+    failed (keep-going), and the four others are not touched."""
     wd = tmp_path / "wd"
     shutil.copytree(study[0], wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
     before = done_mtimes(wd)
@@ -121,6 +122,8 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
     assert f"config {key[0]}: 0.003 -> 0.002" in why.stdout
 
     cfg["study"]["runs"][edited]["train"].update(train_iters=120, save_interval=5)
+    other = "tiny-lr0.001"  # edited too: it trains in the same invocation, killed run or not
+    cfg["study"]["runs"][other]["train"]["lr"] = 2.0e-3
     config = write_config(wd / "config.yaml", cfg)
 
     run_dir = wd / "results/runs" / edited
@@ -146,6 +149,8 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
     finally:
         proc.kill()
     assert proc.returncode != 0 and "Error in rule train_gpt" in out
+    # keep-going (the profile's): the failed run did not stop the other one
+    assert done_mtimes(wd)[other] != before[other], out[-3000:]
 
     rerun = snakemake(wd, config, "study")
     assert rerun.returncode == 0, rerun.out[-3000:]
@@ -158,8 +163,8 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == list(range(4, 124, 4)), "metrics.jsonl must hold one trajectory"
     after = done_mtimes(wd)
-    assert {r: t for r, t in after.items() if r != edited} == {
-        r: t for r, t in before.items() if r != edited
+    assert {r: t for r, t in after.items() if r not in (edited, other)} == {
+        r: t for r, t in before.items() if r not in (edited, other)
     }, "a finished run was touched"
 
 
