@@ -236,24 +236,9 @@ def why(
     for line in plan.get("lines", []):
         p(f"{line.removeprefix('gptflow ')}\n")
     # a study: the preflight lines hold every run's size and the total (not the base config's)
-    pre = (
-        size(current, plan, workdir, peak_tflops, mfu)
-        if current and not current.get("study")
-        else {}
-    )
-    if pre:
-        shards = f"shards about {pre['shard_bytes'] / 1e9:.3g} GB"
-        if pre["inputs_not_on_disk"]:
-            shards += f" (+ {pre['inputs_not_on_disk']} input(s) not on disk yet)"
-        p(
-            f"Size: {pre['parameters']:,} parameters, {pre['training_tokens']:,} training "
-            f"tokens, {pre['training_flops']:.3g} FLOPs = {pre['gpu_hours']:.3g} "
-            f"GPU-hours at {pre['mfu']:.0%} MFU of {pre['peak_tflops']:g} TFLOP/s; disk: "
-            f"checkpoints about {pre['checkpoint_bytes'] / 1e9:.3g} GB, {shards}, "
-            f"{pre['free_bytes'] / 1e9:.1f} GB free here\n"
-        )
-        if pre["checkpoint_bytes"] + pre["shard_bytes"] > pre["free_bytes"]:
-            p("  WARNING: not enough free disk for the checkpoints and shards\n")
+    study = bool(current.get("study")) if current else True
+    pre = size(current, plan, workdir, peak_tflops, mfu) if not study else {}
+    p("".join(size_lines(pre)))
     return {
         "jobs": [
             {"rule": j.rule, "outputs": j.outputs, "reasons": j.reasons, "keys": j.keys}
@@ -262,6 +247,26 @@ def why(
         "changes": changes,
         "preflight": {**plan, "size": pre},
     }
+
+
+def size_lines(pre: dict) -> list[str]:
+    """The run's size (:func:`size`) as `why` prints it, with a warning when the disk is short;
+    nothing without one."""
+    if not pre:
+        return []
+    shards = f"shards about {pre['shard_bytes'] / 1e9:.3g} GB"
+    if pre["inputs_not_on_disk"]:
+        shards += f" (+ {pre['inputs_not_on_disk']} input(s) not on disk yet)"
+    lines = [
+        f"Size: {pre['parameters']:,} parameters, {pre['training_tokens']:,} training "
+        f"tokens, {pre['training_flops']:.3g} FLOPs = {pre['gpu_hours']:.3g} "
+        f"GPU-hours at {pre['mfu']:.0%} MFU of {pre['peak_tflops']:g} TFLOP/s; disk: "
+        f"checkpoints about {pre['checkpoint_bytes'] / 1e9:.3g} GB, {shards}, "
+        f"{pre['free_bytes'] / 1e9:.1f} GB free here\n"
+    ]
+    if pre["checkpoint_bytes"] + pre["shard_bytes"] > pre["free_bytes"]:
+        lines.append("  WARNING: not enough free disk for the checkpoints and shards\n")
+    return lines
 
 
 def planning_error(output: str, lines: int = 40) -> str:
