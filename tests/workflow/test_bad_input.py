@@ -60,6 +60,15 @@ CASES = {
         edited("eval", {"extra": {"wiki": ["nowhere/wiki/00000"]}}),
         "eval.extra.wiki[0] is 'nowhere/wiki/00000', but nowhere/wiki/00000.bin does not exist",
     ),
+    # issue 26: a study run may change only model and train keys (the data is shared)
+    "study changes the data": (
+        edited("study", {"grid": {"data.split": ["90,9,1", "80,19,1"]}}),
+        "'study.grid' has a key 'data.split'; expected model.KEY, train.KEY or tokens",
+    ),
+    "study run does not fit its model": (
+        edited("study", {"runs": {"long": {"train": {"seq_length": 4096}}}}),
+        "study run 'long': train.seq_length 4096 exceeds model.max_position_embeddings 2048",
+    ),
 }
 
 
