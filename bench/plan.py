@@ -452,7 +452,7 @@ def study_mode(a: argparse.Namespace, repo: Path, env: dict, tmp: Path) -> None:
         runs, index_of = study_settings(cfg, a.vary)
         text = study_snakefile(cfg, runs, index_of, stats["tokenize_shard"])
         (base / "Snakefile").write_text(text)
-        ours, theirs = timed(
+        theirs, ours = timed(
             [
                 (base / "Snakefile", base, None, stats),
                 (repo / "Snakefile", work, work / "config.yaml", stats),
