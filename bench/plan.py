@@ -22,17 +22,18 @@ baselines'.
 --profile writes a cProfile of one planning run per config (largest N) and prints the top
 entries by cumulative and by own time.
 
-Study mode (issue 26), --study N [N ...]: tests/config/config.yaml as a study of N runs, the
-grid a user sweeping hyperparameters writes, train.lr x train.weight_decay (a x b = N, a as
-close to sqrt(N) as N allows); all runs read the same samples, so they share one data index.
---vary seed makes the grid train.lr x train.seed instead: each seed its own index (N/a
-build_data_index jobs). gptflow's plan (target `all`: every run's render_run_config,
-train_gpt, evaluate, export_hf, report_assets, the shared data stage and index, study_report)
-is timed against a baseline with exactly the same jobs per rule (asserted): the same rule
-names, DAG shape and outputs written as plain rules (plain string paths, the run's index in
-its path, a log per job, the same shell/params sizes; the one function per rule is the lookup
-of the run's settings dict by {run}, as gptflow's params pass). The table gives the ratio
-and ms per run; two values of N give the per-run slope. --profile profiles the largest N.
+Study mode (issue 26), --study N [N ...]: tests/config/config.yaml as a study of N runs with
+the grid a user sweeping hyperparameters writes, train.lr x train.weight_decay (a x b = N, a
+as close to sqrt(N) as N allows): every run reads the same samples, so all share one data
+index. --vary seed makes it train.lr x train.seed: one index per seed (b build_data_index
+jobs). gptflow's plan of target `all` (the data stage once; per run render_run_config,
+train_gpt, evaluate, export_hf, report_assets; the index; study_report) is timed against the
+same jobs written as plain rules: gptflow's rule names with the same job count per rule
+(asserted), the same DAG shape and outputs, a log per job, plain string paths (a run's index
+in its path), realistic params (the run's settings dict, looked up by {run}: the one function
+per rule); no wildcard constraints, conda or resource functions. The table gives N, jobs,
+both medians, the ratio and ms per run; two values of N give the per-run slope. --profile
+profiles gptflow's plan of the largest N.
 
 Usage: python bench/plan.py [--sizes 250 1000] [--repeats 3] [--repo DIR] [--profile]
        python bench/plan.py --study 25 100 [--vary seed] [--repeats 3] [--profile]
