@@ -115,8 +115,9 @@ REPORT_DATASETS = {name: CFG["datasets"][name] for name in BLENDED}
 
 
 def dataset_choice(names):
-    """A {dataset} (or {shard}) constraint matching exactly `names` ('-' matches no name)."""
-    return "|".join(re.escape(d) for d in names) or "-"
+    """A {dataset} (or {shard}, {run}, {index}) constraint matching exactly `names` ('-'
+    matches no name): gptflow.paths.choice_pattern, a study's run names' prefixes once."""
+    return paths.choice_pattern(names) or "-"
 
 
 def imported_shard_choice():

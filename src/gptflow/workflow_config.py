@@ -56,19 +56,22 @@ def load_workflow_config(
 
     study = cfg.get("study")
     raw_model = cfg["model"]
-    cfg["model"] = _check_run(cfg["model"], cfg["train"], cfg, schema, models_dir, source)
+    # each preset file read and checked once, not once per study run
+    models = _Presets(schema, Path(models_dir))
+    cfg["model"] = _check_run(cfg["model"], cfg["train"], cfg, schema, models, source)
     if study is not None:
         cfg["runs"] = {
-            name: _study_run(name, overrides, raw_model, cfg, schema, models_dir, source)
+            name: _study_run(name, overrides, raw_model, cfg, schema, models, source)
             for name, overrides in study_runs(study, source).items()
         }
     return cfg
 
 
-def _check_run(model: dict, train: dict, cfg: dict, schema: dict, models_dir, source: str) -> dict:
-    """The model resolved (preset + overrides) and the cross-field rules of a run's model and
-    train keys, named in this file's terms."""
-    model = resolve_model(model, schema, Path(models_dir), source)
+def _check_run(model: dict, train: dict, cfg: dict, schema: dict, models, source: str) -> dict:
+    """The model resolved (preset + overrides, the presets read through `models`, a
+    :class:`_Presets`) and the cross-field rules of a run's model and train keys, named in
+    this file's terms."""
+    model = resolve_model(model, schema, models.models_dir, source, presets=models)
     try:  # the cross-field rules of the dataclasses, named in this file's terms
         t = TrainConfig(**train)
         t.check_trainable()
@@ -140,7 +143,7 @@ def study_runs(study: dict, source: str) -> dict[str, dict]:
 
 
 def _study_run(
-    name: str, overrides: dict, raw_model: dict, cfg: dict, schema: dict, models_dir, source: str
+    name: str, overrides: dict, raw_model: dict, cfg: dict, schema: dict, models, source: str
 ) -> dict:
     """One study run's {model (resolved), train (defaults filled)}: the base config's model
     and train sections with the run's overrides, checked as a run's are."""
@@ -159,7 +162,7 @@ def _study_run(
     validate(model, props["model"], source=where, root=schema)
     validate(train, props["train"], source=where, root=schema)
     fill_defaults(train, props["train"], schema)
-    return {"model": _check_run(model, train, cfg, schema, models_dir, where), "train": train}
+    return {"model": _check_run(model, train, cfg, schema, models, where), "train": train}
 
 
 def run_configs(cfg: dict) -> dict[str, dict]:
@@ -267,18 +270,35 @@ def _check_path(path: str, key: str, source: str) -> None:
         )
 
 
-def resolve_model(model: dict, schema: dict, models_dir: Path, source: str) -> dict:
-    """The preset file with the config's overrides applied (every key present)."""
+class _Presets:
+    """The preset files of `models_dir`, each read and validated once (by preset name)."""
+
+    def __init__(self, schema: dict, models_dir: Path):
+        self.schema, self.models_dir, self.read = schema, models_dir, {}
+
+    def get(self, preset: str, source: str) -> dict:
+        """Preset `preset`'s keys; a missing file names `source`'s model.preset."""
+        if preset not in self.read:
+            path = self.models_dir / f"{preset}.yaml"
+            if not path.is_file():
+                have = sorted(p.stem for p in self.models_dir.glob("*.yaml"))
+                raise GptflowError(
+                    f"{source}: model.preset is '{preset}', but {path} does not exist "
+                    f"(presets: {', '.join(have)}). Fix model.preset in {source}."
+                )
+            data = load_yaml(path) or {}
+            validate(data, self.schema["$defs"]["model_preset"], source=str(path), root=self.schema)
+            self.read[preset] = data
+        return self.read[preset]
+
+
+def resolve_model(
+    model: dict, schema: dict, models_dir: Path, source: str, presets: _Presets | None = None
+) -> dict:
+    """The preset file with the config's overrides applied (every key present); `presets`
+    keeps the files already read (a study's runs share a few presets)."""
     preset = model["preset"]
-    path = models_dir / f"{preset}.yaml"
-    if not path.is_file():
-        have = sorted(p.stem for p in models_dir.glob("*.yaml"))
-        raise GptflowError(
-            f"{source}: model.preset is '{preset}', but {path} does not exist (presets: "
-            f"{', '.join(have)}). Fix model.preset in {source}."
-        )
-    data = load_yaml(path) or {}
-    validate(data, schema["$defs"]["model_preset"], source=str(path), root=schema)
+    data = (presets or _Presets(schema, models_dir)).get(preset, source)
     defaults = {
         f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"
     }

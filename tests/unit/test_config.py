@@ -469,3 +469,25 @@ def test_what_the_bad_input_rules_leave_alone(repo, tiny_config, tmp_path):
     _tokenizer(special_tokens=["<|endoftext|>", "a", "b", "c"])(cfg, tmp_path)
     cfg["tokenizer"]["train"]["vocab_size"] = 260  # = 256 bytes + 4 special tokens
     plan(repo, cfg)
+
+
+def test_a_study_reads_each_preset_file_once(repo, edit_config, monkeypatch):
+    """A study's runs share their presets: each file is read and checked once per config, not
+    once per run (a 100-run study read tiny.yaml 101 times while planning: bench/plan.py
+    --study). Each run still gets its own preset's keys. (load_yaml is wrapped, not replaced:
+    the files are read for real.)"""
+    import gptflow.workflow_config as workflow_config
+
+    reads, real = [], workflow_config.load_yaml
+    monkeypatch.setattr(
+        workflow_config, "load_yaml", lambda path: reads.append(path.name) or real(path)
+    )
+    grid = {"model.preset": ["tiny", "small"], "train.lr": [1.0e-3, 2.0e-3, 3.0e-3]}
+    cfg = load(repo, edit_config(run="sweep", study={"grid": grid}))
+    assert sorted(reads) == ["config.schema.yaml", "small.yaml", "tiny.yaml"]
+    widths = {name: run["model"]["hidden_size"] for name, run in cfg["runs"].items()}
+    assert widths == {
+        f"{p}-lr{lr:g}": {"tiny": 64, "small": 128}[p]
+        for p in grid["model.preset"]
+        for lr in grid["train.lr"]
+    }

@@ -59,3 +59,24 @@ def test_the_rules_spell_no_output_path_of_their_own():
                 if re.match(r"(results|resources|logs)/", literal):
                     spelled.append(f"{smk.name}:{i}: {literal}")
     assert spelled == []
+
+
+def test_choice_pattern_matches_exactly_the_names_and_shares_their_prefixes():
+    """The wildcard constraint of {run}, {dataset}, {index}: every name and nothing else (a
+    prefix, an extension, a name cut in the middle), and for a study's grid of names sharing
+    prefixes a pattern far shorter than the names joined (Snakemake compiles it into each
+    output pattern with the wildcard: planning time per run)."""
+    names = [
+        f"lr{lr:g}-weight_decay{wd:g}" for lr in (1e-3, 1.41e-3, 2e-3) for wd in (0, 0.01, 0.1)
+    ]
+    names += ["a", "ab", "a.b", "b-c", "a(b)"]
+    pattern = re.compile(rf"\A(?:{paths.choice_pattern(names)})\Z")
+    assert all(pattern.match(name) for name in names)
+    others = ["", "lr0.001", "lr0.001-weight_decay0.0", "lr0.001-weight_decay", "abc", "aab",
+              "a.", "axb", "b", "b-", "lr0.001-weight_decay0.1x", "a(b"]  # fmt: skip
+    assert not [name for name in others if pattern.match(name)]
+    assert paths.choice_pattern([]) == ""
+    grid = [f"lr{i / 1000:g}-weight_decay{j / 100:g}" for i in range(1, 11) for j in range(10)]
+    grid_pattern = re.compile(rf"\A(?:{paths.choice_pattern(grid)})\Z")
+    assert all(grid_pattern.match(name) for name in grid)
+    assert len(paths.choice_pattern(grid)) < len("|".join(map(re.escape, grid))) / 3
