@@ -127,6 +127,7 @@ def _fits(runs: list[dict], budgets: list[float]) -> dict:
     # the study's own FLOPs per parameter per token (6 plus attention), not the textbook 6
     k = statistics.median(r["training_flops"] / (r["parameters"] * r["tokens"]) for r in runs)
     optimal = []
+    largest = max(r["training_flops"] for r in runs)  # how far each budget extrapolates
     for c in budgets:
         if two is not None:
             optimal.append({**two.compute_optimal(c, flops_per_param_token=k), "from": "two_term"})
@@ -137,7 +138,8 @@ def _fits(runs: list[dict], budgets: list[float]) -> dict:
     return {
         "rule": rule, "points": [r["name"] for r in points], "flops_per_parameter_token": k,
         "power_law": (power, power_error), "two_term": (two, two_error),
-        "frontier": (frontier, frontier_error), "compute_optimal": optimal,
+        "frontier": (frontier, frontier_error),
+        "compute_optimal": [{**o, "beyond_largest_run": o["flops"] / largest} for o in optimal],
     }  # fmt: skip
 
 
@@ -349,14 +351,18 @@ def _fit_tables(fits: dict) -> list[str]:
 
 
 def _optimal_table(fits: dict) -> list[str]:
-    rows = [[_g(o["flops"]), _g(o["parameters"]), _g(o["tokens"]), _g(o["loss"]), o["from"]]
-            for o in fits["compute_optimal"]]  # fmt: skip
+    rows = [[_g(o["flops"]), _g(o["parameters"]), _g(o["tokens"]), _g(o["loss"]), o["from"],
+             f"{o['beyond_largest_run']:.3g}x"] for o in fits["compute_optimal"]]  # fmt: skip
     k = fits["flops_per_parameter_token"]
     return [
         "<h2>Compute-optimal size</h2>",
         f"<p>training FLOPs C = {k:.3g} × N × D (this study's median FLOPs per parameter "
-        "per token, from each run's derived.training_flops)</p>",
-        _table(["FLOPs", "parameters", "tokens", "predicted loss", "from"], rows)
+        "per token, from each run's derived.training_flops). A budget far beyond the study's "
+        "largest run is an extrapolation of the fit, as good as its exponents.</p>",
+        _table(
+            ["FLOPs", "parameters", "tokens", "predicted loss", "from", "FLOPs / largest run's"],
+            rows,
+        )
         if rows
         else "<p>none: neither L(N, D) nor the compute frontier could be fitted</p>",
     ]
