@@ -191,8 +191,10 @@ def test_compute_optimal_rows_for_the_default_budgets(sweep):
     assert math.isclose(fit["flops_per_parameter_token"], FLOPS_PER_PARAMETER_TOKEN)
     rows = [o for o in fit["compute_optimal"] if o["from"] == "frontier"]
     assert [o["flops"] for o in rows] == [1e19, 1e21, 1e23, total]
+    largest = FLOPS_PER_PARAMETER_TOKEN * max(SIZES.values()) * TOKENS
     for o in rows:
         assert math.isclose(o["flops"], FLOPS_PER_PARAMETER_TOKEN * o["parameters"] * o["tokens"])
+        assert math.isclose(o["beyond_largest_run"], o["flops"] / largest)  # extrapolation
 
 
 def test_two_token_budgets_fit_the_data_term(tmp_path):
