@@ -60,6 +60,7 @@ def load_workflow_config(
     models = _Presets(schema, Path(models_dir))
     cfg["model"] = _check_run(cfg["model"], cfg["train"], cfg, schema, models, source)
     if study is not None:
+        _check_grid_keys(study["grid"], schema, source)
         cfg["runs"] = {
             name: _study_run(name, overrides, raw_model, cfg, schema, models, source)
             for name, overrides in study_runs(study, source).items()
@@ -107,6 +108,23 @@ def _label(key: str, value) -> str:
         shown = str(value).lower() if isinstance(value, bool) else f"{value:g}".replace("+", "")
         text = f"{key.rsplit('.', 1)[-1]}{shown}"
     return re.sub(r"[^A-Za-z0-9._-]", "_", text)
+
+
+def _check_grid_keys(grid: dict, schema: dict, source: str) -> None:
+    """Each study.grid key names a key of its section (model.KEY, train.KEY): a misspelt one
+    is named here, not as an unknown key of every run it makes."""
+    props = schema["properties"]
+    known = {
+        "model": {*props["model"]["properties"], *schema["$defs"]["model_keys"]["properties"]},
+        "train": set(props["train"]["properties"]),
+    }
+    for key in grid:
+        section, _, leaf = key.partition(".")
+        if section in known and leaf not in known[section]:
+            raise GptflowError(
+                f"{source}: unknown key 'study.grid.{key}': {section} has no key '{leaf}' (its "
+                f"keys: config/schema/config.schema.yaml). Fix {source}."
+            )
 
 
 def study_runs(study: dict, source: str) -> dict[str, dict]:
