@@ -67,7 +67,8 @@ rule harness:
         batch_size=HARNESS["batch_size"],
         limit=verbatim(harness.limit_args(HARNESS)),
     shell:
-        "gptflow harness --hf {input.hf:q} --out {output:q} {params.tasks:q} {params.include:q}"
+        "gptflow harness --config {input.config:q} --hf {input.hf:q} --out {output:q}"
+        " {params.tasks:q} {params.include:q}"
         " --num-fewshot {params.num_fewshot:q} --batch-size {params.batch_size:q}"
         " {params.limit:q} > {log:q} 2>&1"
 

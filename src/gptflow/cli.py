@@ -610,6 +610,7 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
 
 
 def add_harness_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", required=True, help="the run's run.yaml (sizes the placement)")
     s.add_argument("--hf", required=True, help="the Hugging Face export (results/runs/RUN/hf)")
     s.add_argument("--out", required=True, help="harness.json")
     s.add_argument(
@@ -632,8 +633,12 @@ def cmd_harness(a: argparse.Namespace) -> int:
     # HF_DATASETS_OFFLINE=0 to let the harness fetch a hub task's data)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from gptflow.evaluate import eval_placement
     from gptflow.harness import run_harness
+    from gptflow.run_config import RunConfig
 
+    cfg = RunConfig.load(a.config)
+    devices, dtype = eval_placement(cfg.model, cfg.train.seq_length)  # as the evaluate job's
     run_harness(
         a.hf,
         a.task,
@@ -642,6 +647,8 @@ def cmd_harness(a: argparse.Namespace) -> int:
         batch_size=a.batch_size,
         limit=a.limit,
         out=a.out,
+        devices=devices,
+        dtype=dtype,
     )
     return 0
 

@@ -142,6 +142,17 @@ def _metrics(result: dict) -> dict:
     return metrics
 
 
+def model_args(hf_dir: str | os.PathLike, devices: list[str], dtype: str) -> dict:
+    """The harness's ``hf`` model arguments for the evaluate job's placement (devices, dtype:
+    gptflow.evaluate.eval_placement): fp32 on the CPU or one GPU; on several GPUs (a model
+    too large for one) bf16 with the harness's own ``parallelize`` (accelerate spreads the
+    layers over the job's GPUs)."""
+    args = {"pretrained": str(hf_dir), "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype]}
+    if len(devices) > 1:
+        return {**args, "parallelize": True}
+    return {**args, "device": devices[0]}
+
+
 def run_harness(
     hf_dir: str | os.PathLike,
     tasks: list[str],
@@ -151,9 +162,11 @@ def run_harness(
     batch_size: int,
     limit: int | None,
     out: str | os.PathLike,
+    devices: list[str],
+    dtype: str,
 ) -> dict:
-    """Run the harness on the Hugging Face model directory `hf_dir` (fp32, on the first GPU if
-    there is one, else the CPU) and write `out` (harness.json, atomically): the harness version,
+    """Run the harness on the Hugging Face model directory `hf_dir` on `devices` in `dtype`
+    (:func:`model_args`) and write `out` (harness.json, atomically): the harness version,
     each task's version, few-shot count and every metric with its stderr, and the settings."""
     try:
         import lm_eval
@@ -162,22 +175,22 @@ def run_harness(
         raise GptflowError(
             f"the harness cannot be imported ({e}); install it with {INSTALL}"
         ) from None
-    import torch
 
     names = [task_name(t, f"--task {t}") for t in tasks]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dirs = include_dirs(tasks, include)
+    args = model_args(hf_dir, devices, dtype)
     results = lm_eval.simple_evaluate(
         model="hf",
-        model_args={"pretrained": str(hf_dir), "dtype": "float32", "device": device},
+        model_args=args,
         tasks=names,
         num_fewshot=num_fewshot,
         batch_size=batch_size,
         limit=limit,
-        task_manager=TaskManager(include_path=dirs or None),
+        # the harness's own tasks indexed only when one is named (its ~15,000 YAMLs: ~9 s)
+        task_manager=TaskManager(
+            include_path=include_dirs(tasks, include) or None,
+            include_defaults=not all(is_task_file(t) for t in tasks),
+        ),
     )
-    if results is None:  # a rank other than 0 of a distributed harness run
-        return {}
     record = {
         "harness_version": importlib.metadata.version("lm_eval"),
         "tasks": {
@@ -195,8 +208,8 @@ def run_harness(
             "num_fewshot": num_fewshot,
             "batch_size": batch_size,
             "limit": limit,
-            "dtype": "float32",
-            "device": device,
+            "dtype": args["dtype"],
+            "devices": devices,
         },
         "hf": str(hf_dir),
     }

@@ -176,7 +176,7 @@ def test_the_harness_on_the_export_matches_transformers_and_is_cached(
     assert record["hf"] == "results/runs/tiny/hf"
     assert record["config"] == {
         "tasks": [str(mc), str(ppl)], "include": [], "num_fewshot": 0, "batch_size": 4,
-        "limit": None, "dtype": "float32", "device": "cpu",
+        "limit": None, "dtype": "float32", "devices": ["cpu"],
     }  # fmt: skip
     assert set(record["tasks"]) == {"gptflow_mc", "gptflow_ppl"}
     want = expected_metrics(wd / "results/runs/tiny/hf")
