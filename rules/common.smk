@@ -217,6 +217,14 @@ def get_eval_runtime(wildcards, input):
     return eval_resources(input.config)["runtime"]
 
 
+def get_harness_files(wildcards):
+    """eval.harness's task files and the local data files they name (gptflow.harness)."""
+    try:
+        return harness.input_files(HARNESS)
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
+
+
 def get_export_mem_mb(wildcards, input):
     """gptflow.export.run_resources; <TBD> in a plan made before run.yaml exists."""
     open(input.config).close()
@@ -244,6 +252,7 @@ def get_train_container_record(wildcards):
 
 def get_final_outputs():
     outputs = [paths.DONE, paths.EVAL, paths.HF_EXPORT, paths.REPORT_CARD]
+    outputs += [paths.HARNESS] if HARNESS["tasks"] else []  # eval.harness: a study's runs too
     return expand(outputs, run=RUNS) + get_study_outputs()
 
 

@@ -1,4 +1,5 @@
-"""After training: held-out evaluation and the Hugging Face export of the final checkpoint."""
+"""After training: held-out evaluation, the Hugging Face export of the final checkpoint, and
+lm-evaluation-harness on that export (eval.harness)."""
 
 
 rule evaluate:
@@ -42,6 +43,34 @@ rule export_hf:
         runtime=get_export_runtime,
     shell:
         "gptflow export-hf --config {input.config:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule harness:
+    input:
+        config=paths.RUN_YAML,
+        hf=paths.HF_EXPORT,
+        tasks=get_harness_files,
+    output:
+        paths.HARNESS,
+    log:
+        paths.log("harness", "{run}"),
+    conda:
+        "../envs/gptflow.yaml"
+    resources:
+        mem_mb=get_eval_mem_mb,
+        gres=get_eval_gres,
+        runtime=get_eval_runtime,
+    params:
+        tasks=verbatim(harness.task_args(HARNESS)),
+        include=verbatim(harness.include_args(HARNESS)),
+        num_fewshot=HARNESS["num_fewshot"],
+        batch_size=HARNESS["batch_size"],
+        limit=verbatim(harness.limit_args(HARNESS)),
+    shell:
+        "gptflow harness --config {input.config:q} --hf {input.hf:q} --out {output:q}"
+        " {params.tasks:q} {params.include:q}"
+        " --num-fewshot {params.num_fewshot:q} --batch-size {params.batch_size:q}"
+        " {params.limit:q} > {log:q} 2>&1"
 
 
 rule report_assets:

@@ -11,7 +11,7 @@ from pathlib import Path
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.logging import logger
 
-from gptflow import init_from, paths, preflight, submission, why
+from gptflow import harness, init_from, paths, preflight, submission, why
 from gptflow.container import (
     build_arg_args,
     build_option_args,
@@ -63,6 +63,7 @@ TOKENIZER_SOURCE = CFG["tokenizer"]["source"]
 BLENDED = [item["dataset"] for item in CFG["data"]["blend"]]
 DOCUMENTS_PER_SHARD = CFG["tokenize"]["documents_per_shard"]
 CONTAINER = CFG["container"]
+HARNESS = CFG["eval"]["harness"]  # lm-evaluation-harness on each run's export (rule harness)
 # The data index each run reads (gptflow.paths.DATA_INDEX): runs reading the same samples of
 # the same shards share one, built once
 INDEX_SETTINGS = {name: data_index_settings(run) for name, run in RUNS.items()}
@@ -217,6 +218,7 @@ def profile_placement():
         ("default-resources slurm_partition", profile_value("all", "slurm_partition")),
         ("set-resources train_gpt slurm_partition", profile_value("train_gpt", "slurm_partition")),
         ("set-resources evaluate slurm_partition", profile_value("evaluate", "slurm_partition")),
+        ("set-resources harness slurm_partition", profile_value("harness", "slurm_partition")),
     ]
     executor = "slurm" if profile_value("train_gpt", "slurm_partition") else "local"
     mpi = str(profile_value("train_gpt", "mpi") or "")
@@ -293,6 +295,7 @@ if workflow.is_main_process:
         sources.check_eval_extra(
             CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE
         )
+        harness.check_planned(HARNESS, CONFIG_SOURCE)
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None
 

@@ -609,6 +609,50 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_harness_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", required=True, help="the run's run.yaml (sizes the placement)")
+    s.add_argument("--hf", required=True, help="the Hugging Face export (results/runs/RUN/hf)")
+    s.add_argument("--out", required=True, help="harness.json")
+    s.add_argument(
+        "--task", action="append", required=True, metavar="TASK",
+        help="a harness task name or a task YAML file (repeatable)",
+    )  # fmt: skip
+    s.add_argument(
+        "--include", action="append", default=[], metavar="DIR",
+        help="a directory of task YAML files (repeatable)",
+    )  # fmt: skip
+    s.add_argument("--num-fewshot", type=int, default=0, help="few-shot examples per question")
+    s.add_argument("--batch-size", type=int, default=8, help="requests per forward pass")
+    s.add_argument("--limit", type=int, default=None, help="at most N documents per task")
+
+
+def cmd_harness(a: argparse.Namespace) -> int:
+    import os
+
+    # offline: task data from local files or the datasets cache, never a download (export
+    # HF_DATASETS_OFFLINE=0 to let the harness fetch a hub task's data)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from gptflow.evaluate import eval_placement
+    from gptflow.harness import run_harness
+    from gptflow.run_config import RunConfig
+
+    cfg = RunConfig.load(a.config)
+    devices, dtype = eval_placement(cfg.model, cfg.train.seq_length)  # as the evaluate job's
+    run_harness(
+        a.hf,
+        a.task,
+        include=a.include,
+        num_fewshot=a.num_fewshot,
+        batch_size=a.batch_size,
+        limit=a.limit,
+        out=a.out,
+        devices=devices,
+        dtype=dtype,
+    )
+    return 0
+
+
 def add_why_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--directory", default=".", help="the workflow's working directory")
     s.add_argument(
@@ -816,6 +860,8 @@ COMMANDS = (
             "the run's final checkpoint as a Hugging Face GPTNeoXForCausalLM dir"),
     Command("evaluate", add_evaluate_arguments, cmd_evaluate,
             "test-split perplexity and greedy generations of a finished run"),
+    Command("harness", add_harness_arguments, cmd_harness,
+            "EleutherAI's lm-evaluation-harness on a Hugging Face export (offline)"),
     Command("why", add_why_arguments, cmd_why,
             "which stages the next run reruns, with the config keys that changed (old -> new), and a "
             "preflight (tokens, FLOPs, GPU-hours, disk)"),

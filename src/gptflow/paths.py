@@ -56,6 +56,7 @@ WANDB_DIR = "results/runs/{run}/wandb"
 DONE = "results/runs/{run}/DONE.json"
 EVAL = "results/runs/{run}/eval.json"
 HF_EXPORT = "results/runs/{run}/hf"
+HARNESS = "results/runs/{run}/harness.json"  # eval.harness: lm-evaluation-harness
 REPORT_DIR = "results/runs/{run}/report"
 REPORT_CARD = "results/runs/{run}/report/card.html"
 

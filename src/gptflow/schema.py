@@ -84,10 +84,11 @@ def _node_path(root, target) -> list:
     return []
 
 
-def parse_yaml(text: str, where: str | os.PathLike) -> Any:
-    """Parse YAML text; a syntax error or a key given twice names `where` and the line."""
+def parse_yaml(text: str, where: str | os.PathLike, loader: type = UniqueKeyLoader) -> Any:
+    """Parse YAML text; a syntax error or a key given twice names `where` and the line.
+    `loader`: UniqueKeyLoader or a subclass (one that knows more tags)."""
     try:
-        return yaml.load(text, Loader=UniqueKeyLoader)
+        return yaml.load(text, Loader=loader)
     except DuplicateKeyError as e:
         raise GptflowError(e.describe(where)) from None
     except yaml.YAMLError as e:

@@ -130,6 +130,13 @@ def kitchen_sink() -> dict:
         "new_tokens": 8,
         "max_windows": 4,
         "extra": {"wiki": ["results/tokens/tiny-bpe/wiki/00000"]},
+        "harness": {
+            "tasks": ["lambada_openai", "tasks/my_task.yaml"],
+            "num_fewshot": 5,
+            "batch_size": 16,
+            "limit": 100,
+            "include": ["tasks"],
+        },
     }
     cfg["study"] = {
         "runs": {"big": {"model": {"preset": "small"}, "train": {"lr": 1.0e-3}, "tokens": 1.0e5}},

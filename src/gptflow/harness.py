@@ -1,0 +1,233 @@
+"""EleutherAI's lm-evaluation-harness on a run's Hugging Face export (rule harness).
+
+The harness runs through its own public API (``lm_eval.simple_evaluate`` with its ``hf``
+model and a ``TaskManager``): no wrapper of ours around its internals, so upgrading it is a
+version bump. It is an optional extra (``pip install 'gptflow[eval]'``); planning checks that
+it is installed and that the task files the config names exist and parse, without importing it
+(its task registry takes seconds to index). Tasks are harness task names or task YAML files
+the user brings (e.g. over local JSONL); the CLI runs it offline (HF_DATASETS_OFFLINE=1).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gptflow.errors import GptflowError
+from gptflow.fsutil import write_json
+from gptflow.schema import UniqueKeyLoader, parse_yaml
+
+INSTALL = "pip install 'gptflow[eval]'"
+
+
+class TaskLoader(UniqueKeyLoader):
+    """The harness's task YAML: our safe loader, plus its ``!function module.name`` tag (read
+    as text here; the harness resolves it when it runs)."""
+
+
+TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def is_task_file(task: str) -> bool:
+    """A task given as a file (a .yaml/.yml name or a path), not a harness task name."""
+    return task.endswith((".yaml", ".yml")) or "/" in task or os.sep in task
+
+
+def read_task_file(path: str | os.PathLike, key: str) -> dict:
+    """A task YAML file (its mapping); a missing or unparsable file, or one without a
+    ``task:`` name, is one line naming the file and the config key `key`."""
+    path = Path(path)
+    if not path.is_file():
+        raise GptflowError(
+            f"{key}: {path}: no such task file (a task is a harness task name, or the path of "
+            f"a task YAML file)"
+        )
+    try:
+        task = parse_yaml(path.read_text(encoding="utf-8"), path, loader=TaskLoader)
+    except GptflowError as e:
+        raise GptflowError(f"{key}: {e}") from None
+    if not isinstance(task, dict) or not isinstance(task.get("task"), str):
+        raise GptflowError(
+            f"{key}: {path}: a task YAML file needs a `task: NAME` key (the name the harness "
+            f"knows it by)"
+        )
+    return task
+
+
+def task_name(task: str, key: str) -> str:
+    """The harness's name of config task `task` (a name, or a file's ``task:``)."""
+    return read_task_file(task, key)["task"] if is_task_file(task) else task
+
+
+def include_dirs(tasks: list[str], include: list[str]) -> list[str]:
+    """The harness's include_path: the directories of the task files, then `include`."""
+    dirs = [str(Path(t).resolve().parent) for t in tasks if is_task_file(t)]
+    dirs += [str(Path(d).resolve()) for d in include]
+    return list(dict.fromkeys(dirs))
+
+
+def _data_files(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [f for v in value for f in _data_files(v)]
+    if isinstance(value, dict):
+        return [f for v in value.values() for f in _data_files(v)]
+    return []
+
+
+def input_files(harness_cfg: dict) -> list[str]:
+    """What the harness job reads besides the export: each task file, and the local data files
+    it names (``dataset_kwargs.data_files`` that exist), so a changed one reruns the job."""
+    files = []
+    for i, task in enumerate(harness_cfg["tasks"]):
+        if not is_task_file(task):
+            continue
+        files.append(task)
+        kwargs = read_task_file(task, f"eval.harness.tasks[{i}]").get("dataset_kwargs") or {}
+        if isinstance(kwargs, dict):
+            files += [f for f in _data_files(kwargs.get("data_files")) if Path(f).is_file()]
+    return list(dict.fromkeys(files))
+
+
+def _import_problem() -> str | None:
+    """Why the harness cannot run its hf model here, or None. `import lm_eval` is cheap (it
+    imports its evaluator lazily); accelerate (of lm-eval[hf]) is looked up, not imported."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    if importlib.util.find_spec("accelerate") is None:
+        return "accelerate is missing: lm-eval was installed without its [hf] extra"
+    return None
+
+
+def check_planned(harness_cfg: dict, source: str) -> None:
+    """At plan time, when eval.harness.tasks is set: the harness imports, each task file exists and parses, each include directory exists. Task names are
+    not checked here (the harness's registry takes seconds to build): the job names them."""
+    if not harness_cfg["tasks"]:
+        return
+    problem = _import_problem()
+    if problem:
+        raise GptflowError(
+            f"{source}: eval.harness.tasks is set, but lm-evaluation-harness cannot be imported "
+            f"in {sys.prefix} ({problem}); install it with {INSTALL} (or set "
+            f"eval.harness.tasks: [])"
+        )
+    for i, task in enumerate(harness_cfg["tasks"]):
+        if is_task_file(task):
+            read_task_file(task, f"{source}: eval.harness.tasks[{i}]")
+    for i, d in enumerate(harness_cfg["include"]):
+        if not Path(d).is_dir():
+            raise GptflowError(
+                f"{source}: eval.harness.include[{i}]: {d}: no such directory (of task YAML files)"
+            )
+
+
+def _metrics(result: dict) -> dict:
+    """A task's results from the harness ({"acc,none": 0.5, "acc_stderr,none": 0.2, "alias":
+    ...}) as {"acc": 0.5, "acc_stderr": 0.2}: the "none" filter's name dropped, another kept
+    ("exact_match,flexible-extract"); "N/A" (no stderr for this metric) as null."""
+    metrics = {}
+    for key, value in result.items():
+        if "," not in key:
+            continue
+        metric, _, filt = key.partition(",")
+        name = metric if filt == "none" else key
+        metrics[name] = None if value == "N/A" else value
+    return metrics
+
+
+def model_args(hf_dir: str | os.PathLike, devices: list[str], dtype: str) -> dict:
+    """The harness's ``hf`` model arguments for the evaluate job's placement (devices, dtype:
+    gptflow.evaluate.eval_placement): fp32 on the CPU or one GPU; on several GPUs (a model
+    too large for one) bf16 with the harness's own ``parallelize`` (accelerate spreads the
+    layers over the job's GPUs)."""
+    args = {"pretrained": str(hf_dir), "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype]}
+    if len(devices) > 1:
+        return {**args, "parallelize": True}
+    return {**args, "device": devices[0]}
+
+
+def run_harness(
+    hf_dir: str | os.PathLike,
+    tasks: list[str],
+    *,
+    include: list[str],
+    num_fewshot: int,
+    batch_size: int,
+    limit: int | None,
+    out: str | os.PathLike,
+    devices: list[str],
+    dtype: str,
+) -> dict:
+    """Run the harness on the Hugging Face model directory `hf_dir` on `devices` in `dtype`
+    (:func:`model_args`) and write `out` (harness.json, atomically): the harness version,
+    each task's version, few-shot count and every metric with its stderr, and the settings."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError as e:
+        raise GptflowError(
+            f"the harness cannot be imported ({e}); install it with {INSTALL}"
+        ) from None
+
+    names = [task_name(t, f"--task {t}") for t in tasks]
+    args = model_args(hf_dir, devices, dtype)
+    results = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=args,
+        tasks=names,
+        num_fewshot=num_fewshot,
+        batch_size=batch_size,
+        limit=limit,
+        # the harness's own tasks indexed only when one is named (its ~15,000 YAMLs: ~9 s)
+        task_manager=TaskManager(
+            include_path=include_dirs(tasks, include) or None,
+            include_defaults=not all(is_task_file(t) for t in tasks),
+        ),
+    )
+    record = {
+        "harness_version": importlib.metadata.version("lm_eval"),
+        "tasks": {
+            name: {
+                "version": results["versions"].get(name),
+                "num_fewshot": results["n-shot"].get(name),
+                "samples": results.get("n-samples", {}).get(name),
+                "metrics": _metrics(results["results"][name]),
+            }
+            for name in names
+        },
+        "config": {
+            "tasks": list(tasks),
+            "include": list(include),
+            "num_fewshot": num_fewshot,
+            "batch_size": batch_size,
+            "limit": limit,
+            "dtype": args["dtype"],
+            "devices": devices,
+        },
+        "hf": str(hf_dir),
+    }
+    write_json(out, record)
+    return record
+
+
+# `gptflow harness` options from the config's eval.harness, one per param of the harness rule
+# (argv words)
+
+
+def task_args(harness_cfg: dict) -> list[str]:
+    return [w for t in harness_cfg["tasks"] for w in ("--task", t)]
+
+
+def include_args(harness_cfg: dict) -> list[str]:
+    return [w for d in harness_cfg["include"] for w in ("--include", d)]
+
+
+def limit_args(harness_cfg: dict) -> list[str]:
+    return [] if harness_cfg["limit"] is None else ["--limit", str(harness_cfg["limit"])]

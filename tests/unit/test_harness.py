@@ -1,0 +1,152 @@
+"""eval.harness at plan time (gptflow.harness.check_planned): what cannot run is one line naming
+the key and the fix, before any job. No network and no mock: a missing harness is made real by
+an `lm_eval` package that raises ImportError, first on sys.path of a subprocess. (The harness
+itself runs on a real export in tests/workflow/test_harness.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gptflow.errors import GptflowError
+from gptflow.harness import check_planned, input_files, is_task_file, model_args, task_name
+from gptflow.workflow_config import load_workflow_config
+
+MC_TASK = """\
+task: my_mc
+dataset_path: json
+dataset_kwargs:
+  data_files: {test: DATA}
+test_split: test
+output_type: multiple_choice
+process_docs: !function utils.process_docs
+doc_to_text: "{{question}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{answer}}"
+metric_list:
+  - metric: acc
+"""
+
+
+def harness(**keys) -> dict:
+    return {"tasks": [], "num_fewshot": 0, "batch_size": 8, "limit": None, "include": [], **keys}
+
+
+def refusal(cfg: dict) -> str:
+    with pytest.raises(GptflowError) as e:
+        check_planned(cfg, "my.yaml")
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+def test_defaults_are_no_harness(repo, tiny_config):
+    cfg = load_workflow_config(
+        tiny_config,
+        schema_path=repo / "config/schema/config.schema.yaml",
+        models_dir=repo / "config/models",
+        source="my.yaml",
+    )
+    assert cfg["eval"]["harness"] == harness()
+    check_planned(cfg["eval"]["harness"], "my.yaml")  # nothing to check
+
+
+def test_a_task_file_and_its_data_are_the_jobs_inputs(tmp_path):
+    data = tmp_path / "docs.jsonl"
+    data.write_text('{"question": "?", "choices": ["a", "b"], "answer": 0}\n')
+    task = tmp_path / "mc.yaml"
+    task.write_text(MC_TASK.replace("DATA", str(data)))  # with the harness's !function tag
+    cfg = harness(tasks=["lambada_openai", str(task)], include=[str(tmp_path)])
+    check_planned(cfg, "my.yaml")
+    assert input_files(cfg) == [str(task), str(data)]
+    assert task_name(str(task), "k") == "my_mc"
+    assert task_name("lambada_openai", "k") == "lambada_openai"
+    assert [is_task_file(t) for t in ("hellaswag", "t.yaml", "tasks/x", "a.yml")] == [
+        False, True, True, True,
+    ]  # fmt: skip
+
+
+def test_a_missing_task_file_is_one_line_naming_the_file_and_the_key(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    assert refusal(harness(tasks=["hellaswag", str(missing)])) == (
+        f"my.yaml: eval.harness.tasks[1]: {missing}: no such task file (a task is a harness "
+        f"task name, or the path of a task YAML file)"
+    )
+
+
+def test_an_unparsable_task_file_names_the_file_the_line_and_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: my_task\ndoc_to_text: [unclosed\n")
+    message = refusal(harness(tasks=[str(bad)]))
+    assert message.startswith(f"my.yaml: eval.harness.tasks[0]: {bad}:3: invalid YAML"), message
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("task: a\ntask: b\n")
+    message = refusal(harness(tasks=[str(twice)]))
+    assert message.startswith(f"my.yaml: eval.harness.tasks[0]: {twice}:2: key 'task'"), message
+
+
+def test_a_task_file_without_a_task_name_is_refused(tmp_path):
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text("dataset_path: json\n")
+    assert refusal(harness(tasks=[str(nameless)])) == (
+        f"my.yaml: eval.harness.tasks[0]: {nameless}: a task YAML file needs a `task: NAME` key "
+        f"(the name the harness knows it by)"
+    )
+
+
+def test_a_missing_include_directory_is_refused(tmp_path):
+    assert refusal(harness(tasks=["hellaswag"], include=[str(tmp_path / "tasks")])) == (
+        f"my.yaml: eval.harness.include[0]: {tmp_path / 'tasks'}: no such directory (of task "
+        f"YAML files)"
+    )
+
+
+def test_without_the_harness_planning_names_the_install_command(tmp_path):
+    """A Python in which `import lm_eval` fails (an lm_eval package raising ImportError, first
+    on sys.path): tasks set -> one line naming pip install 'gptflow[eval]'; no tasks -> fine."""
+    broken = tmp_path / "shadow" / "lm_eval"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('lm_eval is not installed here')\n")
+    script = textwrap.dedent(
+        """
+        from gptflow.errors import GptflowError
+        from gptflow.harness import check_planned
+        cfg = {"tasks": [], "num_fewshot": 0, "batch_size": 8, "limit": None, "include": []}
+        check_planned(cfg, "my.yaml")
+        print("no tasks: ok")
+        try:
+            check_planned({**cfg, "tasks": ["hellaswag"]}, "my.yaml")
+        except GptflowError as e:
+            print(e)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"PYTHONPATH": str(tmp_path / "shadow"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "no tasks: ok",
+        f"my.yaml: eval.harness.tasks is set, but lm-evaluation-harness cannot be imported in "
+        f"{sys.prefix} (lm_eval is not installed here); install it with pip install "
+        f"'gptflow[eval]' (or set eval.harness.tasks: [])",
+    ]
+
+
+def test_model_args_follow_the_evaluate_jobs_placement():
+    """The harness's hf model on evaluate's placement (gptflow.evaluate.eval_placement): fp32 on
+    the CPU or one GPU, bf16 spread by the harness's own `parallelize` over several GPUs (the
+    GPU cases are arguments only: no GPU here)."""
+    assert model_args("hf", ["cpu"], "fp32") == {
+        "pretrained": "hf", "dtype": "float32", "device": "cpu",
+    }  # fmt: skip
+    assert model_args("hf", ["cuda:0"], "fp32")["device"] == "cuda:0"
+    assert model_args("hf", ["cuda:0", "cuda:1"], "bf16") == {
+        "pretrained": "hf", "dtype": "bfloat16", "parallelize": True,
+    }  # fmt: skip

@@ -1,0 +1,227 @@
+"""eval.harness through Snakemake: the real lm-evaluation-harness (lm-eval 0.4.13, installed by
+the test extra) on the tiny pipeline's Hugging Face export, on the CPU, offline, with two task
+files written here over local JSONL (no network, no hub task). Its metrics are checked against
+a computation with transformers directly on the export; the stage is cached by the export and
+the task list.
+
+The pipeline runs once for this module (the `pipeline` fixture of test_pipeline); each test
+that changes anything works on its own copy (`pipeline_copy`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import yaml
+
+from .conftest import job_counts
+from .test_pipeline import pipeline, pipeline_copy, tiny  # noqa: F401
+
+# the stdlib-trained tiny model's kind of text: a question continued by one of its choices
+MC_DOCS = [
+    {"question": "import", "choices": ["json", "the", "while"], "answer": 0},
+    {"question": "def __init__(self", "choices": ["):", "import", "of the"], "answer": 0},
+    {"question": "return", "choices": ["None", "class", "]"], "answer": 0},
+    {"question": "The message", "choices": ["is", "def", "()"], "answer": 0},
+    {"question": "for key in", "choices": ["self.", "return", "is"], "answer": 0},
+    {"question": "if not", "choices": ["isinstance(", ":", "The"], "answer": 1},
+]
+PPL_DOCS = [
+    {"text": "def get(self, name):\n    return self._headers.get(name)"},
+    {"text": "The logging module defines functions and classes."},
+    {"text": "import json\nimport os"},
+]
+
+
+def task_yaml(name: str, data: Path, output_type: str) -> dict:
+    task = {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test",
+        "output_type": output_type,
+        "metadata": {"version": 2.0},
+    }
+    if output_type == "multiple_choice":
+        task |= {
+            "doc_to_text": "question",
+            "doc_to_choice": "choices",
+            "doc_to_target": "answer",
+            "metric_list": [
+                {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+            ],
+        }
+    else:
+        task |= {
+            "doc_to_text": "",
+            "doc_to_target": "{{text}}",
+            "metric_list": [
+                {"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")
+            ],
+        }
+    return task
+
+
+def write_tasks(root: Path) -> tuple[Path, Path]:
+    """The multiple-choice task and the rolling-loglikelihood task, each a YAML over JSONL."""
+    root.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, docs, output_type in (
+        ("gptflow_mc", MC_DOCS, "multiple_choice"),
+        ("gptflow_ppl", PPL_DOCS, "loglikelihood_rolling"),
+    ):
+        data = root / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        task = root / f"{name}.yaml"
+        task.write_text(yaml.safe_dump(task_yaml(name, data, output_type), sort_keys=False))
+        files.append(task)
+    return files[0], files[1]
+
+
+def with_tasks(config: Path, tasks: list[Path]) -> None:
+    cfg = yaml.safe_load(config.read_text())
+    cfg.setdefault("eval", {})["harness"] = {"tasks": [str(t) for t in tasks], "batch_size": 4}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def summed_logprob(model, ids: list[int], scored: int) -> float:
+    """The sum of log P(token) over the last `scored` tokens of `ids`, each given those before."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids[:-1]])).logits[0]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    targets = torch.tensor(ids[1:])
+    picked = logp[torch.arange(len(targets)), targets][-scored:]
+    return float(picked.sum())
+
+
+def expected_metrics(hf_dir: Path) -> dict:
+    """The two tasks' metrics computed with transformers on the export, apart from the harness:
+    a choice is the continuation " " + choice, its tokens those of context + continuation after
+    the context's; acc takes the largest summed log-likelihood, acc_norm that divided by the
+    choice's length in characters. A text is scored after the prefix token (BOS, else EOS),
+    word perplexity = exp(-sum of log-likelihoods / words)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    max_length = model.config.max_position_embeddings
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False).input_ids
+
+    acc, acc_norm = [], []
+    for doc in MC_DOCS:
+        context = encode(doc["question"])
+        lls = []
+        for choice in doc["choices"]:
+            whole = encode(doc["question"] + " " + choice)
+            assert len(whole) <= max_length
+            lls.append(summed_logprob(model, whole, len(whole) - len(context)))
+        norm = [ll / len(c) for ll, c in zip(lls, doc["choices"], strict=True)]
+        acc.append(float(max(range(3), key=lls.__getitem__) == doc["answer"]))
+        acc_norm.append(float(max(range(3), key=norm.__getitem__) == doc["answer"]))
+    prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    assert prefix is not None
+    total_ll = words = nbytes = 0
+    for doc in PPL_DOCS:
+        ids = encode(doc["text"])
+        assert len(ids) < max_length  # one window
+        total_ll += summed_logprob(model, [prefix, *ids], len(ids))
+        words += len(re.split(r"\s+", doc["text"]))
+        nbytes += len(doc["text"].encode("utf-8"))
+
+    def mean_stderr(xs: list[float]) -> float:
+        mu = sum(xs) / len(xs)
+        return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+    return {
+        "gptflow_mc": {
+            "acc": sum(acc) / len(acc),
+            "acc_stderr": mean_stderr(acc),
+            "acc_norm": sum(acc_norm) / len(acc_norm),
+            "acc_norm_stderr": mean_stderr(acc_norm),
+        },
+        "gptflow_ppl": {
+            "word_perplexity": math.exp(-total_ll / words),
+            "byte_perplexity": math.exp(-total_ll / nbytes),
+            "bits_per_byte": -total_ll / nbytes / math.log(2),
+        },
+    }
+
+
+def test_the_harness_on_the_export_matches_transformers_and_is_cached(
+    pipeline_copy,  # noqa: F811 (the fixture imported above)
+    snakemake,
+    tmp_path,
+):
+    """`snakemake` with eval.harness.tasks = two local task files: one harness job (the export
+    is reused), harness.json with the harness and task versions and every metric, equal to the
+    independent computation (acc and acc_norm exactly, stderr too; perplexities within 1e-5
+    relative; the perplexities' stderr recorded as null: the harness gives none); a rerun is a
+    no-op; dropping a task reruns only the harness job."""
+    wd, config = pipeline_copy
+    mc, ppl = write_tasks(tmp_path / "tasks")
+    with_tasks(config, [mc, ppl])
+    run = snakemake(wd, config)
+    assert run.returncode == 0, run.out[-5000:]
+    assert job_counts(run.out) == {"harness": 1, "all": 1}, run.out[-3000:]
+    out = wd / "results/runs/tiny/harness.json"
+    record = json.loads(out.read_text())
+    assert record["harness_version"] == "0.4.13"
+    assert record["hf"] == "results/runs/tiny/hf"
+    assert record["config"] == {
+        "tasks": [str(mc), str(ppl)], "include": [], "num_fewshot": 0, "batch_size": 4,
+        "limit": None, "dtype": "float32", "devices": ["cpu"],
+    }  # fmt: skip
+    assert set(record["tasks"]) == {"gptflow_mc", "gptflow_ppl"}
+    want = expected_metrics(wd / "results/runs/tiny/hf")
+    for name, task in record["tasks"].items():
+        assert task["version"] == 2.0 and task["num_fewshot"] == 0, task
+        metrics = task["metrics"]
+        print(name, json.dumps(metrics), "independent:", json.dumps(want[name]))
+        for metric, value in want[name].items():
+            assert math.isclose(metrics[metric], value, rel_tol=1e-5, abs_tol=1e-12), (
+                name, metric, metrics[metric], value,
+            )  # fmt: skip
+    mc_metrics = record["tasks"]["gptflow_mc"]["metrics"]
+    assert mc_metrics["acc"] * 6 == round(mc_metrics["acc"] * 6)  # a count out of 6 documents
+    ppl_metrics = record["tasks"]["gptflow_ppl"]["metrics"]
+    assert ppl_metrics["word_perplexity_stderr"] is None  # the harness has no stderr for it
+    assert ppl_metrics["word_perplexity"] > 1.0
+
+    again = snakemake(wd, config)
+    assert again.returncode == 0, again.out[-3000:]
+    assert "Nothing to be done" in again.out and job_counts(again.out) == {}
+
+    before = out.stat().st_mtime_ns
+    with_tasks(config, [mc])
+    fewer = snakemake(wd, config)
+    assert fewer.returncode == 0, fewer.out[-3000:]
+    assert job_counts(fewer.out) == {"harness": 1, "all": 1}, fewer.out[-3000:]
+    assert out.stat().st_mtime_ns != before
+    assert set(json.loads(out.read_text())["tasks"]) == {"gptflow_mc"}
+
+
+def test_planning_refuses_a_task_file_that_is_missing_or_does_not_parse(
+    tmp_path, snakemake, write_config, tiny_config
+):
+    """`snakemake -n` with eval.harness.tasks naming a missing file, then one that does not
+    parse: one line naming the config key and the file, before any job."""
+    missing = tmp_path / "tasks" / "nope.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: broken\ndoc_to_text: [unclosed\n")
+    for task, says in ((missing, "no such task file"), (bad, f"{bad}:3: invalid YAML")):
+        cfg = {**tiny_config, "eval": {"harness": {"tasks": ["hellaswag", str(task)]}}}
+        config = write_config(tmp_path / "config.yaml", cfg)
+        plan = snakemake(tmp_path / "wd", config, "-n")
+        assert plan.returncode != 0
+        line = next(x for x in plan.out.splitlines() if "eval.harness.tasks[1]" in x)
+        assert line.startswith(f"gptflow config: {config}: eval.harness.tasks[1]: {task}"), line
+        assert says in line, line
+        assert "Traceback" not in plan.out
+        assert not (tmp_path / "wd" / "results").exists()
