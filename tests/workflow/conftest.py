@@ -107,3 +107,31 @@ def screenshot_pixels(png: Path):
 
     with Image.open(png) as im:
         return np.asarray(im.convert("RGB"))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The tests' tiny workflow config (copy before editing: it is shared)."""
+    return yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory, snakemake, write_config, tiny):
+    """Plan, then run, the tiny pipeline once for the session (test_pipeline, test_harness,
+    test_examples read it). Tests only read it; one that changes anything takes a copy."""
+    wd = tmp_path_factory.mktemp("workflow")
+    config = write_config(wd / "config.yaml", tiny)
+    plan = snakemake(wd, config, "-n")
+    run = snakemake(wd, config)
+    assert run.returncode == 0, run.out[-5000:]
+    return wd, config, plan, run
+
+
+@pytest.fixture
+def pipeline_copy(pipeline, tmp_path):
+    """(workdir, config): a copy of the finished pipeline (Snakemake's metadata and every
+    file's mtime kept) for a test that reruns or changes something."""
+    wd, config, _, _ = pipeline
+    copy_wd = tmp_path / "wd"
+    shutil.copytree(wd, copy_wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    return copy_wd, copy_wd / config.relative_to(wd)

@@ -4,8 +4,8 @@ files written here over local JSONL (no network, no hub task). Its metrics are c
 a computation with transformers directly on the export; the stage is cached by the export and
 the task list.
 
-The pipeline runs once for this module (the `pipeline` fixture of test_pipeline); each test
-that changes anything works on its own copy (`pipeline_copy`)."""
+The pipeline runs once per session (the `pipeline` fixture of conftest, shared with
+test_pipeline); each test that changes anything works on its own copy (`pipeline_copy`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pathlib import Path
 import yaml
 
 from .conftest import job_counts
-from .test_pipeline import pipeline, pipeline_copy, tiny  # noqa: F401
 
 # the stdlib-trained tiny model's kind of text: a question continued by one of its choices
 MC_DOCS = [
@@ -155,7 +154,7 @@ def expected_metrics(hf_dir: Path) -> dict:
 
 
 def test_the_harness_on_the_export_matches_transformers_and_is_cached(
-    pipeline_copy,  # noqa: F811 (the fixture imported above)
+    pipeline_copy,
     snakemake,
     tmp_path,
 ):

@@ -12,14 +12,12 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .conftest import BIN, REPO, headless, job_counts, screenshot_pixels, snakemake_cmd
 
@@ -43,32 +41,6 @@ EVERY_STAGE = {
     **AFTER_RUN_CONFIG,
     "all": 1,
 }
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, snakemake, write_config, tiny):
-    """Plan, then run, the tiny pipeline once for this module. Tests only read it."""
-    wd = tmp_path_factory.mktemp("workflow")
-    config = write_config(wd / "config.yaml", tiny)
-    plan = snakemake(wd, config, "-n")
-    run = snakemake(wd, config)
-    assert run.returncode == 0, run.out[-5000:]
-    return wd, config, plan, run
-
-
-@pytest.fixture
-def pipeline_copy(pipeline, tmp_path):
-    """(workdir, config): a copy of the finished pipeline (Snakemake's metadata and every
-    file's mtime kept) for a test that reruns or changes something."""
-    wd, config, _, _ = pipeline
-    copy_wd = tmp_path / "wd"
-    shutil.copytree(wd, copy_wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
-    return copy_wd, copy_wd / config.relative_to(wd)
 
 
 def read_jsonl(path: Path) -> list[dict]:
