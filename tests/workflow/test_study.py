@@ -107,8 +107,9 @@ def test_an_edited_run_reruns_alone_and_a_killed_run_resumes(study, tmp_path, sn
     cfg["study"]["runs"][edited]["train"]["lr"] = 2.0e-3
     why = subprocess.run(
         [str(BIN / "gptflow"), "why", "--directory", str(wd), "--json", str(tmp_path / "w.json"),
-         "--", "--snakefile", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles/local"),
-         "--configfile", str(write_config(wd / "lr.yaml", cfg)), "study"],
+         "--", "study", "--snakefile", str(REPO / "Snakefile"),
+         "--profile", str(REPO / "profiles/local"),
+         "--configfile", str(write_config(wd / "lr.yaml", cfg))],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert why.returncode == 0, why.stderr[-3000:]
