@@ -225,6 +225,11 @@ def get_harness_files(wildcards):
         raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
 
 
+def get_harness_partition(wildcards):
+    """The harness job's partition: evaluate's (the profile's), or none on one machine."""
+    return profile_value("evaluate", "slurm_partition") or ""
+
+
 def get_export_mem_mb(wildcards, input):
     """gptflow.export.run_resources; <TBD> in a plan made before run.yaml exists."""
     open(input.config).close()

@@ -56,10 +56,13 @@ rule harness:
         paths.log("harness", "{run}"),
     conda:
         "../envs/gptflow.yaml"
+    # sized and placed like evaluate: on evaluate's partition (the profile's set-resources
+    # harness slurm_partition, where given, replaces it)
     resources:
         mem_mb=get_eval_mem_mb,
         gres=get_eval_gres,
         runtime=get_eval_runtime,
+        slurm_partition=get_harness_partition,
     params:
         tasks=verbatim(harness.task_args(HARNESS)),
         include=verbatim(harness.include_args(HARNESS)),

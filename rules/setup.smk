@@ -218,7 +218,6 @@ def profile_placement():
         ("default-resources slurm_partition", profile_value("all", "slurm_partition")),
         ("set-resources train_gpt slurm_partition", profile_value("train_gpt", "slurm_partition")),
         ("set-resources evaluate slurm_partition", profile_value("evaluate", "slurm_partition")),
-        ("set-resources harness slurm_partition", profile_value("harness", "slurm_partition")),
     ]
     executor = "slurm" if profile_value("train_gpt", "slurm_partition") else "local"
     mpi = str(profile_value("train_gpt", "mpi") or "")
