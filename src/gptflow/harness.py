@@ -142,7 +142,7 @@ def _metrics(result: dict) -> dict:
     return metrics
 
 
-def model_args(hf_dir: str | os.PathLike, devices: list[str], dtype: str) -> dict:
+def hf_model_settings(hf_dir: str | os.PathLike, devices: list[str], dtype: str) -> dict:
     """The harness's ``hf`` model arguments for the evaluate job's placement (devices, dtype:
     gptflow.evaluate.eval_placement): fp32 on the CPU or one GPU; on several GPUs (a model
     too large for one) bf16 with the harness's own ``parallelize`` (accelerate spreads the
@@ -166,7 +166,7 @@ def run_harness(
     dtype: str,
 ) -> dict:
     """Run the harness on the Hugging Face model directory `hf_dir` on `devices` in `dtype`
-    (:func:`model_args`) and write `out` (harness.json, atomically): the harness version,
+    (:func:`hf_model_settings`) and write `out` (harness.json, atomically): the harness version,
     each task's version, few-shot count and every metric with its stderr, and the settings."""
     try:
         import lm_eval
@@ -177,7 +177,7 @@ def run_harness(
         ) from None
 
     names = [task_name(t, f"--task {t}") for t in tasks]
-    args = model_args(hf_dir, devices, dtype)
+    args = hf_model_settings(hf_dir, devices, dtype)
     results = lm_eval.simple_evaluate(
         model="hf",
         model_args=args,

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from gptflow.errors import GptflowError
-from gptflow.harness import check_planned, input_files, is_task_file, model_args, task_name
+from gptflow.harness import check_planned, hf_model_settings, input_files, is_task_file, task_name
 from gptflow.workflow_config import load_workflow_config
 
 MC_TASK = """\
@@ -143,10 +143,10 @@ def test_model_args_follow_the_evaluate_jobs_placement():
     """The harness's hf model on evaluate's placement (gptflow.evaluate.eval_placement): fp32 on
     the CPU or one GPU, bf16 spread by the harness's own `parallelize` over several GPUs (the
     GPU cases are arguments only: no GPU here)."""
-    assert model_args("hf", ["cpu"], "fp32") == {
+    assert hf_model_settings("hf", ["cpu"], "fp32") == {
         "pretrained": "hf", "dtype": "float32", "device": "cpu",
     }  # fmt: skip
-    assert model_args("hf", ["cuda:0"], "fp32")["device"] == "cuda:0"
-    assert model_args("hf", ["cuda:0", "cuda:1"], "bf16") == {
+    assert hf_model_settings("hf", ["cuda:0"], "fp32")["device"] == "cuda:0"
+    assert hf_model_settings("hf", ["cuda:0", "cuda:1"], "bf16") == {
         "pretrained": "hf", "dtype": "bfloat16", "parallelize": True,
     }  # fmt: skip

@@ -225,7 +225,7 @@ def words(value) -> list[str]:
 def test_the_package_argv_builders_return_hostile_values_as_single_words():
     import shlex
 
-    from gptflow import container, distributed, evaluate
+    from gptflow import container, distributed, evaluate, harness
     from gptflow.data.sources import Dataset, RemoteFile, Shard
     from gptflow.errors import GptflowError
 
@@ -288,5 +288,10 @@ def test_the_package_argv_builders_return_hostile_values_as_single_words():
           ["env", "GLOO_SOCKET_IFNAME=ib0,eth0", "NCCL_SOCKET_IFNAME=ib0,eth0"])  # fmt: skip
     check("rank_options", distributed.rank_options({"nproc_per_node": 2}, 8),
           ["--nproc-per-node", "2", "--threads", "4"])  # fmt: skip
+    harness_cfg = {"tasks": HOSTILE, "include": HOSTILE, "limit": 3}
+    check("task_args", harness.task_args(harness_cfg), [w for h in HOSTILE for w in ("--task", h)])
+    check("include_args", harness.include_args(harness_cfg),
+          [w for h in HOSTILE for w in ("--include", h)])  # fmt: skip
+    check("limit_args", harness.limit_args(harness_cfg), ["--limit", "3"])
     # every builder the package has is checked here: a new one is added to this test
     assert argv_builders() == checked
