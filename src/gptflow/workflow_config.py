@@ -18,8 +18,6 @@ from gptflow.data.tokenizer import BYTE_ALPHABET, check_tokenizer_file, smallest
 from gptflow.errors import GptflowError
 from gptflow.schema import check_config_file, fill_defaults, load_yaml, plain, validate
 
-NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # the schema's $defs/name
-
 
 def load_workflow_config(
     config: dict,
@@ -63,7 +61,9 @@ def load_workflow_config(
         _check_grid_keys(study["grid"], schema, source)
         cfg["runs"] = {
             name: _study_run(name, overrides, raw_model, cfg, schema, models, source)
-            for name, overrides in study_runs(study, source).items()
+            for name, overrides in study_runs(
+                study, source, schema["$defs"]["name"]["pattern"]
+            ).items()
         }
     return cfg
 
@@ -127,14 +127,15 @@ def _check_grid_keys(grid: dict, schema: dict, source: str) -> None:
             )
 
 
-def study_runs(study: dict, source: str) -> dict[str, dict]:
+def study_runs(study: dict, source: str, name_pattern: str) -> dict[str, dict]:
     """A study's runs by name, each its overrides {model: {...}, train: {...}, tokens: N}:
-    the named runs, then every combination of the grid (in the grid's key order)."""
+    the named runs, then every combination of the grid (in the grid's key order); a grid name
+    must match `name_pattern` (the schema's $defs/name, the names' one home)."""
     runs = {name: dict(o or {}) for name, o in study["runs"].items()}
     grid = study["grid"]
     for values in itertools.product(*grid.values()) if grid else []:
         name = "-".join(_label(k, v) for k, v in zip(grid, values, strict=True))
-        if not NAME.match(name):
+        if not re.search(name_pattern, name):
             raise GptflowError(
                 f"{source}: study.grid makes the run name '{name}', which does not start with a "
                 f"letter or digit; start the grid's first values with one. Fix {source}."
