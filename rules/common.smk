@@ -225,6 +225,24 @@ def get_harness_files(wildcards):
         raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
 
 
+def get_harness_step_files(wildcards):
+    """The run's harness_step outputs: one per checkpoint eval.harness.every names."""
+    return [
+        paths.HARNESS_STEP.format(run=wildcards.run, step=s) for s in HARNESS_STEPS[wildcards.run]
+    ]
+
+
+def get_harness_step_mem_mb(wildcards, input):
+    """The export of the checkpoint, then the harness: the larger of the two jobs' memory."""
+    return max(eval_resources(input.config)["mem_mb"], run_export_resources(input.config)["mem_mb"])
+
+
+def get_harness_step_runtime(wildcards, input):
+    """Minutes: the export's and the evaluation's."""
+    runtime = eval_resources(input.config)["runtime"]
+    return runtime + run_export_resources(input.config)["runtime"]
+
+
 def get_harness_partition(wildcards):
     """The harness job's partition: evaluate's (the profile's), or none on one machine."""
     return profile_value("evaluate", "slurm_partition") or ""
@@ -257,7 +275,8 @@ def get_train_container_record(wildcards):
 
 def get_final_outputs():
     outputs = [paths.DONE, paths.EVAL, paths.HF_EXPORT, paths.REPORT_CARD]
-    outputs += [paths.HARNESS] if HARNESS["tasks"] else []  # eval.harness: a study's runs too
+    # eval.harness: a study's runs too
+    outputs += [paths.HARNESS, paths.HARNESS_PAGE] if HARNESS["tasks"] else []
     return expand(outputs, run=RUNS) + get_study_outputs()
 
 

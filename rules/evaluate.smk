@@ -1,5 +1,6 @@
 """After training: held-out evaluation, the Hugging Face export of the final checkpoint, and
-lm-evaluation-harness on that export (eval.harness)."""
+lm-evaluation-harness on that export and on the checkpoints eval.harness.every names
+(exported on the fly), tabled and plotted for the report (eval.harness)."""
 
 
 rule evaluate:
@@ -74,6 +75,69 @@ rule harness:
         " {params.tasks:q} {params.include:q}"
         " --num-fewshot {params.num_fewshot:q} --batch-size {params.batch_size:q}"
         " {params.limit:q} > {log:q} 2>&1"
+
+
+# A kept checkpoint of an earlier step (train.keep_every), exported into a hidden directory
+# beside the output and removed after the harness: one job per step, cached like harness
+# (the run's DONE.json: its checkpoints; the task list), reading the run's files only.
+rule harness_step:
+    input:
+        config=paths.RUN_YAML,
+        done=paths.DONE,
+        tasks=get_harness_files,
+    output:
+        paths.HARNESS_STEP,
+    log:
+        paths.log("harness_step", "{run}-{step}"),
+    wildcard_constraints:
+        step=r"[1-9][0-9]*",
+    conda:
+        "../envs/gptflow.yaml"
+    resources:
+        mem_mb=get_harness_step_mem_mb,
+        gres=get_eval_gres,
+        runtime=get_harness_step_runtime,
+        slurm_partition=get_harness_partition,
+    params:
+        tasks=verbatim(harness.task_args(HARNESS)),
+        include=verbatim(harness.include_args(HARNESS)),
+        num_fewshot=HARNESS["num_fewshot"],
+        batch_size=HARNESS["batch_size"],
+        limit=verbatim(harness.limit_args(HARNESS)),
+    shell:
+        "gptflow harness --config {input.config:q} --step {wildcards.step:q} --out {output:q}"
+        " {params.tasks:q} {params.include:q}"
+        " --num-fewshot {params.num_fewshot:q} --batch-size {params.batch_size:q}"
+        " {params.limit:q} > {log:q} 2>&1"
+
+
+# The harness's tables (each task's metrics, the final export's and every evaluated step's)
+# and the learning curve over checkpoints, for `snakemake --report`.
+rule harness_report:
+    input:
+        final=paths.HARNESS,
+        steps=get_harness_step_files,
+    output:
+        page=report(
+            paths.HARNESS_PAGE,
+            caption="../workflow/report/harness.rst",
+            category="Downstream evaluation",
+            labels={"run": "{run}", "figure": "lm-evaluation-harness tables"},
+        ),
+        curve=report(
+            paths.HARNESS_CURVE,
+            caption="../workflow/report/harness_curve.rst",
+            category="Downstream evaluation",
+            labels={"run": "{run}", "figure": "metrics over checkpoints"},
+        ),
+    log:
+        paths.log("harness_report", "{run}"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        run="{run}",
+    script:
+        "../workflow/scripts/harness_report.py"
 
 
 rule report_assets:

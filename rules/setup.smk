@@ -20,6 +20,7 @@ from gptflow.container import (
     registry_login_args,
     squash_options_arg,
 )
+from gptflow.config import TrainConfig
 from gptflow.data import sources
 from gptflow.distributed import rank_options, train_launcher
 from gptflow.environment import put_interpreter_bin_first
@@ -69,6 +70,24 @@ HARNESS = CFG["eval"]["harness"]  # lm-evaluation-harness on each run's export (
 INDEX_SETTINGS = {name: data_index_settings(run) for name, run in RUNS.items()}
 INDEX_OF = {name: data_index_name(settings) for name, settings in INDEX_SETTINGS.items()}
 INDEXES = {INDEX_OF[name]: settings for name, settings in INDEX_SETTINGS.items()}
+
+
+def harness_steps():
+    """Each run's checkpoints that eval.harness.every evaluates (each kept by its training)."""
+    if not HARNESS["tasks"]:
+        return dict.fromkeys(RUNS, [])
+    try:
+        return {
+            name: harness.check_steps(
+                TrainConfig(**run["train"]), HARNESS["every"], name, CONFIG_SOURCE
+            )
+            for name, run in RUNS.items()
+        }
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {e}") from None
+
+
+HARNESS_STEPS = harness_steps()
 
 
 def get_run_settings(wildcards):

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gptflow.errors import GptflowError
@@ -51,10 +52,17 @@ def tag_for(step: int) -> str:
 class CheckpointSeries:
     """Checkpoints of one trajectory fingerprint inside a run directory."""
 
-    def __init__(self, directory: str | os.PathLike, fingerprint: dict, keep_last: int) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        fingerprint: dict,
+        keep_last: int,
+        kept_for_good: Callable[[int], bool] = lambda step: False,
+    ) -> None:
         self.dir = Path(directory)
         self.fingerprint = fingerprint
         self.keep_last = keep_last
+        self.kept_for_good = kept_for_good  # TrainConfig.kept_for_good: train.keep_every
 
     # -- reading -------------------------------------------------------------------
     def complete_steps(self) -> list[int]:
@@ -163,9 +171,10 @@ class CheckpointSeries:
             self._pruner = None
 
     def prune(self, keep: int) -> None:
-        """Delete all but the newest `keep_last` complete steps, and incomplete debris."""
+        """Delete all but the newest `keep_last` complete steps and those kept for good
+        (train.keep_every), and incomplete debris."""
         steps = self.complete_steps()
-        doomed = [s for s in steps[: -self.keep_last] if s != keep]
+        doomed = [s for s in steps[: -self.keep_last] if s != keep and not self.kept_for_good(s)]
         for p in self.dir.iterdir():
             m = TAG_RE.match(p.name)
             if m and int(m.group(1)) < keep and not (p / COMPLETE).is_file():

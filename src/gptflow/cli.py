@@ -611,7 +611,12 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
 
 def add_harness_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--config", required=True, help="the run's run.yaml (sizes the placement)")
-    s.add_argument("--hf", required=True, help="the Hugging Face export (results/runs/RUN/hf)")
+    model = s.add_mutually_exclusive_group(required=True)
+    model.add_argument("--hf", help="the Hugging Face export (results/runs/RUN/hf)")
+    model.add_argument(
+        "--step", type=int,
+        help="instead: the run's checkpoint of this step, exported on the fly beside --out",
+    )  # fmt: skip
     s.add_argument("--out", required=True, help="harness.json")
     s.add_argument(
         "--task", action="append", required=True, metavar="TASK",
@@ -633,23 +638,26 @@ def cmd_harness(a: argparse.Namespace) -> int:
     # HF_DATASETS_OFFLINE=0 to let the harness fetch a hub task's data)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pathlib import Path
+
     from gptflow.evaluate import eval_placement
-    from gptflow.harness import run_harness
+    from gptflow.export import finished_run
+    from gptflow.harness import exported_step, run_harness
     from gptflow.run_config import RunConfig
 
     cfg = RunConfig.load(a.config)
     devices, dtype = eval_placement(cfg.model, cfg.train.seq_length)  # as the evaluate job's
-    run_harness(
-        a.hf,
-        a.task,
-        include=a.include,
-        num_fewshot=a.num_fewshot,
-        batch_size=a.batch_size,
-        limit=a.limit,
-        out=a.out,
-        devices=devices,
-        dtype=dtype,
-    )
+    settings = {
+        "include": a.include, "num_fewshot": a.num_fewshot, "batch_size": a.batch_size,
+        "limit": a.limit, "out": a.out, "devices": devices, "dtype": dtype,
+    }  # fmt: skip
+    if a.step is None:
+        step = finished_run(a.config)[1]["final_step"]
+        run_harness(a.hf, a.task, step=step, **settings)
+        return 0
+    out = Path(a.out)
+    with exported_step(a.config, a.step, out.parent / f".{out.stem}-hf") as export:
+        run_harness(export["dir"], a.task, step=a.step, checkpoint=export["checkpoint"], **settings)
     return 0
 
 

@@ -164,6 +164,7 @@ class TrainConfig:
     eval_iters: int = 10
     save_interval: int = 100
     keep_last: int = 2
+    keep_every: int | None = None  # checkpoints at multiples of it are never pruned
 
     def __post_init__(self) -> None:
         if isinstance(self.wandb, dict):  # from the config or run.yaml
@@ -181,6 +182,11 @@ class TrainConfig:
             raise GptflowError(
                 f"train.offload optimizer_and_params offloads parameters, which only ZeRO stage 3 "
                 f"partitions: set train.zero_stage 3 (it is {self.zero_stage}) or offload: optimizer"
+            )
+        if self.keep_every is not None and self.keep_every % self.save_interval:
+            raise GptflowError(
+                f"train.keep_every {self.keep_every} is not a multiple of train.save_interval "
+                f"{self.save_interval}: only saved steps can be kept; use a multiple of it"
             )
         if self.min_lr > self.lr:
             raise GptflowError(f"train.min_lr {self.min_lr} is above train.lr {self.lr}; lower it")
@@ -223,6 +229,31 @@ class TrainConfig:
                 "have not been verified here. Use train.zero_stage 1 or 2 with tensor parallel "
                 "(stage 1 is Megatron's distributed optimizer)"
             )
+
+    def kept_for_good(self, step: int) -> bool:
+        """Whether checkpoint `step` outlives keep_last (a multiple of train.keep_every): the
+        steps a learning curve over checkpoints reads (eval.harness.every)."""
+        return self.keep_every is not None and step % self.keep_every == 0
+
+    def saved_steps(self) -> list[int]:
+        """The steps a run that is not stopped saves: every save_interval, and the last."""
+        return sorted({*range(self.save_interval, self.train_iters + 1, self.save_interval),
+                       self.train_iters})  # fmt: skip
+
+    def kept_steps(self) -> list[int]:
+        """The checkpoints on disk after the run: the last keep_last saved, and those kept
+        for good (:meth:`kept_for_good`), as :meth:`gptflow.checkpoint.CheckpointSeries.prune`
+        leaves them."""
+        saved = self.saved_steps()
+        last = set(saved[-self.keep_last :])
+        return [s for s in saved if s in last or self.kept_for_good(s)]
+
+    def checkpoints_on_disk(self) -> int:
+        """The most checkpoints on disk at once: keep_last, the one being written, and those
+        kept for good before the last keep_last (the disk the preflight counts)."""
+        saved = self.saved_steps()
+        early = [s for s in saved[: -self.keep_last] if self.kept_for_good(s)]
+        return self.keep_last + 1 + len(early)
 
     @property
     def decay_iters(self) -> int:

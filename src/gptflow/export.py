@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from gptflow import paths
+from gptflow.checkpoint import tag_for
 from gptflow.config import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish, temp_dir
@@ -521,19 +522,42 @@ def finished_run(config: str | os.PathLike) -> tuple[RunConfig, dict]:
     return cfg, json.loads(cfg.done_path.read_text())
 
 
+def step_checkpoint(cfg: RunConfig, done: dict, step: int) -> Path:
+    """The complete checkpoint of step `step` of a finished run (beside its final one), or one
+    error saying why it is not on disk and how to keep it next time."""
+    final = Path(done["checkpoint"])
+    if step == done["final_step"]:
+        return final
+    path = final.parent / tag_for(step)
+    if not (path / "COMPLETE").is_file():
+        t = cfg.train
+        kept = f"train.keep_last {t.keep_last}, train.keep_every {t.keep_every}"
+        raise GptflowError(
+            f"{path}: run {Path(cfg.run_dir).name} has no complete checkpoint of step {step} (its "
+            f"training kept steps {', '.join(map(str, t.kept_steps()))}: {kept}); set "
+            f"train.keep_every to a divisor of {step} that is a multiple of train.save_interval "
+            f"and train again, or evaluate kept steps only"
+        )
+    return path
+
+
 def export_hf(
     config: str | os.PathLike,
     out: str | os.PathLike,
     *,
+    step: int | None = None,
     max_shard_size: int = MAX_SHARD_SIZE,
     log=print,
 ) -> dict:
-    """Write the run's final checkpoint as a Hugging Face directory `out` (published whole),
-    streamed into safetensors shards of at most `max_shard_size` bytes."""
+    """Write the run's final checkpoint (or that of step `step`, kept by train.keep_every) as
+    a Hugging Face directory `out` (published whole), streamed into safetensors shards of at
+    most `max_shard_size` bytes. Reading a checkpoint changes nothing in the run."""
     cfg, done = finished_run(config)
-    weights = checkpoint_weights(done["checkpoint"], cfg.run_dir, cfg.model)
+    checkpoint = done["checkpoint"] if step is None else step_checkpoint(cfg, done, step)
+    step = done["final_step"] if step is None else step
+    weights = checkpoint_weights(checkpoint, cfg.run_dir, cfg.model)
     if "embed_out.weight" not in weights:
-        raise GptflowError(f"{done['checkpoint']}: no embed_out.weight; not a gptflow GPT-NeoX")
+        raise GptflowError(f"{checkpoint}: no embed_out.weight; not a gptflow GPT-NeoX")
     weights = {checkpoint_name(k): w for k, w in weights.items()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -573,6 +597,9 @@ def export_hf(
     params = sum(math.prod(w.shape) for k, w in weights.items())
     log(
         f"{out}: GPTNeoXForCausalLM, {params:,} parameters in {len(plan)} safetensors "
-        f"file(s), step {done['final_step']}"
+        f"file(s), step {step}"
     )
-    return {"dir": str(out), "parameters": params, "step": done["final_step"], "files": len(plan)}
+    return {
+        "dir": str(out), "parameters": params, "step": step, "files": len(plan),
+        "checkpoint": str(checkpoint),
+    }  # fmt: skip

@@ -10,13 +10,17 @@ the user brings (e.g. over local JSONL); the CLI runs it offline (HF_DATASETS_OF
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gptflow.config import TrainConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
 from gptflow.schema import UniqueKeyLoader, parse_yaml
@@ -128,6 +132,49 @@ def check_planned(harness_cfg: dict, source: str) -> None:
             )
 
 
+def checkpoint_steps(train: TrainConfig, every: int | None) -> list[int]:
+    """The intermediate checkpoints eval.harness.every evaluates (rule harness_step): its
+    multiples below train_iters. The final step is the export's (rule harness)."""
+    return list(range(every, train.train_iters, every)) if every else []
+
+
+def check_steps(train: TrainConfig, every: int | None, run: str, source: str) -> list[int]:
+    """checkpoint_steps of run `run`, each a step its training saves and keeps (else one line
+    saying which steps and what to set, at -n: a pruned checkpoint cannot be evaluated)."""
+    steps = checkpoint_steps(train, every)
+    key = f"{source}: eval.harness.every {every} (run {run})"
+    unsaved = [s for s in steps if s % train.save_interval]
+    if unsaved:
+        raise GptflowError(
+            f"{key}: training saves no checkpoint at step {unsaved[0]} (train.save_interval "
+            f"{train.save_interval}); use a multiple of train.save_interval"
+        )
+    kept = set(train.kept_steps())
+    pruned = [s for s in steps if s not in kept]
+    if pruned:
+        shown = ", ".join(map(str, pruned[:4])) + (", ..." if len(pruned) > 4 else "")
+        raise GptflowError(
+            f"{key}: training deletes the checkpoints of steps {shown} (train.keep_last "
+            f"{train.keep_last}, train.keep_every {train.keep_every}); set train.keep_every: "
+            f"{every} (before training: a deleted checkpoint is gone)"
+        )
+    return steps
+
+
+@contextlib.contextmanager
+def exported_step(config: str | os.PathLike, step: int, where: Path) -> Iterator[dict]:
+    """The Hugging Face export of checkpoint `step` of run.yaml `config` (export_hf's record:
+    its "dir" and "checkpoint"), made on the fly in directory `where`, removed afterwards (also
+    when the harness fails): the run's checkpoints and its own export are only read."""
+    from gptflow.export import export_hf
+
+    shutil.rmtree(where, ignore_errors=True)  # debris of a killed job
+    try:
+        yield export_hf(config, where, step=step)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def _metrics(result: dict) -> dict:
     """A task's results from the harness ({"acc,none": 0.5, "acc_stderr,none": 0.2, "alias":
     ...}) as {"acc": 0.5, "acc_stderr": 0.2}: the "none" filter's name dropped, another kept
@@ -164,10 +211,15 @@ def run_harness(
     out: str | os.PathLike,
     devices: list[str],
     dtype: str,
+    step: int | None = None,
+    checkpoint: str | None = None,
 ) -> dict:
-    """Run the harness on the Hugging Face model directory `hf_dir` on `devices` in `dtype`
-    (:func:`hf_model_settings`) and write `out` (harness.json, atomically): the harness version,
-    each task's version, few-shot count and every metric with its stderr, and the settings."""
+    """Run the harness on the Hugging Face model directory `hf_dir` (the export of training
+    step `step`) on `devices` in `dtype` (:func:`hf_model_settings`) and write `out`
+    (harness.json, atomically): the harness version, each task's version, few-shot count and
+    every metric with its stderr, and the settings. An export made on the fly from
+    `checkpoint` (:func:`exported_step`) is recorded as that checkpoint, not as its
+    temporary directory."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -211,7 +263,9 @@ def run_harness(
             "dtype": args["dtype"],
             "devices": devices,
         },
-        "hf": str(hf_dir),
+        "hf": None if checkpoint else str(hf_dir),
+        "checkpoint": checkpoint,
+        "step": step,
     }
     write_json(out, record)
     return record

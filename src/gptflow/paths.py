@@ -57,6 +57,9 @@ DONE = "results/runs/{run}/DONE.json"
 EVAL = "results/runs/{run}/eval.json"
 HF_EXPORT = "results/runs/{run}/hf"
 HARNESS = "results/runs/{run}/harness.json"  # eval.harness: lm-evaluation-harness
+HARNESS_STEP = "results/runs/{run}/harness/step{step}.json"  # eval.harness.every
+HARNESS_PAGE = "results/runs/{run}/report/harness.html"  # its tables and curves
+HARNESS_CURVE = "results/runs/{run}/report/harness_curve.svg"
 REPORT_DIR = "results/runs/{run}/report"
 REPORT_CARD = "results/runs/{run}/report/card.html"
 

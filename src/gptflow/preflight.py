@@ -660,7 +660,8 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
     n = m.num_parameters()
     tokens = t["train_iters"] * t["global_batch_size"] * t["seq_length"]
     flops = m.flops_per_token(t["seq_length"]) * tokens
-    keep = t.get("keep_last", 2)
+    keys = ("train_iters", "save_interval", "keep_last", "keep_every")  # what it depends on
+    checkpoints = TrainConfig(**{k: t[k] for k in keys if k in t}).checkpoints_on_disk()
     return {
         "parameters": n,
         "training_tokens": tokens,
@@ -669,8 +670,9 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
         "peak_tflops": peak_tflops,
         "mfu": mfu,
         # a checkpoint: fp32 weights + Adam's two moments (+ the half-precision copy, counted
-        # as fp32): 16 bytes a parameter, for keep_last steps and the one being written
-        "checkpoint_bytes": n * 16 * (keep + 1),
+        # as fp32): 16 bytes a parameter, for keep_last steps, the one being written and
+        # those kept for good (train.keep_every)
+        "checkpoint_bytes": n * 16 * checkpoints,
         "shard_bytes": shards,
         "free_bytes": free,
     }

@@ -260,3 +260,121 @@ def run_card(
     )
     with atomic_write(out) as f:
         f.write(page)
+
+
+# --------------------------------------------------------------------------- harness
+
+
+def _harness_records(final: str | os.PathLike, steps: list[str | os.PathLike]) -> list[dict]:
+    """The harness records (harness.json of the export, harness/stepN.json of checkpoints)
+    in step order, the export's last."""
+    records = [json.loads(Path(p).read_text()) for p in steps]
+    records.sort(key=lambda r: r["step"])
+    return [*records, json.loads(Path(final).read_text())]
+
+
+def _step_label(record: dict) -> str:
+    # a harness.json of gptflow before 2026-11 has no step
+    return "final" if record.get("step") is None else f"step {record['step']}"
+
+
+def _value(value) -> str:
+    return "—" if not isinstance(value, int | float) else f"{value:.4g}"
+
+
+def harness_metric_names(task: dict) -> list[str]:
+    """A harness task record's metrics (not their stderrs), in the harness's order."""
+    return [m for m in task["metrics"] if not m.endswith("_stderr")]
+
+
+def harness_tables(records: list[dict]) -> list[str]:
+    """Per task: each metric ± its stderr at every evaluated step (the export's last)."""
+    parts = []
+    for name, task in records[-1]["tasks"].items():
+        head = ["metric", *(_step_label(r) for r in records)]
+        rows = []
+        for metric in harness_metric_names(task):
+            row = [metric]
+            for r in records:
+                metrics = r["tasks"].get(name, {}).get("metrics", {})
+                cell = _value(metrics.get(metric))
+                if isinstance(metrics.get(f"{metric}_stderr"), int | float):
+                    cell += f" ± {metrics[f'{metric}_stderr']:.2g}"
+                row.append(cell)
+            rows.append(row)
+        facts = (
+            f"version {task['version']}, {task['num_fewshot']}-shot, "
+            f"{(task.get('samples') or {}).get('effective', '?')} documents"
+        )
+        parts += [f"<h3>{html.escape(name)}</h3>", f"<p>{html.escape(facts)}</p>",
+                  _table(head, rows)]  # fmt: skip
+    return parts
+
+
+def plot_harness_curve(records: list[dict], out: str | os.PathLike, run: str) -> None:
+    """Each task's metrics against the step of the checkpoint evaluated (one panel per task,
+    stderr as error bars where the harness gives one)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(records[-1]["tasks"])
+    fig, axes = plt.subplots(len(tasks), 1, figsize=(7, 2.6 * len(tasks) + 0.6), dpi=100,
+                             squeeze=False)  # fmt: skip
+    for ax, name in zip(axes[:, 0], tasks, strict=True):
+        for metric in harness_metric_names(records[-1]["tasks"][name]):
+            points = []
+            for r in records:
+                metrics = r["tasks"].get(name, {}).get("metrics", {})
+                if isinstance(metrics.get(metric), int | float) and r.get("step") is not None:
+                    err = metrics.get(f"{metric}_stderr")
+                    points.append((r["step"], metrics[metric],
+                                   err if isinstance(err, int | float) else 0.0))  # fmt: skip
+            if points:
+                xs, ys, errs = zip(*points, strict=True)
+                ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=metric)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("training step of the checkpoint")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if len(records) == 1:
+        fig.suptitle(f"run {run}: the final checkpoint only (eval.harness.every for a curve)",
+                     fontsize=10)  # fmt: skip
+    else:
+        fig.suptitle(f"run {run}: lm-evaluation-harness over checkpoints", fontsize=10)
+    fig.tight_layout()
+    with atomic_write(out, "w") as f:
+        fig.savefig(f, format="svg")
+    plt.close(fig)
+
+
+def harness_report(
+    run: str,
+    final: str | os.PathLike,
+    steps: list[str | os.PathLike],
+    *,
+    page: str | os.PathLike,
+    curve: str | os.PathLike,
+) -> None:
+    """harness.html (the tables, the harness version and settings, the curve inline) and
+    harness_curve.svg of one run, from its harness records."""
+    records = _harness_records(final, steps)
+    plot_harness_curve(records, curve, run)
+    last = records[-1]
+    settings = {k: last["config"][k] for k in ("num_fewshot", "batch_size", "limit", "dtype")}
+    svg = Path(curve).read_text()
+    parts = [
+        f"<h1>lm-evaluation-harness: run {html.escape(run)}</h1>",
+        f"<p>harness {html.escape(str(last['harness_version']))}; "
+        f"{html.escape(json.dumps(settings))}; the last column is the Hugging Face export "
+        f"({html.escape(str(last['hf']))}), the others checkpoints exported on the fly.</p>",
+        *harness_tables(records),
+        f"<div>{svg[svg.index('<svg') :]}</div>",
+    ]
+    with atomic_write(page) as f:
+        f.write(
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>harness "
+            f"{html.escape(run)}</title><style>{STYLE}</style></head><body>{''.join(parts)}"
+            f"</body></html>\n"
+        )

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from gptflow.checkpoint import COMPLETE, CheckpointSeries, RunLock
+from gptflow.config import TrainConfig
 from gptflow.errors import GptflowError
 
 
@@ -93,6 +94,20 @@ def test_prune_keeps_the_newest_complete_steps_and_clears_debris(tmp_path):
     series.prune(keep=50)
     left = {p.name for p in tmp_path.iterdir()}
     assert left == {"step00000040", "step00000050", "step00000060", "notastep"}
+
+
+def test_prune_keeps_the_steps_kept_for_good(tmp_path):
+    """keep_last 1, keep_every 20 (TrainConfig.kept_for_good) after saving step 50: 20 and 40
+    stay beside 50, as TrainConfig.kept_steps planned."""
+    t = TrainConfig(train_iters=50, save_interval=10, keep_last=1, keep_every=20)
+    series = CheckpointSeries(tmp_path, {"a": 1}, keep_last=1, kept_for_good=t.kept_for_good)
+    for step in (10, 20, 30, 40, 50):
+        d = tmp_path / f"step{step:08d}"
+        d.mkdir()
+        (d / COMPLETE).write_text("{}")
+    series.prune(keep=50)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step{s:08d}" for s in t.kept_steps()]
+    assert t.kept_steps() == [20, 40, 50]
 
 
 def test_prune_never_deletes_the_step_just_saved(tmp_path):

@@ -491,3 +491,19 @@ def test_a_study_reads_each_preset_file_once(repo, edit_config, monkeypatch):
         for p in grid["model.preset"]
         for lr in grid["train.lr"]
     }
+
+
+def test_checkpoints_kept_for_good():
+    """keep_every: the multiples of it outlive keep_last (kept_steps: what is on disk after the
+    run; checkpoints_on_disk: the most at once, which the preflight's disk check counts); it
+    must be a multiple of save_interval (a step never saved cannot be kept)."""
+    t = TrainConfig(train_iters=95, save_interval=10, keep_last=2, keep_every=30)
+    assert t.saved_steps() == [10, 20, 30, 40, 50, 60, 70, 80, 90, 95]
+    assert t.kept_steps() == [30, 60, 90, 95]
+    assert t.checkpoints_on_disk() == 2 + 1 + 2  # keep_last, the one written, 30 and 60
+    plain = TrainConfig(train_iters=95, save_interval=10, keep_last=2)
+    assert plain.kept_steps() == [90, 95] and plain.checkpoints_on_disk() == 3
+    assert not plain.kept_for_good(90)
+    with pytest.raises(GptflowError, match="train.keep_every 25 is not a multiple of "
+                                           "train.save_interval 10"):  # fmt: skip
+        TrainConfig(train_iters=95, save_interval=10, keep_every=25)

@@ -124,6 +124,7 @@ def kitchen_sink() -> dict:
         },
         tensor_parallel=1,
         pipeline_parallel=1,
+        keep_every=20,
     )
     cfg["eval"] = {
         "prompts": ["def ", "The "],
@@ -136,6 +137,7 @@ def kitchen_sink() -> dict:
             "batch_size": 16,
             "limit": 100,
             "include": ["tasks"],
+            "every": 20,
         },
     }
     cfg["study"] = {

@@ -32,7 +32,8 @@ metric_list:
 
 
 def harness(**keys) -> dict:
-    return {"tasks": [], "num_fewshot": 0, "batch_size": 8, "limit": None, "include": [], **keys}
+    return {"tasks": [], "num_fewshot": 0, "batch_size": 8, "limit": None, "include": [],
+            "every": None, **keys}  # fmt: skip
 
 
 def refusal(cfg: dict) -> str:
@@ -150,3 +151,57 @@ def test_model_args_follow_the_evaluate_jobs_placement():
     assert hf_model_settings("hf", ["cuda:0", "cuda:1"], "bf16") == {
         "pretrained": "hf", "dtype": "bfloat16", "parallelize": True,
     }  # fmt: skip
+
+
+def test_the_checkpoints_of_a_curve_must_be_saved_and_kept():
+    """eval.harness.every's steps are below train_iters (the final one is the export's); each
+    must be a saved step that training keeps, else one line naming the steps and the fix."""
+    from gptflow.config import TrainConfig
+    from gptflow.harness import check_steps, checkpoint_steps
+
+    t = TrainConfig(train_iters=100, save_interval=10, keep_last=2, keep_every=20)
+    assert checkpoint_steps(t, None) == []
+    assert check_steps(t, 40, "r", "c.yaml") == [40, 80]
+    assert check_steps(t, 90, "r", "c.yaml") == [90]  # among the last keep_last
+    with pytest.raises(GptflowError) as e:
+        check_steps(t, 10, "r", "c.yaml")
+    assert str(e.value) == (
+        "c.yaml: eval.harness.every 10 (run r): training deletes the checkpoints of steps 10, "
+        "30, 50, 70 (train.keep_last 2, train.keep_every 20); set train.keep_every: 10 (before "
+        "training: a deleted checkpoint is gone)"
+    )
+    with pytest.raises(GptflowError, match=r"saves no checkpoint at step 25 \(train.save_inter"):
+        check_steps(t, 25, "r", "c.yaml")
+
+
+def test_the_harness_page_escapes_and_tables_every_step(tmp_path):
+    """harness_report: one column per evaluated step (the export's last), metric ± stderr, a
+    metric without stderr bare, a task name with markup escaped; the curve inline."""
+    import json
+
+    from gptflow.report import harness_report
+
+    def record(step, acc, hf=None):
+        task = {"version": 1.0, "num_fewshot": 0, "samples": {"effective": 6},
+                "metrics": {"acc": acc, "acc_stderr": 0.2, "word_perplexity": 9.5,
+                            "word_perplexity_stderr": None}}  # fmt: skip
+        return {
+            "harness_version": "0.4.13", "step": step, "hf": hf,
+            "tasks": {"<b>mc</b>": task},
+            "config": {"num_fewshot": 0, "batch_size": 4, "limit": None, "dtype": "float32"},
+        }  # fmt: skip
+
+    files = []
+    for step, acc in ((20, 0.25), (10, 0.125)):
+        files.append(tmp_path / f"step{step}.json")
+        files[-1].write_text(json.dumps(record(step, acc)))
+    final = tmp_path / "harness.json"
+    final.write_text(json.dumps(record(30, 0.5, hf="results/runs/r/hf")))
+    page, curve = tmp_path / "harness.html", tmp_path / "curve.svg"
+    harness_report("r", final, files, page=page, curve=curve)
+    text = page.read_text()
+    assert "<b>mc</b>" not in text and "&lt;b&gt;mc&lt;/b&gt;" in text
+    assert "<th>step 10</th><th>step 20</th><th>step 30</th>" in text
+    assert "<td>acc</td><td>0.125 ± 0.2</td><td>0.25 ± 0.2</td><td>0.5 ± 0.2</td>" in text
+    assert "<td>word_perplexity</td><td>9.5</td>" in text
+    assert text.count("<svg") == 1 and curve.read_text().count("<svg") == 1

@@ -53,11 +53,11 @@ def records(run_dir: Path, kind: str) -> list[dict]:
 @pytest.mark.parametrize("log_interval", [1, 4])
 def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run, log_interval):
     """With dropout (the tiny model's 0.1), so the per-step reseed is what makes it exact; the
-    step saved at the exit is pruned by the final save (keep_last 1); DONE.json's digest is the
-    final checkpoint's."""
+    steps saved before the end (4, and 5 at the exit) are pruned (keep_last 1) except step 8,
+    kept for good (keep_every 8); DONE.json's digest is the final checkpoint's."""
     settings = dict(
         train_iters=12, log_interval=log_interval, eval_interval=6, eval_iters=1,
-        save_interval=100, keep_last=1,
+        save_interval=4, keep_last=1, keep_every=8,
     )  # fmt: skip
     straight = make_run("straight", **settings)
     assert gptflow_train(straight).returncode == 0
@@ -92,7 +92,7 @@ def test_resume_repeats_the_uninterrupted_run_bit_for_bit(make_run, log_interval
     assert done_a["final_step"] == done_b["final_step"] == 12
     assert done_a["final_val_loss"] == done_b["final_val_loss"]
     assert done_b["final_val_loss"] < done_b["initial_val_loss"]
-    assert step_dirs(straight) == step_dirs(resumed) == {"step00000012"}
+    assert step_dirs(straight) == step_dirs(resumed) == {"step00000008", "step00000012"}
     for run_dir, done in ((straight, done_a), (resumed, done_b)):
         assert done["checkpoint"] == str(next((run_dir / "checkpoints").iterdir()) / "step00000012")
         assert done["checkpoint_sha256"] == directory_digest(Path(done["checkpoint"]))

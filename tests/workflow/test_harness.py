@@ -80,10 +80,24 @@ def write_tasks(root: Path) -> tuple[Path, Path]:
     return files[0], files[1]
 
 
-def with_tasks(config: Path, tasks: list[Path]) -> None:
+def with_tasks(config: Path, tasks: list[Path], every: int | None = None) -> None:
     cfg = yaml.safe_load(config.read_text())
-    cfg.setdefault("eval", {})["harness"] = {"tasks": [str(t) for t in tasks], "batch_size": 4}
+    harness = {"tasks": [str(t) for t in tasks], "batch_size": 4, "every": every}
+    cfg.setdefault("eval", {})["harness"] = harness
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def check_metrics(record: dict, want: dict) -> None:
+    """Every metric of `want` (expected_metrics) in harness record `record`."""
+    assert set(record["tasks"]) == set(want)
+    for name, task in record["tasks"].items():
+        assert task["version"] == 2.0 and task["num_fewshot"] == 0, task
+        metrics = task["metrics"]
+        print(name, json.dumps(metrics), "independent:", json.dumps(want[name]))
+        for metric, value in want[name].items():
+            assert math.isclose(metrics[metric], value, rel_tol=1e-5, abs_tol=1e-12), (
+                name, metric, metrics[metric], value,
+            )  # fmt: skip
 
 
 def summed_logprob(model, ids: list[int], scored: int) -> float:
@@ -153,55 +167,80 @@ def expected_metrics(hf_dir: Path) -> dict:
     }
 
 
-def test_the_harness_on_the_export_matches_transformers_and_is_cached(
+def checkpoint_files(run_dir: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(run_dir)): p.stat().st_mtime_ns
+        for p in (run_dir / "checkpoints").rglob("*")
+    }
+
+
+def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_cached(
     pipeline_copy,
     snakemake,
     tmp_path,
+    monkeypatch,
 ):
-    """`snakemake` with eval.harness.tasks = two local task files: one harness job (the export
-    is reused), harness.json with the harness and task versions and every metric, equal to the
-    independent computation (acc and acc_norm exactly, stderr too; perplexities within 1e-5
-    relative; the perplexities' stderr recorded as null: the harness gives none); a rerun is a
-    no-op; dropping a task reruns only the harness job."""
+    """`snakemake` with eval.harness.tasks = two local task files and every = 30 (the tiny run
+    trains 40 steps, keeping the checkpoints of steps 30 and 40): one harness job on the export
+    (reused), one harness_step job on the checkpoint of step 30, exported on the fly, and one
+    harness_report job. Each record holds the harness and task versions and every metric, equal
+    to the independent computation on that model (acc and acc_norm exactly, stderr too;
+    perplexities within 1e-5 relative; the perplexities' stderr recorded as null: the harness
+    gives none). The step's export is gone afterwards and the run's checkpoints are untouched;
+    the report's page tables both steps. A rerun is a no-op; dropping a task reruns only the
+    harness jobs and their report."""
+    from gptflow.export import export_hf
+
     wd, config = pipeline_copy
+    run_dir = wd / "results/runs/tiny"
+    checkpoints = checkpoint_files(run_dir)
     mc, ppl = write_tasks(tmp_path / "tasks")
-    with_tasks(config, [mc, ppl])
+    with_tasks(config, [mc, ppl], every=30)
     run = snakemake(wd, config)
     assert run.returncode == 0, run.out[-5000:]
-    assert job_counts(run.out) == {"harness": 1, "all": 1}, run.out[-3000:]
-    out = wd / "results/runs/tiny/harness.json"
+    assert job_counts(run.out) == {
+        "harness": 1, "harness_step": 1, "harness_report": 1, "all": 1,
+    }, run.out[-3000:]  # fmt: skip
+    out = run_dir / "harness.json"
     record = json.loads(out.read_text())
     assert record["harness_version"] == "0.4.13"
-    assert record["hf"] == "results/runs/tiny/hf"
+    assert record["hf"] == "results/runs/tiny/hf" and record["step"] == 40
+    assert record["checkpoint"] is None
     assert record["config"] == {
         "tasks": [str(mc), str(ppl)], "include": [], "num_fewshot": 0, "batch_size": 4,
         "limit": None, "dtype": "float32", "devices": ["cpu"],
     }  # fmt: skip
-    assert set(record["tasks"]) == {"gptflow_mc", "gptflow_ppl"}
-    want = expected_metrics(wd / "results/runs/tiny/hf")
-    for name, task in record["tasks"].items():
-        assert task["version"] == 2.0 and task["num_fewshot"] == 0, task
-        metrics = task["metrics"]
-        print(name, json.dumps(metrics), "independent:", json.dumps(want[name]))
-        for metric, value in want[name].items():
-            assert math.isclose(metrics[metric], value, rel_tol=1e-5, abs_tol=1e-12), (
-                name, metric, metrics[metric], value,
-            )  # fmt: skip
+    check_metrics(record, expected_metrics(run_dir / "hf"))
     mc_metrics = record["tasks"]["gptflow_mc"]["metrics"]
     assert mc_metrics["acc"] * 6 == round(mc_metrics["acc"] * 6)  # a count out of 6 documents
     ppl_metrics = record["tasks"]["gptflow_ppl"]["metrics"]
     assert ppl_metrics["word_perplexity_stderr"] is None  # the harness has no stderr for it
     assert ppl_metrics["word_perplexity"] > 1.0
 
+    step = json.loads((run_dir / "harness/step30.json").read_text())
+    assert step["step"] == 30 and step["hf"] is None
+    assert step["checkpoint"].endswith("/step00000030"), step["checkpoint"]
+    assert [p.name for p in (run_dir / "harness").iterdir()] == ["step30.json"]  # export gone
+    assert checkpoint_files(run_dir) == checkpoints  # the run's checkpoints only read
+    monkeypatch.chdir(wd)  # run.yaml's paths are the working directory's
+    export_hf(run_dir / "run.yaml", tmp_path / "step30-hf", step=30)
+    check_metrics(step, expected_metrics(tmp_path / "step30-hf"))
+    assert step["tasks"] != record["tasks"]  # another checkpoint, other numbers
+    page = (run_dir / "report/harness.html").read_text()
+    assert "<th>step 30</th><th>step 40</th>" in page and "gptflow_ppl" in page
+    assert (run_dir / "report/harness_curve.svg").read_text().count("<svg") == 1
+
     again = snakemake(wd, config)
     assert again.returncode == 0, again.out[-3000:]
     assert "Nothing to be done" in again.out and job_counts(again.out) == {}
 
     before = out.stat().st_mtime_ns
-    with_tasks(config, [mc])
+    with_tasks(config, [mc], every=30)
     fewer = snakemake(wd, config)
     assert fewer.returncode == 0, fewer.out[-3000:]
-    assert job_counts(fewer.out) == {"harness": 1, "all": 1}, fewer.out[-3000:]
+    assert job_counts(fewer.out) == {
+        "harness": 1, "harness_step": 1, "harness_report": 1, "all": 1,
+    }, fewer.out[-3000:]  # fmt: skip
     assert out.stat().st_mtime_ns != before
     assert set(json.loads(out.read_text())["tasks"]) == {"gptflow_mc"}
 
@@ -224,3 +263,35 @@ def test_planning_refuses_a_task_file_that_is_missing_or_does_not_parse(
         assert says in line, line
         assert "Traceback" not in plan.out
         assert not (tmp_path / "wd" / "results").exists()
+
+
+def test_planning_refuses_checkpoints_that_training_does_not_keep(
+    tmp_path, snakemake, write_config, tiny_config
+):
+    """`snakemake -n` with eval.harness.every naming steps the tiny run (40 steps, a checkpoint
+    every 10, keep_last 2) never saves (every 15), or deletes (every 10: steps 10 and 20): one
+    line naming the run, the steps and what to set; with train.keep_every 10 it plans one
+    harness_step job per step."""
+    mc, _ = write_tasks(tmp_path / "tasks")
+    for every, train, says in (
+        (15, {}, "training saves no checkpoint at step 15 (train.save_interval 10)"),
+        (10, {}, "training deletes the checkpoints of steps 10, 20 (train.keep_last 2, "
+                 "train.keep_every None); set train.keep_every: 10"),
+    ):  # fmt: skip
+        cfg = {**tiny_config, "eval": {"harness": {"tasks": [str(mc)], "every": every}}}
+        cfg["train"] = {**cfg["train"], **train}
+        config = write_config(tmp_path / "config.yaml", cfg)
+        plan = snakemake(tmp_path / "wd", config, "-n")
+        assert plan.returncode != 0
+        line = next(x for x in plan.out.splitlines() if "eval.harness.every" in x)
+        assert line.startswith(
+            f"gptflow config: {config}: eval.harness.every {every} (run tiny): {says}"
+        ), line
+        assert "Traceback" not in plan.out
+    cfg = {**tiny_config, "eval": {"harness": {"tasks": [str(mc)], "every": 10}}}
+    cfg["train"] = {**cfg["train"], "keep_every": 10}
+    plan = snakemake(tmp_path / "wd", write_config(tmp_path / "config.yaml", cfg), "-n")
+    assert plan.returncode == 0, plan.out[-3000:]
+    counts = job_counts(plan.out)
+    assert counts["harness_step"] == 3 and counts["harness_report"] == 1, counts
+    assert not (tmp_path / "wd" / "results").exists()

@@ -112,7 +112,7 @@ def build(
 ) -> Trainer:
     """Data indices, the model, the DeepSpeed engine and the checkpoint series."""
     t = cfg.train
-    series = CheckpointSeries(cfg.checkpoint_dir, cfg.fingerprint(), t.keep_last)
+    series = CheckpointSeries(cfg.checkpoint_dir, cfg.fingerprint(), t.keep_last, t.kept_for_good)
     series.check_fingerprint()
     if (series.dir / DIVERGED).is_file():  # retrying would diverge the same way
         earlier = json.loads((series.dir / DIVERGED).read_text())["message"]
