@@ -9,11 +9,12 @@ rule study:
 
 
 # It reads each run's metrics.jsonl (not an output: the trainer appends to it while it runs)
-# after the run's DONE.json, written last.
+# after the run's DONE.json, written last; with eval.harness, each run's harness.json too.
 rule study_report:
     input:
         configs=expand(paths.RUN_YAML, run=RUNS),
         done=expand(paths.DONE, run=RUNS),
+        harness=expand(paths.HARNESS, run=RUNS) if HARNESS["tasks"] else [],
     output:
         loss_tokens=report(
             f"{paths.STUDY_DIR}/loss_tokens.svg",

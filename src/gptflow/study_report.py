@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, write_json
-from gptflow.report import STYLE, _records, _table
+from gptflow.report import STYLE, _records, _table, harness_metric_names
 
 DEFAULT_BUDGETS = (1e19, 1e21, 1e23)  # FLOPs; the study's own total is added
 SAME_LR = (
@@ -57,7 +57,9 @@ def _load_run(name: str, paths: dict[str, str]) -> dict:
     if final is None:
         final, source = (train[-1]["loss"] if train else done["train_loss"]), "last train loss"
     curve = [(r["step"] * per_step, r["val_loss"]) for r in evals if r["step"] > 0]
+    harness = json.loads(Path(paths["harness"]).read_text()) if paths.get("harness") else None
     return {
+        "harness": harness["tasks"] if harness else None,
         "name": name, "preset": derived.get("preset"), "parameters": derived["parameters"],
         "lr": lr, "tokens": tokens, "training_flops": tokens * per_token,
         "final_val_loss": final, "final_from": source, "series": series,
@@ -276,8 +278,9 @@ def _figures(runs: list[dict], fits: dict, out: Path) -> dict[str, str]:
     }  # fmt: skip
 
 
+# "harness": the tasks of its harness.json (eval.harness), else null
 RUN_KEYS = ("name", "preset", "parameters", "lr", "tokens", "training_flops", "final_val_loss",
-            "final_from", "series")  # fmt: skip
+            "final_from", "series", "harness")  # fmt: skip
 
 
 def _fit_json(study: str, runs: list[dict], fits: dict) -> dict:
@@ -368,6 +371,33 @@ def _optimal_table(fits: dict) -> list[str]:
     ]
 
 
+def _harness_table(runs: list[dict]) -> list[str]:
+    """Each run's lm-evaluation-harness metrics on its export (± stderr), one column per task
+    metric; nothing when the study ran no harness."""
+    if not any(r["harness"] for r in runs):
+        return []
+    columns = list(dict.fromkeys(
+        (task, metric) for r in runs for task, record in (r["harness"] or {}).items()
+        for metric in harness_metric_names(record)
+    ))  # fmt: skip
+    rows = []
+    for r in runs:
+        row = [r["name"], f"{r['parameters']:,}"]
+        for task, metric in columns:
+            metrics = (r["harness"] or {}).get(task, {}).get("metrics", {})
+            value, err = metrics.get(metric), metrics.get(f"{metric}_stderr")
+            cell = _g(value) if isinstance(value, int | float) else "—"
+            row.append(cell + (f" ± {err:.2g}" if isinstance(err, int | float) else ""))
+        rows.append(row)
+    head = ["run", "parameters", *(f"{task} {metric}" for task, metric in columns)]
+    return [
+        "<h2>Downstream evaluation</h2>",
+        "<p>lm-evaluation-harness on each run's Hugging Face export (eval.harness; each run's "
+        "curve over checkpoints is on its own harness page).</p>",
+        _table(head, rows),
+    ]
+
+
 def _inline(svg: str) -> str:
     """An SVG file's <svg> element, without the XML declaration and doctype."""
     text = Path(svg).read_text()
@@ -380,6 +410,7 @@ def _page(study: str, runs: list[dict], fits: dict, figures: dict[str, str]) -> 
         "<h2>Runs</h2>",
         f"<p>{html.escape(FINAL_LOSS_RULE)}</p>",
         _runs_table(runs),
+        *_harness_table(runs),
         *_fit_tables(fits),
         *_optimal_table(fits),
         "<h2>Figures</h2>",
@@ -401,7 +432,8 @@ def study_report(
 ) -> dict[str, str]:
     """loss_tokens.svg, loss_flops.svg, loss_lr.svg, fit.svg, fit.json and study.html of a
     study's finished runs; `runs` maps a run name to its "config" (run.yaml), "metrics"
-    (metrics.jsonl) and "done" (DONE.json) paths. Returns file name (no suffix) -> path."""
+    (metrics.jsonl) and "done" (DONE.json) paths, and "harness" (harness.json) when the study
+    runs lm-evaluation-harness. Returns file name (no suffix) -> path."""
     if not runs:
         raise GptflowError(f"study {study!r} has no runs; name at least one under its runs")
     loaded = sorted((_load_run(name, paths) for name, paths in runs.items()),

@@ -208,3 +208,35 @@ def test_two_token_budgets_fit_the_data_term(tmp_path):
     assert abs(fit["two_term"]["alpha"] - ALPHA) < 0.02
     assert [o["from"] for o in fit["compute_optimal"]].count("two_term") == 4
     assert fit["size_points"]["runs"] == ["s-lr0.001-1000", "m-lr0.001-1000", "l-lr0.001-1000"]
+
+
+def test_each_runs_harness_metrics_are_tabled_and_in_fit_json(tmp_path):
+    """With eval.harness, each run's harness.json: a 'Downstream evaluation' table (one column
+    per task metric, value ± stderr, '—' where a run lacks a task) and the tasks in fit.json."""
+    runs = grid(tmp_path, presets=("s", "m"), lrs=(1e-3,))
+    for i, files in enumerate(runs.values()):
+        tasks = {"mc": {"version": 1.0, "num_fewshot": 0, "metrics": {
+            "acc": 0.25 + i / 4, "acc_stderr": 0.125, "word_perplexity": 7.0,
+            "word_perplexity_stderr": None}}}  # fmt: skip
+        if i == 0:
+            tasks["<i>ppl</i>"] = {"version": 1.0, "num_fewshot": 0,
+                                   "metrics": {"bits_per_byte": 3.5}}  # fmt: skip
+        path = Path(files["done"]).with_name("harness.json")
+        path.write_text(json.dumps({"tasks": tasks}))
+        files["harness"] = str(path)
+    paths = study_report("evals", runs, tmp_path / "out")
+    page = Path(paths["study"]).read_text()
+    section = page.split("<h2>Downstream evaluation</h2>", 1)[1]
+    assert "<th>mc acc</th><th>mc word_perplexity</th><th>&lt;i&gt;ppl&lt;/i&gt; bits_per_byte" in (
+        section
+    )
+    rows = table_rows(section)
+    assert rows == [["s-lr0.001", "1,000,000", "0.5 ± 0.12", "7", "—"],
+                    ["m-lr0.001", "4,000,000", "0.25 ± 0.12", "7", "3.5"]], rows  # fmt: skip
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    assert {r["name"]: r["harness"]["mc"]["metrics"]["acc"] for r in fit["runs"]} == {
+        "s-lr0.001": 0.5, "m-lr0.001": 0.25,
+    }  # fmt: skip
+    assert "Downstream evaluation" not in Path(study_report(
+        "none", grid(tmp_path / "b", presets=("s", "m"), lrs=(1e-3,)), tmp_path / "o2"
+    )["study"]).read_text()  # fmt: skip

@@ -10,4 +10,6 @@ with report_errors(sm.log[0]):
         name: {"config": config, "metrics": metrics, "done": done}
         for name, (config, metrics, done) in zip(sm.params.runs, files, strict=True)
     }
+    for name, harness in zip(sm.params.runs, sm.input.harness, strict=False):
+        runs[name]["harness"] = harness  # eval.harness: each run's harness.json
     study_report(sm.params.study, runs, sm.params.out_dir, budgets=sm.params.budgets or None)
