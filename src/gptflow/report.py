@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from gptflow.fsutil import atomic_write
+from gptflow.harness import harness_metric_names, metric_text
 
 
 def _records(metrics: Path) -> list[dict]:
@@ -278,15 +279,6 @@ def _step_label(record: dict) -> str:
     return "final" if record.get("step") is None else f"step {record['step']}"
 
 
-def _value(value) -> str:
-    return "—" if not isinstance(value, int | float) else f"{value:.4g}"
-
-
-def harness_metric_names(task: dict) -> list[str]:
-    """A harness task record's metrics (not their stderrs), in the harness's order."""
-    return [m for m in task["metrics"] if not m.endswith("_stderr")]
-
-
 def harness_tables(records: list[dict]) -> list[str]:
     """Per task: each metric ± its stderr at every evaluated step (the export's last)."""
     parts = []
@@ -296,11 +288,7 @@ def harness_tables(records: list[dict]) -> list[str]:
         for metric in harness_metric_names(task):
             row = [metric]
             for r in records:
-                metrics = r["tasks"].get(name, {}).get("metrics", {})
-                cell = _value(metrics.get(metric))
-                if isinstance(metrics.get(f"{metric}_stderr"), int | float):
-                    cell += f" ± {metrics[f'{metric}_stderr']:.2g}"
-                row.append(cell)
+                row.append(metric_text(r["tasks"].get(name, {}), metric))
             rows.append(row)
         facts = (
             f"version {task['version']}, {task['num_fewshot']}-shot, "

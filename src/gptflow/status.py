@@ -26,6 +26,7 @@ import yaml
 from gptflow import paths
 from gptflow.checkpoint import RunLock, tag_for
 from gptflow.errors import GptflowError
+from gptflow.harness import summary_line
 from gptflow.progress import human_bytes
 
 RUNS_DIR = str(Path(paths.RUN_DIR).parent)  # results/runs
@@ -102,6 +103,19 @@ class RunFiles:
     @property
     def report_card(self) -> Path:
         return self._in_dir(paths.REPORT_CARD)
+
+    @property
+    def harness(self) -> Path:
+        return self._in_dir(paths.HARNESS)
+
+    @property
+    def harness_page(self) -> Path:
+        return self._in_dir(paths.HARNESS_PAGE)
+
+    def harness_steps(self) -> list[Path]:
+        """The harness records of intermediate checkpoints (eval.harness.every)."""
+        step = self._in_dir(paths.HARNESS_STEP)
+        return sorted(step.parent.glob(step.name.format(step="*")))
 
     def job_log(self, rule: str) -> Path:
         """The Snakemake job log of `rule` for this run (gptflow.paths.log) in the workflow's
@@ -393,6 +407,14 @@ def outputs(run_dir: str | Path) -> dict:
         ("report card", files.report_card, "", "not made yet",
          "rule report_assets; snakemake target all"),
     ]  # fmt: skip
+    if files.harness.exists() or files.harness_steps():  # the run has used eval.harness
+        steps = len(files.harness_steps())
+        items += [
+            ("harness", files.harness, harness_line(files.harness), "not made yet",
+             "rule harness; snakemake target all"),
+            ("harness page", files.harness_page, f"{steps} checkpoint(s) before the export",
+             "not made yet", "rule harness_report; snakemake target all"),
+        ]  # fmt: skip
     _, study = run_yaml_facts(files) if files.run_yaml.is_file() else (None, None)
     return {
         "run": files.run,
@@ -410,6 +432,14 @@ def outputs(run_dir: str | Path) -> dict:
             for what, path, detail, absent, made_by in items
         ],
     }
+
+
+def harness_line(harness_json: Path) -> str:
+    """harness.json's tasks in one line (gptflow.harness.summary_line), or ''."""
+    try:
+        return summary_line(json.loads(harness_json.read_text()))
+    except FileNotFoundError:
+        return ""
 
 
 def perplexity_line(eval_json: Path) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, write_json
-from gptflow.report import STYLE, _records, _table, harness_metric_names
+from gptflow.harness import harness_metric_names, metric_text
+from gptflow.report import STYLE, _records, _table
 
 DEFAULT_BUDGETS = (1e19, 1e21, 1e23)  # FLOPs; the study's own total is added
 SAME_LR = (
@@ -383,11 +384,7 @@ def _harness_table(runs: list[dict]) -> list[str]:
     rows = []
     for r in runs:
         row = [r["name"], f"{r['parameters']:,}"]
-        for task, metric in columns:
-            metrics = (r["harness"] or {}).get(task, {}).get("metrics", {})
-            value, err = metrics.get(metric), metrics.get(f"{metric}_stderr")
-            cell = _g(value) if isinstance(value, int | float) else "—"
-            row.append(cell + (f" ± {err:.2g}" if isinstance(err, int | float) else ""))
+        row += [metric_text((r["harness"] or {}).get(task, {}), metric) for task, metric in columns]
         rows.append(row)
     head = ["run", "parameters", *(f"{task} {metric}" for task, metric in columns)]
     return [

@@ -291,3 +291,15 @@ def test_summary_lists_every_output_and_what_is_missing(make_run, tmp_path):
     line = gptflow("summary", env=env, cwd=tmp_path).stdout.splitlines()[8]
     assert line == f"  HF export:   {r}/hf ({len(hf)} files, {human_bytes(size)})"
     assert len(hf) >= 3 and size > 165_632 * 4  # config, weights (fp32), tokenizer
+    # a run that used eval.harness (an intermediate step evaluated, the page not made yet)
+    mc = {"metrics": {"acc": 0.5, "acc_stderr": 0.25, "acc_norm": 0.5}}
+    ppl = {"metrics": {"word_perplexity": 12345.678, "word_perplexity_stderr": None}}
+    (run_dir / "harness.json").write_text(json.dumps({"tasks": {"mc": mc, "ppl": ppl}}))
+    (run_dir / "harness").mkdir()
+    (run_dir / "harness/step3.json").write_text("{}")
+    lines = gptflow("summary", env=env, cwd=tmp_path).stdout.splitlines()
+    assert lines[10:] == [
+        f"  harness:      {r}/harness.json (mc acc 0.5 ± 0.25, ppl word_perplexity 1.235e+04)",
+        f"  harness page: not made yet: {r}/report/harness.html (rule harness_report; "
+        "snakemake target all)",
+    ], lines
