@@ -522,21 +522,19 @@ def finished_run(config: str | os.PathLike) -> tuple[RunConfig, dict]:
     return cfg, json.loads(cfg.done_path.read_text())
 
 
-def step_checkpoint(cfg: RunConfig, done: dict, step: int) -> Path:
-    """The complete checkpoint of step `step` of a finished run (beside its final one), or one
+def step_checkpoint(cfg: RunConfig, step: int) -> Path:
+    """The complete checkpoint of step `step` of the run (finished or still training), or one
     error saying why it is not on disk and how to keep it next time."""
-    final = Path(done["checkpoint"])
-    if step == done["final_step"]:
-        return final
-    path = final.parent / tag_for(step)
+    path = cfg.checkpoint_dir / tag_for(step)
     if not (path / "COMPLETE").is_file():
         t = cfg.train
         kept = f"train.keep_last {t.keep_last}, train.keep_every {t.keep_every}"
         raise GptflowError(
-            f"{path}: run {Path(cfg.run_dir).name} has no complete checkpoint of step {step} (its "
-            f"training kept steps {', '.join(map(str, t.kept_steps()))}: {kept}); set "
-            f"train.keep_every to a divisor of {step} that is a multiple of train.save_interval "
-            f"and train again, or evaluate kept steps only"
+            f"{path}: run {Path(cfg.run_dir).name} has no complete checkpoint of step {step} "
+            f"(not saved yet, or deleted: its training keeps steps "
+            f"{', '.join(map(str, t.kept_steps()))}; {kept}); set train.keep_every to a "
+            f"divisor of {step} that is a multiple of train.save_interval before training, or "
+            f"evaluate a kept step"
         )
     return path
 
@@ -549,12 +547,16 @@ def export_hf(
     max_shard_size: int = MAX_SHARD_SIZE,
     log=print,
 ) -> dict:
-    """Write the run's final checkpoint (or that of step `step`, kept by train.keep_every) as
-    a Hugging Face directory `out` (published whole), streamed into safetensors shards of at
-    most `max_shard_size` bytes. Reading a checkpoint changes nothing in the run."""
-    cfg, done = finished_run(config)
-    checkpoint = done["checkpoint"] if step is None else step_checkpoint(cfg, done, step)
-    step = done["final_step"] if step is None else step
+    """Write the run's final checkpoint (or that of step `step`, kept by train.keep_every,
+    also while the run still trains) as a Hugging Face directory `out` (published whole),
+    streamed into safetensors shards of at most `max_shard_size` bytes. Reading a checkpoint
+    changes nothing in the run."""
+    if step is None:
+        cfg, done = finished_run(config)
+        checkpoint, step = done["checkpoint"], done["final_step"]
+    else:
+        cfg = RunConfig.load(config)
+        checkpoint = step_checkpoint(cfg, step)
     weights = checkpoint_weights(checkpoint, cfg.run_dir, cfg.model)
     if "embed_out.weight" not in weights:
         raise GptflowError(f"{checkpoint}: no embed_out.weight; not a gptflow GPT-NeoX")

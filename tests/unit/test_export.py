@@ -553,3 +553,34 @@ def test_the_jobs_after_training_are_sized_from_the_run_config(trained):
         "mem_mb": math.ceil((12 * model.largest_tensor_numel() + 2 * 2**30) / 2**20),
         "runtime": sizing.MIN_RUNTIME_MIN,
     }
+
+
+def test_a_steps_export_equals_the_final_one_and_needs_no_finished_run(trained, tmp_path):
+    """export_hf(step=N) (the harness's checkpoints, eval.harness.every) on the layout a GPU
+    run defaults to (bf16, ZeRO 1, two ranks): the final step named by its number gives the
+    final export byte for byte; it reads the run's series directory, so it works while the
+    run still trains (no DONE.json); a step not on disk is one line naming the steps the run
+    keeps and the setting that keeps more."""
+    from gptflow.export import export_hf
+
+    run_dir = trained(1, "bf16")
+    final = export_hf(run_dir / "run.yaml", tmp_path / "final", log=silent)
+    done = run_dir / "DONE.json"
+    done.rename(tmp_path / "DONE.json")  # as while training
+    try:
+        step = export_hf(run_dir / "run.yaml", tmp_path / "step", step=2, log=silent)
+        with pytest.raises(GptflowError) as e:
+            export_hf(run_dir / "run.yaml", tmp_path / "step1", step=1, log=silent)
+    finally:
+        (tmp_path / "DONE.json").rename(done)
+    assert step["checkpoint"] == final["checkpoint"] and step["step"] == final["step"] == 2
+    for f in (tmp_path / "final").iterdir():
+        assert f.read_bytes() == (tmp_path / "step" / f.name).read_bytes(), f.name
+    message = str(e.value)
+    assert "\n" not in message and not (tmp_path / "step1").exists()
+    assert "has no complete checkpoint of step 1 (not saved yet, or deleted: its training " in (
+        message
+    )
+    assert "keeps steps 2; train.keep_last 1, train.keep_every None); set train.keep_every" in (
+        message
+    )
