@@ -187,7 +187,8 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     to the independent computation on that model (acc and acc_norm exactly, stderr too;
     perplexities within 1e-5 relative; the perplexities' stderr recorded as null: the harness
     gives none). The step's export is gone afterwards and the run's checkpoints are untouched;
-    the report's page tables both steps. A rerun is a no-op; dropping a task reruns only the
+    the report's page tables both steps, and `snakemake --report` holds the page and the curve
+    under "Downstream evaluation". A rerun is a no-op; dropping a task reruns only the
     harness jobs and their report."""
     from gptflow.export import export_hf
 
@@ -229,6 +230,12 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     page = (run_dir / "report/harness.html").read_text()
     assert "<th>step 30</th><th>step 40</th>" in page and "gptflow_ppl" in page
     assert (run_dir / "report/harness_curve.svg").read_text().count("<svg") == 1
+    report = tmp_path / "report.html"
+    made = snakemake(wd, config, "--report", str(report))
+    assert made.returncode == 0, made.out[-3000:]
+    text = report.read_text()
+    assert "Downstream evaluation" in text
+    assert "harness.html" in text and "harness_curve.svg" in text
 
     again = snakemake(wd, config)
     assert again.returncode == 0, again.out[-3000:]
