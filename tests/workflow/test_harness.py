@@ -277,8 +277,9 @@ def test_planning_refuses_checkpoints_that_training_does_not_keep(
 ):
     """`snakemake -n` with eval.harness.every naming steps the tiny run (40 steps, a checkpoint
     every 10, keep_last 2) never saves (every 15), or deletes (every 10: steps 10 and 20): one
-    line naming the run, the steps and what to set; with train.keep_every 10 it plans one
-    harness_step job per step."""
+    line naming the run, the steps and what to set; with train.keep_every 10, in a study of
+    two runs, it plans one harness_step job per step and run, and the study report reads
+    each run's harness.json."""
     mc, _ = write_tasks(tmp_path / "tasks")
     for every, train, says in (
         (15, {}, "training saves no checkpoint at step 15 (train.save_interval 10)"),
@@ -297,8 +298,13 @@ def test_planning_refuses_checkpoints_that_training_does_not_keep(
         assert "Traceback" not in plan.out
     cfg = {**tiny_config, "eval": {"harness": {"tasks": [str(mc)], "every": 10}}}
     cfg["train"] = {**cfg["train"], "keep_every": 10}
+    cfg["study"] = {"runs": {"a": {}, "b": {"train": {"lr": 1.0e-3}}}}
     plan = snakemake(tmp_path / "wd", write_config(tmp_path / "config.yaml", cfg), "-n")
     assert plan.returncode == 0, plan.out[-3000:]
     counts = job_counts(plan.out)
-    assert counts["harness_step"] == 3 and counts["harness_report"] == 1, counts
+    assert counts["harness_step"] == 6 and counts["harness_report"] == 2, counts
+    assert counts["harness"] == 2 and counts["study_report"] == 1, counts
+    # the study's page tables each run's harness.json
+    block = plan.out[plan.out.index("rule study_report:") :].split("\n\n")[0]
+    assert "results/runs/a/harness.json" in block and "results/runs/b/harness.json" in block
     assert not (tmp_path / "wd" / "results").exists()
