@@ -641,8 +641,8 @@ def cmd_harness(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gptflow.evaluate import eval_placement
-    from gptflow.export import finished_run
-    from gptflow.harness import exported_step, run_harness
+    from gptflow.export import exported_step, finished_run
+    from gptflow.harness import run_harness
     from gptflow.run_config import RunConfig
 
     cfg = RunConfig.load(a.config)

@@ -33,6 +33,7 @@ DeepSpeed is imported only to read ZeRO 1-3 checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -40,7 +41,7 @@ import os
 import re
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -605,3 +606,15 @@ def export_hf(
         "dir": str(out), "parameters": params, "step": step, "files": len(plan),
         "checkpoint": str(checkpoint),
     }  # fmt: skip
+
+
+@contextlib.contextmanager
+def exported_step(config: str | os.PathLike, step: int, where: Path) -> Iterator[dict]:
+    """The Hugging Face export of checkpoint `step` of run.yaml `config` (export_hf's record:
+    its "dir" and "checkpoint"), made on the fly in directory `where`, removed afterwards (also
+    when the harness fails): the run's checkpoints and its own export are only read."""
+    shutil.rmtree(where, ignore_errors=True)  # debris of a killed job
+    try:
+        yield export_hf(config, where, step=step)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)

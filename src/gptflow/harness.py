@@ -10,13 +10,10 @@ the user brings (e.g. over local JSONL); the CLI runs it offline (HF_DATASETS_OF
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
 import os
-import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,20 +158,6 @@ def check_steps(train: TrainConfig, every: int | None, run: str, source: str) ->
     return steps
 
 
-@contextlib.contextmanager
-def exported_step(config: str | os.PathLike, step: int, where: Path) -> Iterator[dict]:
-    """The Hugging Face export of checkpoint `step` of run.yaml `config` (export_hf's record:
-    its "dir" and "checkpoint"), made on the fly in directory `where`, removed afterwards (also
-    when the harness fails): the run's checkpoints and its own export are only read."""
-    from gptflow.export import export_hf
-
-    shutil.rmtree(where, ignore_errors=True)  # debris of a killed job
-    try:
-        yield export_hf(config, where, step=step)
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-
-
 def _metrics(result: dict) -> dict:
     """A task's results from the harness ({"acc,none": 0.5, "acc_stderr,none": 0.2, "alias":
     ...}) as {"acc": 0.5, "acc_stderr": 0.2}: the "none" filter's name dropped, another kept
@@ -187,32 +170,6 @@ def _metrics(result: dict) -> dict:
         name = metric if filt == "none" else key
         metrics[name] = None if value == "N/A" else value
     return metrics
-
-
-def harness_metric_names(task: dict) -> list[str]:
-    """A task record's metrics (harness.json's tasks.NAME), not their stderrs, in the
-    harness's order."""
-    return [m for m in task["metrics"] if not m.endswith("_stderr")]
-
-
-def metric_text(task: dict, metric: str) -> str:
-    """Metric `metric` of task record `task` as reports show it: ``0.3333 ± 0.21``, the value
-    bare where the harness gives no stderr, '—' where the task lacks it."""
-    metrics = task.get("metrics", {})
-    value, err = metrics.get(metric), metrics.get(f"{metric}_stderr")
-    if not isinstance(value, int | float):
-        return "—"
-    return f"{value:.4g}" + (f" ± {err:.2g}" if isinstance(err, int | float) else "")
-
-
-def summary_line(record: dict) -> str:
-    """harness.json in one line: each task's first metric (``mc acc 0.3333 ± 0.21``)."""
-    shown = [
-        f"{name} {names[0]} {metric_text(task, names[0])}"
-        for name, task in record["tasks"].items()
-        if (names := harness_metric_names(task))
-    ]
-    return ", ".join(shown) or "no metrics"
 
 
 def hf_model_settings(hf_dir: str | os.PathLike, devices: list[str], dtype: str) -> dict:

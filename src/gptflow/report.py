@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 from gptflow.fsutil import atomic_write
-from gptflow.harness import harness_metric_names, metric_text
 
 
 def _records(metrics: Path) -> list[dict]:
@@ -264,6 +263,32 @@ def run_card(
 
 
 # --------------------------------------------------------------------------- harness
+
+
+def harness_metric_names(task: dict) -> list[str]:
+    """A task record's metrics (harness.json's tasks.NAME), not their stderrs, in the
+    harness's order."""
+    return [m for m in task["metrics"] if not m.endswith("_stderr")]
+
+
+def metric_text(task: dict, metric: str) -> str:
+    """Metric `metric` of task record `task` as reports show it: ``0.3333 ± 0.21``, the value
+    bare where the harness gives no stderr, '—' where the task lacks it."""
+    metrics = task.get("metrics", {})
+    value, err = metrics.get(metric), metrics.get(f"{metric}_stderr")
+    if not isinstance(value, int | float):
+        return "—"
+    return f"{value:.4g}" + (f" ± {err:.2g}" if isinstance(err, int | float) else "")
+
+
+def summary_line(record: dict) -> str:
+    """harness.json in one line: each task's first metric (``mc acc 0.3333 ± 0.21``)."""
+    shown = [
+        f"{name} {names[0]} {metric_text(task, names[0])}"
+        for name, task in record["tasks"].items()
+        if (names := harness_metric_names(task))
+    ]
+    return ", ".join(shown) or "no metrics"
 
 
 def _harness_records(final: str | os.PathLike, steps: list[str | os.PathLike]) -> list[dict]:

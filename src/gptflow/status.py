@@ -26,8 +26,8 @@ import yaml
 from gptflow import paths
 from gptflow.checkpoint import RunLock, tag_for
 from gptflow.errors import GptflowError
-from gptflow.harness import summary_line
 from gptflow.progress import human_bytes
+from gptflow.report import summary_line
 
 RUNS_DIR = str(Path(paths.RUN_DIR).parent)  # results/runs
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, write_json
-from gptflow.harness import harness_metric_names, metric_text
-from gptflow.report import STYLE, _records, _table
+from gptflow.report import STYLE, _records, _table, harness_metric_names, metric_text
 
 DEFAULT_BUDGETS = (1e19, 1e21, 1e23)  # FLOPs; the study's own total is added
 SAME_LR = (
