@@ -237,6 +237,17 @@ def profile_placement():
         ("default-resources slurm_partition", profile_value("all", "slurm_partition")),
         ("set-resources train_gpt slurm_partition", profile_value("train_gpt", "slurm_partition")),
         ("set-resources evaluate slurm_partition", profile_value("evaluate", "slurm_partition")),
+        # profiles/pbs: its defaults, and the queue and resource line of the GPU rules
+        *(
+            (f"default-resources {name}", profile_value("all", name))
+            for name in ("pbs_account", "pbs_queue", "pbs_select", "pbs_filesystems")
+        ),
+        *(
+            (f"set-resources {rule} {name}", profile_value(rule, name))
+            for rule in ("train_gpt", "evaluate")
+            for name in ("pbs_queue", "pbs_select")
+            if name in (workflow.resource_settings.overwrite_resources.get(rule) or {})
+        ),
     ]
     executor = "slurm" if profile_value("train_gpt", "slurm_partition") else "local"
     mpi = str(profile_value("train_gpt", "mpi") or "")
@@ -324,7 +335,8 @@ if workflow.is_main_process:
 def refuse_placeholders():
     """Snakefile onstart (a real run, never -n): an unedited profile is not submitted."""
     found = preflight.placeholders(PLACEMENT)
-    if found and workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
+    cluster = ("slurm", "cluster-generic")  # profiles/slurm, profiles/pbs
+    if found and workflow.executor_plugin and workflow.executor_plugin.name in cluster:
         raise WorkflowError(
             f"gptflow: not submitted: {preflight.placeholder_message(found, 'the profile')}"
         )

@@ -444,13 +444,23 @@ def add_train_arguments(s: argparse.ArgumentParser) -> None:
         "75 when they all saved after a signal or at --exit-interval (torchrun exits 1); "
         "SIGUSR1/SIGTERM to this process reach every rank. Not under srun or torchrun",
     )
+    s.add_argument(
+        "--nnodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --nproc-per-node, in a PBS job: this is one of N launches, one per node of "
+        "$PBS_NODEFILE (mpiexec starts them); the ranks rendezvous at its first host",
+    )
 
 
 def cmd_train(a: argparse.Namespace) -> int:
+    if a.nnodes is not None and a.nproc_per_node is None:
+        raise GptflowError("--nnodes needs --nproc-per-node (the ranks of each node)")
     if a.nproc_per_node is not None:
         from gptflow.train.launch import launch
 
-        return launch(a.nproc_per_node, rank_args(a))
+        return launch(a.nproc_per_node, rank_args(a), a.nnodes)
     from gptflow.train import train
 
     return train(

@@ -1,4 +1,5 @@
-"""Who am I? Rank, world size, local rank and master address from srun, torchrun, or nothing.
+"""Who am I? Rank, world size, local rank and master address from srun, torchrun, or nothing;
+and the launch command of the train_gpt rule (srun on Slurm, one launcher per node on PBS).
 
 ``srun`` sets ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` and the node list, not the
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` that torch.distributed reads; torchrun sets the latter;
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from gptflow.container import container_launch
 from gptflow.errors import GptflowError
@@ -193,6 +196,73 @@ def interface_env(resources: dict) -> list[str]:
     return ["env", *(f"{var}={name}" for var in SOCKET_IFNAME_VARS)]
 
 
+def launches_per_node(mpi: str) -> bool:
+    """Whether the profile's ``mpi`` starts one launcher per node (``mpiexec``/``mpirun`` in a
+    PBS job, each starting its node's ranks from ``$PBS_NODEFILE``) rather than one task per
+    rank (``srun``)."""
+    words = shlex.split(mpi)
+    return bool(words) and os.path.basename(words[0]) != "srun"
+
+
+def per_node_command(mpi: str, nodes: int | None) -> list[str]:
+    """The launcher prefix inside a PBS job: nothing on one node (the job script runs on it,
+    and ``gptflow train --nproc-per-node`` starts its ranks); on N nodes `mpi` (``mpiexec``,
+    its own options after it if any) with ``-n N --ppn 1``: one ``gptflow train`` per node of
+    ``$PBS_NODEFILE`` (Cray PALS' and MPICH's spelling; PALS and Hydra read the node file
+    themselves)."""
+    if not nodes or nodes == 1:
+        return []
+    return [*shlex.split(mpi), "-n", str(nodes), "--ppn", "1"]
+
+
+def nodefile_hosts(path: str) -> list[str]:
+    """The job's nodes, in order, from a PBS node file (``$PBS_NODEFILE``: one line per chunk
+    or per MPI process, so a node may appear several times); the first is rank 0's host, where
+    the ranks rendezvous."""
+    try:
+        lines = Path(path).read_text().split()
+    except OSError as e:
+        raise GptflowError(f"PBS_NODEFILE {path}: cannot read it ({e.strerror})") from None
+    hosts = list(dict.fromkeys(lines))
+    if not hosts:
+        raise GptflowError(f"PBS_NODEFILE {path} lists no host")
+    return hosts
+
+
+def pbs_job_port(job_id: str) -> int:
+    """MASTER_PORT of PBS job `job_id` (``1234.server``, ``1234[5].server``): the same on every
+    node, as :func:`job_port`."""
+    m = re.match(r"\d+", job_id)
+    return job_port(int(m.group(0))) if m else 29500
+
+
+def node_rendezvous(nnodes: int, env: dict | None = None) -> list[str]:
+    """torchrun's rendezvous options for `nnodes` nodes of this job: on one node without a
+    node file, ``--standalone`` (this host); in a PBS job, c10d at the first host of
+    ``$PBS_NODEFILE`` on a port of the job id, its node count checked against `nnodes` (the
+    profile's ``nodes``)."""
+    env = dict(os.environ if env is None else env)
+    path = env.get("PBS_NODEFILE")
+    if not path:
+        if nnodes == 1:
+            return ["--standalone"]
+        raise GptflowError(
+            f"--nnodes {nnodes}: no PBS_NODEFILE in the environment; more than one node starts "
+            "inside a PBS job (qsub), which lists its nodes there"
+        )
+    hosts = nodefile_hosts(path)
+    if len(hosts) != nnodes:
+        raise GptflowError(
+            f"--nnodes {nnodes} (set-resources train_gpt nodes), but PBS_NODEFILE {path} lists "
+            f"{len(hosts)} node(s): set nodes to the job's node count (the select line's N)"
+        )
+    job = env.get("PBS_JOBID", "")
+    return [
+        f"--nnodes={nnodes}", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={hosts[0]}:{pbs_job_port(job)}", f"--rdzv-id={job or 'gptflow'}",
+    ]  # fmt: skip
+
+
 def train_launcher(
     resources: dict,
     threads: int,
@@ -204,16 +274,24 @@ def train_launcher(
     (``mpi``, ``nodes``, ``tasks_per_node``, ``tasks``, ``cpus_per_task``: see :func:`_count`;
     ``socket_ifname``) and `threads`: nothing on one machine; under the Slurm profile (``mpi:
     srun``) the srun that starts one training task per GPU, each with the rule's threads as
-    its CPUs unless ``cpus_per_task`` says otherwise. With `container` (the config's
+    its CPUs unless ``cpus_per_task`` says otherwise; under the PBS profile (``mpi:
+    mpiexec``) :func:`per_node_command`. With `container` (the config's
     ``container`` section, enabled) and its `image`: Pyxis options on that srun (sqsh) or
     ``apptainer exec --nv IMAGE`` (sif), the working directory `workdir` mounted. Last, with
     ``socket_ifname``: :func:`interface_env`, in every rank's own environment."""
     mpi = str(resources.get("mpi") or "")
     pyxis, prefix = [], []
+    per_node = launches_per_node(mpi)
     if container is not None:
         pyxis, prefix = container_launch(
-            container["format"], image, workdir, container["mounts"], srun=bool(mpi)
+            container["format"],
+            image,
+            workdir,
+            container["mounts"],
+            srun=bool(mpi) and not per_node,
         )
+    if per_node:
+        return per_node_command(mpi, _count(resources, "nodes")) + prefix + interface_env(resources)
     launcher = srun_command(
         mpi,
         nodes=_count(resources, "nodes"),
@@ -247,9 +325,17 @@ def rank_options(resources: dict, threads: int) -> list[str]:
     """Argv words after ``gptflow train --config RUN.yaml`` in the train_gpt rule: on one
     machine (no ``mpi``) with ``nproc_per_node`` N > 1, ``--nproc-per-node N`` (the elastic
     launcher of gptflow.train.launch starts the N ranks and keeps their exit code 75) and the
-    job's `threads` shared among them as each rank's ``--threads``; otherwise ``--threads``
-    `threads` (under srun each task's own CPUs: :func:`train_launcher`)."""
-    ranks = 1 if resources.get("mpi") else local_ranks(resources.get("nproc_per_node"))
+    job's `threads` shared among them as each rank's ``--threads``; under the PBS profile
+    (:func:`launches_per_node`) ``--nproc-per-node tasks_per_node --nnodes nodes`` and
+    `threads` per rank (every node's launcher starts its ranks, rendezvous from
+    ``$PBS_NODEFILE``: :func:`node_rendezvous`); otherwise ``--threads`` `threads` (under srun
+    each task's own CPUs: :func:`train_launcher`)."""
+    mpi = str(resources.get("mpi") or "")
+    if launches_per_node(mpi):
+        nodes, per_node = _count(resources, "nodes") or 1, _count(resources, "tasks_per_node") or 1
+        return ["--nproc-per-node", str(per_node), "--nnodes", str(nodes),
+                "--threads", str(threads)]  # fmt: skip
+    ranks = 1 if mpi else local_ranks(resources.get("nproc_per_node"))
     if ranks == 1:
         return ["--threads", str(threads)]
     return ["--nproc-per-node", str(ranks), "--threads", str(max(1, threads // ranks))]

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # start-cluster.sh - a real one-node Slurm cluster on 127.0.0.1 for gptflow's tests (Debian,
 # root, no systemd): munged, MariaDB + slurmdbd (sacct is what the Snakemake Slurm plugin polls
-# with), slurmctld and slurmd, from Debian's packages. Idempotent: installs what is missing,
-# rewrites configs, restarts only daemons that are down or whose config changed.
+# with), slurmctld and slurmd, from Debian's packages, and Slurm's Torque wrappers (qsub, qstat,
+# qdel: slurm-wlm-torque, for profiles/pbs). Idempotent: installs what is missing, rewrites
+# configs, restarts only daemons that are down or whose config changed.
 #
 #   bash tests/slurm/start-cluster.sh            # install, configure, start (~25 s fresh, ~1 s when up)
 #   bash tests/slurm/start-cluster.sh --status   # what runs
@@ -60,7 +61,8 @@ esac
 command -v apt-get >/dev/null || die "needs Debian/Ubuntu (apt-get)"
 
 # 1. packages; no init system here, so maintainer scripts must not try to start services
-PKGS=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
+# slurm-wlm-torque: Slurm's own Torque-syntax qsub/qstat/qdel, for profiles/pbs (test_pbs)
+PKGS=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server slurm-wlm-torque)
 MISSING=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || MISSING+=("$p")

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.slurm_cluster import start as slurm_cluster_start
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -135,3 +137,22 @@ def pipeline_copy(pipeline, tmp_path):
     copy_wd = tmp_path / "wd"
     shutil.copytree(wd, copy_wd, symlinks=True, ignore=shutil.ignore_patterns("locks"))
     return copy_wd, copy_wd / config.relative_to(wd)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The test Slurm cluster (tests/slurm/start-cluster.sh), with Slurm's Torque wrappers
+    (qsub, qstat, qdel) in front of it; started once per session (test_slurm, test_pbs)."""
+    if os.geteuid() != 0:
+        pytest.skip(
+            f"runs as uid {os.geteuid()}: tests/slurm/start-cluster.sh must be root to install "
+            "Debian's slurm-wlm, munge and mariadb packages and start slurmctld, slurmd and slurmdbd"
+        )
+    if not shutil.which("apt-get") and not shutil.which("slurmctld"):
+        pytest.skip(
+            "neither slurmctld nor apt-get is on PATH: the local cluster is built from Debian's "
+            "slurm-wlm packages, which this system cannot install"
+        )
+    out = slurm_cluster_start()  # waits for the session's early start, if there was one
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.strip()

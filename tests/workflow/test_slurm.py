@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -20,29 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.slurm_cluster import start as slurm_cluster_start
-
 from .conftest import BIN, REPO, job_counts
 
 PROFILE = REPO / "tests" / "slurm" / "profile"
 STEADY_POLL = REPO / "tests" / "slurm" / "snakemake_steady_poll.py"
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    if os.geteuid() != 0:
-        pytest.skip(
-            f"runs as uid {os.geteuid()}: tests/slurm/start-cluster.sh must be root to install "
-            "Debian's slurm-wlm, munge and mariadb packages and start slurmctld, slurmd and slurmdbd"
-        )
-    if not shutil.which("apt-get") and not shutil.which("slurmctld"):
-        pytest.skip(
-            "neither slurmctld nor apt-get is on PATH: the local cluster is built from Debian's "
-            "slurm-wlm packages, which this system cannot install"
-        )
-    out = slurm_cluster_start()  # waits for the session's early start, if there was one
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout.strip()
 
 
 def slurm_snakemake_cmd(workdir, configfile, *args) -> list[str]:

@@ -10,7 +10,7 @@ SIGUSR1 and SIGTERM sent to this process are passed on to the workers (the launc
 each in a session of its own, so a signal to this process's group misses them): they finish
 the step, save and exit 75, as under srun. SIGINT, SIGHUP and SIGQUIT stay with the elastic
 agent, which stops the workers. A Slurm job does not come here: srun starts one ``gptflow
-train`` per rank.
+train`` per rank. A PBS job does: one launch per node (``--nnodes``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ log = logging.getLogger("gptflow.train")
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
 
 
-def launch(nproc_per_node: int, worker_args: list[str]) -> int:
+def launch(nproc_per_node: int, worker_args: list[str], nnodes: int | None = None) -> int:
     """Run ``gptflow <worker_args>`` as `nproc_per_node` ranks (rendezvous on this host, no
     restarts); returns the exit code, 75 when every rank saved after a signal or at the exit
-    interval."""
+    interval. With `nnodes` (a PBS job: one launch per node, started by mpiexec), the ranks
+    of all nodes rendezvous at the first host of ``$PBS_NODEFILE``
+    (gptflow.distributed.node_rendezvous)."""
     if nproc_per_node < 1:
         raise GptflowError(f"--nproc-per-node {nproc_per_node}: expected 1 or more ranks")
     env = distributed.resolve()
@@ -45,9 +47,10 @@ def launch(nproc_per_node: int, worker_args: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    rendezvous = ["--standalone"] if nnodes is None else distributed.node_rendezvous(nnodes)
     args = parse_args(
         [
-            "--standalone", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0",
+            *rendezvous, f"--nproc-per-node={nproc_per_node}", "--max-restarts=0",
             "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT", "--module", "gptflow", *worker_args,
         ]
     )  # fmt: skip

@@ -1,0 +1,121 @@
+"""The workflow through profiles/pbs (Snakemake's generic cluster executor: qsub, status.py over
+qstat, qdel) on the test cluster's Torque-syntax commands: Debian's slurm-wlm-torque, Slurm's
+own qsub/qstat/qdel wrappers in front of the one-node Slurm cluster of tests/slurm. Not a real
+PBS Pro or Torque server: the wrappers turn qsub into sbatch, and no job gets a $PBS_NODEFILE
+(test_a_launch_from_a_one_node_pbs_nodefile gives one to the launch itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+
+import yaml
+
+from .conftest import BIN, REPO
+
+PROFILE = REPO / "profiles" / "pbs"
+ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
+def pbs_snakemake(workdir, config, *args, timeout=600):
+    cmd = [
+        "timeout", "-k", "30", str(timeout), str(BIN / "snakemake"),
+        "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+        "--profile", str(PROFILE), "--configfile", str(config), *args,
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    out.out = out.stdout + out.stderr
+    return out
+
+
+def write(path, cfg):
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_the_pbs_profile_plans_mpiexec_per_node_and_refuses_its_placeholders(tmp_path, tiny_config):
+    """Unedited, the plan names every placeholder and a real run submits nothing. With 2 nodes
+    of 2 ranks, train_gpt is one `gptflow train --nproc-per-node 2 --nnodes 2` per node under
+    `mpiexec -n 2 --ppn 1`, and the preflight checks the config against the 4 ranks."""
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "micro_batch_size": 2}}
+    config = write(tmp_path / "config.yaml", cfg)
+    two_nodes = ["--set-resources", "train_gpt:nodes=2", "train_gpt:tasks_per_node=2",
+                 "train_gpt:mpi=mpiexec", "train_gpt:pbs_select='select=2:system=polaris'"]  # fmt: skip
+    plan = pbs_snakemake(tmp_path, config, "-n", "-p", *two_nodes, timeout=120)
+    assert plan.returncode == 0, plan.out[-4000:]
+    for key in ("pbs_account is <account>", "pbs_queue is <cpu queue>",
+                "pbs_select is <resource line>", "pbs_filesystems is <filesystems>"):  # fmt: skip
+        assert f"default-resources {key}" in plan.out, plan.out[-4000:]
+    assert "train_gpt on 2 node(s) x 2 rank(s) = 4 data parallel" in plan.out
+    assert re.search(
+        r"^Shell command: mpiexec -n 2 --ppn 1 gptflow train --config results/runs/tiny/run.yaml "
+        r"--nproc-per-node 2 --nnodes 2 --threads \d+ --wait-for-lock",
+        plan.out, re.M,
+    ), plan.out[-4000:]  # fmt: skip
+    run = pbs_snakemake(tmp_path, config, *two_nodes, timeout=120)
+    assert run.returncode != 0
+    assert "gptflow: not submitted: edit the profile first" in run.out, run.out[-4000:]
+    assert not (tmp_path / ".snakemake" / "pbs_logs").exists()  # nothing went to qsub
+
+
+def test_the_tiny_pipeline_runs_through_qsub(slurm_cluster, tmp_path, tiny_config):
+    """Every job through the profile's qsub line (PBS Pro's select=1:system=... for the CPU
+    jobs, Torque's nodes=1:ppn=2 for training), polled by its status.py over qstat; training
+    is 2 gloo ranks on the node, started by `gptflow train --nproc-per-node 2 --nnodes 1`."""
+    config = write(tmp_path / "config.yaml", tiny_config)
+    cli = [
+        "--default-resources", "pbs_account=default", "pbs_queue=debug", "runtime=10",
+        "pbs_select='select=1:system=test'", "pbs_filesystems='home:eagle'", "mem_mb=1000",
+        "disk_mb=1000",
+        "--set-resources", "train_gpt:nodes=1", "train_gpt:tasks_per_node=2",
+        "train_gpt:mpi=mpiexec", "train_gpt:pbs_select='nodes=1:ppn=2'",
+        "--set-threads", "train_gpt=1", "--seconds-between-status-checks", "1", "--jobs", "4",
+        "--latency-wait", "10",
+    ]  # fmt: skip
+    run = pbs_snakemake(tmp_path, config, *cli, timeout=900)
+    assert run.returncode == 0, run.out[-6000:]
+    done = json.loads((tmp_path / "results/runs/tiny/DONE.json").read_text())
+    assert done["final_step"] == tiny_config["train"]["train_iters"]
+    assert "2 ranks (torchrun)" in (tmp_path / "logs/train_gpt/tiny.log").read_text()
+    ids = [line.split("'")[1] for line in run.out.splitlines() if "with external jobid" in line]
+    logs = {p.name.split("-")[0] for p in (tmp_path / ".snakemake/pbs_logs").glob("*.log")}
+    assert {"train_gpt", "evaluate", "tokenize_shard", "export_hf"} <= logs, logs
+    assert len(ids) == len(list((tmp_path / ".snakemake/pbs_logs").glob("*.log"))) >= 8
+    # Slurm's own record of what the wrappers submitted: our job names, all completed
+    acct = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--format=JobID,JobName,State,NNodes,NCPUS", "-j", ",".join(ids)],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    rows = [line.split("|") for line in acct]
+    assert len(rows) == len(ids) and {r[2] for r in rows} == {"COMPLETED"}, acct
+    (train,) = [r for r in rows if r[1] == "gptflow_train_gpt"]
+    assert train[3:] == ["1", "2"], train  # nodes=1:ppn=2 -> 1 node, 2 CPUs
+
+
+def test_a_launch_from_a_one_node_pbs_nodefile(make_run, tmp_path):
+    """Inside a PBS job: $PBS_NODEFILE lists this host once per rank; `gptflow train
+    --nproc-per-node 2 --nnodes 1` rendezvouses (c10d) at its first host and trains 2 gloo
+    ranks. A node file of 2 hosts under --nnodes 1 is one clear line, before any rank starts."""
+    run_dir = make_run("pbs", train_iters=6)
+    nodefile = tmp_path / "nodefile"
+    host = socket.gethostname()
+    nodefile.write_text(f"{host}\n{host}\n")
+    env = {**os.environ, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "4242.pbs-server",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    cmd = [str(BIN / "gptflow"), "train", "--config", str(run_dir / "run.yaml"),
+           "--nproc-per-node", "2", "--nnodes", "1", "--threads", "1"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 ranks (torchrun)" in out.stderr
+    assert json.loads((run_dir / "DONE.json").read_text())["final_step"] == 6
+
+    nodefile.write_text(f"{host}\nother-node\n")
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode != 0
+    assert (
+        f"--nnodes 1 (set-resources train_gpt nodes), but PBS_NODEFILE {nodefile} lists 2 node(s)"
+    ) in bad.stderr, bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr
