@@ -165,3 +165,12 @@ def test_offline_a_hub_dataset_not_in_the_cache_is_one_line_with_the_fetch_comma
         "load_dataset; load_dataset('wikitext', 'wikitext-2-raw-v1', split='train')\""
     )
     assert run_check(tmp_path, {}, WIKITEXT) == ["ok"]
+
+
+def test_the_data_card_names_the_dataset_its_configuration_and_split():
+    """The report's data card: an hf dataset's origin is its path, name, split and revision
+    (not its configuration name alone)."""
+    from gptflow.report import _origin
+
+    assert _origin({**WIKITEXT, "revision": None}) == "hf: wikitext wikitext-2-raw-v1 train"
+    assert _origin({**WIKITEXT, "revision": "v1"}) == "hf: wikitext wikitext-2-raw-v1 train v1"
