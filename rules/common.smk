@@ -46,6 +46,23 @@ def get_local_shard_stamps(wildcards):
     return sources.file_stamps(shard_of(wildcards).files)
 
 
+def get_hf_source(wildcards):
+    """What collect_hf_documents reads: load_dataset's arguments and the text column."""
+    return DATASETS[wildcards.dataset].hf.settings()
+
+
+def get_hf_shard_count(wildcards):
+    return len(DATASETS[wildcards.dataset].shards)
+
+
+def get_hf_local_stamps(wildcards):
+    """A local directory's files (sources.file_stamps): a changed file reruns the job."""
+    directory = hf_datasets.local_directory(DATASETS[wildcards.dataset].hf)
+    if directory is None:
+        return []  # a Hub dataset: its revision (in get_hf_source) pins it
+    return sources.file_stamps(sorted(str(p) for p in directory.rglob("*") if p.is_file()))
+
+
 def get_megatron_shard_files(wildcards):
     """The .bin and .idx a megatron shard is imported from (the user's files)."""
     return {ext: f"{shard_of(wildcards).input}.{ext}" for ext in ("bin", "idx")}

@@ -21,7 +21,7 @@ from gptflow.container import (
     squash_options_arg,
 )
 from gptflow.config import TrainConfig
-from gptflow.data import sources
+from gptflow.data import hf as hf_datasets, sources
 from gptflow.distributed import rank_options, train_launcher
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
@@ -126,10 +126,12 @@ except GptflowError as e:
 
 # Datasets whose shards are imported (type megatron: import_megatron_shard) and those whose
 # shards are tokenized here; each of the two rules writing shards takes only its own. Local
-# files, one document per file, are collected into JSONL first (collect_local_documents).
+# files, one document per file, are collected into JSONL first (collect_local_documents), and
+# so are the row ranges of Hugging Face datasets (collect_hf_documents).
 IMPORTED = [name for name, d in DATASETS.items() if d.kind == "megatron"]
 TOKENIZED = [name for name in DATASETS if name not in IMPORTED]
 COLLECTED = [name for name, d in DATASETS.items() if d.kind == "collect"]
+HF_COLLECTED = [name for name, d in DATASETS.items() if d.kind == "hf"]
 # Where each blended dataset comes from, for the data card
 REPORT_DATASETS = {name: CFG["datasets"][name] for name in BLENDED}
 
@@ -325,6 +327,7 @@ if workflow.is_main_process:
             CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE
         )
         harness.check_planned(HARNESS, CONFIG_SOURCE)
+        hf_datasets.check_planned(DATASETS, CONFIG_SOURCE)
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None
 

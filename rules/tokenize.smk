@@ -32,6 +32,26 @@ rule collect_local_documents:
         "../workflow/scripts/collect_local_documents.py"
 
 
+# A Hugging Face dataset's split, read with the datasets library (gptflow.data.hf): shard i of
+# N is the i-th of N contiguous row ranges. A local directory's files are params, as above.
+rule collect_hf_documents:
+    output:
+        jsonl=paths.DOCUMENTS,
+        manifest=paths.DOCUMENTS_MANIFEST,
+    log:
+        paths.log("collect_hf_documents", "{dataset}/{shard}"),
+    wildcard_constraints:
+        dataset=dataset_choice(HF_COLLECTED),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        source=get_hf_source,
+        shards=get_hf_shard_count,
+        files=get_hf_local_stamps,
+    script:
+        "../workflow/scripts/collect_hf_documents.py"
+
+
 if TOKENIZER_SOURCE == "train":
 
     rule sample_documents:

@@ -156,6 +156,9 @@ def _run(run: dict, finished: dict) -> list[str]:
 def _origin(spec: dict) -> str:
     """Where a dataset comes from, as its config entry says."""
     origin = spec.get("type", "")
+    if origin == "hf":  # the Hub name (or directory), its configuration, split and revision
+        given = [spec["path"], spec.get("name"), spec.get("split"), spec.get("revision")]
+        return origin + ": " + " ".join(str(v) for v in given if v)
     if spec.get("urls") or spec.get("url"):
         return origin + ": " + ", ".join(spec.get("urls") or [spec["url"]])
     if spec.get("root"):

@@ -198,6 +198,8 @@ def fill_defaults(instance: Any, schema: dict, root: dict | None = None) -> Any:
             cond = branch.get("if", {}).get("properties", {})
             if cond and all(instance.get(k) == v.get("const") for k, v in cond.items()):
                 fill_defaults(instance, branch["then"], root)
+            elif cond and "else" in branch:  # a catalog entry: hf, else url
+                fill_defaults(instance, branch["else"], root)
         props = schema.get("properties", {})
         for key, sub in props.items():
             sub = _resolve(sub, root)
@@ -268,6 +270,22 @@ def _choices(schema: dict, root: dict) -> list | None:
     return None
 
 
+def _allowed_keys(schema: dict, instance: dict, root: dict) -> set[str]:
+    """The keys a mapping may hold: its schema's properties and those of each allOf branch
+    (if/then, else) that applies to it (a catalog entry: hf keys or url keys)."""
+    schema = _resolve(schema, root)
+    allowed = set(schema.get("properties", {}))
+    for branch in schema.get("allOf", []):
+        cond = branch.get("if", {}).get("properties", {})
+        if not cond:
+            continue
+        applies = all(instance.get(k) == v.get("const") for k, v in cond.items())
+        sub = branch.get("then" if applies else "else")
+        if sub:
+            allowed |= set(_resolve(sub, root).get("properties", {}))
+    return allowed
+
+
 def _describe_error(err, root: dict, what: str) -> str:
     """One line for a jsonschema ValidationError: the key, its value and what is expected."""
     path = list(err.absolute_path)
@@ -278,7 +296,7 @@ def _describe_error(err, root: dict, what: str) -> str:
         want = expected or f"a key matching {err.validator_value!r}"
         return f"'{key}' has a key {err.instance!r}; expected {want}"
     if v in ("additionalProperties", "unevaluatedProperties"):
-        allowed = set(_resolve(err.schema, root).get("properties", {}))
+        allowed = _allowed_keys(err.schema, err.instance, root)
         unknown = sorted(k for k in err.instance if k not in allowed)
         parts = []
         for k in unknown:

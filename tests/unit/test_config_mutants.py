@@ -70,7 +70,23 @@ def kitchen_sink() -> dict:
                 "allow_http": False,
             },
         },
-        "cat": {"type": "catalog", "name": "pile_subset", "parts": [0, 0], "vars": {"lang": "de"}},
+        "cat": {
+            "type": "catalog",
+            "name": "pile_subset",
+            "parts": [0, 0],
+            "vars": {"lang": "de"},
+            "shards": 2,
+        },
+        "hub": {
+            "type": "hf",
+            "path": "wikitext",
+            "name": "wikitext-2-raw-v1",
+            "split": "train",
+            "revision": "main",
+            "text_key": "text",
+            "streaming": False,
+            "shards": 2,
+        },
         # not in the blend (the kitchen sink trains its tokenizer); the files are checked
         # when the workflow resolves the datasets, not by the schema
         "tok": {

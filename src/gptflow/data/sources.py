@@ -1,6 +1,6 @@
 """Where a dataset's documents come from: the config's dataset entries resolved into shards.
 
-Four kinds of entries (``datasets.<name>.type``):
+Five kinds of entries (``datasets.<name>.type``):
 
 ``local``
     Files on disk matched by globs under a root. With ``format: document_per_file`` (the
@@ -10,9 +10,13 @@ Four kinds of entries (``datasets.<name>.type``):
 ``url``
     Files to download (URL + mirrors + sha256, or a URL template over ``parts``); one shard
     per file, stored under ``resources/raw/{dataset}/{file}``.
+``hf``
+    One split of a Hugging Face dataset (a Hub name or a local directory), read with the
+    ``datasets`` library (:mod:`gptflow.data.hf`) and cut into ``shards`` contiguous row ranges,
+    each collected into JSONL like a local dataset's files.
 ``catalog``
-    An entry of ``config/datasets.yaml`` (a ``url`` dataset with provenance), optionally
-    narrowed with ``parts``/``vars``.
+    An entry of ``config/datasets.yaml`` (a ``url`` or ``hf`` dataset with provenance),
+    optionally narrowed with ``parts``/``vars`` (url) or ``shards`` (hf).
 ``megatron``
     Megatron ``.bin``/``.idx`` shards already tokenized (``prefixes``): one shard per prefix,
     named by its file name, imported (checked, linked) by :mod:`gptflow.data.shard_import`.
@@ -119,12 +123,31 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class HfSource:
+    """What an hf dataset reads: load_dataset's arguments (path, name, split, revision,
+    streaming) and the column holding the text."""
+
+    path: str
+    name: str | None
+    split: str
+    revision: str | None
+    text_key: str
+    streaming: bool
+
+    def settings(self) -> dict:
+        """The values as a mapping (the collect job's params, its manifest)."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class Dataset:
     name: str
-    # "collect" (local, one document per file), "files" (local data files), "url", "megatron"
+    # "collect" (local, one document per file), "files" (local data files), "url", "megatron",
+    # "hf" (a Hugging Face dataset, its row ranges collected into JSONL)
     kind: str
     shards: tuple[Shard, ...]
     root: str = ""  # local datasets: the root as written in the config
+    hf: HfSource | None = None  # hf datasets: what load_dataset reads
     token_env: str | None = None  # url datasets: the NAME of the variable holding a token
     token_origins: tuple[str, ...] = ()  # https://host[:port] it is sent to (download.TokenScope)
     token_allow_http: bool = False
@@ -255,12 +278,18 @@ def list_local_files(name: str, spec: dict, source: str = "config") -> list[Path
     return files
 
 
+def shard_bounds(n: int, num_shards: int) -> list[int]:
+    """Where `num_shards` contiguous, nearly equal slices of `n` items start (and the last
+    ends): the files of a local dataset, the rows of an hf dataset."""
+    return [round(i * n / num_shards) for i in range(num_shards + 1)]
+
+
 def split_into_shards(files: list[Path], num_shards: int) -> list[list[Path]]:
     """Contiguous, nearly equal slices of the sorted file list (stable when files change)."""
     n = len(files)
     if num_shards > n:
         raise GptflowError(f"{num_shards} shards for {n} files: a shard would be empty")
-    bounds = [round(i * n / num_shards) for i in range(num_shards + 1)]
+    bounds = shard_bounds(n, num_shards)
     return [files[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
 
 
@@ -304,6 +333,33 @@ def _local_dataset(name: str, spec: dict, source: str) -> Dataset:
         for shard, path in zip(shard_names(len(files)), files, strict=True)
     )
     return Dataset(name, "files", shards, root=spec["root"])
+
+
+# ----------------------------------------------------------------------------- hf
+
+
+def _hf_dataset(name: str, spec: dict, where: str) -> Dataset:
+    """`shards` JSONL document files, each a contiguous row range of the split (its bounds
+    computed by the job, which knows the row count)."""
+    num = spec.get("shards", 1)
+    if spec.get("streaming") and num != 1:
+        raise GptflowError(
+            f"{where}: streaming is true with shards {num}; a stream's length is unknown "
+            f"until it is read, so it is one shard: set shards: 1 or streaming: false"
+        )
+    source = HfSource(
+        path=spec["path"],
+        name=spec.get("name"),
+        split=spec.get("split", "train"),
+        revision=spec.get("revision"),
+        text_key=spec.get("text_key", "text"),
+        streaming=bool(spec.get("streaming", False)),
+    )
+    shards = tuple(
+        Shard(name=shard, input=paths.DOCUMENTS.format(dataset=name, shard=shard), fmt="jsonl")
+        for shard in shard_names(num)
+    )
+    return Dataset(name, "hf", shards, hf=source)
 
 
 # ----------------------------------------------------------------------------- megatron
@@ -507,6 +563,8 @@ def resolve_dataset(
         return _url_dataset(name, spec, f"{source}: datasets.{name}")
     if kind == "megatron":
         return _megatron_dataset(name, spec, source)
+    if kind == "hf":
+        return _hf_dataset(name, spec, f"{source}: datasets.{name}")
     entry_name = spec["name"]
     if entry_name not in catalog:
         raise GptflowError(
@@ -519,6 +577,21 @@ def resolve_dataset(
         if k not in ("description", "homepage", "license", "gated", "size_gb")
     }
     key = f"datasets.{name}"
+    where = f"{source}: {key} (catalog entry '{entry_name}')"
+    if entry.get("type") == "hf":
+        given = sorted(k for k in ("parts", "vars") if k in spec)
+        if given:
+            raise GptflowError(
+                f"{where}: {' and '.join(given)} apply to url entries; catalog entry "
+                f"'{entry_name}' is a Hugging Face dataset (narrow it with shards). Remove "
+                f"{key}.{given[0]} in {source}."
+            )
+        return _hf_dataset(name, {**entry, "shards": spec.get("shards", entry["shards"])}, where)
+    if "shards" in spec:
+        raise GptflowError(
+            f"{where}: {key}.shards applies to hf entries; catalog entry '{entry_name}' is a "
+            f"list of files to download, one shard each. Remove {key}.shards in {source}."
+        )
     if "parts" in spec:
         if "url_template" not in entry:
             raise GptflowError(
@@ -539,7 +612,7 @@ def resolve_dataset(
                 f"Fix {source}."
             )
         entry["vars"] = {**entry.get("vars", {}), **spec["vars"]}
-    return _url_dataset(name, entry, f"{source}: {key} (catalog entry '{entry_name}')")
+    return _url_dataset(name, entry, where)
 
 
 def template_fields(spec: dict) -> set[str]:

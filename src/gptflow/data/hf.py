@@ -1,0 +1,188 @@
+"""Hugging Face datasets (``type: hf``) read with the ``datasets`` library itself.
+
+A split is opened the way its users open it -- ``load_dataset(path, name, split=...,
+revision=...)``, through the library's cache (``$HF_HOME``, ``$HF_DATASETS_CACHE``) and its
+offline mode (``$HF_DATASETS_OFFLINE=1`` / ``$HF_HUB_OFFLINE=1``); a directory written by
+``save_to_disk`` with ``load_from_disk`` -- and written as our JSONL documents, one contiguous
+row range per shard (:func:`gptflow.data.sources.shard_bounds`), so the tokenization after it
+is the one every other dataset goes through. ``datasets`` is an optional extra
+(:data:`INSTALL`), imported only by the functions that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from gptflow.data.sources import Dataset, HfSource, expand_root, shard_bounds
+from gptflow.errors import GptflowError
+from gptflow.fsutil import atomic_write
+
+INSTALL = "pip install 'gptflow[hf-datasets]'"
+BATCH_ROWS = 1000  # rows read per slice of the Arrow table
+
+
+def import_problem() -> str | None:
+    """Why ``import datasets`` fails here, or None."""
+    try:
+        import datasets  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+def local_directory(src: HfSource) -> Path | None:
+    """The directory `src.path` names on disk, or None: a Hub name."""
+    path = expand_root(src.path)
+    return path if path.is_dir() else None
+
+
+def saved_to_disk(directory: Path) -> bool:
+    """A directory written by ``Dataset(Dict).save_to_disk`` (read with ``load_from_disk``)."""
+    return (directory / "state.json").is_file() or (directory / "dataset_dict.json").is_file()
+
+
+def prefetch_command(src: HfSource) -> str:
+    """The shell line that puts `src` into the datasets cache (run where the Hub is reachable)."""
+    args = [repr(src.path), *([repr(src.name)] if src.name else []), f"split={src.split!r}"]
+    if src.revision:
+        args.append(f"revision={src.revision!r}")
+    call = f"load_dataset({', '.join(args)})"
+    return f'python -c "from datasets import load_dataset; {call}"'
+
+
+def open_split(src: HfSource):
+    """The split `src` names: a ``datasets.Dataset`` (an ``IterableDataset`` when streaming)."""
+    import datasets
+
+    directory = local_directory(src)
+    if directory is not None and saved_to_disk(directory):
+        saved = datasets.load_from_disk(str(directory))
+        if not isinstance(saved, datasets.DatasetDict):
+            return saved  # one Dataset: the whole of it
+        if src.split not in saved:
+            raise GptflowError(
+                f"{src.path}: the saved dataset has no split {src.split!r} (its splits: "
+                f"{', '.join(saved)}); set split to one of them"
+            )
+        return saved[src.split]
+    return datasets.load_dataset(
+        str(directory) if directory is not None else src.path,
+        src.name,
+        split=src.split,
+        revision=src.revision,
+        streaming=src.streaming,
+    )
+
+
+def check_planned(datasets: dict[str, Dataset], source: str) -> None:
+    """At plan time, for the hf datasets among `datasets`: the library imports, and offline,
+    each Hub dataset loads from the cache (else one line with the command that fetches it)."""
+    hf = {name: d.hf for name, d in datasets.items() if d.hf is not None}
+    if not hf:
+        return
+    problem = import_problem()
+    if problem:
+        raise GptflowError(
+            f"{source}: datasets.{next(iter(hf))} is a Hugging Face dataset, but the datasets "
+            f"library cannot be imported in {sys.prefix} ({problem}); install it with {INSTALL}"
+        )
+    from datasets import config
+
+    if not config.HF_HUB_OFFLINE:
+        return  # the job downloads what is missing
+    for name, src in hf.items():
+        if local_directory(src) is not None:
+            continue
+        where = f"{source}: datasets.{name} ({src.path!r}, name {src.name!r}, split {src.split!r})"
+        if src.streaming:
+            raise GptflowError(
+                f"{where}: streaming reads from the Hub, and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE "
+                f"is set; set streaming: false and fetch it into the cache on a machine with "
+                f"internet: {prefetch_command(src)}"
+            )
+        try:
+            open_split(src)
+        except Exception as e:  # the library's own: offline and not cached, no such split, ...
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise GptflowError(
+                f"{where}: cannot be loaded offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE) from "
+                f"the cache {config.HF_DATASETS_CACHE} ({reason}); fetch it on a login node "
+                f"with the same HF_HOME: {prefetch_command(src)}"
+            ) from None
+
+
+def collect_hf_documents(
+    src: HfSource, shard: int, num_shards: int, out: str | os.PathLike
+) -> dict:
+    """Write rows [start, stop) of the split -- shard `shard` of `num_shards` contiguous ranges
+    -- as JSONL ``{"text": ..., "row": i}``; rows whose text is empty or whitespace are dropped
+    and counted, as a local dataset's empty files are. Returns the manifest's fields."""
+    import datasets
+
+    split = open_split(src)
+    columns = split.column_names
+    if columns is not None and src.text_key not in columns:
+        raise GptflowError(
+            f"{src.path}: split {src.split!r} has no column {src.text_key!r} (its columns: "
+            f"{', '.join(columns)}); set text_key to the column holding the text"
+        )
+    if src.streaming:
+        start, stop, total = 0, None, None
+        texts = (row[src.text_key] for row in split)
+    else:
+        total = len(split)
+        if num_shards > max(total, 1):
+            raise GptflowError(
+                f"{src.path}: split {src.split!r} has {total} rows, fewer than its {num_shards} "
+                f"shards; lower shards to at most {total}"
+            )
+        bounds = shard_bounds(total, num_shards)
+        start, stop = bounds[shard], bounds[shard + 1]
+        texts = _column_slices(split.select_columns([src.text_key]), src.text_key, start, stop)
+    stats = _write_documents(texts, start, out, src.text_key)
+    return {
+        **src.settings(),
+        "fingerprint": getattr(split, "_fingerprint", None),
+        "datasets_version": datasets.__version__,
+        "rows": [start, start + stats.pop("rows")],
+        "split_rows": total,
+        **stats,
+    }
+
+
+def _column_slices(split, key: str, start: int, stop: int):
+    """The texts of rows [start, stop), read a slice of the Arrow table at a time."""
+    for lo in range(start, stop, BATCH_ROWS):
+        yield from split[lo : min(lo + BATCH_ROWS, stop)][key]
+
+
+def _write_documents(texts, start: int, out: str | os.PathLike, key: str) -> dict:
+    dropped = {"empty": 0, "missing": 0}
+    documents = text_bytes = rows = 0
+    with atomic_write(out, "w") as f:
+        for i, text in enumerate(texts, start):
+            rows += 1
+            if text is None:
+                dropped["missing"] += 1
+                continue
+            if not isinstance(text, str):
+                raise GptflowError(
+                    f"row {i}: column {key!r} holds {type(text).__name__}, not text; set "
+                    f"text_key to the column holding the document text"
+                )
+            if not text.strip():
+                dropped["empty"] += 1
+                continue
+            f.write(json.dumps({"text": text, "row": i}, ensure_ascii=False))
+            f.write("\n")
+            documents += 1
+            text_bytes += len(text.encode())
+    return {
+        "rows": rows,
+        "documents": documents,
+        "bytes": text_bytes,
+        "dropped": {k: v for k, v in dropped.items() if v},
+    }
