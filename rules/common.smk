@@ -217,7 +217,7 @@ def eval_resources(config_file):
     return run_eval_resources(
         config_file,
         PLACEMENT.gpu_mem_mb or preflight.DEFAULT_GPU_MEMORY_MB,
-        PLACEMENT.executor == "slurm",
+        PLACEMENT.on_cluster,
         CFG["eval"],
     )
 
@@ -263,6 +263,16 @@ def get_harness_step_runtime(wildcards, input):
 def get_harness_partition(wildcards):
     """The harness job's partition: evaluate's (the profile's), or none on one machine."""
     return profile_value("evaluate", "slurm_partition") or ""
+
+
+def get_harness_pbs_queue(wildcards):
+    """profiles/pbs: the harness jobs' queue, evaluate's (a GPU queue)."""
+    return profile_value("evaluate", "pbs_queue") or ""
+
+
+def get_harness_pbs_select(wildcards):
+    """profiles/pbs: the harness jobs' resource line, evaluate's (one GPU node)."""
+    return profile_value("evaluate", "pbs_select") or ""
 
 
 def get_export_mem_mb(wildcards, input):

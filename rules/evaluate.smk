@@ -57,13 +57,15 @@ rule harness:
         paths.log("harness", "{run}"),
     conda:
         "../envs/gptflow.yaml"
-    # sized and placed like evaluate: on evaluate's partition (the profile's set-resources
-    # harness slurm_partition, where given, replaces it)
+    # sized and placed like evaluate: on evaluate's partition, or its PBS queue and resource
+    # line (the profile's set-resources harness ..., where given, replaces them)
     resources:
         mem_mb=get_eval_mem_mb,
         gres=get_eval_gres,
         runtime=get_eval_runtime,
         slurm_partition=get_harness_partition,
+        pbs_queue=get_harness_pbs_queue,
+        pbs_select=get_harness_pbs_select,
     params:
         tasks=verbatim(harness.task_args(HARNESS)),
         include=verbatim(harness.include_args(HARNESS)),
@@ -98,6 +100,8 @@ rule harness_step:
         gres=get_eval_gres,
         runtime=get_harness_step_runtime,
         slurm_partition=get_harness_partition,
+        pbs_queue=get_harness_pbs_queue,
+        pbs_select=get_harness_pbs_select,
     params:
         tasks=verbatim(harness.task_args(HARNESS)),
         include=verbatim(harness.include_args(HARNESS)),

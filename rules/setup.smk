@@ -251,7 +251,12 @@ def profile_placement():
             if name in (workflow.resource_settings.overwrite_resources.get(rule) or {})
         ),
     ]
-    executor = "slurm" if profile_value("train_gpt", "slurm_partition") else "local"
+    # profiles/pbs: a PBS queue given to training or to every job (a placeholder too)
+    pbs = "pbs_queue" in (workflow.resource_settings.overwrite_resources.get("train_gpt") or {})
+    pbs = pbs or profile_value("all", "pbs_queue") is not None
+    executor = (
+        "slurm" if profile_value("train_gpt", "slurm_partition") else "pbs" if pbs else "local"
+    )
     mpi = str(profile_value("train_gpt", "mpi") or "")
     # GPUs counted only where train_gpt runs here without srun (nvidia-smi, not torch)
     gpus, gpus_source = visible_gpus() if executor == "local" and not mpi else (None, "")
@@ -341,7 +346,8 @@ def refuse_placeholders():
     cluster = ("slurm", "cluster-generic")  # profiles/slurm, profiles/pbs
     if found and workflow.executor_plugin and workflow.executor_plugin.name in cluster:
         raise WorkflowError(
-            f"gptflow: not submitted: {preflight.placeholder_message(found, 'the profile')}"
+            "gptflow: not submitted: "
+            + preflight.placeholder_message(found, "the profile", PLACEMENT.executor)
         )
 
 

@@ -51,7 +51,7 @@ EXPANSION = {"zst": 3.5, "gz": 3.0, "xz": 4.0, "zip": 3.0, "parquet": 2.5}  # te
 class Placement:
     """Where ``train_gpt`` runs, as the profile (and Snakemake's defaults) resolve it."""
 
-    executor: str = "local"  # "slurm" under profiles/slurm
+    executor: str = "local"  # "slurm" under profiles/slurm, "pbs" under profiles/pbs
     nodes: int | None = None
     tasks_per_node: int | None = None
     tasks: int | None = None
@@ -69,6 +69,11 @@ class Placement:
     gpus_source: str = ""
     # every profile value that may be a placeholder: (where, value)
     settings: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def on_cluster(self) -> bool:
+        """Jobs go to a batch system's GPU nodes (Slurm or PBS), not this machine."""
+        return self.executor in ("slurm", "pbs")
 
     @property
     def ranks(self) -> int:
@@ -100,12 +105,19 @@ def placeholders(placement: Placement) -> list[tuple[str, str]]:
     return [(where, value) for where, value in placement.settings if PLACEHOLDER.match(value)]
 
 
-def placeholder_message(found: list[tuple[str, str]], profile: str) -> str:
+# where a profile's values are found, per executor (Placement.executor)
+WHERE_VALUES = {
+    "slurm": "`sacctmgr show assoc user=$USER format=account` lists your accounts, `sinfo -s` "
+    "the partitions",
+    "pbs": "your project is your allocation's, `qstat -Q` lists the queues, `pbsnodes -a` the "
+    "nodes' resources for the select line",
+}
+
+
+def placeholder_message(found: list[tuple[str, str]], profile: str, executor: str) -> str:
     items = "; ".join(f"{where} is {value}" for where, value in found)
-    return (
-        f"edit {profile} first: {items} (your cluster's values: `sacctmgr show assoc "
-        f"user=$USER format=account` lists your accounts, `sinfo -s` the partitions)"
-    )
+    hint = WHERE_VALUES.get(executor, WHERE_VALUES["slurm"])
+    return f"edit {profile} first: {items} (your cluster's values: {hint})"
 
 
 # --------------------------------------------------------------------------- layout and launch
@@ -698,7 +710,7 @@ def study(
             train = TrainConfig(**cfg["train"])
             m = model_config(cfg, vocab)
             gas = check_layout(train, p.ranks)
-            fit = memory_per_gpu(m, train, p.ranks, p) if p.executor == "slurm" or p.gres else None
+            fit = memory_per_gpu(m, train, p.ranks, p) if p.on_cluster or p.gres else None
             if fit is not None:
                 check_memory(fit)
         except GptflowError as e:
@@ -793,7 +805,8 @@ def run(
     gas = check_layout(train, ranks)
     rep = Report(placement=asdict(p))
     if found := placeholders(p):
-        rep.lines.append("gptflow: " + placeholder_message(found, "the Slurm profile"))
+        profile = {"pbs": "the PBS profile"}.get(p.executor, "the Slurm profile")
+        rep.lines.append("gptflow: " + placeholder_message(found, profile, p.executor))
     rep.warnings += launch_warnings
     if p.executor == "slurm" and (groups := sinfo()) is not None:
         cpu = dict(p.settings).get("default-resources slurm_partition")
@@ -814,7 +827,7 @@ def run(
         f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
         f"{vocab:,}: {vocab_source})"
     )
-    if p.executor == "slurm" or p.gres:
+    if p.on_cluster or p.gres:
         fit = memory_per_gpu(m, train, ranks, p)
         check_memory(fit)
         rep.memory = {"terms": fit.terms, "total": fit.total, "gpu_bytes": fit.gpu_bytes,

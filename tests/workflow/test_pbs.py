@@ -39,7 +39,8 @@ def write(path, cfg):
 def test_the_pbs_profile_plans_mpiexec_per_node_and_refuses_its_placeholders(tmp_path, tiny_config):
     """Unedited, the plan names every placeholder and a real run submits nothing. With 2 nodes
     of 2 ranks, train_gpt is one `gptflow train --nproc-per-node 2 --nnodes 2` per node under
-    `mpiexec -n 2 --ppn 1`, and the preflight checks the config against the 4 ranks."""
+    `mpiexec -n 2 --ppn 1`, and the preflight checks the config against the 4 ranks and
+    their GPUs' memory, and names the PBS commands that find the profile's values."""
     cfg = {**tiny_config, "train": {**tiny_config["train"], "micro_batch_size": 2}}
     config = write(tmp_path / "config.yaml", cfg)
     two_nodes = ["--set-resources", "train_gpt:nodes=2", "train_gpt:tasks_per_node=2",
@@ -50,6 +51,9 @@ def test_the_pbs_profile_plans_mpiexec_per_node_and_refuses_its_placeholders(tmp
                 "pbs_select is <resource line>", "pbs_filesystems is <filesystems>"):  # fmt: skip
         assert f"default-resources {key}" in plan.out, plan.out[-4000:]
     assert "train_gpt on 2 node(s) x 2 rank(s) = 4 data parallel" in plan.out
+    # the PBS profile's own hint, and its GPU nodes get the memory fit check
+    assert "gptflow: edit the PBS profile first:" in plan.out and "`qstat -Q`" in plan.out
+    assert "memory per GPU" in plan.out, plan.out[-4000:]
     assert re.search(
         r"^Shell command: mpiexec -n 2 --ppn 1 gptflow train --config results/runs/tiny/run.yaml "
         r"--nproc-per-node 2 --nnodes 2 --threads \d+ --wait-for-lock",
