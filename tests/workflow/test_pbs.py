@@ -14,19 +14,19 @@ import subprocess
 
 import yaml
 
-from .conftest import BIN, REPO
+from .conftest import BIN, REPO, job_counts
 
 PROFILE = REPO / "profiles" / "pbs"
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
-def pbs_snakemake(workdir, config, *args, timeout=600):
+def pbs_snakemake(workdir, config, *args, timeout=600, env=None):
     cmd = [
         "timeout", "-k", "30", str(timeout), str(BIN / "snakemake"),
         "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
         "--profile", str(PROFILE), "--configfile", str(config), *args,
     ]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env or ENV)
     out.out = out.stdout + out.stderr
     return out
 
@@ -123,3 +123,29 @@ def test_a_launch_from_a_one_node_pbs_nodefile(make_run, tmp_path):
         f"--nnodes 1 (set-resources train_gpt nodes), but PBS_NODEFILE {nodefile} lists 2 node(s)"
     ) in bad.stderr, bad.stderr[-2000:]
     assert "Traceback" not in bad.stderr
+
+
+def test_the_hf_trainer_example_plans_through_the_pbs_profile(tmp_path):
+    """config/examples/hf-trainer-wikitext.yaml, llm-pytorch's recipe (WikiText-2 raw by its Hub
+    name, a gpt-neo-125m-sized GPT-NeoX, fp16, K-FAC, a checkpoint every 1000 steps), planned
+    through profiles/pbs on 2 nodes x 4 GPUs as its users run it: one collect_hf_documents job,
+    GPT-2's vocab and merges downloaded and converted, training under `mpiexec -n 2 --ppn 1`,
+    K-FAC's memory in the fit check. Online planning reads nothing from the Hub (the dataset
+    is read by its job), so the test's HF_HUB_OFFLINE is dropped; no network is touched."""
+    example = REPO / "config" / "examples" / "hf-trainer-wikitext.yaml"
+    env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    nodes = ["--set-resources", "train_gpt:nodes=2", "train_gpt:tasks_per_node=4",
+             "train_gpt:pbs_select='select=2:system=polaris'"]  # fmt: skip
+    plan = pbs_snakemake(tmp_path, example, "--replace-workflow-config", "-n", "-p", *nodes,
+                         timeout=120, env=env)  # fmt: skip
+    assert plan.returncode == 0, plan.out[-4000:]
+    counts = job_counts(plan.out)
+    for rule, n in (("collect_hf_documents", 1), ("download_tokenizer_file", 2),
+                    ("convert_gpt2_tokenizer", 1), ("tokenize_shard", 1), ("train_gpt", 1)):  # fmt: skip
+        assert counts.get(rule) == n, (rule, counts)
+    assert "train_gpt on 2 node(s) x 4 rank(s) = 8 data parallel; micro batch 8 x grad accum 1" in (
+        plan.out
+    )
+    assert "K-FAC" in plan.out and "memory per GPU" in plan.out, plan.out[-4000:]
+    assert re.search(r"^Shell command: mpiexec -n 2 --ppn 1 gptflow train ", plan.out, re.M)
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
