@@ -372,6 +372,9 @@ def check_kfac(model: ModelConfig, train: TrainConfig) -> None:
          "ZeRO 3 partitions the weights the factors are of; use train.zero_stage 0, 1 or 2"),
         (train.offload != "none", f"train.offload {train.offload}",
          "the offloaded gradients have not been verified with it; set train.offload none"),
+        (train.compile, "train.compile true",
+         "its hooks (a Python count per layer call) have not been verified under "
+         "torch.compile; set train.compile false"),
         (model.activation_checkpointing, "model.activation_checkpointing true",
          "the recomputed forward would count each layer's inputs twice; set it false"),
     ]  # fmt: skip

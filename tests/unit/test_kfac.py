@@ -79,6 +79,7 @@ def test_the_preflight_count_is_what_the_model_holds(repo):
      ({"pipeline_parallel": 2, "zero_stage": 1}, {}, "train.pipeline_parallel 2"),
      ({"zero_stage": 3}, {}, "train.zero_stage 3"),
      ({"zero_stage": 1, "offload": "optimizer"}, {}, "train.offload optimizer"),
+     ({"compile": True}, {}, "train.compile true"),
      ({}, {"activation_checkpointing": True}, "model.activation_checkpointing true")],
 )  # fmt: skip
 def test_unsupported_layouts_are_refused_at_planning(tiny_config, train, model, refused):
@@ -100,3 +101,34 @@ def test_unsupported_layouts_are_refused_at_planning(tiny_config, train, model, 
     t = TrainConfig(**{**cfg["train"], "kfac": None})
     check_kfac(ModelConfig(**{k: v for k, v in cfg["model"].items() if k != "preset"},
                            vocab_size=512), t)  # fmt: skip  # off: nothing refused
+
+
+def test_a_step_reads_nothing_on_the_host():
+    """K-FAC's hooks and its update (factors, eigendecomposition, preconditioning) make no
+    host read of a tensor (item, tolist, float, int, bool) in gptflow.train.kfac: on a GPU
+    each would wait for the device inside the step."""
+    import sys
+
+    import gptflow.train.kfac as module
+
+    calls = []
+    plain = {
+        n: getattr(torch.Tensor, n) for n in ("item", "tolist", "__float__", "__int__", "__bool__")
+    }
+
+    def probe(name):
+        def read(self, *a, **k):
+            if sys._getframe(1).f_code.co_filename == module.__file__:
+                calls.append(name)
+            return plain[name](self, *a, **k)
+
+        return read
+
+    try:
+        for name in plain:
+            setattr(torch.Tensor, name, probe(name))
+        one_layer_step(damping=1e-3)
+    finally:
+        for name, f in plain.items():
+            setattr(torch.Tensor, name, f)
+    assert calls == []
