@@ -21,7 +21,7 @@ measured under DeepSpeed 0.19.8 (issue 29), its public ``GradientMaker`` wants t
 and backward itself, which DeepSpeed's engine refuses; through its internals its factor
 reduction asserts CUDA, it rejects DDP, it calls ``torch.cuda.nvtx`` unconditionally, its
 backward hook is deprecated in torch 2.13, and its Embedding preconditioning is wrong. What
-we need is ~150 lines: forward hooks and tensor hooks (not module backward hooks: they leave
+we need is one module: forward hooks and tensor hooks (not module backward hooks: they leave
 DeepSpeed's gradient hooks alone), one all-reduce of the factors, ``torch.linalg.eigh``, and
 DeepSpeed's own ``safe_get_full_grad`` / ``safe_set_full_grad`` for ZeRO 1/2, where ``p.grad``
 is None after the backward and the gradient lives in the optimizer's partitions.
@@ -33,8 +33,10 @@ head (``embed_out``: its G would be vocabulary x vocabulary); the embedding is a
 (:func:`gptflow.config.check_kfac`). Their shapes are :func:`gptflow.config.kfac_layer_shapes`,
 the memory :func:`gptflow.config.kfac_floats`, which this class checks it holds exactly.
 
-No host sync: the hooks and the update are device work; a step whose statistics are not finite
-(an fp16 overflow) leaves the factors as they were, decided on the device.
+No host sync from this module: the hooks and the update are device work, and a step whose
+statistics are not finite (an fp16 overflow) leaves the factors as they were, decided on the
+device. (On a GPU ``torch.linalg.eigh`` checks its result on the host: one wait per
+``inv_update_steps``, not per step.)
 """
 
 from __future__ import annotations
