@@ -95,8 +95,9 @@ def plain_runner(cfg, train, batches, gas: int) -> Runner:
     return Runner("plain PyTorch AdamW loop", step, model)
 
 
-def engine_runner(cfg, train, rows, gas: int, stage: int) -> tuple[Runner, float]:
-    """The trainer's own step (gptflow.train.loop.train_step) around build_engine's engine."""
+def engine_runner(cfg, train, rows, gas: int, stage: int, kfac=None) -> tuple[Runner, float]:
+    """The trainer's own step (gptflow.train.loop.train_step) around build_engine's engine;
+    `kfac` (a KfacConfig): with train.kfac's preconditioner, as the trainer builds it."""
     import dataclasses
     from types import SimpleNamespace
 
@@ -105,10 +106,11 @@ def engine_runner(cfg, train, rows, gas: int, stage: int) -> tuple[Runner, float
     from gptflow import engine as ds
     from gptflow.model import GPTNeoX, decay_groups
     from gptflow.train.device import Device
+    from gptflow.train.kfac import Kfac
     from gptflow.train.loop import Progress, Trainer, train_step
     from gptflow.train.metrics import Interval
 
-    t = dataclasses.replace(train, zero_stage=stage)
+    t = dataclasses.replace(train, zero_stage=stage, kfac=kfac)
     torch.manual_seed(t.seed)
     model = GPTNeoX(cfg)
     t0 = time.perf_counter()
@@ -119,6 +121,7 @@ def engine_runner(cfg, train, rows, gas: int, stage: int) -> tuple[Runner, float
         cfg=SimpleNamespace(train=t), dev=dev, rank=0, launcher="single", engine=engine,
         series=None, train_data=rows, valid_data=None, gas=gas, flops_per_token=0.0,
         peak_tflops=None, exit_interval=None, resume_from=None, resume_mode="native",
+        kfac=Kfac(engine.module, kfac, dev.device) if kfac else None,
     )  # fmt: skip
     progress = Progress(step=0, interval=Interval(dev))
 
@@ -133,8 +136,10 @@ def engine_runner(cfg, train, rows, gas: int, stage: int) -> tuple[Runner, float
         def gathered():
             return deepspeed.zero.GatheredParameters(list(engine.module.parameters()))
 
-    name = f"trainer, DeepSpeed ZeRO-{stage}"
-    return Runner(name, step, engine.module, gathered, engine), built
+    name = f"trainer, DeepSpeed ZeRO-{stage}" + (" + K-FAC" if kfac else "")
+    runner = Runner(name, step, engine.module, gathered, engine)
+    runner.progress = progress  # its interval holds the steps' loss sums
+    return runner, built
 
 
 def run_block(r: Runner, start: int, n: int) -> tuple[float, float]:
@@ -214,6 +219,12 @@ def main() -> int:
         help="then bench/parallel.py's tables of model-parallel layouts on these rank counts "
         "(default 2,4; none to skip)",
     )  # fmt: skip
+    p.add_argument(
+        "--kfac-steps", type=int, default=300,
+        help="then the K-FAC loss table: AdamW against train.kfac over this many steps of "
+        "byte-level text (default 300; 0 to skip)",
+    )  # fmt: skip
+    p.add_argument("--kfac-lr", type=float, default=1e-3, help="its peak lr (default 1e-3)")
     a = p.parse_args()
 
     import warnings
@@ -224,7 +235,7 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")
 
     from gptflow import distributed
-    from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
+    from gptflow.config import KfacConfig, ModelConfig, TrainConfig, padded_vocab_size
     from gptflow.schema import load_yaml
 
     torch.set_num_threads(a.threads)
@@ -284,6 +295,10 @@ def main() -> int:
         except Exception as e:  # report, do not crash: the other stages still run
             r = Runner(f"trainer, DeepSpeed ZeRO-{stage}", error=f"build: {e!r}")
         runners.append(r)
+    if a.kfac_steps:  # the ZeRO-0 step with train.kfac (llm-pytorch's 5 / 50 steps)
+        r, built = engine_runner(cfg, train, samples, gas, 0, KfacConfig())
+        setup.append(f"ZeRO-0 + K-FAC engine {built:.2f} s")
+        runners.append(r)
     print("setup: " + ", ".join(setup))
 
     def guarded(r: Runner, start: int, n: int) -> tuple[float, float] | None:
@@ -306,12 +321,12 @@ def main() -> int:
 
     base = runners[0]
     print(
-        f"\n  {'configuration':<30} {'ms/step':>8} {'tokens/s':>9} {'median ms':>10} "
+        f"\n  {'configuration':<34} {'ms/step':>8} {'tokens/s':>9} {'median ms':>10} "
         f"{'CPU ms':>7} {'vs plain':>9} {'paired':>7}"
     )
     for r in runners:
         if r.error or not r.wall:
-            print(f"  {r.name:<30} cannot run here: {r.error}")
+            print(f"  {r.name:<34} cannot run here: {r.error}")
             continue
         w = min(r.wall)
         ratio = paired = ""
@@ -321,7 +336,7 @@ def main() -> int:
             pairs = zip(base.wall, r.wall, strict=False)
             paired = f"{statistics.median(b / o for b, o in pairs):.3f}x"
         print(
-            f"  {r.name:<30} {1000 * w:8.1f} {tokens / w:9.0f} "
+            f"  {r.name:<34} {1000 * w:8.1f} {tokens / w:9.0f} "
             f"{1000 * statistics.median(r.wall):10.1f} {1000 * min(r.cpu):7.1f} {ratio:>9} "
             f"{paired:>7}"
         )
@@ -336,7 +351,7 @@ def main() -> int:
         checks = [
             f"ZeRO-{r.name.rsplit('-', 1)[1]} {max_param_diff(r, ref):.2e}"
             for r in runners[1:]
-            if not r.error
+            if not r.error and "K-FAC" not in r.name  # K-FAC takes other steps by design
         ]
         moved = max(float((p - init[n]).abs().max()) for n, p in ref.items())
         if checks:
@@ -348,6 +363,8 @@ def main() -> int:
     if z0 and base.wall:
         print("ZeRO-0 extras per step, each timed alone (median of 20 calls):")
         print(zero0_extras(z0, batches[0], 1000 * min(base.wall)))
+    if a.kfac_steps:
+        kfac_loss_table(a, cfg)
     if a.layouts != "none":  # tensor and pipeline parallel, on 2 and 4 torchrun ranks
         layouts = _bench_module("parallel")
         layouts.layout_tables(
@@ -358,6 +375,74 @@ def main() -> int:
             [int(n) for n in a.layouts.split(",")],
         )  # fmt: skip
     return 0
+
+
+def byte_rows(seq_length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Real text, no tokenizer: the bytes of some of the running Python's standard library
+    (the test corpus's files), as sequences of seq_length + 1 token ids < 256; the first 90%
+    of the bytes for training, the rest held out."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [f for pat in ("json/*.py", "email/*.py", "http/*.py", "logging/*.py")
+             for f in sorted(root.glob(pat))]  # fmt: skip
+    ids = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8).astype(np.int64)
+    cut = len(ids) * 9 // 10
+    rng = np.random.default_rng(seed)
+
+    def rows(part: np.ndarray, n: int) -> np.ndarray:
+        starts = rng.integers(0, len(part) - seq_length - 1, size=n)
+        return np.stack([part[s : s + seq_length + 1] for s in starts])
+
+    return rows(ids[:cut], 1 << 14), rows(ids[cut:], 64)
+
+
+def kfac_loss_table(a, preset_cfg) -> None:
+    """AdamW against train.kfac at two settings, each the trainer's ZeRO-0 step on the same
+    byte-level batches from the same initial weights and lr schedule: ms/step (eigen steps
+    included) and the training loss (mean of each tenth of the run) and the held-out loss."""
+    import dataclasses
+
+    import torch
+
+    from gptflow.config import KfacConfig, TrainConfig
+
+    cfg = dataclasses.replace(preset_cfg, vocab_size=256)  # bytes
+    steps = a.kfac_steps
+    train = TrainConfig(
+        train_iters=steps, seed=a.seed, seq_length=a.seq_length, micro_batch_size=a.micro_batch,
+        global_batch_size=a.micro_batch, lr=a.kfac_lr, min_lr=a.kfac_lr / 10,
+        lr_warmup_iters=max(1, steps // 20),
+    )  # fmt: skip
+    rows, held = byte_rows(a.seq_length, a.seed)
+    settings = [("AdamW", None), ("K-FAC 5/50", KfacConfig()),
+                ("K-FAC 1/10", KfacConfig(factor_update_steps=1, inv_update_steps=10))]  # fmt: skip
+    tenth = max(1, steps // 10)
+    print(
+        f"\nK-FAC against AdamW: preset {a.preset} with a byte vocabulary ({cfg.num_parameters():,}"
+        f" parameters), {steps} steps of {a.micro_batch} x {a.seq_length} bytes of Python stdlib "
+        f"source, lr {a.kfac_lr:g} cosine, clip {train.clip_grad:g}; K-FAC a/b = factors every "
+        f"a steps, eigendecomposition every b; damping {KfacConfig().damping:g}, decay "
+        f"{KfacConfig().factor_decay:g}"
+    )
+    print(f"  {'setting':<12} {'ms/step':>8}  train loss per tenth of the run{'':<32} held-out")
+    for name, kfac in settings:
+        r, _ = engine_runner(cfg, train, rows, 1, 0, kfac)
+        curve, started = [], time.perf_counter()
+        for i in range(steps):
+            r.step(i)
+            if (i + 1) % tenth == 0:
+                curve.append(r.progress.interval.read()[0])
+                r.progress.interval.restart()
+        ms = 1000 * (time.perf_counter() - started) / steps
+        x = torch.from_numpy(held[:, :-1].copy())
+        y = torch.from_numpy(held[:, 1:].copy())
+        r.model.eval()
+        with torch.no_grad():
+            val = float(sum(r.model(x[i : i + 8], y[i : i + 8]) for i in range(0, len(x), 8))) / (
+                len(x) // 8
+            )
+        print(f"  {name:<12} {ms:8.1f}  {' '.join(f'{v:.3f}' for v in curve):<62} {val:.4f}")
 
 
 def _bench_module(name: str):

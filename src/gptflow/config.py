@@ -131,6 +131,17 @@ def check_wandb(wandb: WandbConfig, source: str) -> None:
 
 
 @dataclass(frozen=True)
+class KfacConfig:
+    """K-FAC preconditioning (keys of ``train.kfac:``; kfac-pytorch's names, as llm-pytorch's
+    ``--kfac-*`` flags); see the schema and :mod:`gptflow.train.kfac`."""
+
+    factor_update_steps: int = 5  # steps between factor updates
+    inv_update_steps: int = 50  # steps between eigendecompositions
+    damping: float = 0.003  # added to each eigenvalue product
+    factor_decay: float = 0.95  # running average: decay x old + (1 - decay) x new
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and schedule (keys of ``train:``); see the schema for units."""
 
@@ -165,10 +176,13 @@ class TrainConfig:
     save_interval: int = 100
     keep_last: int = 2
     keep_every: int | None = None  # checkpoints at multiples of it are never pruned
+    kfac: KfacConfig | None = None  # K-FAC preconditioning; None = off
 
     def __post_init__(self) -> None:
         if isinstance(self.wandb, dict):  # from the config or run.yaml
             object.__setattr__(self, "wandb", WandbConfig(**self.wandb))
+        if isinstance(self.kfac, dict):
+            object.__setattr__(self, "kfac", KfacConfig(**self.kfac))
         if self.global_batch_size % self.micro_batch_size:
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
@@ -340,6 +354,53 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_length
+
+
+def check_kfac(model: ModelConfig, train: TrainConfig) -> None:
+    """The layouts train.kfac is refused with, one line each: its factors are of whole,
+    replicated nn.Linear layers, on the steps of a plain forward and backward."""
+    if train.kfac is None:
+        return
+    refused = [
+        (train.tensor_parallel > 1, f"train.tensor_parallel {train.tensor_parallel}",
+         "a tensor-parallel rank holds a slice of each layer, and its factors would need the "
+         "whole layer's activations; set train.tensor_parallel 1"),
+        (train.pipeline_parallel > 1, f"train.pipeline_parallel {train.pipeline_parallel}",
+         "DeepSpeed's pipeline schedule runs forward and backward itself, where the step's "
+         "last gradient is not in reach; set train.pipeline_parallel 1"),
+        (train.zero_stage == 3, "train.zero_stage 3",
+         "ZeRO 3 partitions the weights the factors are of; use train.zero_stage 0, 1 or 2"),
+        (train.offload != "none", f"train.offload {train.offload}",
+         "the offloaded gradients have not been verified with it; set train.offload none"),
+        (train.compile, "train.compile true",
+         "its hooks (a Python count per layer call) have not been verified under "
+         "torch.compile; set train.compile false"),
+        (model.activation_checkpointing, "model.activation_checkpointing true",
+         "the recomputed forward would count each layer's inputs twice; set it false"),
+    ]  # fmt: skip
+    for bad, what, why in refused:
+        if bad:
+            raise GptflowError(
+                f"train.kfac is not supported with {what}: {why}, or train.kfac null"
+            )
+
+
+def kfac_layer_shapes(model: ModelConfig) -> list[tuple[int, int]]:
+    """(rows of the input factor A, rows of the output-gradient factor G) of each nn.Linear
+    that K-FAC preconditions: per transformer layer the fused query/key/value and attention
+    output projections and the two MLP matrices, all with biases (an input row of ones, so
+    A is (inputs + 1) square)."""
+    d, f = model.hidden_size, model.ffn_size
+    per_layer = [(d + 1, 3 * d), (d + 1, d), (d + 1, f), (f + 1, d)]
+    return per_layer * model.num_layers
+
+
+def kfac_floats(model: ModelConfig) -> int:
+    """fp32 numbers K-FAC holds on every rank (:class:`gptflow.train.kfac.Kfac`, which checks
+    it holds exactly these): each layer's factors A and G, their eigenbases, the step's
+    statistics being gathered (each as large as the factors), and the eigenvalues. The one
+    home of this count: the preflight's memory check and the trainer's start-up line."""
+    return sum(3 * (a * a + g * g) + a + g for a, g in kfac_layer_shapes(model))
 
 
 def check_model_parallel(model: ModelConfig, train: TrainConfig) -> None:

@@ -10,7 +10,8 @@ and `gptflow why` run these before any job is queued.
   nodes have the GPUs, CPUs and memory asked for;
 - memory per GPU: weights, gradients and optimizer state (by ZeRO stage, precision and
   layout), activations as the model keeps them (by micro batch, sequence, checkpointing), the
-  logits (1/tp of the vocabulary on each tensor-parallel rank) and the pipeline's buffers, on
+  logits (1/tp of the vocabulary on each tensor-parallel rank), the pipeline's buffers and
+  K-FAC's factors (train.kfac; the layouts it is refused with are refused here too), on
   the most loaded pipeline stage, plus a stated margin, against the GPU's memory, the largest
   term named when it does not fit;
 - the run's size: parameters and FLOPs (from :class:`gptflow.config.ModelConfig`, the
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gptflow import paths, sizing
-from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
+from gptflow.config import ModelConfig, TrainConfig, check_kfac, kfac_floats, padded_vocab_size
 from gptflow.distributed import launched_ranks, local_ranks
 from gptflow.errors import GptflowError
 
@@ -372,9 +373,13 @@ def vocab_size(cfg: dict, tokenizer_json: Path | None) -> tuple[int, str]:
 
 
 def model_config(cfg: dict, vocab: int) -> ModelConfig:
+    """The run's model with the vocabulary `vocab` padded; the layouts train.kfac is refused
+    with are refused here, where a run's model and train settings first meet."""
     model = {k: v for k, v in cfg["model"].items() if k not in ("preset", "init_from")}
     model["vocab_size"] = padded_vocab_size(vocab, model.get("make_vocab_size_divisible_by", 128))
-    return ModelConfig(**model)
+    m = ModelConfig(**model)
+    check_kfac(m, TrainConfig(**cfg["train"]))
+    return m
 
 
 def stage_parameters(
@@ -570,6 +575,7 @@ def stage_memory(
     return {
         **model_state_bytes(params, dp, t.zero_stage, precision, t.offload, largest),
         **activation_bytes(m, t, precision, stage, gas),
+        **({"K-FAC factors": 4 * kfac_floats(m)} if t.kfac else {}),  # fp32, every rank
     }
 
 
@@ -600,6 +606,8 @@ FIXES = {
     "logits": "lower train.micro_batch_size (or train.seq_length), or raise "
     "train.tensor_parallel: each tensor-parallel rank holds its share of the vocabulary's logits",
     "pipeline buffers": "lower train.micro_batch_size",
+    "K-FAC factors": "set train.kfac null: its factors grow with the square of each layer's "
+    "width (model.intermediate_size above all) and are not partitioned",
 }
 
 

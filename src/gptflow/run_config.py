@@ -135,8 +135,11 @@ class RunConfig:
         # the starting weights by content (not by path); absent for a random start, so the
         # series of runs from before model.init_from existed keep their names
         init = {"init_from": self.init_from.sha256} if self.init_from else {}
+        # K-FAC changes every update; absent when off, so earlier series keep their names
+        kfac = {"kfac": dataclasses.asdict(t.kfac)} if t.kfac else {}
         return {
             **init,
+            **kfac,
             "model": model,
             "tokenizer_sha256": self.tokenizer.sha256,
             "eod_id": self.tokenizer.eod_id,

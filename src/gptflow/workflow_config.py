@@ -13,7 +13,14 @@ import os
 import re
 from pathlib import Path
 
-from gptflow.config import ModelConfig, TrainConfig, architecture, check_model_parallel, check_wandb
+from gptflow.config import (
+    ModelConfig,
+    TrainConfig,
+    architecture,
+    check_kfac,
+    check_model_parallel,
+    check_wandb,
+)
 from gptflow.data.tokenizer import BYTE_ALPHABET, check_tokenizer_file, smallest_trained_vocab
 from gptflow.errors import GptflowError
 from gptflow.schema import check_config_file, fill_defaults, load_yaml, plain, validate
@@ -78,6 +85,7 @@ def _check_run(model: dict, train: dict, cfg: dict, schema: dict, models, source
         t.check_trainable()
         m = ModelConfig(**architecture(model))
         check_model_parallel(m, t)
+        check_kfac(m, t)
         if model.get("init_from"):  # its directory, architecture, weights and rows
             from gptflow.init_from import check_planned
 

@@ -31,6 +31,7 @@ import torch
 from gptflow import distributed
 from gptflow import engine as ds
 from gptflow.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
+from gptflow.config import check_kfac
 from gptflow.data.dataset import run_split_datasets
 from gptflow.environment import versions
 from gptflow.errors import GptflowError
@@ -39,6 +40,7 @@ from gptflow.hardware import peak_tflops
 from gptflow.model import decay_groups
 from gptflow.run_config import RunConfig
 from gptflow.train.device import Device
+from gptflow.train.kfac import Kfac
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
 
 log = logging.getLogger("gptflow.train")
@@ -68,6 +70,7 @@ class Trainer:
     resume_from: int | None  # the newest complete step of the series
     resume_mode: str  # how it loads: "native", or "universal" (saved in another layout)
     metrics: MetricsLog | None = None  # rank 0
+    kfac: Kfac | None = None  # train.kfac's preconditioner
 
 
 @dataclass
@@ -143,6 +146,7 @@ def build(
             f"{t.data_parallel_rank(rank, dev.world_size)}; this DeepSpeed lays ranks out "
             f"differently (report it with the DeepSpeed version)"
         )
+    kfac = build_kfac(cfg, engine, dev, rank)
     gas = t.grad_accum_steps(dev.world_size)
     if rank == 0 and t.precision == "fp16" and gas > 1 and ds.grad_accum_dtype(t) is None:
         log.warning(
@@ -170,7 +174,27 @@ def build(
         exit_interval=exit_interval,
         resume_from=resume_from,
         resume_mode=mode,
+        kfac=kfac,
     )
+
+
+def build_kfac(cfg: RunConfig, engine, dev: Device, rank: int) -> Kfac | None:
+    """train.kfac's hooks on the engine's module (refused in the layouts it does not support,
+    also when a run.yaml is started by hand)."""
+    t = cfg.train
+    if t.kfac is None:
+        return None
+    check_kfac(cfg.model, t)
+    kfac = Kfac(engine.module, t.kfac, dev.device)
+    kfac.check_count(cfg.model)
+    if rank == 0:
+        log.info(
+            "K-FAC on %d nn.Linear layers: factors every %d steps, eigendecomposition every %d, "
+            "damping %g, decay %g; %.1f MiB of fp32 state per rank",
+            len(kfac.layers), t.kfac.factor_update_steps, t.kfac.inv_update_steps,
+            t.kfac.damping, t.kfac.factor_decay, 4 * kfac.numel() / 2**20,
+        )  # fmt: skip
+    return kfac
 
 
 @contextlib.contextmanager
@@ -235,6 +259,8 @@ def resume(tr: Trainer) -> Progress:
         if load_path is None:
             raise GptflowError(f"{path}: DeepSpeed could not load it")
         step, saved_interval = int(client["step"]), client.get("interval")
+        if tr.kfac is not None:
+            tr.kfac.load_state_dict(client.get("kfac"), str(path))
     if tr.rank == 0:
         # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
         kept = step if resumed_from is not None else -1
@@ -332,6 +358,8 @@ def train_step(tr: Trainer, prog: Progress) -> None:
     world = t.data_parallel_size(tr.dev.world_size)
     logs_next = (prog.step + 1) % t.log_interval == 0 or prog.step + 1 == t.train_iters
     step_loss = tr.dev.zeros()
+    if tr.kfac is not None:
+        tr.kfac.begin(prog.step)  # its hooks gather this step's statistics or not
     for micro in range(tr.gas):
         reseed(t.seed, prog.step, micro, rank, world, tr.gas)
         start = micro_batch_start(t, prog.step, micro, rank, world)
@@ -339,6 +367,9 @@ def train_step(tr: Trainer, prog: Progress) -> None:
         loss = tr.engine(x, y)
         tr.engine.backward(loss)
         if micro == tr.gas - 1:
+            if tr.kfac is not None:  # the accumulated gradients, before the update
+                scale = ds.loss_scale(tr.engine) if t.precision == "fp16" else 1.0
+                tr.kfac.step(prog.step, scale)
             prog.lr = tr.engine.get_lr()[0]  # not lr_at(step): skipped steps hold the schedule
             own_norm = t.zero_stage == 0 and t.precision == "fp32" and t.tensor_parallel == 1
             if logs_next and own_norm:
@@ -512,6 +543,7 @@ def save(tr: Trainer, prog: Progress) -> None:
         "fingerprint": tr.cfg.fingerprint(),
         "layout": layout(tr),
         "interval": prog.interval.state(),
+        **({"kfac": tr.kfac.state_dict()} if tr.kfac is not None else {}),
     }
     started = time.perf_counter()
     path = tr.series.save(tr.engine, prog.step, client, tr.rank, tr.dev.barrier, layout(tr))
