@@ -347,7 +347,7 @@ def refuse_placeholders():
     if found and workflow.executor_plugin and workflow.executor_plugin.name in cluster:
         raise WorkflowError(
             "gptflow: not submitted: "
-            + preflight.placeholder_message(found, "the profile", PLACEMENT.executor)
+            + preflight.placeholder_message(found, PLACEMENT.executor, "the profile")
         )
 
 

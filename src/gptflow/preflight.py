@@ -115,7 +115,11 @@ WHERE_VALUES = {
 }
 
 
-def placeholder_message(found: list[tuple[str, str]], profile: str, executor: str) -> str:
+def placeholder_message(
+    found: list[tuple[str, str]], executor: str, profile: str | None = None
+) -> str:
+    """The placeholders `found` in `profile` (default: the executor's shipped profile)."""
+    profile = profile or {"pbs": "the PBS profile"}.get(executor, "the Slurm profile")
     items = "; ".join(f"{where} is {value}" for where, value in found)
     hint = WHERE_VALUES.get(executor, WHERE_VALUES["slurm"])
     return f"edit {profile} first: {items} (your cluster's values: {hint})"
@@ -813,8 +817,7 @@ def run(
     gas = check_layout(train, ranks)
     rep = Report(placement=asdict(p))
     if found := placeholders(p):
-        profile = {"pbs": "the PBS profile"}.get(p.executor, "the Slurm profile")
-        rep.lines.append("gptflow: " + placeholder_message(found, profile, p.executor))
+        rep.lines.append("gptflow: " + placeholder_message(found, p.executor))
     rep.warnings += launch_warnings
     if p.executor == "slurm" and (groups := sinfo()) is not None:
         cpu = dict(p.settings).get("default-resources slurm_partition")

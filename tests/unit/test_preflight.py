@@ -240,14 +240,14 @@ def test_placeholders_are_named():
     )  # fmt: skip
     found = preflight.placeholders(shipped)
     assert found == [("default-resources slurm_account", "<account>")]
-    assert preflight.placeholder_message(found, "P", "slurm").startswith(
+    assert preflight.placeholder_message(found, "slurm", "P").startswith(
         "edit P first: default-resources slurm_account is <account> (your cluster's values: "
         "`sacctmgr show assoc"
     )
     assert preflight.placeholders(SLURM) == []
     # profiles/pbs: its own hint, and its GPU jobs count as a cluster's (the memory fit check)
     pbs = dataclasses.replace(shipped, executor="pbs")
-    assert "`qstat -Q` lists the queues" in preflight.placeholder_message(found, "P", "pbs")
+    assert "`qstat -Q` lists the queues" in preflight.placeholder_message(found, "pbs", "P")
     assert pbs.on_cluster and SLURM.on_cluster
     assert not dataclasses.replace(shipped, executor="local").on_cluster
 
