@@ -343,16 +343,22 @@ def wait_for(predicate, proc: subprocess.Popen, log: Path, timeout: float = 180,
         time.sleep(poll)
 
 
+# K-FAC's factors every step and eigenbases every 3rd: a resume that lost them would differ
+KFAC = {"factor_update_steps": 1, "inv_update_steps": 3, "damping": 0.003, "factor_decay": 0.95}
+
+
 @pytest.mark.parametrize(
-    "zero_stage, tp, pp, kills",
-    [(1, 1, 1, ("step", "save", "step")), (2, 1, 1, ("save",)), (3, 1, 1, ("step",)),
-     (1, 2, 1, ("step", "save")), (1, 1, 2, ("save", "step"))],
-    ids=["zero1", "zero2", "zero3", "zero1-tp2", "zero1-pp2"],
+    "zero_stage, tp, pp, kills, kfac",
+    [(1, 1, 1, ("step", "save", "step"), None), (2, 1, 1, ("save", "step"), KFAC),
+     (3, 1, 1, ("step",), None), (1, 2, 1, ("step", "save"), None),
+     (1, 1, 2, ("save", "step"), None)],
+    ids=["zero1", "zero2-kfac", "zero3", "zero1-tp2", "zero1-pp2"],
 )  # fmt: skip
-def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, pp, kills):
-    """Two ranks with ZeRO (or one tensor-parallel pair, or two pipeline stages), the whole job
-    SIGKILLed at random steps and in the middle of a checkpoint save, then rerun: the logged
-    losses and the consolidated final weights equal the uninterrupted run's exactly."""
+def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, pp, kills, kfac):
+    """Two ranks with ZeRO (or one tensor-parallel pair, or two pipeline stages; at ZeRO 2 with
+    K-FAC on), the whole job SIGKILLed at random steps and in the middle of a checkpoint save,
+    then rerun: the logged losses and the consolidated final weights equal the uninterrupted
+    run's exactly."""
     import random
 
     import torch
@@ -362,7 +368,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, 
     settings = dict(
         train_iters=14, log_interval=1, eval_interval=7, eval_iters=1, save_interval=2,
         keep_last=2, global_batch_size=8, zero_stage=zero_stage, tensor_parallel=tp,
-        pipeline_parallel=pp,
+        pipeline_parallel=pp, kfac=kfac,
     )  # fmt: skip
     straight = make_run("straight", **settings)
     log = tmp_path / "straight.log"
