@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 GPTFLOW = str(Path(sys.executable).parent / "gptflow")
 
 # the catalog the README names, in the order of config/datasets.yaml
-README_DATASETS = ["enwik8", "pile", "pile_subset", "pile_val", "pile_test", "oscar_1gb", "oscar"]
+README_DATASETS = ["enwik8", "pile", "pile_subset", "pile_val", "pile_test", "oscar_1gb", "oscar",
+                   "wikitext-2", "wikitext-103", "pile-10k"]  # fmt: skip
 
 
 def gptflow(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
