@@ -108,11 +108,13 @@ def test_exit_code_of_failed_ranks():
 
 
 def test_the_ranks_get_every_train_option_but_nproc_per_node():
+    """... and --nnodes: both are the launcher's (the ranks run inside it)."""
     argv = ["train", "--config", "r.yaml", "--threads", "3", "--exit-interval", "7",
-            "--wait-for-lock", "12", "--nproc-per-node", "2"]  # fmt: skip
+            "--wait-for-lock", "12", "--nproc-per-node", "2", "--nnodes", "1"]  # fmt: skip
     a = build_parser().parse_args(argv)
-    assert rank_args(a) == argv[:-2]
-    assert build_parser().parse_args(rank_args(a)).nproc_per_node is None
+    assert rank_args(a) == argv[:-4]
+    ranks = build_parser().parse_args(rank_args(a))
+    assert ranks.nproc_per_node is None and ranks.nnodes is None
     # an option added to `train` later must be passed on too
     (train,) = [
         parser
@@ -121,7 +123,7 @@ def test_the_ranks_get_every_train_option_but_nproc_per_node():
         if name == "train"
     ]
     options = {o for action in train._actions for o in action.option_strings}
-    assert options == {"-h", "--help", "--nproc-per-node", *(x for x in argv if x[:2] == "--")}
+    assert options == {"-h", "--help", *(x for x in argv if x[:2] == "--")}
 
 
 def test_nproc_per_node_is_refused_inside_a_launcher(tmp_path):
