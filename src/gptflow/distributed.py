@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -196,12 +195,15 @@ def interface_env(resources: dict) -> list[str]:
     return ["env", *(f"{var}={name}" for var in SOCKET_IFNAME_VARS)]
 
 
+PER_NODE_LAUNCHERS = ("mpiexec", "mpirun")  # profiles/pbs: one gptflow train per node
+
+
 def launches_per_node(mpi: str) -> bool:
     """Whether the profile's ``mpi`` starts one launcher per node (``mpiexec``/``mpirun`` in a
     PBS job, each starting its node's ranks from ``$PBS_NODEFILE``) rather than one task per
-    rank (``srun``)."""
-    words = shlex.split(mpi)
-    return bool(words) and os.path.basename(words[0]) != "srun"
+    rank (``srun``, or any other program: given as one argv word, as the Slurm profile's)."""
+    words = mpi.split()
+    return bool(words) and os.path.basename(words[0]) in PER_NODE_LAUNCHERS
 
 
 def per_node_command(mpi: str, nodes: int | None) -> list[str]:
@@ -212,7 +214,7 @@ def per_node_command(mpi: str, nodes: int | None) -> list[str]:
     themselves)."""
     if not nodes or nodes == 1:
         return []
-    return [*shlex.split(mpi), "-n", str(nodes), "--ppn", "1"]
+    return [*mpi.split(), "-n", str(nodes), "--ppn", "1"]  # words: no shell quoting
 
 
 def nodefile_hosts(path: str) -> list[str]:

@@ -300,3 +300,19 @@ def test_the_ranks_on_one_machine_and_their_threads():
     a = build_parser().parse_args(["train", "--config", "r.yaml", *rank_options(
         {"nproc_per_node": 2}, 2)])  # fmt: skip
     assert (a.nproc_per_node, a.threads) == (2, 1)
+
+
+def test_only_mpiexec_or_mpirun_starts_one_launcher_per_node():
+    """profiles/pbs's `mpi: mpiexec` (options after it are words) launches per node; srun, and
+    any other value (one argv word, as the Slurm profile's), never does, and a value a shell
+    would mangle (an unclosed quote) is no error."""
+    from gptflow.distributed import launches_per_node, per_node_command
+
+    assert launches_per_node("mpiexec") and launches_per_node("/opt/cray/pals/bin/mpiexec")
+    assert launches_per_node("mpirun --bind-to none")
+    for mpi in ("", "srun", "/usr/bin/srun", "two words", "it's", "mpiexec;rm"):
+        assert not launches_per_node(mpi), mpi
+    assert per_node_command("mpiexec --cpu-bind none", 4) == [
+        "mpiexec", "--cpu-bind", "none", "-n", "4", "--ppn", "1",
+    ]  # fmt: skip
+    assert per_node_command("mpiexec", 1) == []
