@@ -382,7 +382,8 @@ def model_config(cfg: dict, vocab: int) -> ModelConfig:
     model = {k: v for k, v in cfg["model"].items() if k not in ("preset", "init_from")}
     model["vocab_size"] = padded_vocab_size(vocab, model.get("make_vocab_size_divisible_by", 128))
     m = ModelConfig(**model)
-    if cfg["train"].get("kfac"):  # (a partial train section, as `gptflow why` has, is fine)
+    if cfg["train"].get("kfac") is not None:  # ({} is K-FAC with its defaults; a partial
+        # train section without it, as `gptflow why` has, is not built here)
         check_kfac(m, TrainConfig(**cfg["train"]))
     return m
 
