@@ -67,7 +67,8 @@ def hf_token_shards(tmp_path, tokenizer_json, spec, tag):
 def hf_cache(tmp_path, monkeypatch):
     """The datasets library offline, its cache in tmp_path (load_dataset of a directory of data
     files writes Arrow files there)."""
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the test extra installs it (gptflow[hf-datasets]): missing is a failure
+
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from .conftest import job_counts
 
 
@@ -14,7 +12,8 @@ def test_collect_hf_documents_writes_each_row_range_offline(
     the plan has a collect_hf_documents job per shard, and the jobs (the script adapter and its
     params) write the train split's rows in two contiguous ranges, empty rows dropped, with the
     dataset's path, split and fingerprint in each manifest."""
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the test extra installs it (gptflow[hf-datasets]): missing is a failure
+
     rows = ["first row\n", "", "second row\n", "third row\n", "fourth row\n"]
     saved = tmp_path / "saved"
     datasets.DatasetDict(
