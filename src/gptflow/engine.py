@@ -521,11 +521,16 @@ def global_grad_norm(engine) -> torch.Tensor | float | None:
     return engine.get_global_grad_norm()
 
 
+def loss_scale_value(engine):
+    """The dynamic loss scale (fp16) as DeepSpeed holds it, a float or a device tensor, read
+    without a host sync (no truth test, no float()); None without one."""
+    scale = getattr(engine.optimizer, "cur_scale", None)
+    return scale if scale is not None else getattr(engine.optimizer, "loss_scale", None)
+
+
 def loss_scale(engine) -> float:
-    """The dynamic loss scale (fp16), else 1.0."""
-    scale = getattr(engine.optimizer, "cur_scale", None) or getattr(
-        engine.optimizer, "loss_scale", None
-    )
+    """The dynamic loss scale (fp16), else 1.0, on the host (for the logged record)."""
+    scale = loss_scale_value(engine)
     try:
         return float(scale) if scale is not None else 1.0
     except (TypeError, ValueError):

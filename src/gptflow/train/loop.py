@@ -368,8 +368,9 @@ def train_step(tr: Trainer, prog: Progress) -> None:
         tr.engine.backward(loss)
         if micro == tr.gas - 1:
             if tr.kfac is not None:  # the accumulated gradients, before the update
-                scale = ds.loss_scale(tr.engine) if t.precision == "fp16" else 1.0
-                tr.kfac.step(prog.step, scale)
+                # fp16's scale as DeepSpeed holds it (a tensor stays on the device)
+                scale = ds.loss_scale_value(tr.engine) if t.precision == "fp16" else None
+                tr.kfac.step(prog.step, 1.0 if scale is None else scale)
             prog.lr = tr.engine.get_lr()[0]  # not lr_at(step): skipped steps hold the schedule
             own_norm = t.zero_stage == 0 and t.precision == "fp32" and t.tensor_parallel == 1
             if logs_next and own_norm:
