@@ -123,10 +123,23 @@ class CheckpointSeries:
         return f"{tag_for(step)}/{UNIVERSAL}"
 
     # -- writing (call on every rank; rank 0 does the bookkeeping) ------------------
+    def prepare(self, step: int, rank: int, barrier) -> Path:
+        """Rank 0 makes the series directory and clears the debris of an interrupted save of
+        `step`; every rank then meets it at a barrier. Returns the step's directory."""
+        path = self.dir / tag_for(step)
+        if rank == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if not (self.dir / "fingerprint.json").is_file():
+                write_json(self.dir / "fingerprint.json", self.fingerprint)
+            if path.exists() and not (path / COMPLETE).is_file():
+                shutil.rmtree(path)  # debris of an interrupted save of the same step
+        barrier()
+        return path
+
     def save(
         self, engine, step: int, client_state: dict, rank: int, barrier, layout: dict | None = None
     ) -> Path:
-        """Save `step` on every rank; returns its directory.
+        """Save `step` on every rank, synchronously; returns its directory.
 
         Nothing slow runs on one rank while the others wait in a collective (a multi-GB
         checkpoint would outlast NCCL's watchdog): each rank fsyncs the files it wrote itself,
@@ -135,32 +148,33 @@ class CheckpointSeries:
         `layout` (ranks, ZeRO stage, precision) goes into COMPLETE, so that a resume can check
         it before DeepSpeed reads a shard.
         """
-        tag = tag_for(step)
-        path = self.dir / tag
-        if rank == 0:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if not (self.dir / "fingerprint.json").is_file():
-                write_json(self.dir / "fingerprint.json", self.fingerprint)
-            if path.exists() and not (path / COMPLETE).is_file():
-                shutil.rmtree(path)  # debris of an interrupted save of the same step
-        barrier()
-        for f in _saved_files(engine, str(self.dir), tag, client_state):
+        path = self.prepare(step, rank, barrier)
+        for f in _saved_files(engine, str(self.dir), tag_for(step), client_state):
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         barrier()  # every rank's shards are on disk
         if rank == 0:
-            write_json(path / COMPLETE, {"step": step, "layout": layout})
-            fsync_dir(path)
-            with atomic_write(self.dir / "latest") as f:
-                f.write(tag)
+            self.mark_complete(step, layout)
         barrier()
         if rank == 0:
-            self.finish_pruning()
-            self._pruner = threading.Thread(
-                target=self.prune, args=(step,), daemon=True, name="checkpoint-prune"
-            )
-            self._pruner.start()
+            self.start_pruning(step)
         return path
+
+    def mark_complete(self, step: int, layout: dict | None) -> None:
+        """Rank 0, once every rank's files of `step` are on disk: COMPLETE, then ``latest``."""
+        path = self.dir / tag_for(step)
+        write_json(path / COMPLETE, {"step": step, "layout": layout})
+        fsync_dir(path)
+        with atomic_write(self.dir / "latest") as f:
+            f.write(tag_for(step))
+
+    def start_pruning(self, step: int) -> None:
+        """Rank 0: prune older steps in a background thread (after `step` is complete)."""
+        self.finish_pruning()
+        self._pruner = threading.Thread(
+            target=self.prune, args=(step,), daemon=True, name="checkpoint-prune"
+        )
+        self._pruner.start()
 
     _pruner: threading.Thread | None = None
 
@@ -187,6 +201,117 @@ class CheckpointSeries:
             with contextlib.suppress(FileNotFoundError):
                 os.replace(self.dir / tag_for(s), trash)
             shutil.rmtree(trash, ignore_errors=True)
+
+
+class Saves:
+    """How the loop saves a series: synchronously, or (``train.async_save``) from a snapshot
+    in host memory written by a thread of each rank (:mod:`gptflow.snapshot`).
+
+    An asynchronous save blocks training for the snapshot only: it waits for the previous
+    write first (one snapshot in flight, the wait logged), then DeepSpeed's
+    ``save_checkpoint`` runs with its checkpoint engine's ``save`` replaced by
+    :func:`gptflow.snapshot.take`, so every file DeepSpeed writes -- model, ZeRO partitions,
+    pipeline layers -- is taken as it would have been written, and written byte for byte so.
+    The step becomes COMPLETE, then ``latest``, only when every rank's files are on disk:
+    the loop's one per-step all-reduce (:meth:`flags`, :meth:`agreed`) carries whether any
+    rank is still writing or has failed, and when none is writing rank 0's writer thread
+    marks the step complete. Before an exit and before the next save :meth:`settle` waits for
+    the write on every rank and marks it complete at once. Until then resume reads the
+    previous complete step, so a rank killed mid-write loses that save and nothing else.
+
+    `any_rank` and `barrier` are the rank's collectives (:class:`gptflow.train.device.Device`).
+    """
+
+    def __init__(self, series: CheckpointSeries, rank: int, in_background: bool,
+                 any_rank, barrier) -> None:  # fmt: skip
+        from gptflow.snapshot import BackgroundWriter
+
+        self.series, self.rank = series, rank
+        self.any_rank, self.barrier = any_rank, barrier
+        self.writer = BackgroundWriter(rank) if in_background else None
+        self.pending: tuple[int, dict | None] | None = None  # written, not yet COMPLETE
+
+    @property
+    def in_background(self) -> bool:
+        return self.writer is not None
+
+    def save(self, engine, step: int, client_state: dict, layout: dict | None) -> tuple[Path, float]:
+        """Save `step`; returns its directory and the seconds spent waiting for the previous
+        write (0 for a synchronous save)."""
+        if self.writer is None:
+            path = self.series.save(engine, step, client_state, self.rank, self.barrier, layout)
+            return path, 0.0
+        waited = self.settle()
+        path = self.series.prepare(step, self.rank, self.barrier)
+        snapshots = _snapshots(engine, str(self.series.dir), tag_for(step), client_state,
+                               self.writer.pool)  # fmt: skip
+        from gptflow.snapshot import Batch
+
+        self.writer.submit(Batch(tag_for(step), snapshots))
+        self.pending = (step, layout)
+        return path, waited
+
+    def flags(self) -> tuple[bool, bool]:
+        """(this rank's write failed, this rank is still writing): for the per-step all-reduce."""
+        if self.writer is None:
+            return False, False
+        writing = self.writer.busy()  # read first: a write that ends has set its failure
+        return self.writer.failure() is not None, writing
+
+    def agreed(self, failed: bool, writing: bool) -> None:
+        """The flags OR-ed over the ranks: a failure stops training; when no rank is writing,
+        rank 0's writer thread marks the pending step complete (and prunes)."""
+        if failed:
+            raise GptflowError(self.failure_message())
+        if writing or self.pending is None:
+            return
+        step, layout = self.pending
+        self.pending = None
+        if self.rank == 0:
+            from gptflow.snapshot import Batch
+
+            self.writer.submit(Batch(tag_for(step), [], then=lambda: self._complete(step, layout)))
+
+    def settle(self) -> float:
+        """Every rank: wait for this rank's write, agree that none failed, and (rank 0) mark
+        the pending step complete. Returns the seconds waited. Call on every rank."""
+        if self.writer is None:
+            return 0.0
+        waited = self.writer.wait()
+        (failed,) = self.any_rank(self.writer.failure() is not None)
+        if failed:
+            raise GptflowError(self.failure_message())
+        if self.pending is not None:
+            step, layout = self.pending
+            self.pending = None
+            if self.rank == 0:
+                self._complete(step, layout)
+                log.info("checkpoint %s complete after a wait of %.2f s for its write",
+                         self.series.dir / tag_for(step), waited)  # fmt: skip
+        return waited
+
+    def _complete(self, step: int, layout: dict | None) -> None:
+        self.series.mark_complete(step, layout)
+        self.series.start_pruning(step)
+
+    def failure_message(self) -> str:
+        step = self.pending[0] if self.pending else None
+        what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+        last = self.series.latest_step()
+        kept = (f"the last complete checkpoint is step {last}, which a resume reads"
+                if last is not None else "no checkpoint is complete yet")  # fmt: skip
+        own = self.writer.failure() if self.writer else None
+        why = (f"rank {self.rank} could not write its files: {own}" if own
+               else "another rank could not write its files (its log says why)")  # fmt: skip
+        return (
+            f"{self.series.dir}: {what}: {why}; {kept}. Training stopped: fix the cause (free "
+            f"space, permissions of {self.series.dir}) and run again, or set train.async_save "
+            f"false to save synchronously"
+        )
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 def universal_dir(step_dir: Path, convert, num_layers: int) -> Path:
@@ -247,6 +372,21 @@ def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[st
     finally:
         del writer.save  # the class's method again
     return written
+
+
+def _snapshots(engine, save_dir: str, tag: str, client_state: dict, pool) -> list:
+    """``engine.save_checkpoint`` with each file DeepSpeed would write taken as a snapshot
+    (:func:`gptflow.snapshot.take`) instead; returns them, to be written in the background."""
+    from gptflow.snapshot import take
+
+    taken: list = []
+    writer = engine.checkpoint_engine
+    writer.save = lambda state_dict, path, *a, **kw: taken.append(take(state_dict, str(path), pool))
+    try:
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+    finally:
+        del writer.save  # the class's method again
+    return taken
 
 
 def _diff_keys(a, b, prefix: str = "") -> list[str]:

@@ -30,7 +30,7 @@ import torch
 
 from gptflow import distributed
 from gptflow import engine as ds
-from gptflow.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
+from gptflow.checkpoint import CheckpointSeries, Saves, checkpoint_digest, resume_mode, tag_for
 from gptflow.config import check_kfac
 from gptflow.data.dataset import run_split_datasets
 from gptflow.environment import versions
@@ -69,6 +69,7 @@ class Trainer:
     exit_interval: int | None
     resume_from: int | None  # the newest complete step of the series
     resume_mode: str  # how it loads: "native", or "universal" (saved in another layout)
+    saves: Saves  # synchronous, or in the background (train.async_save)
     metrics: MetricsLog | None = None  # rank 0
     kfac: Kfac | None = None  # train.kfac's preconditioner
 
@@ -83,6 +84,7 @@ class Progress:
     grad_norm: torch.Tensor | None = None  # of the last step, when it is to be logged
     started: float = field(default_factory=time.perf_counter)  # this attempt
     first_step: int = 0  # of this attempt
+    save_blocked: list[float] = field(default_factory=list)  # seconds, saves of the interval
 
 
 def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: int | None) -> int:
@@ -102,7 +104,9 @@ def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: in
         if stop or prog.step % t.save_interval == 0 or prog.step == t.train_iters:
             save(tr, prog)
         if stop:
+            tr.saves.settle()  # the save is on disk and complete before the exit
             return announce_stop(tr, prog.step, stop)
+    tr.saves.settle()
     finish(tr, prog.step)
     return 0
 
@@ -174,6 +178,7 @@ def build(
         exit_interval=exit_interval,
         resume_from=resume_from,
         resume_mode=mode,
+        saves=Saves(series, rank, t.async_save, dev.any_rank, dev.barrier),
         kfac=kfac,
     )
 
@@ -404,8 +409,11 @@ def pipeline_step(tr: Trainer, prog: Progress) -> None:
 
 def stop_reason(tr: Trainer, step: int) -> str | None:
     """Why to save and exit after this step, agreed by all ranks: a signal reached any rank
-    (Slurm's warning before the time limit, a preemption), or the exit interval is due."""
-    (signalled,) = tr.dev.any_rank(bool(signals_received))
+    (Slurm's warning before the time limit, a preemption), or the exit interval is due. The
+    same all-reduce carries the background checkpoint write's state (:class:`Saves`): a
+    failed write stops training here, a finished one is marked complete."""
+    signalled, failed, writing = tr.dev.any_rank(bool(signals_received), *tr.saves.flags())
+    tr.saves.agreed(failed, writing)
     if signalled:
         return f"received signal {signals_received[0] if signals_received else 'on another rank'}"
     if tr.exit_interval and step % tr.exit_interval == 0 and step < tr.cfg.train.train_iters:
@@ -463,9 +471,12 @@ def log_progress(tr: Trainer, prog: Progress) -> None:
         "loss_scale": ds.loss_scale(tr.engine),
         "skipped_iters": ds.skipped_steps(tr.engine),
         "nan_iters": int(nan_iters),
+        # the seconds the interval's checkpoint saves held training (train.async_save)
+        "save_blocked_s": sum(prog.save_blocked) if prog.save_blocked else None,
         "time": time.time(),
     }
     prog.grad_norm = None
+    prog.save_blocked.clear()
     prog.interval.restart()
     if tr.rank == 0:
         elapsed = time.perf_counter() - prog.started
@@ -547,10 +558,25 @@ def save(tr: Trainer, prog: Progress) -> None:
         **({"kfac": tr.kfac.state_dict()} if tr.kfac is not None else {}),
     }
     started = time.perf_counter()
-    path = tr.series.save(tr.engine, prog.step, client, tr.rank, tr.dev.barrier, layout(tr))
+    path, waited = tr.saves.save(tr.engine, prog.step, client, layout(tr))
+    blocked = time.perf_counter() - started
+    prog.save_blocked.append(blocked)
     if tr.rank == 0:
-        log.info("saved checkpoint %s in %.2f s", path, time.perf_counter() - started)
-    prog.interval.leave_out(time.perf_counter() - started, "checkpoint saves")
+        if tr.saves.in_background:
+            log.info(
+                "checkpoint %s: training blocked %.2f s (%.2f s of it waiting for the previous "
+                "write; snapshot %.3g GB on rank 0), written in the background",
+                path, blocked, waited, tr.saves.writer.snapshot_bytes / 1e9,
+            )  # fmt: skip
+        else:
+            log.info("saved checkpoint %s in %.2f s", path, blocked)
+        tr.metrics.write({"step": prog.step, "kind": "save", "blocked_s": blocked,
+                          "waited_s": waited, "mode": save_mode(tr), "time": time.time()})  # fmt: skip
+    prog.interval.leave_out(blocked, "checkpoint saves")
+
+
+def save_mode(tr: Trainer) -> str:
+    return "async" if tr.saves.in_background else "sync"
 
 
 def announce_stop(tr: Trainer, step: int, reason: str) -> int:

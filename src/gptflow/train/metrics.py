@@ -278,6 +278,8 @@ def iteration_line(step: int, total: int, rec: dict, elapsed_s: float, remaining
     )  # fmt: skip
     left_out = rec["timing_excludes"]
     timing = f"timed without {', '.join(left_out)}" if left_out else "timed: all of it"
+    if rec.get("save_blocked_s") is not None:
+        timing += f" | checkpoint save blocked: {rec['save_blocked_s']:.2f} s"
     return (
         f" iteration {step:8d}/{total:8d} | consumed samples: {rec['consumed_samples']:12d} | "
         f"elapsed time per iteration (ms): {ms} | learning rate: "

@@ -1,0 +1,259 @@
+"""Checkpoint files written in the background: a snapshot in host memory, then a writer thread.
+
+``torch.save(obj, path)`` does two things: it pickles `obj` (tensors become references to
+their storages) and writes the pickle and each storage's bytes into a zip archive. Here they
+are split in time. :func:`take` pickles `obj` at once, exactly as ``torch.save`` would
+(same pickler, same storage keys and location tags, so a CUDA tensor still says ``cuda:N``),
+and copies each storage into a host buffer; :func:`write` later writes the same records in
+the same order through the same ``PyTorchFileWriter``. The file is byte for byte the one
+``torch.save`` makes at the moment of :func:`take`, whatever the training does to its
+tensors and objects afterwards (tests/unit/test_snapshot.py checks it, mutations included).
+
+Host buffers are reused from one snapshot to the next (:class:`BufferPool`: DeepSpeed saves
+the same storages every time), pinned when they receive a GPU's memory so the copy runs at the
+link's speed. One snapshot is in flight at a time: :class:`BackgroundWriter` refuses a second
+before the first is written, and its caller waits (and says how long).
+
+Each file is written under its own name in a hidden directory beside it (``.writing-rank{r}``:
+``PyTorchFileWriter`` names the archive's root folder after the file, so a temporary *name*
+would change the bytes), fsynced, renamed into place, and the directory fsynced. A failure is
+kept and reported by :meth:`BackgroundWriter.failure` -- the training loop asks at every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import pickle
+import queue
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import serialization as ts
+
+from gptflow.fsutil import fsync_dir
+
+log = logging.getLogger("gptflow.train")
+
+PICKLE_PROTOCOL = 2  # torch.save's default (torch.serialization.DEFAULT_PROTOCOL)
+
+
+class BufferPool:
+    """Host buffers by size, reused across snapshots (pinned when `pinned`)."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, bool], list[torch.UntypedStorage]] = {}
+        self._lock = threading.Lock()
+        self.allocated = 0  # bytes ever allocated (for the log and the tests)
+
+    def get(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        with self._lock:
+            free = self._free.get((nbytes, pinned))
+            if free:
+                return free.pop()
+        self.allocated += nbytes
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+
+    def give_back(self, buffers: list[tuple[torch.UntypedStorage, bool]]) -> None:
+        with self._lock:
+            for buf, pinned in buffers:
+                self._free.setdefault((buf.nbytes(), pinned), []).append(buf)
+
+
+@dataclass
+class Snapshot:
+    """One file's content, taken: the pickle and each storage's bytes on the host."""
+
+    path: str
+    pickled: bytes
+    storages: list[tuple[str, torch.UntypedStorage]]  # (key, host copy), in torch.save's order
+    buffers: list[tuple[torch.UntypedStorage, bool]] = field(default_factory=list)  # pooled
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.pickled) + sum(s.nbytes() for _, s in self.storages)
+
+
+def take(obj, path: str, pool: BufferPool) -> Snapshot:
+    """Pickle `obj` now and copy its storages to host buffers (torch.save's first half)."""
+    found: dict[str, torch.UntypedStorage] = {}
+    keys: dict[int, str] = {}
+
+    def persistent_id(o):  # torch.serialization._save's, without its dtype-aliasing check
+        if isinstance(o, torch.storage.TypedStorage) or torch.is_storage(o):
+            if isinstance(o, torch.storage.TypedStorage):
+                storage, storage_type = o._untyped_storage, getattr(torch, o._pickle_storage_type())
+                numel = o._size()
+            else:
+                storage, storage_type = o, ts.normalize_storage_type(type(o))
+                numel = storage.nbytes()
+            key = keys.setdefault(storage._cdata, str(len(keys)))
+            found[key] = storage
+            return ("storage", storage_type, key, ts.location_tag(storage), numel)
+        return None
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, o):
+            return persistent_id(o)
+
+    data = io.BytesIO()
+    Pickler(data, protocol=PICKLE_PROTOCOL).dump(obj)
+    snap = Snapshot(path, data.getvalue(), [])
+    devices = set()
+    for key, storage in found.items():
+        on_host = storage.device.type == "cpu"
+        buf = pool.get(storage.nbytes(), pinned=not on_host)
+        buf.copy_(storage, non_blocking=not on_host)
+        if not on_host:
+            devices.add(storage.device)
+        snap.storages.append((key, buf))
+        snap.buffers.append((buf, not on_host))
+    for device in devices:  # the copies have landed before anything reads the buffers
+        torch.accelerator.current_stream(device.index).synchronize()
+    return snap
+
+
+def write(snap: Snapshot, temp_dir: Path) -> Path:
+    """torch.save's second half: the archive under its own name in `temp_dir`, fsynced.
+    Returns the written file (to be renamed to ``snap.path``)."""
+    tmp = temp_dir / os.path.basename(snap.path)
+    writer = torch._C.PyTorchFileWriter(
+        str(tmp), ts.get_crc32_options(), ts._get_storage_alignment()
+    )
+    writer.write_record("data.pkl", snap.pickled, len(snap.pickled))
+    writer.write_record(".format_version", "1", 1)
+    alignment = str(ts._get_storage_alignment())
+    writer.write_record(".storage_alignment", alignment, len(alignment))
+    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+    for key, storage in snap.storages:
+        writer.write_record(f"data/{key}", storage, storage.nbytes())
+    writer.write_end_of_file()
+    del writer  # closes the file
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    return tmp
+
+
+@dataclass
+class Batch:
+    """The files of one checkpoint on this rank, and what to do once they are on disk."""
+
+    tag: str
+    snapshots: list[Snapshot]
+    then: object = None  # a callable run on the writer thread after the files (rank 0's marker)
+    started: float = field(default_factory=time.monotonic)
+
+
+class WriteFailed(Exception):
+    """A background write failed; the message says which file and why."""
+
+
+class BackgroundWriter:
+    """One thread per rank writing :class:`Batch` es, one at a time, in order.
+
+    :meth:`busy` and :meth:`failure` are read by the training loop at every step (no waiting);
+    :meth:`wait` blocks until the queue is empty (before the next snapshot, before an exit)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.pool = BufferPool()
+        self._queue: queue.Queue[Batch | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._error: str | None = None
+        self._thread: threading.Thread | None = None
+        self.last_write_s = 0.0
+        self.last_bytes = 0
+        self.snapshot_bytes = 0  # of the last snapshot submitted
+
+    # -- the loop's side ----------------------------------------------------------------
+    def submit(self, batch: Batch) -> None:
+        if not self._idle.is_set():
+            raise RuntimeError("a snapshot is still being written: wait() first")
+        self._idle.clear()
+        if batch.snapshots:
+            self.snapshot_bytes = sum(s.nbytes for s in batch.snapshots)
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, daemon=True,
+                                            name=f"checkpoint-writer-{self.rank}")  # fmt: skip
+            self._thread.start()
+        self._queue.put(batch)
+
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    def failure(self) -> str | None:
+        """Why the last write failed (also: the thread died with work queued), or None."""
+        if self._error is None and self.busy() and not self._thread.is_alive():
+            self._error = "the checkpoint writer thread died"
+        return self._error
+
+    def wait(self) -> float:
+        """Block until every submitted batch is written (or failed); returns seconds waited."""
+        started = time.monotonic()
+        while not self._idle.wait(timeout=1.0):
+            if self._thread is None or not self._thread.is_alive():
+                self._error = self._error or "the checkpoint writer thread died"
+                break
+        return time.monotonic() - started
+
+    # -- the thread's side --------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            try:
+                if self._error is None:  # after a failure, nothing more is written
+                    self._write(batch)
+                    if batch.then is not None:
+                        batch.then()
+            except BaseException as e:  # reported by failure(), at the loop's next step
+                self._error = f"{type(e).__name__}: {e}"
+                log.error("rank %d: writing checkpoint %s failed: %s", self.rank, batch.tag,
+                          self._error)  # fmt: skip
+            finally:
+                self.pool.give_back([b for s in batch.snapshots for b in s.buffers])
+                batch.snapshots = []
+                if self._queue.empty():
+                    self._idle.set()
+
+    def _write(self, batch: Batch) -> None:
+        started = time.monotonic()
+        temps: dict[Path, Path] = {}
+        moved: set[Path] = set()
+        try:
+            for snap in batch.snapshots:
+                final = Path(snap.path)
+                temp = temps.get(final.parent)
+                if temp is None:
+                    temp = temps[final.parent] = final.parent / f".writing-rank{self.rank}"
+                    shutil.rmtree(temp, ignore_errors=True)  # debris of a killed write
+                    temp.mkdir()
+                try:
+                    written = write(snap, temp)
+                except OSError as e:
+                    raise WriteFailed(f"{final}: {e.strerror or e}") from e
+                os.replace(written, final)
+                moved.add(final.parent)
+            for parent in moved:
+                fsync_dir(parent)
+        finally:
+            for temp in temps.values():
+                shutil.rmtree(temp, ignore_errors=True)
+        self.last_write_s = time.monotonic() - started
+        self.last_bytes = sum(s.nbytes for s in batch.snapshots)
+
+    def close(self) -> None:
+        """Stop the thread once its queue is written (the process may also just exit)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            with contextlib.suppress(RuntimeError):
+                self._thread.join()
