@@ -127,13 +127,20 @@ def write(snap: Snapshot, temp_dir: Path) -> Path:
     writer = torch._C.PyTorchFileWriter(
         str(tmp), ts.get_crc32_options(), ts._get_storage_alignment()
     )
-    writer.write_record("data.pkl", snap.pickled, len(snap.pickled))
-    writer.write_record(".format_version", "1", 1)
-    alignment = str(ts._get_storage_alignment())
-    writer.write_record(".storage_alignment", alignment, len(alignment))
-    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-    for key, storage in snap.storages:
-        writer.write_record(f"data/{key}", storage, storage.nbytes())
+    try:
+        writer.write_record("data.pkl", snap.pickled, len(snap.pickled))
+        writer.write_record(".format_version", "1", 1)
+        alignment = str(ts._get_storage_alignment())
+        writer.write_record(".storage_alignment", alignment, len(alignment))
+        writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+        for key, storage in snap.storages:
+            writer.write_record(f"data/{key}", storage, storage.nbytes())
+    except BaseException:
+        # finalize it even so (it raises again): the writer's destructor would otherwise try,
+        # and an exception there aborts the process (std::terminate) -- torch.save does too
+        with contextlib.suppress(Exception):
+            writer.write_end_of_file()
+        raise
     writer.write_end_of_file()
     del writer  # closes the file
     with open(tmp, "rb") as f:
@@ -216,7 +223,7 @@ class BackgroundWriter:
                     if batch.then is not None:
                         batch.then()
             except BaseException as e:  # reported by failure(), at the loop's next step
-                self._error = f"{type(e).__name__}: {e}"
+                self._error = str(e) if isinstance(e, WriteFailed) else f"{type(e).__name__}: {e}"
                 log.error("rank %d: writing checkpoint %s failed: %s", self.rank, batch.tag,
                           self._error)  # fmt: skip
             finally:
@@ -239,8 +246,12 @@ class BackgroundWriter:
                     temp.mkdir()
                 try:
                     written = write(snap, temp)
-                except OSError as e:
-                    raise WriteFailed(f"{final}: {e.strerror or e}") from e
+                except (OSError, RuntimeError) as e:  # the zip writer raises RuntimeError
+                    free = shutil.disk_usage(final.parent).free
+                    raise WriteFailed(
+                        f"writing {final} ({snap.nbytes:,} bytes) failed: {e} ({free:,} bytes "
+                        "free on its file system)"
+                    ) from e
                 os.replace(written, final)
                 moved.add(final.parent)
             for parent in moved:
