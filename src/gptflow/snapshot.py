@@ -148,6 +148,14 @@ def write(snap: Snapshot, temp_dir: Path) -> Path:
     return tmp
 
 
+def free_space(directory: Path) -> str:
+    """`` (N bytes free on its file system)``, or nothing where that cannot be read."""
+    try:
+        return f" ({shutil.disk_usage(directory).free:,} bytes free on its file system)"
+    except OSError:
+        return ""
+
+
 @dataclass
 class Batch:
     """The files of one checkpoint on this rank, and what to do once they are on disk."""
@@ -239,20 +247,17 @@ class BackgroundWriter:
         try:
             for snap in batch.snapshots:
                 final = Path(snap.path)
-                temp = temps.get(final.parent)
-                if temp is None:
-                    temp = temps[final.parent] = final.parent / f".writing-rank{self.rank}"
-                    shutil.rmtree(temp, ignore_errors=True)  # debris of a killed write
-                    temp.mkdir()
                 try:
-                    written = write(snap, temp)
+                    temp = temps.get(final.parent)
+                    if temp is None:
+                        temp = final.parent / f".writing-rank{self.rank}"
+                        shutil.rmtree(temp, ignore_errors=True)  # debris of a killed write
+                        temp.mkdir()
+                        temps[final.parent] = temp
+                    os.replace(write(snap, temp), final)
                 except (OSError, RuntimeError) as e:  # the zip writer raises RuntimeError
-                    free = shutil.disk_usage(final.parent).free
-                    raise WriteFailed(
-                        f"writing {final} ({snap.nbytes:,} bytes) failed: {e} ({free:,} bytes "
-                        "free on its file system)"
-                    ) from e
-                os.replace(written, final)
+                    raise WriteFailed(f"writing {final} ({snap.nbytes:,} bytes) failed: "
+                                      f"{e}{free_space(final.parent)}") from e  # fmt: skip
                 moved.add(final.parent)
             for parent in moved:
                 fsync_dir(parent)

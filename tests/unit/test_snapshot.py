@@ -1,0 +1,157 @@
+"""gptflow.snapshot: a file taken now and written later is the file torch.save writes now.
+
+torch.save's output is compared byte for byte; the object graph is changed between the take
+and the write, as the training does to its tensors and optimizer while a checkpoint is written.
+A GPU's tensors cannot exist here: the one GPU-only fact (the file records the device the
+tensor was on, not the host buffer's) is checked through a location tag of our own, which
+torch.save and the snapshot must both write."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from torch import serialization as ts
+
+from gptflow import snapshot
+
+
+class Holder:
+    """An object (not a container) that holds a tensor and a number, as DeepSpeed's loss
+    scaler and scheduler objects do inside a state dict."""
+
+    def __init__(self) -> None:
+        self.scale = 2.0**16
+        self.tensor = torch.arange(6.0)
+
+
+def state() -> dict:
+    torch.manual_seed(0)
+    flat = torch.randn(1000)  # ZeRO's flat buffer: parameters are views into it
+    return {
+        "module": collections.OrderedDict(
+            w=flat[:600].view(20, 30), b=flat[600:630], t=torch.randn(5, 7).t()
+        ),
+        "flat": flat,
+        "bf16": torch.randn(33).bfloat16(),
+        "fp16": torch.randn(3, 3).half(),
+        "ints": torch.arange(10, dtype=torch.int64)[::2],
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0),
+        "holder": Holder(),
+        "shapes": [torch.Size([20, 30])],
+        "meta": {"step": 7, "name": "x", "none": None, "tuple": (1, 2.5)},
+    }
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def take_and_write(obj, tmp_path: Path, change=None) -> Path:
+    pool = snapshot.BufferPool()
+    snap = snapshot.take(obj, str(tmp_path / "out" / "model_states.pt"), pool)
+    if change is not None:
+        change(obj)
+    (tmp_path / "out" / ".tmp").mkdir(parents=True)
+    return snapshot.write(snap, tmp_path / "out" / ".tmp")
+
+
+def mutate(s: dict) -> None:
+    """What training does after the snapshot: in-place updates, new objects, new values."""
+    s["flat"].mul_(3)
+    s["bf16"].zero_()
+    s["holder"].scale = 1.0
+    s["holder"].tensor.add_(1)
+    s["meta"]["step"] = 8
+    s["module"]["extra"] = torch.ones(2)
+
+
+def test_a_snapshot_writes_torch_saves_bytes_as_of_the_take(tmp_path):
+    s = state()
+    (tmp_path / "ref").mkdir()
+    torch.save(s, tmp_path / "ref" / "model_states.pt")
+    written = take_and_write(s, tmp_path, change=mutate)
+    assert sha(written) == sha(tmp_path / "ref" / "model_states.pt")
+    back = torch.load(written, weights_only=False)
+    assert back["meta"]["step"] == 7 and back["holder"].scale == 2.0**16
+    # storage sharing kept: the views still share the flat buffer
+    assert back["module"]["w"].untyped_storage().data_ptr() == back["flat"].data_ptr()
+
+
+def test_the_file_records_the_tensors_device_not_the_host_buffers(tmp_path):
+    """A CUDA tensor's file says cuda:N. Without a GPU: a location tag of our own for the
+    original storages (torch.save's tagger mechanism) must appear in the snapshot's file as it
+    does in torch.save's; tagging the host copy instead would write "cpu"."""
+    s = {"w": torch.randn(10), "v": torch.randn(3)}
+    ours = {s["w"].untyped_storage()._cdata}
+
+    def tagger(storage):
+        return "gptflowtest" if storage._cdata in ours else None
+
+    ts.register_package(1, tagger, lambda obj, location: obj if location == "gptflowtest" else None)
+    try:
+        (tmp_path / "ref").mkdir()
+        torch.save(s, tmp_path / "ref" / "model_states.pt")
+        written = take_and_write(s, tmp_path)
+    finally:
+        ts._package_registry[:] = [p for p in ts._package_registry if p[1] is not tagger]
+    assert b"gptflowtest" in (tmp_path / "ref" / "model_states.pt").read_bytes()
+    assert sha(written) == sha(tmp_path / "ref" / "model_states.pt")
+
+
+def test_host_buffers_are_reused_from_one_snapshot_to_the_next(tmp_path):
+    w = snapshot.BackgroundWriter(rank=0)
+    (tmp_path / "a").mkdir()
+    for step in range(3):
+        s = state()
+        snaps = [snapshot.take(s, str(tmp_path / "a" / f"{step}.pt"), w.pool)]
+        if step == 0:
+            first = w.pool.allocated
+        w.submit(snapshot.Batch(f"step{step}", snaps))
+        w.wait()
+        assert w.failure() is None
+    assert first > 4000 and w.pool.allocated == first  # nothing allocated after the first
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["0.pt", "1.pt", "2.pt"]
+    w.close()
+
+
+def test_one_snapshot_in_flight(tmp_path):
+    w = snapshot.BackgroundWriter(rank=0)
+    release = __import__("threading").Event()
+    w.submit(snapshot.Batch("a", [], then=release.wait))
+    with pytest.raises(RuntimeError, match="still being written"):
+        w.submit(snapshot.Batch("b", []))
+    assert w.busy()
+    release.set()
+    w.wait()
+    assert not w.busy()
+    w.close()
+
+
+def test_a_failed_write_is_reported_and_leaves_no_file_under_its_name(tmp_path):
+    """The second file's directory is a file: the write fails, the failure names the file,
+    the files before it are renamed into place, nothing is left under the failed name and
+    no hidden temporary directory stays behind; the writer writes nothing after a failure."""
+    w = snapshot.BackgroundWriter(rank=3)
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    s = state()
+    snaps = [
+        snapshot.take(s, str(tmp_path / "ok" / "a.pt"), w.pool),
+        snapshot.take(s, str(tmp_path / "blocked" / "b.pt"), w.pool),
+    ]
+    w.submit(snapshot.Batch("step1", snaps))
+    w.wait()
+    message = w.failure()
+    assert message is not None and str(tmp_path / "blocked" / "b.pt") in message
+    assert "failed" in message
+    assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["a.pt"]
+    later = [snapshot.take(s, str(tmp_path / "ok" / "c.pt"), w.pool)]
+    w.submit(snapshot.Batch("step2", later))
+    w.wait()
+    assert not (tmp_path / "ok" / "c.pt").exists()
+    w.close()
