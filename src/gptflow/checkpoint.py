@@ -235,7 +235,9 @@ class Saves:
     def in_background(self) -> bool:
         return self.writer is not None
 
-    def save(self, engine, step: int, client_state: dict, layout: dict | None) -> tuple[Path, float]:
+    def save(
+        self, engine, step: int, client_state: dict, layout: dict | None
+    ) -> tuple[Path, float]:
         """Save `step`; returns its directory and the seconds spent waiting for the previous
         write (0 for a synchronous save)."""
         if self.writer is None:

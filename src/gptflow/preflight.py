@@ -26,6 +26,7 @@ DeepSpeed's own ZeRO estimators.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -641,6 +642,87 @@ def check_memory(fit: MemoryFit) -> None:
     )
 
 
+# --------------------------------------------------------------------------- saves
+
+
+def snapshot_bytes(m: ModelConfig, t: TrainConfig, ranks: int, precision: str) -> int:
+    """Host bytes of the largest rank's checkpoint snapshot (train.async_save): what it
+    writes, as :func:`model_state_bytes` counts it on the most loaded pipeline stage -- the
+    model file's weights (data-parallel rank 0 writes them) and its optimizer partition
+    (offloaded or not: the snapshot copies it either way) -- and K-FAC's state."""
+    dp = t.data_parallel_size(ranks)
+    params = parameters_per_rank(m, t.tensor_parallel, t.pipeline_parallel)
+    parts = model_state_bytes(params, dp, t.zero_stage, precision)
+    kfac = 4 * kfac_floats(m) if t.kfac else 0
+    return parts["weights"] + parts["optimizer states"] + kfac
+
+
+def node_memory() -> int:
+    """This machine's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class SnapshotFit:
+    """Host memory of a node with asynchronous saves: its ranks' snapshots, each rank's
+    process (sizing.HOST_OVERHEAD_BYTES) and, training on CPUs, the training state itself."""
+
+    per_rank: int  # the largest rank's snapshot
+    ranks: int  # of one node
+    need: int  # per node
+    node_bytes: int | None  # None: not known (no mem_mb for a cluster's node)
+    source: str
+    on_cpu: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.node_bytes is None or self.need <= self.node_bytes
+
+
+def snapshot_fit(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> SnapshotFit:
+    on_gpus = p.on_cluster or bool(p.gres) or bool(p.gpus)
+    precision = t.precision if t.precision != "auto" else "bf16" if on_gpus else "fp32"
+    per_rank = snapshot_bytes(m, t, ranks, precision)
+    node_ranks = p.tasks_per_node if p.mpi and p.tasks_per_node else ranks
+    need = node_ranks * (per_rank + sizing.HOST_OVERHEAD_BYTES)
+    if not on_gpus:  # the weights and optimizer state live in host memory too
+        dp = t.data_parallel_size(ranks)
+        params = parameters_per_rank(m, t.tensor_parallel, t.pipeline_parallel)
+        state = model_state_bytes(params, dp, t.zero_stage, precision, t.offload)
+        need += node_ranks * sum(state.values())
+    if p.mem_mb:
+        node, source = p.mem_mb * 2**20, "set-resources train_gpt mem_mb"
+    elif not p.on_cluster:
+        node, source = node_memory(), "this machine's memory"
+    else:
+        node, source = None, "not known: set-resources train_gpt mem_mb"
+    return SnapshotFit(per_rank, node_ranks, need, node, source, not on_gpus)
+
+
+def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
+    """The -n line on how checkpoints are saved; refuses a snapshot the node cannot hold."""
+    if fit is None:
+        return "  checkpoint saves: synchronous (train.async_save false): training waits for each write"
+    cpu = " + the training state (on CPUs)" if fit.on_cpu else ""
+    need = (
+        f"about {human(fit.per_rank)} on the largest rank; {human(fit.need)} of host memory per "
+        f"node ({fit.ranks} rank(s) x (snapshot + {human(sizing.HOST_OVERHEAD_BYTES)} a process)"
+        f"{cpu})"
+    )
+    node = human(fit.node_bytes) if fit.node_bytes is not None else "?"
+    if not fit.fits:
+        raise GptflowError(
+            f"train.async_save: a checkpoint's snapshot in host memory takes {need}, more than "
+            f"a node's {node} ({fit.source}); set train.async_save false (synchronous saves: "
+            f"training waits for each write), raise train.zero_stage (it partitions the "
+            f"optimizer state), or put fewer ranks on a node"
+        )
+    return (
+        f"  checkpoint saves: in the background (train.async_save): snapshot {need}, of {node} "
+        f"({fit.source})"
+    )
+
+
 # --------------------------------------------------------------------------- after training
 
 
@@ -797,6 +879,29 @@ def token_bytes(datasets, vocab: int, tokenizer: str | None = None) -> tuple[int
     return total, missing
 
 
+def memory_lines(
+    rep: Report, m: ModelConfig, train: TrainConfig, ranks: int, p: Placement, cfg: dict
+) -> list[str]:
+    """The GPU memory fit (where training goes to GPUs), the jobs after training, and the
+    host memory of asynchronous saves; each refuses what cannot fit."""
+    lines: list[str] = []
+    if p.on_cluster or p.gres:
+        fit = memory_per_gpu(m, train, ranks, p)
+        check_memory(fit)
+        rep.memory = {"terms": fit.terms, "total": fit.total, "gpu_bytes": fit.gpu_bytes,
+                      "gpu_source": fit.gpu_source, "margin": fit.margin,
+                      "stage": fit.stage}  # fmt: skip
+        terms = ", ".join(f"{k} {human(v)}" for k, v in fit.terms.items() if v)
+        where = f" ({fit.stage})" if fit.stage else ""
+        lines.append(
+            f"  memory per GPU{where}: about {human(fit.total)} + {margin_text(fit)}, of "
+            f"{human(fit.gpu_bytes)} ({terms}; {fit.gpu_source})"
+        )
+        lines += after_training(m, train.seq_length, p, cfg.get("eval") or {})
+    lines.append(check_saves(train, snapshot_fit(m, train, ranks, p) if train.async_save else None))
+    return lines
+
+
 def run(
     cfg: dict,
     p: Placement,
@@ -840,19 +945,7 @@ def run(
         f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
         f"{vocab:,}: {vocab_source})"
     )
-    if p.on_cluster or p.gres:
-        fit = memory_per_gpu(m, train, ranks, p)
-        check_memory(fit)
-        rep.memory = {"terms": fit.terms, "total": fit.total, "gpu_bytes": fit.gpu_bytes,
-                      "gpu_source": fit.gpu_source, "margin": fit.margin,
-                      "stage": fit.stage}  # fmt: skip
-        terms = ", ".join(f"{k} {human(v)}" for k, v in fit.terms.items() if v)
-        where = f" ({fit.stage})" if fit.stage else ""
-        rep.lines.append(
-            f"  memory per GPU{where}: about {human(fit.total)} + {margin_text(fit)}, of "
-            f"{human(fit.gpu_bytes)} ({terms}; {fit.gpu_source})"
-        )
-        rep.lines += after_training(m, train.seq_length, p, cfg.get("eval") or {})
+    rep.lines += memory_lines(rep, m, train, ranks, p, cfg)
     for rule, n in sorted((profile_threads or {}).items()):
         given = (config_threads or {}).get(rule)
         if given is not None and given != n:

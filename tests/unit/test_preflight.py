@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from gptflow import preflight
+from gptflow import preflight, sizing
 from gptflow.config import ModelConfig, TrainConfig
 from gptflow.errors import GptflowError
 from gptflow.preflight import PartitionNodes, Placement
@@ -273,10 +273,13 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     (weights, optimizer states, its fp32 partition and accumulation buffers) equal the
     formula's terms that outlive a step, for fp32 at ZeRO 0-2 and bf16 at ZeRO 1-2 (measured:
     12, 16, 16, 18 and 14 bytes a parameter), but for scalars: Adam's step counter of each
-    tensor and DeepSpeed's flags (measured: 12 to 268 bytes)."""
+    tensor and DeepSpeed's flags (measured: 12 to 268 bytes). The files a save writes, taken
+    as an asynchronous save's snapshot, are snapshot_bytes but for their pickles."""
     from gptflow import distributed
     from gptflow import engine as ds
+    from gptflow.checkpoint import _snapshots
     from gptflow.model import decay_groups
+    from gptflow.snapshot import BufferPool
     from gptflow.train import device
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
@@ -287,7 +290,7 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     dev = device.setup(env, timeout_minutes=5)
     request.addfinalizer(dev.shutdown)
     m = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
-    measured = {}
+    measured, snapshots, pool = {}, {}, BufferPool()
     for zero, precision in [(0, "fp32"), (1, "fp32"), (2, "fp32"), (1, "bf16"), (2, "bf16")]:
         t = TrainConfig(train_iters=2, global_batch_size=2, micro_batch_size=2, seq_length=16,
                         zero_stage=zero, precision=precision)  # fmt: skip
@@ -299,7 +302,15 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
         terms = preflight.model_state_bytes(m.num_parameters(), 1, zero, precision)
         kept = sum(v for k, v in terms.items() if k not in preflight.TRANSIENT)
         measured[(zero, precision)] = (kept_bytes(engine), kept)
+        # what an asynchronous save holds in host memory: every file DeepSpeed writes
+        taken = _snapshots(engine, str(tmp_path / "ckpt"), f"z{zero}{precision}", {}, pool)
+        snapshots[(zero, precision)] = (
+            sum(s.nbytes for s in taken),
+            preflight.snapshot_bytes(m, t, 1, precision),
+        )
     assert all(0 <= got - want <= 512 for got, want in measured.values()), measured
+    # the estimate is the tensors' bytes; the pickles (DeepSpeed's config, shapes) add < 32 KiB
+    assert all(0 <= got - want <= 32 * 1024 for got, want in snapshots.values()), snapshots
 
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
@@ -532,3 +543,46 @@ def test_made_shards_count_their_bytes_whole_or_in_parts(tmp_path, monkeypatch):
         (tmp_path / f"{paths.part_prefix('tok', 'd', '00001', part)}.bin").write_bytes(b"x" * size)
     assert preflight.token_bytes({"d": d}, 512, "tok") == (10 + 3 + 4, 0)
     assert preflight.token_bytes({"d": d}, 512, "other") == (2 * 2 * 1000, 0)
+
+
+# ----------------------------------------------------------------------------- saves
+
+
+def pythia_12b() -> ModelConfig:
+    from gptflow.schema import load_yaml
+
+    preset = load_yaml("config/models/pythia-12b.yaml")
+    preset.pop("description")
+    return ModelConfig(**{**preset, "vocab_size": 50304})
+
+
+def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
+    """Pythia-12B at ZeRO 1 over 8 H100s of a node: rank 0 holds the bf16 weights (2 bytes a
+    parameter) and its eighth of the fp32 master and Adam moments (12 / 8): ~39 GiB, times
+    8 ranks and each rank's process. A node of 480,000 MB holds it; one of 200,000 MB does
+    not, and the refusal names the way out; synchronous saves need no host memory."""
+    m = pythia_12b()
+    t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
+                    precision="bf16")  # fmt: skip
+    node = preflight.Placement(executor="slurm", nodes=1, tasks_per_node=8, mpi="srun",
+                               gres="gpu:8", mem_mb=480000)  # fmt: skip
+    fit = preflight.snapshot_fit(m, t, 8, node)
+    n = m.num_parameters()
+    assert fit.per_rank == 2 * n + 12 * n // 8
+    assert fit.need == 8 * (fit.per_rank + sizing.HOST_OVERHEAD_BYTES) and not fit.on_cpu
+    line = preflight.check_saves(t, fit)
+    assert "in the background" in line and "8 rank(s)" in line and "of 468.8 GiB" in line
+    small = dataclasses.replace(node, mem_mb=200000)
+    with pytest.raises(GptflowError, match=r"^train.async_save: .* set train.async_save false"):
+        preflight.check_saves(t, preflight.snapshot_fit(m, t, 8, small))
+    assert "synchronous" in preflight.check_saves(t, None)
+    unknown = dataclasses.replace(node, mem_mb=None)  # a cluster's node: not known, not refused
+    assert "not known" in preflight.check_saves(t, preflight.snapshot_fit(m, t, 8, unknown))
+
+
+def test_training_on_cpus_counts_the_state_and_the_snapshot_in_this_machines_memory():
+    t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1)
+    fit = preflight.snapshot_fit(pythia_12b(), t, 2, preflight.Placement())
+    assert fit.on_cpu and fit.node_bytes == preflight.node_memory()
+    with pytest.raises(GptflowError, match="this machine's memory"):
+        preflight.check_saves(t, fit)  # ~ 2 x (12 + 16) bytes x 12B on a 24 GB machine
