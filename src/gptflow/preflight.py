@@ -710,6 +710,12 @@ def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
         f"{cpu})"
     )
     node = human(fit.node_bytes) if fit.node_bytes is not None else "?"
+    if not fit.fits and fit.on_cpu:  # a GPU run planned on a laptop: say so, plan on
+        return (
+            f"  WARNING: checkpoint saves in the background (train.async_save) take {need}, "
+            f"more than {node} ({fit.source}): training on this machine's CPUs, set "
+            f"train.async_save false"
+        )
     if not fit.fits:
         raise GptflowError(
             f"train.async_save: a checkpoint's snapshot in host memory takes {need}, more than "

@@ -581,8 +581,11 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
 
 
 def test_training_on_cpus_counts_the_state_and_the_snapshot_in_this_machines_memory():
+    """On CPUs the training state is in host memory too; too much is a warning at -n."""
     t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1)
     fit = preflight.snapshot_fit(pythia_12b(), t, 2, preflight.Placement())
     assert fit.on_cpu and fit.node_bytes == preflight.node_memory()
-    with pytest.raises(GptflowError, match="this machine's memory"):
-        preflight.check_saves(t, fit)  # ~ 2 x (12 + 16) bytes x 12B on a 24 GB machine
+    # ~ 2 x (12 + 16) bytes x 12B on a 24 GB machine: a GPU run planned here is warned about,
+    # not refused (the plan is still worth seeing)
+    line = preflight.check_saves(t, fit)
+    assert line.startswith("  WARNING: ") and "set train.async_save false" in line
