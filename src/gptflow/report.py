@@ -150,7 +150,17 @@ def _run(run: dict, finished: dict) -> list[str]:
         f"{finished['checkpoint']} (sha256 {finished['checkpoint_sha256'][:16]}…)",
     ]
     head = ["final step", "tokens", "train loss", "validation loss (first → last)", "checkpoint"]
-    return [f"<h2>Run {html.escape(run['run'])}</h2>", _table(head, [row])]
+    parts = [f"<h2>Run {html.escape(run['run'])}</h2>", _table(head, [row])]
+    saves = finished.get("saves")  # absent from a DONE.json of before train.async_save
+    if saves and saves["count"]:
+        how = {"async": "in the background (train.async_save)", "sync": "synchronous"}
+        parts.append(_table(
+            ["checkpoint saves", "training blocked per save (median / max)", "blocked in all"],
+            [[f"{saves['count']}, {how.get(saves['mode'], saves['mode'])}",
+              f"{saves['blocked_s_median']:.2f} s / {saves['blocked_s_max']:.2f} s",
+              f"{saves['blocked_s_total']:.1f} s"]],
+        ))  # fmt: skip
+    return parts
 
 
 def _origin(spec: dict) -> str:

@@ -225,3 +225,22 @@ def test_null_mfu_everywhere_is_said_not_plotted_and_null_grad_norms_are_left_ou
     assert "Set train.peak_tflops." in said
     assert_plot_shows(tmp_path / "grad_norm.svg", [[(1, 1.5), (3, 0.25), (5, 2.0)]])
     assert "null in every record" not in " ".join(texts(tmp_path / "grad_norm.svg"))
+
+
+def test_run_card_shows_how_long_checkpoint_saves_held_training(tmp_path, monkeypatch):
+    """DONE.json's save summary (train.async_save) is a table under the run's; a DONE.json
+    from before it shows none."""
+    from gptflow.train.loop import save_summary
+
+    monkeypatch.chdir(tmp_path)
+    saves = [
+        {"kind": "save", "step": s, "blocked_s": b} for s, b in ((2, 0.5), (4, 0.25), (6, 2.0))
+    ]
+    write_run_files(tmp_path, {"saves": save_summary(saves, "async")})
+    table = make_card().split("</table>", 1)[1].split("</table>", 1)[0]
+    assert "3, in the background (train.async_save)" in table
+    assert "0.50 s / 2.00 s" in table and "2.8 s" in table
+    write_run_files_again = json.loads((tmp_path / "DONE.json").read_text())
+    write_run_files_again.pop("saves")
+    (tmp_path / "DONE.json").write_text(json.dumps(write_run_files_again))
+    assert "checkpoint saves" not in make_card()

@@ -612,6 +612,19 @@ def requeue_or_retry(tr: Trainer, step: int, reason: str) -> None:
     )
 
 
+def save_summary(saves: list[dict], mode: str) -> dict:
+    """The checkpoint saves of the series (metrics.jsonl's "save" records, every attempt):
+    how many, and the seconds each held training -- for DONE.json and the run card."""
+    blocked = sorted(r["blocked_s"] for r in saves)
+    return {
+        "mode": mode,
+        "count": len(blocked),
+        "blocked_s_median": blocked[len(blocked) // 2] if blocked else None,
+        "blocked_s_max": blocked[-1] if blocked else None,
+        "blocked_s_total": sum(blocked),
+    }
+
+
 def finish(tr: Trainer, step: int) -> None:
     """DONE.json, the train rule's only output: written last, by rank 0, after the last
     collective (hashing the checkpoint keeps no other rank waiting)."""
@@ -624,6 +637,7 @@ def finish(tr: Trainer, step: int) -> None:
         records = [json.loads(line) for line in cfg.metrics_path.read_text().splitlines() if line]
     evals = [r for r in records if r.get("kind") == "eval"]
     trains = [r for r in records if r.get("kind") == "train"]
+    saves = [r for r in records if r.get("kind") == "save"]
     ckpt = tr.series.dir / tag_for(step)
     done = {
         "run": cfg.run,
@@ -635,6 +649,7 @@ def finish(tr: Trainer, step: int) -> None:
         "initial_val_loss": evals[0]["val_loss"] if evals else None,
         "final_val_loss": evals[-1]["val_loss"] if evals else None,
         "tokens": step * cfg.train.tokens_per_step,
+        "saves": save_summary(saves, save_mode(tr)),
         "metrics": str(cfg.metrics_path),
         "run_config": str(cfg.run_yaml_path),
         "versions": versions(),  # what trained it, for the run card
