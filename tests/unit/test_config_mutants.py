@@ -141,6 +141,7 @@ def kitchen_sink() -> dict:
         tensor_parallel=1,
         pipeline_parallel=1,
         keep_every=20,
+        async_save=False,
         kfac={"factor_update_steps": 5, "inv_update_steps": 50, "damping": 0.003,
               "factor_decay": 0.95},
     )  # fmt: skip
