@@ -38,12 +38,13 @@
 Usage: python bench/async_save.py [--preset pythia-160m] [--vocab 8192] [--steps 12]
        [--save-interval 3] [--seq-length 64] [--micro-batch 1] [--precision bf16]
        [--threads 1] [--host-gib 1] [--repeat 2] [--paper-preset pythia-12b] [--paper-ranks 8]
-       [--sync-rate 0.73] [--d2h-rate 20] [--out DIR]
+       [--sync-rate 0.73] [--d2h-rate 20] [--out DIR] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -328,13 +329,18 @@ def main() -> int:
     p.add_argument("--paper-ranks", type=int, default=8, help="data-parallel ranks (8)")
     p.add_argument("--sync-rate", type=float, default=0.73, help="GB/s, measured before (0.73)")
     p.add_argument("--d2h-rate", type=float, default=20.0, help="GB/s, assumed (20)")
-    p.add_argument("--out", help="scratch directory (default: a temporary one)")
+    p.add_argument("--out", help="make the scratch directory in DIR (default: the system's)")
+    p.add_argument("--keep", action="store_true", help="keep it (run dirs, train.log)")
     a = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"host: {os.cpu_count()} cores, load average {load} (a shared host: compare ratios)")
-    with tempfile.TemporaryDirectory(dir=a.out) as tmp:
-        out = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if a.keep:
+            out = Path(tempfile.mkdtemp(prefix="async-save-", dir=a.out))
+            print(f"scratch directory (kept): {out}")
+        else:
+            out = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=a.out)))
         config, tok, shards = prepare_data(out, a.vocab)
         summary = {}
         for mode in ("sync", "async"):
