@@ -13,10 +13,11 @@
    writer thread, as a GPU node's host cores are while its GPUs compute).
    Printed per mode, from metrics.jsonl: the number of saves, the seconds each save blocked
    training (median, max; the async ones include any wait for the previous write), the steps'
-   own time (the log's ms/step, which leaves saves out and the warm-up step 1), the loop's wall time (from the step-1
-   record to the process's exit: steps, saves, the last write's wait and DONE.json) and the
-   process's wall time (start-up too: imports, DeepSpeed's engine, the data index); the bytes of a checkpoint (its step directory); then the ratios
-   async/sync, and whether the two runs' final checkpoints are byte-identical
+   own time (the log's ms/step, which leaves out saves and the warm-up step 1), the loop's wall
+   time (from the step-1 record to the process's exit: steps, saves, the last write's wait and
+   DONE.json) and the process's wall time (start-up too: imports, DeepSpeed's engine, the data
+   index); the bytes of a checkpoint (its step directory); then the ratios async/sync, and
+   whether the two runs' final checkpoints are byte-identical
    (gptflow.checkpoint.checkpoint_digest of the last step directory of each).
 2. The host rates the on-paper estimate needs, on --host-gib GiB of bytes (best of --repeat):
    a tensor clone (host memory copy), ``torch.save`` + fsync into the bench's directory, and
@@ -177,9 +178,10 @@ def print_runs(s: dict, params: int) -> None:
         x = s[mode]
         print(f"  {mode:>5}: modes logged {x['modes']}, blocked per save "
               f"{' '.join(f'{b:.3f}' for b in x['blocked'])} s")  # fmt: skip
-    same = s["sync"]["digest"] == s["async"]["digest"]
-    print(f"  final checkpoints ({s['sync']['last'].name}) byte-identical: {same} "
-          f"(checkpoint_digest {s['sync']['digest'][:16]} / {s['async']['digest'][:16]})")  # fmt: skip
+    digests = s["sync"]["digest"], s["async"]["digest"]
+    print(f"  final checkpoints ({s['sync']['last'].name}) byte-identical: "
+          f"{digests[0] == digests[1]} (checkpoint_digest {digests[0][:16]} / "
+          f"{digests[1][:16]})")  # fmt: skip
     print(f"  checkpoint bytes per parameter: {s['sync']['bytes'] / params:.2f} "
           f"(bf16 weights 2 + fp32 master and Adam moments 12 = 14, + small files)")  # fmt: skip
 
@@ -228,8 +230,9 @@ def host_rates(out: Path, gib: float, repeat: int) -> dict:
     write_s = best(lambda: written.append(snapshot.write(snap, temp)), repeat)
     same = written[-1].read_bytes() == plain.read_bytes()
     compute = compute_during(lambda: snapshot.write(snap, temp))
-    return {"compute": compute, "bytes": n, "clone": clone_s, "save": save_s, "take_first": takes[0],
-            "take": min(takes[1:]), "write": write_s, "same": same}  # fmt: skip
+    return {"compute": compute, "bytes": n, "clone": clone_s, "save": save_s,
+            "take_first": takes[0], "take": min(takes[1:]), "write": write_s,
+            "same": same}  # fmt: skip
 
 
 def compute_during(work) -> tuple[float, float]:
@@ -358,7 +361,8 @@ def main() -> int:
         rates = host_rates(out, a.host_gib, a.repeat)
         print_rates(rates, a.repeat)
         x = summary["async"]
-        print(f"  so an async save here should block about {x['bytes'] / rates['bytes'] * rates['take']:.2f} s "
+        expected = x["bytes"] / rates["bytes"] * rates["take"]
+        print(f"  so an async save here should block about {expected:.2f} s "
               f"(checkpoint bytes at the take rate); measured median "
               f"{statistics.median(x['blocked']):.3f} s")  # fmt: skip
         on_paper(a, rates)
