@@ -55,6 +55,7 @@ format: setup
 bench: setup
 	python bench/run.py
 	python bench/train.py
+	python bench/async_save.py
 	python bench/download.py
 	python bench/tokenization.py
 	python bench/blend_index.py

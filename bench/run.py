@@ -6,6 +6,7 @@
    outputs must be byte-identical.
 
 Training throughput (ZeRO 0-3 against a plain PyTorch loop) is bench/train.py.
+Checkpoint saves (train.async_save against synchronous ones) are bench/async_save.py.
 
 Usage: python bench/run.py [--only tokenize] [--out DIR]
 """
