@@ -176,7 +176,8 @@ class TrainConfig:
     save_interval: int = 100
     keep_last: int = 2
     keep_every: int | None = None  # checkpoints at multiples of it are never pruned
-    async_save: bool = True  # snapshot to host memory, write in the background (gptflow.snapshot)
+    # snapshot to host memory, write in the background (gptflow.snapshot); auto: with GPUs
+    async_save: bool | str = "auto"
     kfac: KfacConfig | None = None  # K-FAC preconditioning; None = off
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ from gptflow import paths, sizing
 from gptflow.config import ModelConfig, TrainConfig, check_kfac, kfac_floats, padded_vocab_size
 from gptflow.distributed import launched_ranks, local_ranks
 from gptflow.errors import GptflowError
+from gptflow.hardware import background_saves
 
 GIB = 1024**3
 PLACEHOLDER = re.compile(r"\A<[^<>]*>\Z")  # how the shipped profile marks what to fill in
@@ -76,6 +77,11 @@ class Placement:
     def on_cluster(self) -> bool:
         """Jobs go to a batch system's GPU nodes (Slurm or PBS), not this machine."""
         return self.executor in ("slurm", "pbs")
+
+    @property
+    def trains_on_gpus(self) -> bool:
+        """Training runs on GPUs: a batch system's GPU nodes, a gres, or this machine's GPUs."""
+        return self.on_cluster or bool(self.gres) or bool(self.gpus)
 
     @property
     def ranks(self) -> int:
@@ -680,7 +686,7 @@ class SnapshotFit:
 
 
 def snapshot_fit(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> SnapshotFit:
-    on_gpus = p.on_cluster or bool(p.gres) or bool(p.gpus)
+    on_gpus = p.trains_on_gpus
     precision = t.precision if t.precision != "auto" else "bf16" if on_gpus else "fp32"
     per_rank = snapshot_bytes(m, t, ranks, precision)
     node_ranks = p.tasks_per_node if p.mpi and p.tasks_per_node else ranks
@@ -702,7 +708,8 @@ def snapshot_fit(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> Sn
 def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
     """The -n line on how checkpoints are saved; refuses a snapshot the node cannot hold."""
     if fit is None:
-        return "  checkpoint saves: synchronous (train.async_save false): training waits for each write"
+        why = background_saves(t.async_save, False)[1]
+        return f"  checkpoint saves: synchronous ({why}): training waits for each write"
     cpu = " + the training state (on CPUs)" if fit.on_cpu else ""
     need = (
         f"about {human(fit.per_rank)} on the largest rank; {human(fit.need)} of host memory per "
@@ -904,7 +911,8 @@ def memory_lines(
             f"{human(fit.gpu_bytes)} ({terms}; {fit.gpu_source})"
         )
         lines += after_training(m, train.seq_length, p, cfg.get("eval") or {})
-    lines.append(check_saves(train, snapshot_fit(m, train, ranks, p) if train.async_save else None))
+    in_background = background_saves(train.async_save, p.trains_on_gpus)[0]
+    lines.append(check_saves(train, snapshot_fit(m, train, ranks, p) if in_background else None))
     return lines
 
 

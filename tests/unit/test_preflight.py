@@ -589,3 +589,17 @@ def test_training_on_cpus_counts_the_state_and_the_snapshot_in_this_machines_mem
     # not refused (the plan is still worth seeing)
     line = preflight.check_saves(t, fit)
     assert line.startswith("  WARNING: ") and "set train.async_save false" in line
+
+
+def test_auto_saves_in_the_background_with_gpus_and_synchronously_on_cpus():
+    from gptflow.hardware import background_saves
+
+    assert background_saves("auto", True) == (True, "auto with GPUs")
+    assert background_saves("auto", False)[0] is False
+    assert background_saves(True, False) == (True, "train.async_save")
+    assert background_saves(False, True) == (False, "train.async_save")
+    t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1)
+    rep = preflight.memory_lines(preflight.Report(), TINY, t, 1, Placement(), {})
+    assert rep[-1].startswith("  checkpoint saves: synchronous (auto on CPUs, where the write")
+    rep = preflight.memory_lines(preflight.Report(), TINY, t, 8, SLURM, {})
+    assert rep[-1].startswith("  checkpoint saves: in the background (train.async_save)")

@@ -31,7 +31,7 @@ from gptflow.checkpoint import RunLock
 from gptflow.data.indexed import idx_path
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file
-from gptflow.hardware import training_precision
+from gptflow.hardware import background_saves, training_precision
 from gptflow.run_config import RunConfig
 from gptflow.train import device
 from gptflow.train.loop import EXIT_PREEMPTED, MAX_NAN_STREAK, run, signals_received
@@ -115,7 +115,12 @@ def on_device(cfg: RunConfig, dev: device.Device, rank: int) -> RunConfig:
     precision, why = training_precision(t.precision, t.zero_stage, dev.name, dev.capability)
     if rank == 0 and t.precision == "auto":
         log.info("precision %s: %s", precision, why)
-    return dataclasses.replace(cfg, train=dataclasses.replace(t, precision=precision))
+    in_background, saves_why = background_saves(t.async_save, dev.name is not None)
+    if rank == 0:
+        how = "in the background" if in_background else "synchronous"
+        log.info("checkpoint saves %s: %s", how, saves_why)
+    t = dataclasses.replace(t, precision=precision, async_save=in_background)
+    return dataclasses.replace(cfg, train=t)
 
 
 def check_shards(cfg: RunConfig) -> None:

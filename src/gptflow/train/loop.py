@@ -36,7 +36,7 @@ from gptflow.data.dataset import run_split_datasets
 from gptflow.environment import versions
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
-from gptflow.hardware import peak_tflops
+from gptflow.hardware import background_saves, peak_tflops
 from gptflow.model import decay_groups
 from gptflow.run_config import RunConfig
 from gptflow.train.device import Device
@@ -151,6 +151,7 @@ def build(
             f"differently (report it with the DeepSpeed version)"
         )
     kfac = build_kfac(cfg, engine, dev, rank)
+    in_background = background_saves(t.async_save, dev.name is not None)[0]
     gas = t.grad_accum_steps(dev.world_size)
     if rank == 0 and t.precision == "fp16" and gas > 1 and ds.grad_accum_dtype(t) is None:
         log.warning(
@@ -178,7 +179,7 @@ def build(
         exit_interval=exit_interval,
         resume_from=resume_from,
         resume_mode=mode,
-        saves=Saves(series, rank, t.async_save, dev.any_rank, dev.barrier),
+        saves=Saves(series, rank, in_background, dev.any_rank, dev.barrier),
         kfac=kfac,
     )
 
