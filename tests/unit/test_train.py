@@ -332,25 +332,28 @@ def kill_tree(pid: int) -> None:
 
 
 def kill_mid_save(run_dir: Path, proc: subprocess.Popen, log: Path, seen: set[str]) -> str:
-    """SIGKILL the job while its ranks write a checkpoint, and return that step's name.
+    """SIGKILL the job while its ranks' writer threads write a checkpoint, and return that
+    step's name.
 
-    Waits for a step directory not seen before and without COMPLETE, freezes the whole job
-    (SIGSTOP), and confirms the save is still unfinished before the kill; a save that
-    finished in between is let go and the next one is caught."""
+    Waits for a step directory not seen before, without COMPLETE, in which a writer thread
+    has begun (its ``.writing-rank{r}`` directory, or files already renamed into place; an
+    empty directory is DeepSpeed's, made while the snapshot is taken), freezes the whole job
+    (SIGSTOP), and confirms that still holds before the kill; a save that finished in between
+    is let go and the next one is caught."""
     while True:
 
-        def saving():
+        def writing():
             return [
                 p
                 for p in run_dir.glob("checkpoints/*/step*")
-                if not (p / "COMPLETE").exists() and p.name not in seen
+                if p.name not in seen and begun(p) and not (p / "COMPLETE").exists()
             ]
 
-        wait_for(saving, proc, log)
+        wait_for(writing, proc, log)
         pids = process_tree(proc.pid)
         signal_tree(pids, signal.SIGSTOP)
-        unfinished = [p for p in saving() if not (p / "COMPLETE").exists()]
-        if unfinished:
+        wait_for(lambda p=pids: all(map(stopped_or_gone, p)), proc, log, timeout=30)
+        if unfinished := writing():
             signal_tree(pids, signal.SIGKILL)
             proc.wait()
             assert not (unfinished[0] / "COMPLETE").exists()
@@ -365,6 +368,22 @@ def series_digest(run_dir: Path, step: str) -> str:
 
     (series,) = [p for p in (run_dir / "checkpoints").iterdir() if p.is_dir()]
     return checkpoint_digest(series / step)
+
+
+def begun(step_dir: Path) -> bool:
+    """Something is in the step directory (it may be pruned meanwhile)."""
+    try:
+        return any(step_dir.iterdir())
+    except FileNotFoundError:
+        return False
+
+
+def stopped_or_gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in "TtZX"  # stopped, or exited
 
 
 def consolidated_weights(run_dir: Path) -> dict:
