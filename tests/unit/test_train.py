@@ -595,7 +595,8 @@ def test_the_loop_reads_the_device_once_per_log_interval(make_run, tmp_path, zer
     """Host syncs (a tensor read on the host: item, tolist, float, int, bool) made by gptflow's
     code, counted per function on two gloo ranks: none in the step (micro-batches, forward,
     backward, update, the interval's sums), one per log line, one per evaluation and per
-    save; the per-step stop check reads only a CPU tensor (gloo; no GPU stream to wait for).
+    save; the per-step stop check (which also carries the background write's state) reads
+    only a CPU tensor (gloo; no GPU stream to wait for).
 
     The optimizer's skip verdict (gptflow.engine.SkippingAdamW): at ZeRO 2 DeepSpeed's optimizer
     decides it for the whole step and ours reads nothing (it read once per parameter group);
@@ -614,7 +615,9 @@ def test_the_loop_reads_the_device_once_per_log_interval(make_run, tmp_path, zer
             "Interval.read": 3,  # steps 4, 8, 12
             "evaluate": 3,  # steps 0, 6, 12
             "Interval.state": 2,  # saves at 6 and 12
-            "Device.any_rank": 12 + 1,  # the stop check of each step, and the lock's verdict
+            # the stop check of each step, the lock's verdict, and each wait for the background
+            # write (train.async_save): before the saves at 6 and 12, and before the end
+            "Device.any_rank": 12 + 1 + 3,
             **({"SkippingAdamW.step": 12} if zero_stage == 0 else {}),
         }, calls
     assert [r["step"] for r in records(run_dir, "train")] == [4, 8, 12]
