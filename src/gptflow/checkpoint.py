@@ -364,7 +364,15 @@ def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[st
     plain_save = writer.save
 
     def save_and_record(state_dict, path, *args, **kwargs):
-        result = plain_save(state_dict, path, *args, **kwargs)
+        try:
+            result = plain_save(state_dict, path, *args, **kwargs)
+        except (OSError, RuntimeError) as e:  # torch.save's zip writer raises RuntimeError
+            free = shutil.disk_usage(os.path.dirname(path)).free
+            raise GptflowError(
+                f"{path}: writing this checkpoint file failed: {e} ({free:,} bytes free on its "
+                f"file system); its step is not complete, a resume reads the one before. "
+                f"Training stopped: fix the cause (free space, permissions) and run again"
+            ) from e
         written.append(str(path))
         return result
 

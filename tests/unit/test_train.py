@@ -127,23 +127,25 @@ def directory_digest(root: Path) -> str:
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["USR1", "TERM"])
 def test_preemption_signal_saves_exits_75_and_the_rerun_continues(make_run, signum):
-    """SIGUSR1 (Slurm's warning before a time limit) or SIGTERM (preemption) mid-run: a second
-    trainer is refused meanwhile; the trainer saves the current step and exits 75; the rerun
-    resumes from that step and finishes.
+    """SIGUSR1 (Slurm's warning before a time limit) or SIGTERM (preemption) mid-run, while a
+    checkpoint is written in the background: a second trainer is refused meanwhile; the
+    trainer saves the current step, waits for its write (and the one in flight), marks it
+    complete and only then exits 75; the rerun resumes from that step and finishes.
 
-    The trainer is frozen (SIGSTOP) from its third logged step until the signal is pending, so
-    it cannot finish first however fast the machine is."""
-    run_dir = make_run("pre", train_iters=200, log_interval=1, save_interval=1000)
+    A checkpoint every step (train.async_save, the default): the trainer is frozen (SIGSTOP)
+    from its third logged step while its writer thread has a file open in the step's hidden
+    ``.writing-rank0`` (a write that ended meanwhile is let go and the next one caught) until
+    the signal is pending, so it cannot finish first however fast the machine is."""
+    run_dir = make_run("pre", train_iters=40, log_interval=1, save_interval=1)
     cmd = [str(BIN / "gptflow"), "train", "--config", str(run_dir / "run.yaml"), "--threads", "1"]
     log = run_dir.parent / "pre.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=out)
     try:
         wait_for(lambda: len(records(run_dir, "train")) >= 3, proc, log, timeout=120, poll=0.01)
-        proc.send_signal(signal.SIGSTOP)
-        wait_for(lambda: stopped(proc.pid), proc, log, timeout=30)
+        writing = freeze_mid_write(run_dir, proc, log)
         frozen_at = len(records(run_dir, "train"))
-        assert frozen_at < 200
+        assert frozen_at < 40
         second = gptflow_train(run_dir)
         assert second.returncode == 1
         assert "another trainer is running this run" in second.stderr
@@ -159,18 +161,39 @@ def test_preemption_signal_saves_exits_75_and_the_rerun_continues(make_run, sign
     assert f"received signal {int(signum)}" in err
     saved = int(err.split("saved step ")[1].split(";")[0])
     # the step in flight is finished, then saved (the one after it when frozen between the
-    # signal check and the metrics record of a step)
+    # signal check and the metrics record of a step, or in the save waiting for the write)
     assert saved in (frozen_at + 1, frozen_at + 2), (saved, frozen_at)
+    assert writing < saved <= writing + 2, (writing, saved)
     series = next((run_dir / "checkpoints").iterdir())
     assert (series / "latest").read_text() == f"step{saved:08d}"
     assert (series / f"step{saved:08d}" / "COMPLETE").is_file()
+    assert not list(series.glob("step*/.writing-rank*"))
+    # the exit waited for the write: the step was complete before the exit was announced
+    complete = f"step{saved:08d} complete after a wait of "
+    assert complete in err and err.index(complete) < err.index(f"saved step {saved};"), err[-3000:]
     assert not (run_dir / "train.lock").exists()  # released on the way out
     assert not (run_dir / "DONE.json").exists()
     rerun = gptflow_train(run_dir)  # what the workflow's retry does
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming from step {saved};" in rerun.stderr
-    assert [r["step"] for r in records(run_dir, "train")] == list(range(1, 201))
-    assert json.loads((run_dir / "DONE.json").read_text())["final_step"] == 200
+    assert [r["step"] for r in records(run_dir, "train")] == list(range(1, 41))
+    assert json.loads((run_dir / "DONE.json").read_text())["final_step"] == 40
+
+
+def freeze_mid_write(run_dir: Path, proc: subprocess.Popen, log: Path) -> int:
+    """SIGSTOP the trainer while its writer thread writes a checkpoint (a ``.writing-rank0``
+    directory in a step); returns that step. A write that ends before the stop is let go."""
+
+    def writing():
+        return list(run_dir.glob("checkpoints/*/step*/.writing-rank0"))
+
+    while True:
+        wait_for(writing, proc, log, poll=0.001)
+        proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: stopped(proc.pid), proc, log, timeout=30)
+        if found := writing():
+            return int(found[0].parent.name.removeprefix("step"))
+        proc.send_signal(signal.SIGCONT)
 
 
 def test_killed_trainer_leaves_a_stale_lock_that_is_taken_over(make_run):
@@ -220,7 +243,9 @@ def test_a_rendezvous_port_in_use_is_named_not_a_traceback(make_run):
 def test_two_ranks_match_one(make_run, zero_stage):
     """torchrun with 2 gloo ranks (ZeRO 0, 2 and 3) follows the single-process loss curve, and
     reports the parameters, FLOPs per token and MFU of the one-process run: counted from the
-    model config, not from live parameters (ZeRO-3 partitions them)."""
+    model config, not from live parameters (ZeRO-3 partitions them). At ZeRO 0 (not among
+    test_sigkilled_ranks_resume_bit_for_bit's layouts) the same 2-rank run saving
+    synchronously (train.async_save false) repeats it exactly and writes the same bytes."""
     settings = dict(
         train_iters=6, log_interval=1, eval_iters=1, eval_interval=6, global_batch_size=8,
         peak_tflops=0.5,
@@ -243,6 +268,15 @@ def test_two_ranks_match_one(make_run, zero_stage):
     b = [r["loss"] for r in records(two, "train")]
     assert len(a) == len(b) == 6
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+    if zero_stage == 0:
+        sync = make_run("two-sync", zero_stage=0, async_save=False, **settings)
+        log = sync.parent / "two-sync.log"
+        assert start_torchrun(sync, log).wait(timeout=600) == 0, log.read_text()[-3000:]
+        assert "written in the background" in out.stderr
+        assert "written in the background" not in log.read_text()
+        assert [r["loss"] for r in records(sync, "train")] == b  # exact
+        assert step_dirs(sync) == step_dirs(two) == {"step00000006"}
+        assert series_digest(sync, "step00000006") == series_digest(two, "step00000006")
 
     # tiny, vocabulary padded to 512: 165,632 parameters; per token 3 x [2 layers x (2 x (4 x
     # 64^2 + 2 x 64 x 256) + 4 x 64 x 64) + 2 x 64 x 512] = 3 x 294,912 = 884,736 FLOPs
@@ -298,31 +332,58 @@ def kill_tree(pid: int) -> None:
 
 
 def kill_mid_save(run_dir: Path, proc: subprocess.Popen, log: Path, seen: set[str]) -> str:
-    """SIGKILL the job while its ranks write a checkpoint, and return that step's name.
+    """SIGKILL the job while its ranks' writer threads write a checkpoint, and return that
+    step's name.
 
-    Waits for a step directory not seen before and without COMPLETE, freezes the whole job
-    (SIGSTOP), and confirms the save is still unfinished before the kill; a save that
-    finished in between is let go and the next one is caught."""
+    Waits for a step directory not seen before, without COMPLETE, in which a writer thread
+    has begun (its ``.writing-rank{r}`` directory, or files already renamed into place; an
+    empty directory is DeepSpeed's, made while the snapshot is taken), freezes the whole job
+    (SIGSTOP), and confirms that still holds before the kill; a save that finished in between
+    is let go and the next one is caught."""
     while True:
 
-        def saving():
+        def writing():
             return [
                 p
                 for p in run_dir.glob("checkpoints/*/step*")
-                if not (p / "COMPLETE").exists() and p.name not in seen
+                if p.name not in seen and begun(p) and not (p / "COMPLETE").exists()
             ]
 
-        wait_for(saving, proc, log)
+        wait_for(writing, proc, log)
         pids = process_tree(proc.pid)
         signal_tree(pids, signal.SIGSTOP)
-        unfinished = [p for p in saving() if not (p / "COMPLETE").exists()]
-        if unfinished:
+        wait_for(lambda p=pids: all(map(stopped_or_gone, p)), proc, log, timeout=30)
+        if unfinished := writing():
             signal_tree(pids, signal.SIGKILL)
             proc.wait()
             assert not (unfinished[0] / "COMPLETE").exists()
             return unfinished[0].name
         seen.update(p.name for p in run_dir.glob("checkpoints/*/step*"))
         signal_tree(pids, signal.SIGCONT)
+
+
+def series_digest(run_dir: Path, step: str) -> str:
+    """checkpoint_digest of a step of the run's (single) checkpoint series."""
+    from gptflow.checkpoint import checkpoint_digest
+
+    (series,) = [p for p in (run_dir / "checkpoints").iterdir() if p.is_dir()]
+    return checkpoint_digest(series / step)
+
+
+def begun(step_dir: Path) -> bool:
+    """Something is in the step directory (it may be pruned meanwhile)."""
+    try:
+        return any(step_dir.iterdir())
+    except FileNotFoundError:
+        return False
+
+
+def stopped_or_gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in "TtZX"  # stopped, or exited
 
 
 def consolidated_weights(run_dir: Path) -> dict:
@@ -356,9 +417,12 @@ KFAC = {"factor_update_steps": 1, "inv_update_steps": 3, "damping": 0.003, "fact
 )  # fmt: skip
 def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, pp, kills, kfac):
     """Two ranks with ZeRO (or one tensor-parallel pair, or two pipeline stages; at ZeRO 2 with
-    K-FAC on), the whole job SIGKILLed at random steps and in the middle of a checkpoint save,
-    then rerun: the logged losses and the consolidated final weights equal the uninterrupted
-    run's exactly."""
+    K-FAC on), the whole job SIGKILLed at random steps and in the middle of a checkpoint save
+    (saves are asynchronous: the kill lands while the ranks' writer threads write the
+    snapshot), then rerun: the logged losses and the consolidated final weights equal the
+    uninterrupted run's exactly. The uninterrupted run saves synchronously (train.async_save
+    false), so the kept steps' files being byte-identical (checkpoint_digest) also says that a
+    snapshot written in the background is the file torch.save writes, in every layout."""
     import random
 
     import torch
@@ -370,7 +434,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, 
         keep_last=2, global_batch_size=8, zero_stage=zero_stage, tensor_parallel=tp,
         pipeline_parallel=pp, kfac=kfac,
     )  # fmt: skip
-    straight = make_run("straight", **settings)
+    straight = make_run("straight", async_save=False, **settings)
     log = tmp_path / "straight.log"
     assert start_torchrun(straight, log).wait(timeout=600) == 0, log.read_text()[-3000:]
 
@@ -400,6 +464,12 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, 
     assert len(interrupted) == kills.count("save")
     # keep_last 2: the interrupted saves were redone or cleared, older steps pruned
     assert step_dirs(straight) == step_dirs(killed) == {"step00000012", "step00000014"}
+    assert (
+        "written in the background" in text
+        and "written in the background" not in (tmp_path / "straight.log").read_text()
+    )
+    for step in step_dirs(killed):  # saved synchronously / in the background: the same bytes
+        assert series_digest(straight, step) == series_digest(killed, step), (step, f"seed {seed}")
 
     for kind, key in (("train", "loss"), ("eval", "val_loss")):
         a = [(r["step"], r[key]) for r in records(straight, kind)]
@@ -525,7 +595,8 @@ def test_the_loop_reads_the_device_once_per_log_interval(make_run, tmp_path, zer
     """Host syncs (a tensor read on the host: item, tolist, float, int, bool) made by gptflow's
     code, counted per function on two gloo ranks: none in the step (micro-batches, forward,
     backward, update, the interval's sums), one per log line, one per evaluation and per
-    save; the per-step stop check reads only a CPU tensor (gloo; no GPU stream to wait for).
+    save; the per-step stop check (which also carries the background write's state) reads
+    only a CPU tensor (gloo; no GPU stream to wait for).
 
     The optimizer's skip verdict (gptflow.engine.SkippingAdamW): at ZeRO 2 DeepSpeed's optimizer
     decides it for the whole step and ours reads nothing (it read once per parameter group);
@@ -544,7 +615,9 @@ def test_the_loop_reads_the_device_once_per_log_interval(make_run, tmp_path, zer
             "Interval.read": 3,  # steps 4, 8, 12
             "evaluate": 3,  # steps 0, 6, 12
             "Interval.state": 2,  # saves at 6 and 12
-            "Device.any_rank": 12 + 1,  # the stop check of each step, and the lock's verdict
+            # the stop check of each step, the lock's verdict, and each wait for the background
+            # write (train.async_save): before the saves at 6 and 12, and before the end
+            "Device.any_rank": 12 + 1 + 3,
             **({"SkippingAdamW.step": 12} if zero_stage == 0 else {}),
         }, calls
     assert [r["step"] for r in records(run_dir, "train")] == [4, 8, 12]
