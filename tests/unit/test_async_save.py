@@ -1,5 +1,5 @@
 """A checkpoint that cannot be written stops training with one clear error, saved in the
-background (train.async_save, the default) or synchronously.
+background (train.async_save true, the default with GPUs) or synchronously.
 
 The trainer runs under a file-size limit (RLIMIT_FSIZE) that the run's small files (run
 config, metrics, COMPLETE) stay under and a checkpoint's model file does not: the write fails

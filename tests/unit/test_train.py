@@ -132,11 +132,11 @@ def test_preemption_signal_saves_exits_75_and_the_rerun_continues(make_run, sign
     trainer saves the current step, waits for its write (and the one in flight), marks it
     complete and only then exits 75; the rerun resumes from that step and finishes.
 
-    A checkpoint every step (train.async_save, the default): the trainer is frozen (SIGSTOP)
+    A checkpoint every step, in the background (train.async_save true): the trainer is frozen (SIGSTOP)
     from its third logged step while its writer thread has a file open in the step's hidden
     ``.writing-rank0`` (a write that ended meanwhile is let go and the next one caught) until
     the signal is pending, so it cannot finish first however fast the machine is."""
-    run_dir = make_run("pre", train_iters=40, log_interval=1, save_interval=1)
+    run_dir = make_run("pre", train_iters=40, log_interval=1, save_interval=1, async_save=True)
     cmd = [str(BIN / "gptflow"), "train", "--config", str(run_dir / "run.yaml"), "--threads", "1"]
     log = run_dir.parent / "pre.log"
     with open(log, "w") as out:
@@ -253,7 +253,7 @@ def test_two_ranks_match_one(make_run, zero_stage):
     one = make_run("one", **settings)
     single = gptflow_train(one)
     assert single.returncode == 0, single.stderr[-3000:]
-    two = make_run("two", zero_stage=zero_stage, **settings)
+    two = make_run("two", zero_stage=zero_stage, async_save=True, **settings)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
         str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "gptflow",
@@ -409,15 +409,17 @@ KFAC = {"factor_update_steps": 1, "inv_update_steps": 3, "damping": 0.003, "fact
 
 
 @pytest.mark.parametrize(
-    "zero_stage, tp, pp, kills, kfac",
-    [(1, 1, 1, ("step", "save", "step"), None), (2, 1, 1, ("save", "step"), KFAC),
-     (3, 1, 1, ("step",), None), (1, 2, 1, ("step", "save"), None),
-     (1, 1, 2, ("save", "step"), None)],
-    ids=["zero1", "zero2-kfac", "zero3", "zero1-tp2", "zero1-pp2"],
+    "zero_stage, tp, pp, kills, kfac, precision",
+    [(1, 1, 1, ("step", "save", "step"), None, "bf16"), (2, 1, 1, ("save", "step"), KFAC, "fp32"),
+     (3, 1, 1, ("step",), None, "fp32"), (1, 2, 1, ("step", "save"), None, "fp32"),
+     (1, 1, 2, ("save", "step"), None, "fp32")],
+    ids=["zero1-bf16", "zero2-kfac", "zero3", "zero1-tp2", "zero1-pp2"],
 )  # fmt: skip
-def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, pp, kills, kfac):
-    """Two ranks with ZeRO (or one tensor-parallel pair, or two pipeline stages; at ZeRO 2 with
-    K-FAC on), the whole job SIGKILLed at random steps and in the middle of a checkpoint save
+def test_sigkilled_ranks_resume_bit_for_bit(
+    make_run, tmp_path, zero_stage, tp, pp, kills, kfac, precision
+):
+    """Two ranks with ZeRO (at ZeRO 1 in bf16, the GPU default; or one tensor-parallel pair,
+    or two pipeline stages; at ZeRO 2 with K-FAC on), the whole job SIGKILLed at random steps and in the middle of a checkpoint save
     (saves are asynchronous: the kill lands while the ranks' writer threads write the
     snapshot), then rerun: the logged losses and the consolidated final weights equal the
     uninterrupted run's exactly. The uninterrupted run saves synchronously (train.async_save
@@ -432,7 +434,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, 
     settings = dict(
         train_iters=14, log_interval=1, eval_interval=7, eval_iters=1, save_interval=2,
         keep_last=2, global_batch_size=8, zero_stage=zero_stage, tensor_parallel=tp,
-        pipeline_parallel=pp, kfac=kfac,
+        pipeline_parallel=pp, kfac=kfac, precision=precision,
     )  # fmt: skip
     straight = make_run("straight", async_save=False, **settings)
     log = tmp_path / "straight.log"
@@ -441,7 +443,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, zero_stage, tp, 
     seed = random.randrange(2**32)
     print(f"kill points drawn with seed {seed}")  # shown by pytest when the test fails
     rng = random.Random(seed)
-    killed = make_run("killed", **settings)
+    killed = make_run("killed", async_save=True, **settings)  # auto is off on CPUs
     log = tmp_path / "killed.log"
     reached, seen = 0, set()  # steps logged by the last attempt; step dirs seen at a kill
     interrupted = []  # the saves the kills interrupted
@@ -606,7 +608,7 @@ def test_the_loop_reads_the_device_once_per_log_interval(make_run, tmp_path, zer
     their overflow verdict once per step; torch's AdamW reads its CPU step counters)."""
     run_dir = make_run(
         "sync", train_iters=12, log_interval=4, eval_interval=6, eval_iters=1, save_interval=6,
-        zero_stage=zero_stage,
+        zero_stage=zero_stage, async_save=True,  # as on GPUs
     )  # fmt: skip
     probe_ranks(SYNC_PROBE, run_dir, tmp_path)
     for rank in (0, 1):
