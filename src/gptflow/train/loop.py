@@ -105,9 +105,12 @@ def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: in
             save(tr, prog)
         if stop:
             tr.saves.settle()  # the save is on disk and complete before the exit
-            return announce_stop(tr, prog.step, stop)
+            code = announce_stop(tr, prog.step, stop)
+            tr.saves.close()
+            return code
     tr.saves.settle()
     finish(tr, prog.step)
+    tr.saves.close()  # no writer thread is left when the process group goes and Python exits
     return 0
 
 
