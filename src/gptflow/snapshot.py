@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from torch import serialization as ts
 
-from gptflow.fsutil import fsync_dir
+from gptflow.fsutil import publish
 
 log = logging.getLogger("gptflow.train")
 
@@ -121,8 +121,8 @@ def take(obj, path: str, pool: BufferPool) -> Snapshot:
 
 
 def write(snap: Snapshot, temp_dir: Path) -> Path:
-    """torch.save's second half: the archive under its own name in `temp_dir`, fsynced.
-    Returns the written file (to be renamed to ``snap.path``)."""
+    """torch.save's second half: the archive under its own name in `temp_dir`. Returns the
+    written file, to be published as ``snap.path`` (gptflow.fsutil.publish: fsync, rename)."""
     tmp = temp_dir / os.path.basename(snap.path)
     writer = torch._C.PyTorchFileWriter(
         str(tmp), ts.get_crc32_options(), ts._get_storage_alignment()
@@ -143,8 +143,6 @@ def write(snap: Snapshot, temp_dir: Path) -> Path:
         raise
     writer.write_end_of_file()
     del writer  # closes the file
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
     return tmp
 
 
@@ -243,7 +241,6 @@ class BackgroundWriter:
     def _write(self, batch: Batch) -> None:
         started = time.monotonic()
         temps: dict[Path, Path] = {}
-        moved: set[Path] = set()
         try:
             for snap in batch.snapshots:
                 final = Path(snap.path)
@@ -254,13 +251,10 @@ class BackgroundWriter:
                         shutil.rmtree(temp, ignore_errors=True)  # debris of a killed write
                         temp.mkdir()
                         temps[final.parent] = temp
-                    os.replace(write(snap, temp), final)
+                    publish(write(snap, temp), final)  # fsync, rename, fsync the directory
                 except (OSError, RuntimeError) as e:  # the zip writer raises RuntimeError
                     raise WriteFailed(f"writing {final} ({snap.nbytes:,} bytes) failed: "
                                       f"{e}{free_space(final.parent)}") from e  # fmt: skip
-                moved.add(final.parent)
-            for parent in moved:
-                fsync_dir(parent)
         finally:
             for temp in temps.values():
                 shutil.rmtree(temp, ignore_errors=True)
