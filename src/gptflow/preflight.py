@@ -670,8 +670,8 @@ def node_memory() -> int:
 
 @dataclass(frozen=True)
 class SnapshotFit:
-    """Host memory of a node with asynchronous saves: its ranks' snapshots, each rank's
-    process (sizing.HOST_OVERHEAD_BYTES) and, training on CPUs, the training state itself."""
+    """Host memory of a node with asynchronous saves: its ranks' snapshots and, training on
+    CPUs, the training state itself."""
 
     per_rank: int  # the largest rank's snapshot
     ranks: int  # of one node
@@ -690,7 +690,7 @@ def snapshot_fit(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> Sn
     precision = t.precision if t.precision != "auto" else "bf16" if on_gpus else "fp32"
     per_rank = snapshot_bytes(m, t, ranks, precision)
     node_ranks = p.tasks_per_node if p.mpi and p.tasks_per_node else ranks
-    need = node_ranks * (per_rank + sizing.HOST_OVERHEAD_BYTES)
+    need = node_ranks * per_rank
     if not on_gpus:  # the weights and optimizer state live in host memory too
         dp = t.data_parallel_size(ranks)
         params = parameters_per_rank(m, t.tensor_parallel, t.pipeline_parallel)
@@ -713,8 +713,7 @@ def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
     cpu = " + the training state (on CPUs)" if fit.on_cpu else ""
     need = (
         f"about {human(fit.per_rank)} on the largest rank; {human(fit.need)} of host memory per "
-        f"node ({fit.ranks} rank(s) x (snapshot + {human(sizing.HOST_OVERHEAD_BYTES)} a process)"
-        f"{cpu})"
+        f"node ({fit.ranks} rank(s) x the snapshot{cpu})"
     )
     node = human(fit.node_bytes) if fit.node_bytes is not None else "?"
     if not fit.fits and fit.on_cpu:  # a GPU run planned on a laptop: say so, plan on
