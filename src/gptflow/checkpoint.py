@@ -35,6 +35,7 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, fsync_dir, publish, sha256_file, temp_dir, write_json
+from gptflow.snapshot import BackgroundWriter, Batch, free_space, take
 
 TAG_RE = re.compile(r"^step(\d{8})$")
 COMPLETE = "COMPLETE"
@@ -224,8 +225,6 @@ class Saves:
 
     def __init__(self, series: CheckpointSeries, rank: int, in_background: bool,
                  any_rank, barrier) -> None:  # fmt: skip
-        from gptflow.snapshot import BackgroundWriter
-
         self.series, self.rank = series, rank
         self.any_rank, self.barrier = any_rank, barrier
         self.writer = BackgroundWriter(rank) if in_background else None
@@ -247,8 +246,6 @@ class Saves:
         path = self.series.prepare(step, self.rank, self.barrier)
         snapshots = _snapshots(engine, str(self.series.dir), tag_for(step), client_state,
                                self.writer.pool)  # fmt: skip
-        from gptflow.snapshot import Batch
-
         self.writer.submit(Batch(tag_for(step), snapshots))
         self.pending = (step, layout)
         return path, waited
@@ -270,8 +267,6 @@ class Saves:
         step, layout = self.pending
         self.pending = None
         if self.rank == 0:
-            from gptflow.snapshot import Batch
-
             self.writer.submit(Batch(tag_for(step), [], then=lambda: self._complete(step, layout)))
 
     def settle(self) -> float:
@@ -356,46 +351,45 @@ def name_both_ways(zero: Path, num_layers: int) -> None:
             (zero / pipeline_name(entry.name, num_layers)).symlink_to(entry.name)
 
 
-def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
-    """``engine.save_checkpoint``, returning the paths this rank wrote (DeepSpeed writes every
-    file through its checkpoint engine's ``save``)."""
-    written: list[str] = []
+def _through_engine(engine, save_dir: str, tag: str, client_state: dict, save_file) -> None:
+    """``engine.save_checkpoint`` with every file DeepSpeed writes handed to
+    ``save_file(state_dict, path)`` (DeepSpeed writes each through its checkpoint engine's
+    ``save``: model, ZeRO partitions, pipeline layers)."""
     writer = engine.checkpoint_engine
-    plain_save = writer.save
-
-    def save_and_record(state_dict, path, *args, **kwargs):
-        try:
-            result = plain_save(state_dict, path, *args, **kwargs)
-        except (OSError, RuntimeError) as e:  # torch.save's zip writer raises RuntimeError
-            free = shutil.disk_usage(os.path.dirname(path)).free
-            raise GptflowError(
-                f"{path}: writing this checkpoint file failed: {e} ({free:,} bytes free on its "
-                f"file system); its step is not complete, a resume reads the one before. "
-                f"Training stopped: fix the cause (free space, permissions) and run again"
-            ) from e
-        written.append(str(path))
-        return result
-
-    writer.save = save_and_record
+    writer.save = lambda state_dict, path, *a, **kw: save_file(state_dict, str(path))
     try:
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     finally:
         del writer.save  # the class's method again
+
+
+def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
+    """``engine.save_checkpoint``, returning the paths this rank wrote."""
+    written: list[str] = []
+    plain_save = engine.checkpoint_engine.save  # before _through_engine replaces it
+
+    def save_and_record(state_dict, path):
+        try:
+            plain_save(state_dict, path)
+        except (OSError, RuntimeError) as e:  # torch.save's zip writer raises RuntimeError
+            raise GptflowError(
+                f"{path}: writing this checkpoint file failed: {e}"
+                f"{free_space(Path(path).parent)}; its step is not complete, a resume reads "
+                f"the one before. Training stopped: fix the cause (free space, permissions) "
+                f"and run again"
+            ) from e
+        written.append(path)
+
+    _through_engine(engine, save_dir, tag, client_state, save_and_record)
     return written
 
 
 def _snapshots(engine, save_dir: str, tag: str, client_state: dict, pool) -> list:
     """``engine.save_checkpoint`` with each file DeepSpeed would write taken as a snapshot
     (:func:`gptflow.snapshot.take`) instead; returns them, to be written in the background."""
-    from gptflow.snapshot import take
-
     taken: list = []
-    writer = engine.checkpoint_engine
-    writer.save = lambda state_dict, path, *a, **kw: taken.append(take(state_dict, str(path), pool))
-    try:
-        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
-    finally:
-        del writer.save  # the class's method again
+    _through_engine(engine, save_dir, tag, client_state,
+                    lambda state_dict, path: taken.append(take(state_dict, path, pool)))  # fmt: skip
     return taken
 
 
