@@ -521,6 +521,40 @@ def global_grad_norm(engine) -> torch.Tensor | float | None:
     return engine.get_global_grad_norm()
 
 
+def full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """The whole gradient of `param` that the optimizer will step on, between the step's last
+    backward (gradients reduced over the data-parallel ranks) and ``engine.step()``, in the
+    dtype DeepSpeed sums it in (fp32 under bf16/fp16 with ZeRO).
+
+    BF16_Optimizer (bf16, ZeRO 1) sums the micro-batches into an fp32 buffer that every rank
+    all-reduces whole; ``param._hp_grad`` is the parameter's view into it, read here without
+    the all-reduce per parameter that DeepSpeed's ``safe_get_full_grad`` makes to reassemble
+    it from the partitions. Every other optimizer: ``safe_get_full_grad``."""
+    hp = getattr(param, "_hp_grad", None)
+    if hp is not None:  # a flat slice of the buffer
+        return hp.view(param.shape)
+    from deepspeed.utils import safe_get_full_grad
+
+    return safe_get_full_grad(param)
+
+
+def set_full_grad(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """Replace what :func:`full_grad` returns: the gradient the optimizer steps on.
+
+    Not ``safe_set_full_grad`` under BF16_Optimizer: that writes the bf16 ``param.grad``,
+    which BF16_Optimizer has already summed into its fp32 buffer and never reads again (its
+    step clips and updates the fp32 partitions), so the write would be lost -- and with
+    ``immediate_grad_update`` its partition path fails for a parameter that straddles two
+    partitions. The fp32 view is written whole on every rank, as it was reduced."""
+    hp = getattr(param, "_hp_grad", None)
+    if hp is not None:
+        hp.copy_(value.reshape(hp.shape))
+        return
+    from deepspeed.utils import safe_set_full_grad
+
+    safe_set_full_grad(param, value)
+
+
 def loss_scale_value(engine):
     """The dynamic loss scale (fp16) as DeepSpeed holds it, a float or a device tensor, read
     without a host sync (no truth test, no float()); None without one."""

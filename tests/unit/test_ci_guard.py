@@ -1,4 +1,5 @@
-"""The CI guard of tests/conftest.py: under GPTFLOW_REQUIRE_ALL=1 a skip is a failure."""
+"""The CI guard of tests/conftest.py: under GPTFLOW_REQUIRE_ALL=1 a skip is a failure, but a
+skip for an instruction set this machine's CPU lacks (tests/support/hardware.py)."""
 
 import os
 import subprocess
@@ -6,6 +7,7 @@ import sys
 
 SAMPLE = """
 import pytest
+from tests.support.hardware import NO_CPU_FP16
 
 @pytest.fixture
 def engine():
@@ -19,6 +21,9 @@ def test_skips_itself():
 
 def test_runs():
     pass
+
+def test_needs_cpu_fp16():
+    pytest.skip(NO_CPU_FP16)
 """
 
 
@@ -36,12 +41,12 @@ def run_sample(tmp_path, repo, require_all: bool) -> subprocess.CompletedProcess
 def test_a_skip_stays_a_skip_locally(tmp_path, repo):
     out = run_sample(tmp_path, repo, require_all=False)
     assert out.returncode == 0, out.stdout
-    assert "1 passed, 2 skipped" in out.stdout
+    assert "1 passed, 3 skipped" in out.stdout
 
 
 def test_a_skip_fails_the_run_in_ci(tmp_path, repo):
     out = run_sample(tmp_path, repo, require_all=True)
     assert out.returncode == 1, out.stdout
-    assert "1 failed, 1 passed, 1 error" in out.stdout
+    assert "1 failed, 1 passed, 1 skipped, 1 error" in out.stdout
     assert "this test may not skip. Skipped: no nginx" in out.stdout
     assert "this test may not skip. Skipped: no frobnicator on this machine" in out.stdout

@@ -10,10 +10,11 @@ from gptflow.errors import GptflowError
 from gptflow.train.kfac import Kfac
 
 
-def one_layer_step(damping: float) -> tuple[torch.Tensor, ...]:
+def one_layer_step(damping: float, scale: float = 1.0) -> tuple[torch.Tensor, ...]:
     """A Linear(3 -> 4) on 2 x 16 tokens, a mean-over-tokens loss, one K-FAC step (decay 0:
     the factors are this batch's); returns (x, per-token output gradients, the gradient before
-    and after preconditioning as (out, in+1) matrices, the layer's factors)."""
+    and after preconditioning as (out, in+1) matrices, the layer's factors). `scale`: fp16's
+    loss scale, multiplying the loss as DeepSpeed's does and handed to the step."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4))
     kfac = Kfac(model, KfacConfig(1, 1, damping, 0.0), torch.device("cpu"))
@@ -21,10 +22,10 @@ def one_layer_step(damping: float) -> tuple[torch.Tensor, ...]:
     kfac.begin(0)
     y = model(x)
     loss = ((y - target) ** 2).sum(-1).mean()  # the mean over tokens, as lm_loss
-    loss.backward()
+    (loss * scale).backward()
     lin = model[0]
     before = torch.cat([lin.weight.grad, lin.bias.grad[:, None]], 1).clone()
-    kfac.step(0)
+    kfac.step(0, loss_scale=scale)
     after = torch.cat([lin.weight.grad, lin.bias.grad[:, None]], 1)
     per_token = (2 * (y - target)).detach().reshape(-1, 4)  # d loss_i / d y_i
     (ly,) = kfac.layers
@@ -54,6 +55,22 @@ def test_damping_is_added_to_the_kronecker_product():
     K = torch.kron(G.double(), A.double()) + 0.1 * torch.eye(4 * 4, dtype=torch.float64)
     want = torch.linalg.solve(K, before.double().flatten()).reshape(4, 4)
     torch.testing.assert_close(after.double(), want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["float", "device-tensor"])
+def test_fp16_loss_scale_leaves_the_statistics_and_the_update_unscaled(as_tensor):
+    """fp16: the loss and its scale S multiplied (S = 2^16, DeepSpeed's first scale): the
+    factors are the unscaled step's, and the preconditioned gradient is the unscaled one times
+    S, which DeepSpeed divides out before clipping and the update. The scale comes as a float
+    or, as DeepSpeed's ZeRO holds it, a tensor (read on the device, not the host)."""
+    S = 2.0**16
+    _, _, before, after, A, G = one_layer_step(damping=1e-3)
+    scale = torch.tensor(S) if as_tensor else S
+    _, _, s_before, s_after, s_A, s_G = one_layer_step(damping=1e-3, scale=scale)
+    torch.testing.assert_close(s_before / S, before, rtol=1e-5, atol=0)
+    torch.testing.assert_close(s_A, A, rtol=1e-6, atol=0)
+    torch.testing.assert_close(s_G, G, rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(s_after / S, after, rtol=1e-4, atol=1e-9)
 
 
 def test_the_preflight_count_is_what_the_model_holds(repo):

@@ -23,8 +23,10 @@ reduction asserts CUDA, it rejects DDP, it calls ``torch.cuda.nvtx`` uncondition
 backward hook is deprecated in torch 2.13, and its Embedding preconditioning is wrong. What
 we need is one module: forward hooks and tensor hooks (not module backward hooks: they leave
 DeepSpeed's gradient hooks alone), one all-reduce of the factors, ``torch.linalg.eigh``, and
-DeepSpeed's own ``safe_get_full_grad`` / ``safe_set_full_grad`` for ZeRO 1/2, where ``p.grad``
-is None after the backward and the gradient lives in the optimizer's partitions.
+the gradient the optimizer steps on, read and written through :func:`gptflow.engine.full_grad`
+and :func:`~gptflow.engine.set_full_grad` (DeepSpeed's accessors for ZeRO 1/2, where ``p.grad``
+is None after the backward; BF16_Optimizer's fp32 buffer under bf16 at ZeRO 1, where
+DeepSpeed's setter writes a ``p.grad`` that optimizer never reads).
 
 Which layers: the ``nn.Linear`` modules of :class:`gptflow.model.GPTNeoX` but its output
 head (``embed_out``: its G would be vocabulary x vocabulary); the embedding is an
@@ -48,6 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gptflow import engine as ds
 from gptflow.config import KfacConfig, ModelConfig, kfac_floats, kfac_layer_shapes
 from gptflow.errors import GptflowError
 
@@ -209,23 +212,22 @@ class Kfac:
 
     def precondition(self) -> None:
         """Each layer's gradient (W and b as one matrix) through the eigenbasis; read and
-        written through DeepSpeed's accessors (``p.grad`` at ZeRO 0, the partitions at 1/2)."""
-        from deepspeed.utils import safe_get_full_grad, safe_set_full_grad
-
+        written where the optimizer steps on it (``p.grad`` at ZeRO 0, the partitions at 1/2,
+        BF16_Optimizer's fp32 buffer)."""
         damping = self.cfg.damping
         for ly in self.layers:
             w, b = ly.module.weight, ly.module.bias
-            gw = safe_get_full_grad(w)
+            gw = ds.full_grad(w)
             if gw is None:
                 raise GptflowError(f"K-FAC: no gradient for a {tuple(w.shape)} weight")
-            m = gw if b is None else torch.cat([gw, safe_get_full_grad(b)[:, None]], dim=1)
+            m = gw if b is None else torch.cat([gw, ds.full_grad(b)[:, None]], dim=1)
             m = m.float()  # (out, in+1)
             v = ly.QG.T @ m @ ly.QA
             v.div_(torch.outer(ly.dG, ly.dA).add_(damping))
             p = ly.QG @ v @ ly.QA.T  # (out, in+1)
-            safe_set_full_grad(w, p[:, : w.shape[1]].to(gw.dtype))
+            ds.set_full_grad(w, p[:, : w.shape[1]].to(gw.dtype))
             if b is not None:
-                safe_set_full_grad(b, p[:, -1].to(gw.dtype))
+                ds.set_full_grad(b, p[:, -1].to(gw.dtype))
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
