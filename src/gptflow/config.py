@@ -223,6 +223,18 @@ class TrainConfig:
                 "sum gradients in fp32. Set train.zero_stage 1 (DeepSpeed's BF16_Optimizer: fp32 "
                 "master weights and gradient accumulation; on one rank it partitions nothing)"
             )
+        if self.precision == "fp16" and self.zero_stage == 0:
+            # measured (DeepSpeed 0.19.8, one rank): the held gradient's norm is the true one
+            # (1.14), not 2^16 times it, and the first update is 0.73 lr, not ~1 lr
+            raise GptflowError(
+                "train.precision fp16 needs train.zero_stage 1 or more: at stage 0 DeepSpeed "
+                "trains fp16 through its FP16_UnfusedOptimizer, whose engine.backward never "
+                "scales the loss while its step divides the gradients by the loss scale (2^16 "
+                "at the start: small gradients underflow fp16, updates shrink where Adam's eps "
+                "matters), and whose dummy first step leaves Adam's step count one ahead. Set "
+                "train.zero_stage 1 (fp32 master weights and gradient sums, the loss scaled; on "
+                "one rank it partitions nothing)"
+            )
         if self.tensor_parallel > 1 and self.zero_stage == 0:
             raise GptflowError(
                 f"train.tensor_parallel {self.tensor_parallel} needs train.zero_stage 1 or 2: a "

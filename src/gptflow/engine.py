@@ -109,9 +109,10 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
 
 def grad_accum_dtype(train: TrainConfig) -> str | None:
     """What DeepSpeed sums the micro-batches' gradients in: fp32 for bf16 and fp16 under
-    ZeRO (stages 1-3); None (the model's dtype) otherwise -- fp32 runs, and fp16 at ZeRO 0,
-    where DeepSpeed 0.19 refuses fp32 sums ("unsupported mix of model_dtype=torch.float16
-    and grad_accum_dtype=torch.float32") and sums in fp16."""
+    ZeRO (stages 1-3); None (the model's dtype) otherwise: fp32 runs, and a half precision
+    at ZeRO 0, which :meth:`TrainConfig.check_trainable` refuses to train (DeepSpeed 0.19
+    refuses fp32 sums there: "unsupported mix of model_dtype=torch.float16 and
+    grad_accum_dtype=torch.float32"), read only from an existing run's config."""
     half = train.precision in ("bf16", "fp16")
     return "fp32" if half and train.zero_stage > 0 else None
 

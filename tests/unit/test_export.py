@@ -26,6 +26,7 @@ from gptflow.config import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.run_config import render_run_config, write_run_config
 from gptflow.workflow_config import load_workflow_config
+from tests.support.hardware import fp16_env
 from tests.support.memory import peak_allocated
 
 BIN = Path(sys.executable).parent
@@ -37,7 +38,8 @@ MODEL_16 = ModelConfig(num_layers=LAYERS, hidden_size=64, num_attention_heads=4,
 def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
     """trained(zero_stage, precision, tp=1, pp=1) -> the run directory of a finished 2-step
     run (trained once per module): one rank at ZeRO 0, under torchrun at ZeRO 1-3 two ranks
-    (data parallel) or tp x pp (tensor and pipeline parallel)."""
+    (data parallel) or tp x pp (tensor and pipeline parallel). fp16 on a CPU without oneDNN
+    fp16 runs on PyTorch's reference kernels (tests/support/hardware.py)."""
     runs: dict[tuple, Path] = {}
 
     def train(zero: int, precision: str, tp: int = 1, pp: int = 1) -> Path:
@@ -75,7 +77,8 @@ def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
             ]
         proc = subprocess.run(
             [*launcher, "train", "--config", str(run_dir / "run.yaml"), "--threads", "1"],
-            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True, text=True, timeout=600,
+            env={**(fp16_env() if precision == "fp16" else os.environ), "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[key] = run_dir

@@ -156,12 +156,6 @@ def build(
     kfac = build_kfac(cfg, engine, dev, rank)
     in_background = background_saves(t.async_save, dev.name is not None)[0]
     gas = t.grad_accum_steps(dev.world_size)
-    if rank == 0 and t.precision == "fp16" and gas > 1 and ds.grad_accum_dtype(t) is None:
-        log.warning(
-            "train.precision fp16 at train.zero_stage 0: DeepSpeed sums the %d micro-batches' "
-            "gradients in fp16 (it refuses fp32 sums without ZeRO); train.zero_stage 1 sums "
-            "them in fp32", gas,
-        )  # fmt: skip
     peak, source = peak_tflops(dev.name, t.peak_tflops)
     if rank == 0 and t.compile and engine.is_compiled:
         log.info("model compiled (torch.compile through DeepSpeed's engine.compile)")
