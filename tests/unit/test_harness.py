@@ -143,14 +143,26 @@ def test_without_the_harness_planning_names_the_install_command(tmp_path):
 def test_model_args_follow_the_evaluate_jobs_placement():
     """The harness's hf model on evaluate's placement (gptflow.evaluate.eval_placement): fp32 on
     the CPU or one GPU, bf16 spread by the harness's own `parallelize` over several GPUs (the
-    GPU cases are arguments only: no GPU here)."""
-    assert hf_model_settings("hf", ["cpu"], "fp32") == {
-        "pretrained": "hf", "dtype": "float32", "device": "cpu",
+    GPU cases are arguments only: no GPU here); in every placement the context the model
+    trained at (`max_length`, not the export's max_position_embeddings) and log-softmax in
+    fp32 (`softmax_dtype`: under bf16 it would be the model's dtype). The names are HFLM's own
+    keyword arguments in the installed lm-eval."""
+    import inspect
+
+    from lm_eval.models.huggingface import HFLM
+
+    assert hf_model_settings("hf", ["cpu"], "fp32", 64) == {
+        "pretrained": "hf", "dtype": "float32", "max_length": 64, "softmax_dtype": "float32",
+        "device": "cpu",
     }  # fmt: skip
-    assert hf_model_settings("hf", ["cuda:0"], "fp32")["device"] == "cuda:0"
-    assert hf_model_settings("hf", ["cuda:0", "cuda:1"], "bf16") == {
-        "pretrained": "hf", "dtype": "bfloat16", "parallelize": True,
+    assert hf_model_settings("hf", ["cuda:0"], "fp32", 64)["device"] == "cuda:0"
+    assert hf_model_settings("hf", ["cuda:0", "cuda:1"], "bf16", 2048) == {
+        "pretrained": "hf", "dtype": "bfloat16", "max_length": 2048, "softmax_dtype": "float32",
+        "parallelize": True,
     }  # fmt: skip
+    accepted = inspect.signature(HFLM.__init__).parameters
+    for devices, dtype in ((["cpu"], "fp32"), (["cuda:0"], "bf16"), (["cuda:0", "cuda:1"], "bf16")):
+        assert set(hf_model_settings("hf", devices, dtype, 64)) <= set(accepted)
 
 
 def test_the_checkpoints_of_a_curve_must_be_saved_and_kept():
