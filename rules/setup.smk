@@ -358,6 +358,9 @@ if workflow.is_main_process:
             CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE
         )
         harness.check_planned(HARNESS, CONFIG_SOURCE)
+        for name, run in RUNS.items() if HARNESS["tasks"] else ():
+            seq_length = TrainConfig(**run["train"]).seq_length  # the harness's context
+            harness.check_context(harness_work(), seq_length, name, CONFIG_SOURCE)
         hf_datasets.check_planned(DATASETS, CONFIG_SOURCE)
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None

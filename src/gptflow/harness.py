@@ -176,6 +176,21 @@ def task_work(harness_cfg: dict) -> list[sizing.TaskWork]:
     return work
 
 
+def check_context(work: list[sizing.TaskWork], seq_length: int, run: str, source: str) -> None:
+    """A generation must fit the harness's context (the run's train.seq_length): lm-eval
+    asserts max_gen_toks < max_length when the job runs. Task files only (a task name's
+    output type is not known at planning)."""
+    for w in work:
+        if w.output_type == "generate_until" and w.generated_tokens >= seq_length:
+            raise GptflowError(
+                f"{source}: eval.harness.tasks: task '{w.name}' generates up to "
+                f"{w.generated_tokens} tokens (generation_kwargs.max_gen_toks; lm-eval's default "
+                f"{sizing.GENERATED_TOKENS}), but the harness's context is run {run}'s "
+                f"train.seq_length {seq_length} and lm-eval needs fewer; set "
+                f"generation_kwargs.max_gen_toks below {seq_length} in the task file"
+            )
+
+
 def _import_problem() -> str | None:
     """Why the harness cannot run its hf model here, or None. `import lm_eval` is cheap (it
     imports its evaluator lazily); accelerate (of lm-eval[hf]) is looked up, not imported."""

@@ -5,6 +5,7 @@ itself runs on a real export in tests/workflow/test_harness.py.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -217,3 +218,32 @@ def test_the_harness_page_escapes_and_tables_every_step(tmp_path):
     assert "<td>acc</td><td>0.125 ± 0.2</td><td>0.25 ± 0.2</td><td>0.5 ± 0.2</td>" in text
     assert "<td>word_perplexity</td><td>9.5</td>" in text
     assert text.count("<svg") == 1 and curve.read_text().count("<svg") == 1
+
+
+def test_a_generation_longer_than_the_trained_context_is_refused_at_planning(tmp_path):
+    """The harness's context is train.seq_length, and lm-eval asserts that a generation's
+    max_gen_toks is below it when the job runs: a generate_until task file asking for as many
+    (lm-eval's default 256, at the default seq_length 256) is one line at -n; 32 plans."""
+    from gptflow import sizing
+    from gptflow.harness import check_context, task_work
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"question": "2 + 2 =", "answer": "4"}\n')
+    task = tmp_path / "qa.yaml"
+    spec = {"task": "qa", "dataset_path": "json", "test_split": "test",
+            "dataset_kwargs": {"data_files": {"test": str(data)}},
+            "doc_to_text": "{{question}}", "doc_to_target": "{{answer}}"}  # fmt: skip
+    task.write_text(json.dumps(spec))  # JSON is YAML
+    work = task_work(harness(tasks=[str(task)]))
+    assert work == [sizing.TaskWork("qa", "generate_until", 1, 38.0, 1.0, 256)]
+    with pytest.raises(GptflowError) as e:
+        check_context(work, 256, "r", "c.yaml")
+    assert str(e.value) == (
+        "c.yaml: eval.harness.tasks: task 'qa' generates up to 256 tokens "
+        "(generation_kwargs.max_gen_toks; lm-eval's default 256), but the harness's context is "
+        "run r's train.seq_length 256 and lm-eval needs fewer; set "
+        "generation_kwargs.max_gen_toks below 256 in the task file"
+    )
+    task.write_text(json.dumps({**spec, "generation_kwargs": {"max_gen_toks": 32}}))
+    check_context(task_work(harness(tasks=[str(task)])), 256, "r", "c.yaml")
+    check_context(task_work(harness(tasks=["gsm8k"])), 64, "r", "c.yaml")  # not known: the job
