@@ -217,7 +217,7 @@ def eval_resources(config_file):
     return run_eval_resources(
         config_file,
         PLACEMENT.gpu_mem_mb or preflight.DEFAULT_GPU_MEMORY_MB,
-        PLACEMENT.on_cluster,
+        PLACEMENT.on_cluster or bool(LOCAL_GPUS),
         CFG["eval"],
     )
 
@@ -249,15 +249,45 @@ def get_harness_step_files(wildcards):
     ]
 
 
+def harness_resources(config_file):
+    """gptflow.evaluate.harness_resources: sized from the tasks' work (harness_work) at the
+    trained context, placed as evaluate is; <TBD> in a plan made before run.yaml exists."""
+    open(config_file).close()
+    return run_harness_resources(
+        config_file,
+        PLACEMENT.gpu_mem_mb or preflight.DEFAULT_GPU_MEMORY_MB,
+        PLACEMENT.on_cluster or bool(LOCAL_GPUS),
+        HARNESS,
+        harness_work(),
+    )
+
+
+def get_harness_mem_mb(wildcards, input):
+    return harness_resources(input.config)["mem_mb"]
+
+
+def get_harness_gres(wildcards, input):
+    return harness_resources(input.config)["gres"]
+
+
+def get_harness_runtime(wildcards, input):
+    return harness_resources(input.config)["runtime"]
+
+
 def get_harness_step_mem_mb(wildcards, input):
     """The export of the checkpoint, then the harness: the larger of the two jobs' memory."""
-    return max(eval_resources(input.config)["mem_mb"], run_export_resources(input.config)["mem_mb"])
+    return max(get_harness_mem_mb(wildcards, input), run_export_resources(input.config)["mem_mb"])
 
 
 def get_harness_step_runtime(wildcards, input):
-    """Minutes: the export's and the evaluation's."""
-    runtime = eval_resources(input.config)["runtime"]
-    return runtime + run_export_resources(input.config)["runtime"]
+    """Minutes: the export's and the harness's."""
+    return get_harness_runtime(wildcards, input) + run_export_resources(input.config)["runtime"]
+
+
+def get_local_gpus(wildcards):
+    """A GPU job's `gpu` resource on this machine: all its GPUs (LOCAL_GPUS, setup.smk);
+    none declared on a cluster or without a GPU."""
+    return LOCAL_GPUS or None
 
 
 def get_harness_partition(wildcards):

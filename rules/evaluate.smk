@@ -18,6 +18,7 @@ rule evaluate:
         mem_mb=get_eval_mem_mb,
         gres=get_eval_gres,
         runtime=get_eval_runtime,
+        gpu=get_local_gpus,
     params:
         prompts=verbatim(prompt_args(CFG["eval"]["prompts"])),
         extra=verbatim(extra_args(CFG["eval"]["extra"])),
@@ -57,12 +58,14 @@ rule harness:
         paths.log("harness", "{run}"),
     conda:
         "../envs/gptflow.yaml"
-    # sized and placed like evaluate: on evaluate's partition, or its PBS queue and resource
-    # line (the profile's set-resources harness ..., where given, replaces them)
+    # sized from the tasks' requests and tokens, placed like evaluate: on evaluate's
+    # partition, or its PBS queue and resource line (the profile's set-resources harness
+    # ..., where given, replaces them)
     resources:
-        mem_mb=get_eval_mem_mb,
-        gres=get_eval_gres,
-        runtime=get_eval_runtime,
+        mem_mb=get_harness_mem_mb,
+        gres=get_harness_gres,
+        runtime=get_harness_runtime,
+        gpu=get_local_gpus,
         slurm_partition=get_harness_partition,
         pbs_queue=get_harness_pbs_queue,
         pbs_select=get_harness_pbs_select,
@@ -97,8 +100,9 @@ rule harness_step:
         "../envs/gptflow.yaml"
     resources:
         mem_mb=get_harness_step_mem_mb,
-        gres=get_eval_gres,
+        gres=get_harness_gres,
         runtime=get_harness_step_runtime,
+        gpu=get_local_gpus,
         slurm_partition=get_harness_partition,
         pbs_queue=get_harness_pbs_queue,
         pbs_select=get_harness_pbs_select,

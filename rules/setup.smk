@@ -27,8 +27,9 @@ from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 from gptflow.evaluate import extra_args, extra_files, prompt_args
 from gptflow.evaluate import export_resources as run_export_resources
+from gptflow.evaluate import harness_resources as run_harness_resources
 from gptflow.evaluate import run_resources as run_eval_resources
-from gptflow.hardware import visible_gpus
+from gptflow.hardware import gpu_memory_mib, visible_gpus
 from gptflow.schema import load_yaml
 from gptflow.run_config import data_index_name, data_index_settings
 from gptflow.workflow_config import load_workflow_config, run_configs
@@ -88,6 +89,16 @@ def harness_steps():
 
 
 HARNESS_STEPS = harness_steps()
+
+
+@functools.cache
+def harness_work():
+    """eval.harness's tasks' work, counted from the task files once (gptflow.harness.task_work):
+    the harness jobs' size, printed at -n."""
+    try:
+        return harness.task_work(HARNESS)
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
 
 
 def get_run_settings(wildcards):
@@ -258,8 +269,13 @@ def profile_placement():
         "slurm" if profile_value("train_gpt", "slurm_partition") else "pbs" if pbs else "local"
     )
     mpi = str(profile_value("train_gpt", "mpi") or "")
-    # GPUs counted only where train_gpt runs here without srun (nvidia-smi, not torch)
+    # GPUs counted, and their memory read, only where train_gpt runs here without srun
+    # (nvidia-smi, not torch); the profile's gpu_mem_mb, where given, over nvidia-smi's
     gpus, gpus_source = visible_gpus() if executor == "local" and not mpi else (None, "")
+    gpu_mem_mb, gpu_mem_source = number("gpu_mem_mb"), ""
+    if gpus and gpu_mem_mb is None:
+        gpu_mem_mb, how = gpu_memory_mib()
+        gpu_mem_source = how if gpu_mem_mb else f"assumed: 80 GB GPUs ({how})"
     return preflight.Placement(
         executor=executor,
         nodes=number("nodes"),
@@ -271,7 +287,8 @@ def profile_placement():
         mem_mb=number("mem_mb"),
         partition=profile_value("train_gpt", "slurm_partition"),
         mpi=mpi,
-        gpu_mem_mb=number("gpu_mem_mb"),
+        gpu_mem_mb=gpu_mem_mb,
+        gpu_mem_source=gpu_mem_source,
         nproc_per_node=profile_value("train_gpt", "nproc_per_node"),
         gpus=gpus,
         gpus_source=gpus_source,
@@ -282,6 +299,14 @@ def profile_placement():
 # The preflight, in the main process only (a job's own Snakemake parses this file too): what
 # would fail on the cluster is refused here, before any job waits in the queue.
 PLACEMENT = profile_placement()
+# The GPU jobs on this machine (train_gpt, evaluate, harness, harness_step) each place their
+# work from cuda:0 on, sized as if alone on the GPUs: each takes a `gpu` resource of every GPU
+# shown here, and the plan offers that many, so they run one at a time (a study's runs
+# finishing together too). `--resources gpu=N` given by the user stays. Not on a cluster
+# (its scheduler gives each job its own GPUs), nor without a GPU (nothing changes).
+LOCAL_GPUS = PLACEMENT.gpus if PLACEMENT.executor == "local" and not PLACEMENT.mpi else 0
+if LOCAL_GPUS and "gpu" not in workflow.global_resources:
+    workflow.register_resource("gpu", LOCAL_GPUS)
 if workflow.is_main_process:
     # a study: every run's layout and memory checked, the largest run's preflight in full
     LARGEST = max(RUNS, key=lambda name: preflight.model_config(RUNS[name], 0).num_parameters())
@@ -304,6 +329,7 @@ if workflow.is_main_process:
                 for name, threads in (workflow.resource_settings.overwrite_threads or {}).items()
             },
             label=f" (largest run: {LARGEST})" if STUDY else "",
+            harness_work=harness_work() if HARNESS["tasks"] else None,
         )
         if STUDY:
             PREFLIGHT.lines += preflight.study(
@@ -332,6 +358,9 @@ if workflow.is_main_process:
             CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE
         )
         harness.check_planned(HARNESS, CONFIG_SOURCE)
+        for name, run in RUNS.items() if HARNESS["tasks"] else ():
+            seq_length = TrainConfig(**run["train"]).seq_length  # the harness's context
+            harness.check_context(harness_work(), seq_length, name, CONFIG_SOURCE)
         hf_datasets.check_planned(DATASETS, CONFIG_SOURCE)
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None

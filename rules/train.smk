@@ -70,10 +70,12 @@ rule train_gpt:
     threads: get_train_threads
     # One machine: nproc_per_node ranks (one per visible GPU unless the profile or
     # --set-resources train_gpt:nproc_per_node=N says otherwise), the job's threads shared
-    # among them. A cluster: the profile's mpi (srun) with nodes x tasks_per_node ranks.
+    # among them, and all its GPUs held (`gpu`: a rank counts from cuda:0, as evaluate does).
+    # A cluster: the profile's mpi (srun) with nodes x tasks_per_node ranks.
     resources:
         mpi="",
         nproc_per_node=get_local_ranks,
+        gpu=get_local_gpus,
     params:
         hyperparameters=get_train_settings,
         launcher=get_train_launcher,

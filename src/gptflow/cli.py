@@ -656,10 +656,12 @@ def cmd_harness(a: argparse.Namespace) -> int:
     from gptflow.run_config import RunConfig
 
     cfg = RunConfig.load(a.config)
-    devices, dtype = eval_placement(cfg.model, cfg.train.seq_length)  # as the evaluate job's
+    # as the evaluate job's, a.batch_size sequences a forward pass (gptflow.evaluate.harness_resources)
+    devices, dtype = eval_placement(cfg.model, cfg.train.seq_length, a.batch_size)
     settings = {
         "include": a.include, "num_fewshot": a.num_fewshot, "batch_size": a.batch_size,
         "limit": a.limit, "out": a.out, "devices": devices, "dtype": dtype,
+        "max_length": cfg.train.seq_length,  # the context it trained at, not the export's
     }  # fmt: skip
     if a.step is None:
         step = finished_run(a.config)[1]["final_step"]

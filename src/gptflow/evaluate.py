@@ -55,8 +55,31 @@ def run_resources(config: str | os.PathLike, gpu_mem_mb: int, on_gpu: bool, eval
         "mem_mb": memory_mb(model, seq, on_gpu),
         "gres": f"gpu:{plan.gpus}",
         "runtime": sizing.eval_runtime_min(
-            model, seq, eval_cfg["max_windows"], len(eval_cfg["prompts"]), eval_cfg["new_tokens"]
+            model, seq, eval_cfg["max_windows"], len(eval_cfg["prompts"]), eval_cfg["new_tokens"],
+            plan.dtype,
         ),
+    }  # fmt: skip
+
+
+def harness_resources(
+    config: str | os.PathLike,
+    gpu_mem_mb: int,
+    on_gpu: bool,
+    harness_cfg: dict,
+    work: list[sizing.TaskWork],
+) -> dict:
+    """A harness job's resources for the run config `config` (run.yaml), from the model and
+    the tasks' work (gptflow.harness.task_work), at the trained context (train.seq_length)
+    with eval.harness.batch_size requests a forward pass: host memory, GPUs (``gres``, the
+    plan :func:`eval_placement` follows) and minutes (gptflow.sizing)."""
+    cfg = RunConfig.load(config)
+    model, seq, batch = cfg.model, cfg.train.seq_length, harness_cfg["batch_size"]
+    plan = sizing.eval_plan(model, seq, gpu_mem_mb * 2**20, batch)
+    fewshot = harness_cfg["num_fewshot"]
+    return {
+        "mem_mb": sizing.harness_host_mb(model, seq, batch, plan if on_gpu else None),
+        "gres": f"gpu:{plan.gpus}",
+        "runtime": sizing.harness_runtime_min(model, work, seq, fewshot, plan.dtype),
     }
 
 
@@ -83,17 +106,19 @@ def extra_files(extra: dict[str, list[str]]) -> list[str]:
     ]
 
 
-def eval_placement(model: ModelConfig, seq_length: int) -> tuple[list[str], str]:
+def eval_placement(
+    model: ModelConfig, seq_length: int, batch: int = EVAL_BATCH
+) -> tuple[list[str], str]:
     """(devices, dtype) of the evaluation: the CPU in fp32 without a GPU; else
-    gptflow.sizing.eval_plan against the smallest of the job's GPUs, refused when the job
-    has fewer GPUs than the plan needs."""
+    gptflow.sizing.eval_plan (`batch` sequences a forward pass) against the smallest of the
+    job's GPUs, refused when the job has fewer GPUs than the plan needs."""
     import torch
 
     if not torch.cuda.is_available():
         return ["cpu"], "fp32"
     count = torch.cuda.device_count()
     gpu_bytes = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
-    plan = sizing.eval_plan(model, seq_length, gpu_bytes)
+    plan = sizing.eval_plan(model, seq_length, gpu_bytes, batch)
     if not plan.fits or plan.gpus > count:
         raise GptflowError(
             f"evaluating {model.num_parameters():,} parameters needs {plan.gpus} GPU(s) of "

@@ -4,7 +4,8 @@ utilisation), and the precision a run trains in when the config leaves it to the
 MFU = achieved model FLOP/s per device / the device's peak. The peak is dense bf16 tensor-core
 throughput from the vendors' data sheets (no 2:4 sparsity); `train.peak_tflops` overrides it,
 and is the only source on a CPU or an accelerator not in the table. How many GPUs this machine
-shows, counted without torch (planning imports none): :func:`visible_gpus`.
+shows, and their memory, read without torch (planning imports none): :func:`visible_gpus`,
+:func:`gpu_memory_mib`.
 """
 
 from __future__ import annotations
@@ -134,3 +135,24 @@ def visible_gpus(env: dict | None = None) -> tuple[int, str]:
             visible = min(visible, listed)
         return visible, f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}"
     return listed or 0, how
+
+
+NVIDIA_SMI_MEMORY = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+
+
+def gpu_memory_mib() -> tuple[int | None, str]:
+    """(the memory of the smallest GPU ``nvidia-smi`` lists, in MiB, how it was read); None
+    where nvidia-smi is missing, fails or prints no number a line (no GPU, no driver)."""
+    if shutil.which(NVIDIA_SMI_MEMORY[0]) is None:
+        return None, "no nvidia-smi on PATH"
+    try:
+        out = subprocess.run(NVIDIA_SMI_MEMORY, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"nvidia-smi --query-gpu=memory.total: {e}"
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0:
+        return None, f"nvidia-smi --query-gpu=memory.total exited {out.returncode}"
+    if not lines or not all(line.isdigit() for line in lines):
+        return None, "nvidia-smi --query-gpu=memory.total printed no MiB figures"
+    sizes = [int(line) for line in lines]
+    return min(sizes), f"nvidia-smi: the smallest of {len(sizes)} GPU(s), {min(sizes):,} MiB"

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from gptflow import sizing
 from gptflow.config import TrainConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
@@ -93,6 +95,100 @@ def input_files(harness_cfg: dict) -> list[str]:
         if isinstance(kwargs, dict):
             files += [f for f in _data_files(kwargs.get("data_files")) if Path(f).is_file()]
     return list(dict.fromkeys(files))
+
+
+def _split_files(task: dict) -> list[Path]:
+    """The local data files of the split a task evaluates (its test_split, else its
+    validation_split: the harness's order), from ``dataset_kwargs.data_files``."""
+    kwargs = task.get("dataset_kwargs") or {}
+    files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+    if isinstance(files, dict):
+        split = task.get("test_split") or task.get("validation_split")
+        files = files.get(split) if split in files else list(files.values())
+    return [Path(f) for f in _data_files(files)]
+
+
+def _documents(path: Path) -> list[bytes] | None:
+    """A data file's documents as stored (a JSON Lines row, a JSON array's item, a CSV row),
+    or None for a format not read here."""
+    data = path.read_bytes()
+    if path.suffix in (".json", ".jsonl") and data.lstrip().startswith(b"["):
+        try:
+            return [json.dumps(d).encode() for d in json.loads(data)]
+        except ValueError:
+            return None
+    if path.suffix in (".json", ".jsonl"):
+        return [line for line in data.splitlines() if line.strip()]
+    if path.suffix == ".csv":
+        return [line for line in data.splitlines()[1:] if line.strip()]
+    return None
+
+
+def _choices(task: dict, documents: list[bytes]) -> float | None:
+    """Choices per question: a `doc_to_choice` list, or the mean length of the documents'
+    list field it names; None where it is a template or a function (not evaluated here)."""
+    choice = task.get("doc_to_choice")
+    if isinstance(choice, list):
+        return float(len(choice))
+    if not isinstance(choice, str) or not choice.isidentifier():
+        return None
+    counts = []
+    for doc in documents:
+        try:
+            value = json.loads(doc).get(choice)
+        except (ValueError, AttributeError):
+            return None
+        if not isinstance(value, list):
+            return None
+        counts.append(len(value))
+    return sum(counts) / len(counts) if counts else None
+
+
+def task_work(harness_cfg: dict) -> list[sizing.TaskWork]:
+    """Each task's work (gptflow.sizing.TaskWork), estimated at planning without lm-eval: a
+    task file over local data files is counted (documents, their mean size, the choices of a
+    multiple-choice question, a generation's max_gen_toks); a harness task name, or data the
+    job downloads, is sizing.ASSUMED_DOCUMENTS documents at the full context. At most
+    eval.harness.limit documents a task."""
+    limit = harness_cfg["limit"]
+    work = []
+    for i, task in enumerate(harness_cfg["tasks"]):
+        spec = read_task_file(task, f"eval.harness.tasks[{i}]") if is_task_file(task) else {}
+        kind = spec.get("output_type", "generate_until" if spec else "multiple_choice")
+        generated = 0
+        if kind == "generate_until":
+            gen = spec.get("generation_kwargs") or {}
+            generated = int(gen.get("max_gen_toks", sizing.GENERATED_TOKENS))
+        files = _split_files(spec)
+        docs = [_documents(f) for f in files if f.is_file()]
+        if not files or len(docs) < len(files) or None in docs:  # not counted here
+            documents = sizing.ASSUMED_DOCUMENTS if limit is None else limit
+            choices = sizing.ASSUMED_CHOICES if kind == "multiple_choice" else 1
+            work.append(sizing.TaskWork(spec.get("task", task), kind, documents, 0.0, choices,
+                                        generated, counted=False))  # fmt: skip
+            continue
+        rows = [d for found in docs for d in found][:limit]
+        choices = _choices(spec, rows) if kind == "multiple_choice" else 1.0
+        mean = sum(map(len, rows)) / len(rows) if rows else 0.0
+        work.append(sizing.TaskWork(spec["task"], kind, len(rows), mean,
+                                    sizing.ASSUMED_CHOICES if choices is None else choices,
+                                    generated))  # fmt: skip
+    return work
+
+
+def check_context(work: list[sizing.TaskWork], seq_length: int, run: str, source: str) -> None:
+    """A generation must fit the harness's context (the run's train.seq_length): lm-eval
+    asserts max_gen_toks < max_length when the job runs. Task files only (a task name's
+    output type is not known at planning)."""
+    for w in work:
+        if w.output_type == "generate_until" and w.generated_tokens >= seq_length:
+            raise GptflowError(
+                f"{source}: eval.harness.tasks: task '{w.name}' generates up to "
+                f"{w.generated_tokens} tokens (generation_kwargs.max_gen_toks; lm-eval's default "
+                f"{sizing.GENERATED_TOKENS}), but the harness's context is run {run}'s "
+                f"train.seq_length {seq_length} and lm-eval needs fewer; set "
+                f"generation_kwargs.max_gen_toks below {seq_length} in the task file"
+            )
 
 
 def _import_problem() -> str | None:
@@ -172,12 +268,22 @@ def _metrics(result: dict) -> dict:
     return metrics
 
 
-def hf_model_settings(hf_dir: str | os.PathLike, devices: list[str], dtype: str) -> dict:
+def hf_model_settings(
+    hf_dir: str | os.PathLike, devices: list[str], dtype: str, max_length: int
+) -> dict:
     """The harness's ``hf`` model arguments for the evaluate job's placement (devices, dtype:
     gptflow.evaluate.eval_placement): fp32 on the CPU or one GPU; on several GPUs (a model
     too large for one) bf16 with the harness's own ``parallelize`` (accelerate spreads the
-    layers over the job's GPUs)."""
-    args = {"pretrained": str(hf_dir), "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype]}
+    layers over the job's GPUs). The context is `max_length`, the length the model was
+    trained at (train.seq_length): left to itself the harness takes the export's
+    max_position_embeddings (2048), scoring positions the model never saw. Log-softmax runs in
+    fp32 in either dtype (the harness's ``softmax_dtype``; left to itself, the model's dtype)."""
+    args = {
+        "pretrained": str(hf_dir),
+        "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype],
+        "max_length": max_length,
+        "softmax_dtype": "float32",
+    }
     if len(devices) > 1:
         return {**args, "parallelize": True}
     return {**args, "device": devices[0]}
@@ -194,11 +300,13 @@ def run_harness(
     out: str | os.PathLike,
     devices: list[str],
     dtype: str,
+    max_length: int,
     step: int | None = None,
     checkpoint: str | None = None,
 ) -> dict:
     """Run the harness on the Hugging Face model directory `hf_dir` (the export of training
-    step `step`) on `devices` in `dtype` (:func:`hf_model_settings`) and write `out`
+    step `step`) on `devices` in `dtype`, at most `max_length` tokens a forward pass
+    (:func:`hf_model_settings`), and write `out`
     (harness.json, atomically): the harness version, each task's version, few-shot count and
     every metric with its stderr, and the settings. An export made on the fly from
     `checkpoint` (:func:`exported_step`) is recorded as that checkpoint, not as its
@@ -212,7 +320,7 @@ def run_harness(
         ) from None
 
     names = [task_name(t, f"--task {t}") for t in tasks]
-    args = hf_model_settings(hf_dir, devices, dtype)
+    args = hf_model_settings(hf_dir, devices, dtype, max_length)
     results = lm_eval.simple_evaluate(
         model="hf",
         model_args=args,
@@ -244,6 +352,8 @@ def run_harness(
             "batch_size": batch_size,
             "limit": limit,
             "dtype": args["dtype"],
+            "softmax_dtype": args["softmax_dtype"],
+            "max_length": max_length,
             "devices": devices,
         },
         "hf": None if checkpoint else str(hf_dir),

@@ -43,7 +43,7 @@ GIB = 1024**3
 PLACEHOLDER = re.compile(r"\A<[^<>]*>\Z")  # how the shipped profile marks what to fill in
 DEFAULT_GPU_MEMORY_MB = 80 * 1024  # A100 80GB / H100 80GB, when the profile does not say
 ASSUMED_VOCAB = 50257  # GPT-2's, when no tokenizer is on disk yet and none is to be trained
-BYTES_PER_TOKEN_OF_TEXT = 4.0  # BPE on English text: about 4 bytes of UTF-8 per token
+BYTES_PER_TOKEN_OF_TEXT = sizing.BYTES_PER_TOKEN_OF_TEXT  # text bytes a token (one home)
 EXPANSION = {"zst": 3.5, "gz": 3.0, "xz": 4.0, "zip": 3.0, "parquet": 2.5}  # text / file bytes
 
 
@@ -65,6 +65,7 @@ class Placement:
     partition: str | None = None
     mpi: str = ""
     gpu_mem_mb: int | None = None  # memory of one GPU, for the fit check
+    gpu_mem_source: str = ""  # where gpu_mem_mb comes from, when not the profile (nvidia-smi)
     # one machine without mpi: the ranks to start (as the profile gives it, any type), and the
     # GPUs this machine shows (gptflow.hardware.visible_gpus) and how they were counted
     nproc_per_node: object = None
@@ -601,7 +602,9 @@ def memory_per_gpu(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> 
     worst = max(stages, key=lambda s: sum(stages[s].values()))
     name = "" if pp == 1 else ("first pipeline stage" if worst == 0 else "last pipeline stage")
     gpu_mb = p.gpu_mem_mb or DEFAULT_GPU_MEMORY_MB
-    source = "set-resources train_gpt gpu_mem_mb" if p.gpu_mem_mb else "assumed: 80 GB GPUs"
+    source = p.gpu_mem_source or (
+        "set-resources train_gpt gpu_mem_mb" if p.gpu_mem_mb else "assumed: 80 GB GPUs"
+    )
     gpu = gpu_mb * 1024**2
     terms = stages[worst]
     return MemoryFit(terms, sum(terms.values()), gpu, source, fit_margin(gpu), name)
@@ -738,33 +741,72 @@ def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
 # --------------------------------------------------------------------------- after training
 
 
-def after_training(m: ModelConfig, seq_length: int, p: Placement, eval_cfg: dict) -> list[str]:
-    """The evaluate and export_hf jobs as the rules size them (gptflow.sizing), and a warning
-    when the evaluation needs more GPUs than one node of the training partition has."""
+def after_training(
+    m: ModelConfig,
+    seq_length: int,
+    p: Placement,
+    eval_cfg: dict,
+    harness_work: list[sizing.TaskWork] | None = None,
+) -> list[str]:
+    """The evaluate, export_hf and harness jobs as the rules size them (gptflow.sizing), and a
+    warning when the evaluation needs more GPUs than one node (or this machine) has.
+    `harness_work`: eval.harness's tasks (gptflow.harness.task_work), when it has any."""
     gpu_mb = p.gpu_mem_mb or DEFAULT_GPU_MEMORY_MB
     plan = sizing.eval_plan(m, seq_length, gpu_mb * 2**20)
-    node = p.gpus_per_node
+    node = p.gpus_per_node if p.on_cluster or p.gres else p.gpus
+    where = "a node of train_gpt's partition" if p.on_cluster or p.gres else "this machine"
     lines = []
     if not plan.fits or (node is not None and plan.gpus > node):
         lines.append(
             f"  WARNING: evaluating {m.num_parameters():,} parameters needs {plan.gpus} GPU(s) "
-            f"of {gpu_mb / 1024:.0f} GiB in bf16 on one node, a node of train_gpt's partition "
-            f"has {node}; evaluation across nodes is not supported, so the evaluate job will "
-            "not run (Slurm refuses its GPUs): build the train and export targets (snakemake "
-            "... train export) and evaluate the export on a machine that holds it"
+            f"of {gpu_mb / 1024:.0f} GiB in bf16 on one node, {where} has {node}; evaluation "
+            "across nodes is not supported, so the evaluate job will not run (Slurm refuses "
+            "its GPUs): build the train and export targets (snakemake ... train export) and "
+            "evaluate the export on a machine that holds it"
         )
     windows, prompts = eval_cfg.get("max_windows", 256), len(eval_cfg.get("prompts", []))
     minutes = sizing.eval_runtime_min(
-        m, seq_length, windows, prompts, eval_cfg.get("new_tokens", 32)
+        m, seq_length, windows, prompts, eval_cfg.get("new_tokens", 32), plan.dtype
     )
-    return [
+    lines[:0] = [
         f"  evaluate: {plan.dtype} on {plan.gpus} GPU(s), about {human(plan.device_bytes)} on "
         f"the most loaded; {sizing.eval_host_mb(m, seq_length, True):,} MB host memory, "
         f"{minutes} min",
         f"  export_hf: {sizing.export_mb(m):,} MB, {sizing.export_runtime_min(m)} min "
         f"(one tensor at a time: the largest is {human(4 * m.largest_tensor_numel())} in fp32)",
-        *lines,
     ]
+    if harness_work:
+        lines.insert(2, harness_line(m, seq_length, gpu_mb, eval_cfg.get("harness") or {},
+                                     harness_work))  # fmt: skip
+    return lines
+
+
+def harness_line(
+    m: ModelConfig, seq_length: int, gpu_mb: int, harness_cfg: dict, work: list[sizing.TaskWork]
+) -> str:
+    """The harness jobs' size at -n: requests and tokens (counted from the task files, or
+    assumed: said which), the placement, host memory and minutes (gptflow.sizing)."""
+    batch, fewshot = harness_cfg.get("batch_size", 8), harness_cfg.get("num_fewshot", 0)
+    plan = sizing.eval_plan(m, seq_length, gpu_mb * 2**20, batch)
+    requests = sum(w.requests(seq_length) for w in work)
+    tokens = sum(w.tokens(seq_length, fewshot) for w in work)
+    assumed = [w.name for w in work if not w.counted]
+    how = (
+        f"estimated from the task files' documents at {sizing.BYTES_PER_TOKEN_OF_TEXT:g} bytes "
+        f"a token"
+    )
+    if assumed:
+        how += (
+            f"; assumed for {', '.join(assumed)}: {sizing.ASSUMED_DOCUMENTS:,} documents (or "
+            f"eval.harness.limit) of {sizing.ASSUMED_CHOICES} requests at the full context"
+        )
+    minutes = sizing.harness_runtime_min(m, work, seq_length, fewshot, plan.dtype)
+    return (
+        f"  harness: {len(work)} task(s), about {requests:,} requests, {tokens:,} tokens of at "
+        f"most {seq_length} (train.seq_length) ({how}); {plan.dtype} on {plan.gpus} GPU(s), "
+        f"{sizing.harness_host_mb(m, seq_length, batch, plan):,} MB host memory, {minutes} min "
+        f"a job (harness_step: + the export's {sizing.export_runtime_min(m)} min)"
+    )
 
 
 # --------------------------------------------------------------------------- the run's size
@@ -818,7 +860,7 @@ def study(
             train = TrainConfig(**cfg["train"])
             m = model_config(cfg, vocab)
             gas = check_layout(train, p.ranks)
-            fit = memory_per_gpu(m, train, p.ranks, p) if p.on_cluster or p.gres else None
+            fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
             if fit is not None:
                 check_memory(fit)
         except GptflowError as e:
@@ -892,12 +934,18 @@ def token_bytes(datasets, vocab: int, tokenizer: str | None = None) -> tuple[int
 
 
 def memory_lines(
-    rep: Report, m: ModelConfig, train: TrainConfig, ranks: int, p: Placement, cfg: dict
+    rep: Report,
+    m: ModelConfig,
+    train: TrainConfig,
+    ranks: int,
+    p: Placement,
+    cfg: dict,
+    harness_work: list[sizing.TaskWork] | None = None,
 ) -> list[str]:
     """The GPU memory fit (where training goes to GPUs), the jobs after training, and the
     host memory of asynchronous saves; each refuses what cannot fit."""
     lines: list[str] = []
-    if p.on_cluster or p.gres:
+    if p.trains_on_gpus:  # a cluster's, a gres, or this machine's GPUs (nvidia-smi)
         fit = memory_per_gpu(m, train, ranks, p)
         check_memory(fit)
         rep.memory = {"terms": fit.terms, "total": fit.total, "gpu_bytes": fit.gpu_bytes,
@@ -909,7 +957,7 @@ def memory_lines(
             f"  memory per GPU{where}: about {human(fit.total)} + {margin_text(fit)}, of "
             f"{human(fit.gpu_bytes)} ({terms}; {fit.gpu_source})"
         )
-        lines += after_training(m, train.seq_length, p, cfg.get("eval") or {})
+        lines += after_training(m, train.seq_length, p, cfg.get("eval") or {}, harness_work)
     in_background = background_saves(train.async_save, p.trains_on_gpus)[0]
     lines.append(check_saves(train, snapshot_fit(m, train, ranks, p) if in_background else None))
     return lines
@@ -925,6 +973,7 @@ def run(
     config_threads: dict[str, int] | None = None,
     profile_threads: dict[str, int] | None = None,
     runtimes: dict[str, int | None] | None = None,
+    harness_work: list[sizing.TaskWork] | None = None,
     sinfo=read_sinfo,
     accounts=read_accounts,
     label: str = "",
@@ -958,7 +1007,7 @@ def run(
         f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
         f"{vocab:,}: {vocab_source})"
     )
-    rep.lines += memory_lines(rep, m, train, ranks, p, cfg)
+    rep.lines += memory_lines(rep, m, train, ranks, p, cfg, harness_work)
     for rule, n in sorted((profile_threads or {}).items()):
         given = (config_threads or {}).get(rule)
         if given is not None and given != n:

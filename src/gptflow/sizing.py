@@ -43,10 +43,14 @@ HOST_OVERHEAD_BYTES = 2 * GIB
 EXPORT_BYTES_PER_S = 200 * 10**6
 # Loading the weights onto the GPUs (read memory-mapped, copied one tensor at a time)
 LOAD_BYTES_PER_S = 500 * 10**6
-# Evaluation compute: forward FLOPs (2 per parameter per token) at this fraction of a GPU's
-# peak (a bf16 A100: 312 TFLOP/s); generations add a few forward passes per new token
-EVAL_TFLOPS = 312 * 0.2
+# Evaluation compute: forward FLOPs (2 per parameter per token) at EVAL_UTILISATION of an A100's
+# peak in the placement's dtype: 312 TFLOP/s in bf16 (tensor cores); 19.5 in fp32 (PyTorch
+# leaves TF32 off for matmuls: torch.backends.cuda.matmul.allow_tf32 is False by default).
+# Generations add a few forward passes per new token.
+PEAK_TFLOPS = {"bf16": 312.0, "fp32": 19.5}
+EVAL_UTILISATION = 0.2
 MIN_RUNTIME_MIN = 10  # a job's floor: start-up, imports, the shard index
+BYTES_PER_TOKEN_OF_TEXT = 4.0  # BPE on English text: about 4 bytes of UTF-8 per token
 
 
 def fit_margin(gpu_bytes: int) -> int:
@@ -114,16 +118,97 @@ def eval_host_mb(model: ModelConfig, seq_length: int, on_gpu: bool) -> int:
     return math.ceil(need / MIB)
 
 
-def eval_runtime_min(
-    model: ModelConfig, seq_length: int, max_windows: int, prompts: int, new_tokens: int
-) -> int:
-    """Minutes of the evaluate job: loading the fp32 weights, the windows' forward passes and
-    the generations (a forward pass of at most seq_length tokens per new token), doubled for
-    a shared, busy cluster."""
+def forward_minutes(model: ModelConfig, tokens: int, dtype: str) -> int:
+    """Minutes of a job that loads the fp32 weights and runs forward passes over `tokens`
+    tokens in `dtype` (PEAK_TFLOPS x EVAL_UTILISATION), doubled for a shared, busy cluster;
+    at least MIN_RUNTIME_MIN. The evaluate and harness jobs alike."""
     load = 4 * model.num_parameters() / LOAD_BYTES_PER_S
-    tokens = (max_windows + prompts * new_tokens) * seq_length
-    compute = 2 * model.num_parameters() * tokens / (EVAL_TFLOPS * 1e12)
+    flops_per_s = PEAK_TFLOPS[dtype] * EVAL_UTILISATION * 1e12
+    compute = 2 * model.num_parameters() * tokens / flops_per_s
     return max(MIN_RUNTIME_MIN, math.ceil(2 * (load + compute) / 60))
+
+
+def eval_runtime_min(
+    model: ModelConfig,
+    seq_length: int,
+    max_windows: int,
+    prompts: int,
+    new_tokens: int,
+    dtype: str = "bf16",
+) -> int:
+    """Minutes of the evaluate job (:func:`forward_minutes`): the windows' forward passes and
+    the generations (a forward pass of at most seq_length tokens per new token), in the
+    placement's `dtype` (:func:`eval_plan`)."""
+    tokens = (max_windows + prompts * new_tokens) * seq_length
+    return forward_minutes(model, tokens, dtype)
+
+
+# --------------------------------------------------------------------------- the harness
+
+ASSUMED_DOCUMENTS = 10_000  # a harness task whose documents are not counted (HellaSwag: 10,042)
+ASSUMED_CHOICES = 4  # a multiple-choice task whose choices are not counted (ARC, HellaSwag)
+GENERATED_TOKENS = 256  # generate_until's max_gen_toks when a task does not set it (lm-eval's)
+
+
+@dataclass(frozen=True)
+class TaskWork:
+    """What one lm-evaluation-harness task asks of the model, estimated at planning without
+    lm-eval (gptflow.harness.task_work reads the task file and its local data): documents and
+    their mean length, requests per document (a multiple-choice question is one request a
+    choice), the tokens a generation adds. `counted` says whether the documents were counted
+    from local files; else ASSUMED_DOCUMENTS (or eval.harness.limit) at the full context."""
+
+    name: str
+    output_type: str  # the task's: multiple_choice, loglikelihood, loglikelihood_rolling, ...
+    documents: int
+    document_bytes: float  # mean UTF-8 bytes of one document as stored (0: not known)
+    choices: float = 1.0  # requests per document (multiple_choice: its choices)
+    generated_tokens: int = 0  # per request (generate_until)
+    counted: bool = True
+
+    def document_tokens(self, max_length: int) -> float:
+        """A document's tokens: its bytes / BYTES_PER_TOKEN_OF_TEXT; the full context when its
+        length is unknown."""
+        if not self.counted or not self.document_bytes:
+            return float(max_length)
+        return max(1.0, self.document_bytes / BYTES_PER_TOKEN_OF_TEXT)
+
+    def requests(self, max_length: int) -> int:
+        """The harness's requests: one per choice of each document; a rolling-loglikelihood
+        document is one request per window of max_length tokens."""
+        if self.output_type == "loglikelihood_rolling":
+            return self.documents * math.ceil(self.document_tokens(max_length) / max_length)
+        return math.ceil(self.documents * self.choices)
+
+    def tokens(self, max_length: int, num_fewshot: int) -> int:
+        """Tokens the model's forward passes take: each request's context (its document and
+        `num_fewshot` examples like it, at most max_length) and generated tokens; a rolling
+        document's windows (the last one is a whole max_length window)."""
+        doc = self.document_tokens(max_length)
+        if self.output_type == "loglikelihood_rolling":
+            return self.requests(max_length) * math.ceil(min(doc, max_length))
+        per_request = min(doc * (1 + num_fewshot), max_length) + self.generated_tokens
+        return math.ceil(self.requests(max_length) * per_request)
+
+
+def harness_runtime_min(
+    model: ModelConfig, work: list[TaskWork], max_length: int, num_fewshot: int, dtype: str
+) -> int:
+    """Minutes of a harness job: every task's tokens (TaskWork.tokens) through
+    :func:`forward_minutes` in the placement's `dtype`."""
+    tokens = sum(w.tokens(max_length, num_fewshot) for w in work)
+    return forward_minutes(model, tokens, dtype)
+
+
+def harness_host_mb(model: ModelConfig, max_length: int, batch: int, plan: EvalPlan | None) -> int:
+    """Host memory (MB) of a harness job: transformers may build the model in host memory
+    before moving it to the GPUs (the weights in the plan's dtype, `plan`); on a CPU (`plan`
+    None) the fp32 model and one batch of logits (:func:`logits_bytes`); the overhead."""
+    if plan is not None:
+        need = (2 if plan.dtype == "bf16" else 4) * model.num_parameters()
+    else:
+        need = 4 * model.num_parameters() + logits_bytes(model, max_length, batch)
+    return math.ceil((need + HOST_OVERHEAD_BYTES) / MIB)
 
 
 def export_mb(model: ModelConfig) -> int:

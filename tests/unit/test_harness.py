@@ -5,6 +5,7 @@ itself runs on a real export in tests/workflow/test_harness.py.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -143,14 +144,26 @@ def test_without_the_harness_planning_names_the_install_command(tmp_path):
 def test_model_args_follow_the_evaluate_jobs_placement():
     """The harness's hf model on evaluate's placement (gptflow.evaluate.eval_placement): fp32 on
     the CPU or one GPU, bf16 spread by the harness's own `parallelize` over several GPUs (the
-    GPU cases are arguments only: no GPU here)."""
-    assert hf_model_settings("hf", ["cpu"], "fp32") == {
-        "pretrained": "hf", "dtype": "float32", "device": "cpu",
+    GPU cases are arguments only: no GPU here); in every placement the context the model
+    trained at (`max_length`, not the export's max_position_embeddings) and log-softmax in
+    fp32 (`softmax_dtype`: under bf16 it would be the model's dtype). The names are HFLM's own
+    keyword arguments in the installed lm-eval."""
+    import inspect
+
+    from lm_eval.models.huggingface import HFLM
+
+    assert hf_model_settings("hf", ["cpu"], "fp32", 64) == {
+        "pretrained": "hf", "dtype": "float32", "max_length": 64, "softmax_dtype": "float32",
+        "device": "cpu",
     }  # fmt: skip
-    assert hf_model_settings("hf", ["cuda:0"], "fp32")["device"] == "cuda:0"
-    assert hf_model_settings("hf", ["cuda:0", "cuda:1"], "bf16") == {
-        "pretrained": "hf", "dtype": "bfloat16", "parallelize": True,
+    assert hf_model_settings("hf", ["cuda:0"], "fp32", 64)["device"] == "cuda:0"
+    assert hf_model_settings("hf", ["cuda:0", "cuda:1"], "bf16", 2048) == {
+        "pretrained": "hf", "dtype": "bfloat16", "max_length": 2048, "softmax_dtype": "float32",
+        "parallelize": True,
     }  # fmt: skip
+    accepted = inspect.signature(HFLM.__init__).parameters
+    for devices, dtype in ((["cpu"], "fp32"), (["cuda:0"], "bf16"), (["cuda:0", "cuda:1"], "bf16")):
+        assert set(hf_model_settings("hf", devices, dtype, 64)) <= set(accepted)
 
 
 def test_the_checkpoints_of_a_curve_must_be_saved_and_kept():
@@ -205,3 +218,32 @@ def test_the_harness_page_escapes_and_tables_every_step(tmp_path):
     assert "<td>acc</td><td>0.125 ± 0.2</td><td>0.25 ± 0.2</td><td>0.5 ± 0.2</td>" in text
     assert "<td>word_perplexity</td><td>9.5</td>" in text
     assert text.count("<svg") == 1 and curve.read_text().count("<svg") == 1
+
+
+def test_a_generation_longer_than_the_trained_context_is_refused_at_planning(tmp_path):
+    """The harness's context is train.seq_length, and lm-eval asserts that a generation's
+    max_gen_toks is below it when the job runs: a generate_until task file asking for as many
+    (lm-eval's default 256, at the default seq_length 256) is one line at -n; 32 plans."""
+    from gptflow import sizing
+    from gptflow.harness import check_context, task_work
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"question": "2 + 2 =", "answer": "4"}\n')
+    task = tmp_path / "qa.yaml"
+    spec = {"task": "qa", "dataset_path": "json", "test_split": "test",
+            "dataset_kwargs": {"data_files": {"test": str(data)}},
+            "doc_to_text": "{{question}}", "doc_to_target": "{{answer}}"}  # fmt: skip
+    task.write_text(json.dumps(spec))  # JSON is YAML
+    work = task_work(harness(tasks=[str(task)]))
+    assert work == [sizing.TaskWork("qa", "generate_until", 1, 38.0, 1.0, 256)]
+    with pytest.raises(GptflowError) as e:
+        check_context(work, 256, "r", "c.yaml")
+    assert str(e.value) == (
+        "c.yaml: eval.harness.tasks: task 'qa' generates up to 256 tokens "
+        "(generation_kwargs.max_gen_toks; lm-eval's default 256), but the harness's context is "
+        "run r's train.seq_length 256 and lm-eval needs fewer; set "
+        "generation_kwargs.max_gen_toks below 256 in the task file"
+    )
+    task.write_text(json.dumps({**spec, "generation_kwargs": {"max_gen_toks": 32}}))
+    check_context(task_work(harness(tasks=[str(task)])), 256, "r", "c.yaml")
+    check_context(task_work(harness(tasks=["gsm8k"])), 64, "r", "c.yaml")  # not known: the job

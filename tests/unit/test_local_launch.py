@@ -170,3 +170,22 @@ def test_the_gpus_planning_counts_without_torch(tmp_path, monkeypatch):
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})[0] == 4
     smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     assert visible_gpus({}) == (0, "nvidia-smi -L exited 9")
+
+
+def test_the_gpus_memory_planning_reads_without_torch(tmp_path, monkeypatch):
+    """The memory the local profile's fit check plans against: the smallest GPU that
+    `nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits` lists (MiB); none
+    without nvidia-smi, or when it fails. The nvidia-smi here is a stand-in
+    (tests/support/fake_gpus.py): no GPU exists here."""
+    from gptflow.hardware import gpu_memory_mib, visible_gpus
+    from tests.support.fake_gpus import fake_nvidia_smi
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_memory_mib() == (None, "no nvidia-smi on PATH")
+    fake_nvidia_smi(tmp_path, [81920, 40960, 81920])
+    assert gpu_memory_mib() == (40960, "nvidia-smi: the smallest of 3 GPU(s), 40,960 MiB")
+    assert visible_gpus({}) == (3, "nvidia-smi -L")
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found'\n")
+    assert gpu_memory_mib() == (None, "nvidia-smi --query-gpu=memory.total printed no MiB figures")
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    assert gpu_memory_mib() == (None, "nvidia-smi --query-gpu=memory.total exited 9")

@@ -3,13 +3,16 @@ GPUs for the models we ship layouts for, with the same margin as training's fit 
 the preflight prints and warns of. Arithmetic only: no GPU exists here, so the plans are checked
 against hand-computed figures, not against a GPU's allocator."""
 
+import json
 import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gptflow import preflight, sizing
 from gptflow.config import ModelConfig
+from gptflow.harness import task_work
 from gptflow.schema import load_yaml
 
 REPO = Path(__file__).parents[2]
@@ -86,3 +89,75 @@ def test_the_jobs_time_and_memory_grow_with_the_model():
     assert sizing.eval_runtime_min(small, 2048, 256, 3, 32) == sizing.MIN_RUNTIME_MIN
     assert sizing.eval_runtime_min(big, 2048, 256, 3, 32) > sizing.MIN_RUNTIME_MIN
     assert sizing.eval_host_mb(big, 2048, on_gpu=True) < sizing.eval_host_mb(big, 2048, False)
+
+
+def write_task(tmp_path: Path, name: str, rows: list[dict], **keys) -> str:
+    data = tmp_path / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = {"task": name, "dataset_path": "json", "test_split": "test",
+            "dataset_kwargs": {"data_files": {"test": str(data), "train": "elsewhere.jsonl"}},
+            **keys}  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(task))
+    return str(path)
+
+
+def test_the_harness_work_is_counted_from_the_task_files(tmp_path):
+    """gptflow.harness.task_work at planning, without lm-eval: a task file over local JSONL is
+    counted (its evaluated split's documents, their mean stored bytes, a question's choices
+    from the list field doc_to_choice names, a generation's max_gen_toks), at most
+    eval.harness.limit documents; a harness task name (its data not on disk) is assumed."""
+    questions = [{"q": "x" * 36, "choices": ["a", "b", "c"]} for _ in range(5)]
+    texts = [{"text": "y" * 1012} for _ in range(3)]  # 1,024 bytes a line: 256 tokens
+    cfg = {
+        "tasks": [
+            write_task(tmp_path, "mc", questions, output_type="multiple_choice",
+                       doc_to_choice="choices"),
+            write_task(tmp_path, "ppl", texts, output_type="loglikelihood_rolling"),
+            write_task(tmp_path, "gen", texts[:1], generation_kwargs={"max_gen_toks": 32}),
+            "hellaswag",
+        ],
+        "limit": None, "num_fewshot": 0, "batch_size": 8, "include": [], "every": None,
+    }  # fmt: skip
+    mc, ppl, gen, named = task_work(cfg)
+    line = len(json.dumps(questions[0]))  # a JSONL line's bytes (its newline not counted)
+    assert mc == sizing.TaskWork("mc", "multiple_choice", 5, float(line), 3.0, 0)
+    assert (mc.requests(64), mc.tokens(64, 0)) == (15, math.ceil(15 * line / 4))
+    assert mc.tokens(16, 0) == 15 * 16  # each request at most the context
+    assert ppl.requests(64) == 3 * 4 and ppl.tokens(64, 0) == 3 * 4 * 64  # 256 tokens: 4 windows
+    assert gen.output_type == "generate_until" and gen.generated_tokens == 32
+    assert gen.tokens(2048, 0) == 256 + 32
+    assert named == sizing.TaskWork("hellaswag", "multiple_choice", sizing.ASSUMED_DOCUMENTS,
+                                    0.0, sizing.ASSUMED_CHOICES, 0, counted=False)  # fmt: skip
+    assert named.tokens(64, 0) == sizing.ASSUMED_DOCUMENTS * sizing.ASSUMED_CHOICES * 64
+    limited = task_work({**cfg, "limit": 2})
+    assert [w.documents for w in limited] == [2, 2, 1, 2]
+
+
+def test_the_harness_jobs_are_sized_from_their_work_and_printed_at_plan_time():
+    """The harness job's minutes grow with its tokens (not evaluate's figure), fp32 placements
+    at fp32's throughput; the plan prints the jobs' requests, tokens, placement, memory and
+    minutes after evaluate's and export_hf's, saying what was assumed."""
+    m = preset("pythia-1.4b")
+    small = [sizing.TaskWork("mc", "multiple_choice", 100, 400.0, 4.0, 0)]
+    big = [sizing.TaskWork("hellaswag", "multiple_choice", 10_000, 0.0, 4.0, 0, counted=False)]
+    assert sizing.harness_runtime_min(m, small, 2048, 0, "bf16") == sizing.MIN_RUNTIME_MIN
+    tokens = 10_000 * 4 * 2048
+    seconds = 4 * m.num_parameters() / 500e6 + 2 * m.num_parameters() * tokens / (312e12 * 0.2)
+    assert sizing.harness_runtime_min(m, big, 2048, 0, "bf16") == math.ceil(2 * seconds / 60)
+    assert sizing.harness_runtime_min(m, big, 2048, 0, "fp32") > 10 * math.ceil(2 * seconds / 60)
+    assert sizing.harness_runtime_min(m, big, 2048, 5, "bf16") == math.ceil(2 * seconds / 60)
+    assert sizing.harness_runtime_min(m, big, 512, 0, "bf16") < math.ceil(2 * seconds / 60)
+    node = preflight.Placement(gres="gpu:8", gpu_mem_mb=80 * 1024)
+    eval_cfg = {"max_windows": 256, "prompts": [], "new_tokens": 32,
+                "harness": {"batch_size": 8, "num_fewshot": 0}}  # fmt: skip
+    lines = preflight.after_training(m, 2048, node, eval_cfg, [*small, *big])
+    assert lines[2] == (
+        f"  harness: 2 task(s), about 40,400 requests, {400 * 100 + tokens:,} tokens of at most "
+        "2048 (train.seq_length) (estimated from the task files' documents at 4 bytes a token; "
+        "assumed for hellaswag: 10,000 documents (or eval.harness.limit) of 4 requests at the "
+        f"full context); fp32 on 1 GPU(s), {sizing.harness_host_mb(m, 2048, 8, sizing.eval_plan(m, 2048, 80 * GIB)):,} "
+        f"MB host memory, {sizing.harness_runtime_min(m, [*small, *big], 2048, 0, 'fp32')} min a "
+        f"job (harness_step: + the export's {sizing.export_runtime_min(m)} min)"
+    )
+    assert len(preflight.after_training(m, 2048, node, eval_cfg)) == 2  # no tasks: no line

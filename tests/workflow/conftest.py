@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,13 +34,14 @@ def snakemake_cmd(workdir: Path, configfile: Path, *args: str) -> list[str]:
 def snakemake():
     """snakemake(workdir, configfile, *args) -> CompletedProcess (stdout+stderr in .out)."""
 
-    def run(workdir: Path, configfile: Path, *args: str, timeout: int = 900):
+    def run(workdir: Path, configfile: Path, *args: str, timeout: int = 900, env=None):
         proc = subprocess.run(
             snakemake_cmd(workdir, configfile, *args),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             timeout=timeout,
+            env=env,
         )
         proc.out = proc.stdout
         return proc
@@ -69,6 +71,24 @@ def job_counts(output: str) -> dict[str, int]:
             break
         counts[parts[0]] = int(parts[1])
     return counts
+
+
+def most_at_once(output: str, rules: set[str]) -> int:
+    """The most jobs of `rules` a Snakemake run's log shows running at the same time: a job
+    runs from its `rule NAME:` block (its `jobid: N`) to `Finished jobid: N`."""
+    running: set[str] = set()
+    most, rule = 0, None
+    for line in output.splitlines():
+        line = line.strip()
+        if m := re.fullmatch(r"(?:local)?rule (\w+):", line):
+            rule = m[1]
+        elif (m := re.fullmatch(r"jobid: (\d+)", line)) and rule in rules:
+            running.add(m[1])
+            most = max(most, len(running))
+            rule = None
+        elif m := re.match(r"Finished jobid: (\d+)", line):
+            running.discard(m[1])
+    return most
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from .conftest import job_counts
+from tests.support.fake_gpus import fake_nvidia_smi, path_with
+
+from .conftest import job_counts, most_at_once
 
 # the stdlib-trained tiny model's kind of text: a question continued by one of its choices
 MC_DOCS = [
@@ -31,7 +33,13 @@ PPL_DOCS = [
     {"text": "def get(self, name):\n    return self._headers.get(name)"},
     {"text": "The logging module defines functions and classes."},
     {"text": "import json\nimport os"},
-]
+    # longer than the tiny run's train.seq_length (64) tokens: scored in windows of 64
+    {"text": "class Handler(object):\n    def __init__(self, level=0):\n        self.level = "
+             "level\n        self.formatter = None\n\n    def format(self, record):\n        "
+             "if self.formatter is None:\n            return str(record)\n        return "
+             "self.formatter.format(record)\n\n    def emit(self, record):\n        raise "
+             "NotImplementedError('emit must be implemented by Handler subclasses')\n"},
+]  # fmt: skip
 
 
 def task_yaml(name: str, data: Path, output_type: str) -> dict:
@@ -112,17 +120,32 @@ def summed_logprob(model, ids: list[int], scored: int) -> float:
     return float(picked.sum())
 
 
-def expected_metrics(hf_dir: Path) -> dict:
-    """The two tasks' metrics computed with transformers on the export, apart from the harness:
-    a choice is the continuation " " + choice, its tokens those of context + continuation after
-    the context's; acc takes the largest summed log-likelihood, acc_norm that divided by the
-    choice's length in characters. A text is scored after the prefix token (BOS, else EOS),
-    word perplexity = exp(-sum of log-likelihoods / words)."""
+def rolling_logprob(model, prefix: int, ids: list[int], length: int) -> float:
+    """The summed log-likelihood of `ids` after the prefix token, `length` tokens a forward
+    pass: disjoint windows of `length` predicted tokens, each given the tokens before it in the
+    window, the last a whole window of `length` (lm-eval's rolling windows, context 1)."""
+    full = [prefix, *ids]
+    total, end = 0.0, 0
+    while end < len(ids):
+        scored = min(length, len(ids) - end)
+        end += scored
+        total += summed_logprob(model, full[max(0, end - length) : end + 1], scored)
+    return total
+
+
+def expected_metrics(hf_dir: Path, max_length: int) -> dict:
+    """The two tasks' metrics computed with transformers on the export, apart from the harness,
+    at the context the run trained at (`max_length`, train.seq_length): a choice is the
+    continuation " " + choice, its tokens those of context + continuation after the context's;
+    acc takes the largest summed log-likelihood, acc_norm that divided by the choice's length in
+    characters. A text is scored after the prefix token (BOS, else EOS) in windows of
+    `max_length` (:func:`rolling_logprob`), word perplexity = exp(-sum of log-likelihoods /
+    words)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
-    max_length = model.config.max_position_embeddings
+    assert max_length < model.config.max_position_embeddings  # the export's is not the run's
 
     def encode(text: str) -> list[int]:
         return tok(text, add_special_tokens=False).input_ids
@@ -141,12 +164,15 @@ def expected_metrics(hf_dir: Path) -> dict:
     prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     assert prefix is not None
     total_ll = words = nbytes = 0
+    windows = []
     for doc in PPL_DOCS:
         ids = encode(doc["text"])
-        assert len(ids) < max_length  # one window
-        total_ll += summed_logprob(model, [prefix, *ids], len(ids))
+        windows.append(-(-len(ids) // max_length))
+        total_ll += rolling_logprob(model, prefix, ids, max_length)
         words += len(re.split(r"\s+", doc["text"]))
         nbytes += len(doc["text"].encode("utf-8"))
+
+    assert max(windows) >= 2, windows  # a text longer than the context: windows differ
 
     def mean_stderr(xs: list[float]) -> float:
         mu = sum(xs) / len(xs)
@@ -174,6 +200,15 @@ def checkpoint_files(run_dir: Path) -> dict[str, int]:
     }
 
 
+def planned_requests(seq_length: int) -> int:
+    """The harness's requests as planning estimates them from the task files (gptflow.sizing.
+    TaskWork): a request per choice of each question; a text's windows of seq_length tokens at
+    4 bytes a token of its stored JSON line, by the lines' mean."""
+    lines = [len(json.dumps(d).encode()) for d in PPL_DOCS]
+    windows = math.ceil(sum(lines) / len(lines) / 4 / seq_length)
+    return sum(len(d["choices"]) for d in MC_DOCS) + len(PPL_DOCS) * windows
+
+
 def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_cached(
     pipeline_copy,
     snakemake,
@@ -184,12 +219,19 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     trains 40 steps, keeping the checkpoints of steps 30 and 40): one harness job on the export
     (reused), one harness_step job on the checkpoint of step 30, exported on the fly, and one
     harness_report job. Each record holds the harness and task versions and every metric, equal
-    to the independent computation on that model (acc and acc_norm exactly, stderr too;
-    perplexities within 1e-5 relative; the perplexities' stderr recorded as null: the harness
-    gives none). The step's export is gone afterwards and the run's checkpoints are untouched;
-    the report's page tables both steps, and `snakemake --report` holds the page and the curve
-    under "Downstream evaluation". A rerun is a no-op; dropping a task reruns only the
-    harness jobs and their report."""
+    to the independent computation on that model at the context the run trained at (64 tokens,
+    not the export's 2048: a text longer than that is scored in windows of 64) (acc and
+    acc_norm exactly, stderr too; perplexities within 1e-5 relative; the perplexities' stderr
+    recorded as null: the harness gives none). The step's export is gone afterwards and the
+    run's checkpoints are untouched; the report's page tables both steps, and `snakemake
+    --report` holds the page and the curve under "Downstream evaluation". A rerun is a no-op;
+    dropping a task reruns only the harness jobs and their report.
+
+    The first run plans with a stand-in nvidia-smi showing one 8 GiB GPU (no GPU exists here;
+    the jobs still run on the CPU, torch sees none): the plan prints the harness jobs' size
+    from the task files' requests, the harness and harness_step jobs each take the machine's
+    one `gpu` and so run one after the other, where without a GPU (the later runs) they run
+    side by side."""
     from gptflow.export import export_hf
 
     wd, config = pipeline_copy
@@ -197,11 +239,18 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     checkpoints = checkpoint_files(run_dir)
     mc, ppl = write_tasks(tmp_path / "tasks")
     with_tasks(config, [mc, ppl], every=30)
-    run = snakemake(wd, config)
+    one_gpu = path_with(fake_nvidia_smi(tmp_path / "bin", [8192]))
+    run = snakemake(wd, config, env=one_gpu)
     assert run.returncode == 0, run.out[-5000:]
     assert job_counts(run.out) == {
         "harness": 1, "harness_step": 1, "harness_report": 1, "all": 1,
     }, run.out[-3000:]  # fmt: skip
+    planned = next(x for x in run.out.splitlines() if x.startswith("  harness: "))
+    requests = f"  harness: 2 task(s), about {planned_requests(64):,} requests, "
+    assert planned.startswith(requests), planned
+    assert "of at most 64 (train.seq_length) (estimated from the task files' documents" in planned
+    assert run.out.count(", gpu=1,") == 2, run.out[-5000:]  # harness, harness_step
+    assert most_at_once(run.out, {"harness", "harness_step"}) == 1, run.out[-5000:]
     out = run_dir / "harness.json"
     record = json.loads(out.read_text())
     assert record["harness_version"] == "0.4.13"
@@ -209,9 +258,10 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     assert record["checkpoint"] is None
     assert record["config"] == {
         "tasks": [str(mc), str(ppl)], "include": [], "num_fewshot": 0, "batch_size": 4,
-        "limit": None, "dtype": "float32", "devices": ["cpu"],
+        "limit": None, "dtype": "float32", "softmax_dtype": "float32", "max_length": 64,
+        "devices": ["cpu"],
     }  # fmt: skip
-    check_metrics(record, expected_metrics(run_dir / "hf"))
+    check_metrics(record, expected_metrics(run_dir / "hf", 64))
     mc_metrics = record["tasks"]["gptflow_mc"]["metrics"]
     assert mc_metrics["acc"] * 6 == round(mc_metrics["acc"] * 6)  # a count out of 6 documents
     ppl_metrics = record["tasks"]["gptflow_ppl"]["metrics"]
@@ -225,7 +275,7 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     assert checkpoint_files(run_dir) == checkpoints  # the run's checkpoints only read
     monkeypatch.chdir(wd)  # run.yaml's paths are the working directory's
     export_hf(run_dir / "run.yaml", tmp_path / "step30-hf", step=30)
-    check_metrics(step, expected_metrics(tmp_path / "step30-hf"))
+    check_metrics(step, expected_metrics(tmp_path / "step30-hf", 64))
     assert step["tasks"] != record["tasks"]  # another checkpoint, other numbers
     page = (run_dir / "report/harness.html").read_text()
     assert "<th>step 30</th><th>step 40</th>" in page and "gptflow_ppl" in page
@@ -248,6 +298,8 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     assert job_counts(fewer.out) == {
         "harness": 1, "harness_step": 1, "harness_report": 1, "all": 1,
     }, fewer.out[-3000:]  # fmt: skip
+    assert "gpu=" not in fewer.out  # no GPU: no resource, the two jobs side by side
+    assert most_at_once(fewer.out, {"harness", "harness_step"}) == 2, fewer.out[-5000:]
     assert out.stat().st_mtime_ns != before
     assert set(json.loads(out.read_text())["tasks"]) == {"gptflow_mc"}
 

@@ -5,6 +5,8 @@ import re
 
 import pytest
 
+from gptflow.preflight import Placement
+
 
 @pytest.mark.parametrize(
     ("resources", "refused"),
@@ -74,3 +76,55 @@ def test_tensor_parallel_on_the_ranks_of_one_machine(
         "results/runs/tiny/run.yaml --nproc-per-node 2 --threads 1 --wait-for-lock >> "
         "logs/train_gpt/tiny.log 2>&1" in out.out
     ), out.out[-3000:]
+
+
+def test_the_local_profile_checks_the_model_against_this_machines_gpus(
+    repo, tmp_path, snakemake, write_config, tiny_config
+):
+    """profiles/local on a machine whose nvidia-smi lists GPUs of 4 and 3 GiB (a stand-in
+    script, tests/support/fake_gpus.py: no GPU exists here): the plan reads their memory and
+    checks the model against the smallest as the Slurm profile does. pythia-160m is refused
+    before any job with the Slurm check's line for GPUs of that size, only where the memory
+    comes from differing; the tiny model plans, one rank per GPU, and its GPU jobs (train_gpt,
+    evaluate) each take both GPUs (`gpu=2`, the machine's count: they run one at a time)."""
+    from gptflow import preflight
+    from gptflow.errors import GptflowError
+    from gptflow.workflow_config import load_workflow_config, run_configs
+    from tests.support.fake_gpus import fake_nvidia_smi, path_with
+
+    gpus = path_with(fake_nvidia_smi(tmp_path / "bin", [4096, 3072]))
+    source = "nvidia-smi: the smallest of 2 GPU(s), 3,072 MiB"
+    cfg = {**tiny_config, "model": {"preset": "pythia-160m"}}
+    config = write_config(tmp_path / "big.yaml", cfg)
+    plan = snakemake(tmp_path / "wd", config, "-n", env=gpus)
+    assert plan.returncode != 0
+    (line,) = [x for x in plan.out.splitlines() if "does not fit in a GPU" in x]
+    run = next(iter(run_configs(load_workflow_config(
+        cfg, schema_path=repo / "config/schema/config.schema.yaml",
+        models_dir=repo / "config/models", source=str(config),
+    )).values()))  # fmt: skip
+    slurm = Placement(executor="slurm", nodes=1, tasks_per_node=2, gres="gpu:2", mpi="srun",
+                      gpu_mem_mb=3072)  # fmt: skip
+    with pytest.raises(GptflowError) as refused:
+        preflight.run(run, slurm, sinfo=lambda: None)
+    said = str(refused.value)
+    assert "(set-resources train_gpt gpu_mem_mb)" in said
+    assert line == (
+        f"gptflow preflight ({config} and the profile): "
+        + said.replace("(set-resources train_gpt gpu_mem_mb)", f"({source})")
+    )
+    assert "Traceback" not in plan.out and not (tmp_path / "wd" / "results").exists()
+
+    plan = snakemake(tmp_path / "wd", write_config(tmp_path / "tiny.yaml", tiny_config), "-n",
+                     env=gpus)  # fmt: skip
+    assert plan.returncode == 0, plan.out[-3000:]
+    fits = rf"\n  memory per GPU: about .* of 3\.0 GiB \(.*; {re.escape(source)}\)\n"
+    assert re.search(fits, plan.out), plan.out[:3000]
+    ranks = "train_gpt: 2 rank(s) on this machine (one per visible GPU; 2 GPU(s): nvidia-smi -L)"
+    assert ranks in plan.out
+    resources = [x.strip() for x in plan.out.splitlines() if x.strip().startswith("resources:")]
+    assert [r for r in resources if "gpu=2" in r] == [
+        "resources: tmpdir=/tmp, mpi=, nproc_per_node=2, gpu=2",
+        "resources: tmpdir=/tmp, gres=<TBD>, runtime=<TBD>, gpu=2, mem_mb=<TBD>, mem=<TBD>, "
+        "mem_mib=<TBD>",
+    ], resources
