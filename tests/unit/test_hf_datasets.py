@@ -35,17 +35,21 @@ def shard_bytes(prefix):
     return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
 
 
-def local_token_shards(tmp_path, tokenizer_json, num_shards):
-    """TEXTS as a type: local dataset (one file per row, in order) -> token shard bytes."""
+def local_token_shards(tmp_path, tokenizer_json, num_shards, texts=TEXTS, manifests=None):
+    """`texts` as a type: local dataset (one file per row, in order) -> token shard bytes
+    (and each shard's collect manifest appended to `manifests`)."""
     root = tmp_path / "local"
     root.mkdir(parents=True)
-    for i, text in enumerate(TEXTS):
-        (root / f"row{i:03d}.txt").write_text(text, encoding="utf-8")
+    for i, text in enumerate(texts):
+        # newline="": written as given (a U+2028 or CR row stays that row's bytes)
+        (root / f"row{i:03d}.txt").write_text(text, encoding="utf-8", newline="")
     spec = {"root": str(root), "include": ["*.txt"], "shards": num_shards}
     out = []
     for i, files in enumerate(local_shards("d", spec)):
         jsonl = tmp_path / f"local{i}.jsonl"
-        collect_local_documents(files, root, jsonl)
+        manifest = collect_local_documents(files, root, jsonl)
+        if manifests is not None:
+            manifests.append(manifest)
         tokenize_to_shard([str(jsonl)], str(tokenizer_json), str(tmp_path / f"local{i}"))
         out.append(shard_bytes(tmp_path / f"local{i}"))
     return out
@@ -106,6 +110,33 @@ def test_hf_shards_equal_local_shards_of_the_same_text(tmp_path, tokenizer_json,
     )
     assert streamed == local_token_shards(tmp_path / "one", tokenizer_json, 1)
     assert (manifest["rows"], manifest["documents"], manifest["streaming"]) == ([0, 7], 5, True)
+
+
+# Rows of Unicode whitespace only: NBSP, the ideographic space, the line and paragraph
+# separators, a narrow NBSP with ASCII space and newline. Empty, as "   " is, on both paths.
+UNICODE_BLANK = ["\u00a0", "\u3000\n", "\u2028", "\u2029\u202f \n", " \t\r\n"]
+
+
+def test_rows_of_unicode_whitespace_are_empty_for_hf_and_local_alike(
+    tmp_path, tokenizer_json, hf_cache
+):
+    """One rule for "empty" (gptflow.data.readers.blank): rows holding only Unicode
+    whitespace are dropped and counted by type: hf and type: local alike, the text around
+    them kept, and the two give byte-identical shards. (Megatron's preprocess_data has no
+    files-to-documents step; it tokenizes the JSONL these steps write, as ours does.)"""
+    texts = ["first \u00a0 text\n", *UNICODE_BLANK, "\u3000last\u2028text\n"]
+    saved = tmp_path / "saved"
+    hf_cache.Dataset.from_dict({"text": texts}).save_to_disk(str(saved))
+    shards, (hf_manifest,) = hf_token_shards(
+        tmp_path, tokenizer_json, {"path": str(saved), "shards": 1}, "saved"
+    )
+    local_manifests = []
+    assert shards == local_token_shards(
+        tmp_path / "local", tokenizer_json, 1, texts, local_manifests
+    )
+    blank = len(UNICODE_BLANK)
+    assert (hf_manifest["documents"], hf_manifest["dropped"]) == (2, {"empty": blank})
+    assert [(m["documents"], m["dropped"]) for m in local_manifests] == [(2, {"empty": blank})]
 
 
 def run_check(tmp_path, env, spec):

@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from gptflow.data.readers import blank
 from gptflow.data.sources import Dataset, HfSource, expand_root, shard_bounds
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
@@ -118,8 +119,8 @@ def collect_hf_documents(
     src: HfSource, shard: int, num_shards: int, out: str | os.PathLike
 ) -> dict:
     """Write rows [start, stop) of the split -- shard `shard` of `num_shards` contiguous ranges
-    -- as JSONL ``{"text": ..., "row": i}``; rows whose text is empty or whitespace are dropped
-    and counted, as a local dataset's empty files are. Returns the manifest's fields."""
+    -- as JSONL ``{"text": ..., "row": i}``; rows whose text is :func:`~gptflow.data.readers.blank`
+    are dropped and counted, as a local dataset's blank files are. Returns the manifest's fields."""
     import datasets
 
     split = open_split(src)
@@ -173,7 +174,7 @@ def _write_documents(texts, start: int, out: str | os.PathLike, key: str) -> dic
                     f"row {i}: column {key!r} holds {type(text).__name__}, not text; set "
                     f"text_key to the column holding the document text"
                 )
-            if not text.strip():
+            if blank(text):
                 dropped["empty"] += 1
                 continue
             f.write(json.dumps({"text": text, "row": i}, ensure_ascii=False))
