@@ -332,7 +332,8 @@ if workflow.is_main_process:
             CFG["eval"]["extra"], DATASETS, TOKENIZER, bool(DOCUMENTS_PER_SHARD), CONFIG_SOURCE
         )
         harness.check_planned(HARNESS, CONFIG_SOURCE)
-        hf_datasets.check_planned(DATASETS, CONFIG_SOURCE)
+        for warning in hf_datasets.check_planned(DATASETS, CONFIG_SOURCE):
+            logger.warning(f"gptflow: WARNING: {warning}")
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None
 

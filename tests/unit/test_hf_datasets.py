@@ -2,9 +2,11 @@
 here (no network, ever): the same shards as the same text through type: local, and the one
 line a plan prints when the library is missing or a Hub dataset is not in the cache offline."""
 
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from gptflow.data.hf import collect_hf_documents
 from gptflow.data.readers import collect_local_documents
 from gptflow.data.sources import local_shards, resolve_dataset
 from gptflow.data.tokenize import tokenize_to_shard
+from tests.support.hub import Hub
+from tests.support.ports import refused_port
 
 # Rows as a Hub text dataset has them: wikitext-like lines, an empty row and a whitespace row
 # (dropped, as an empty file of a local dataset is), non-ASCII text.
@@ -139,20 +143,24 @@ def test_rows_of_unicode_whitespace_are_empty_for_hf_and_local_alike(
     assert [(m["documents"], m["dropped"]) for m in local_manifests] == [(2, {"empty": blank})]
 
 
-def run_check(tmp_path, env, spec):
-    """gptflow.data.hf.check_planned on a dataset of `spec` in a fresh Python with `env`: its
-    one line (stdout), or 'ok'."""
+def run_checks(tmp_path, env, specs, prelude=""):
+    """gptflow.data.hf.check_planned on a dataset of each of `specs`, in one fresh Python with
+    `env` (after `prelude`): per spec, its one line, or its warnings ('WARNING: ...') and 'ok'."""
     script = textwrap.dedent(
         f"""
+        {prelude}
         from gptflow.data.hf import check_planned
         from gptflow.data.sources import resolve_dataset
         from gptflow.errors import GptflowError
-        d = resolve_dataset("wiki", {spec!r}, catalog={{}}, catalog_path="-", source="my.yaml")
-        try:
-            check_planned({{"wiki": d}}, "my.yaml")
-            print("ok")
-        except GptflowError as e:
-            print(e)
+        for spec in {specs!r}:
+            d = resolve_dataset("wiki", spec, catalog={{}}, catalog_path="-", source="my.yaml")
+            try:
+                for warning in check_planned({{"wiki": d}}, "my.yaml") or []:
+                    print("WARNING:", warning)
+                print("ok")
+            except GptflowError as e:
+                print(e)
+            print("--")
         """
     )
     out = subprocess.run(
@@ -163,7 +171,20 @@ def run_check(tmp_path, env, spec):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    return out.stdout.splitlines()
+    return [block.splitlines() for block in out.stdout.split("--\n")[:-1]]
+
+
+def run_check(tmp_path, env, spec, prelude=""):
+    """run_checks of one spec."""
+    (lines,) = run_checks(tmp_path, env, [spec], prelude)
+    return lines
+
+
+@pytest.fixture
+def hub():
+    server = Hub({"wikitext": ["main", "v1"]})
+    yield server
+    server.close()
 
 
 WIKITEXT = {"type": "hf", "path": "wikitext", "name": "wikitext-2-raw-v1", "split": "train"}
@@ -196,7 +217,81 @@ def test_offline_a_hub_dataset_not_in_the_cache_is_one_line_with_the_fetch_comma
         '); fetch it on a login node with the same HF_HOME: python -c "from datasets import '
         "load_dataset; load_dataset('wikitext', 'wikitext-2-raw-v1', split='train')\""
     )
-    assert run_check(tmp_path, {}, WIKITEXT) == ["ok"]
+
+
+def test_online_a_hub_dataset_is_asked_for_once_and_a_missing_one_is_one_line(tmp_path, hub):
+    """Online (HF_ENDPOINT at a loopback Hub): one request per Hub dataset at planning; an
+    existing dataset plans, a missing path or revision is one line naming the key, the value
+    and the fix. Offline, the Hub is not asked (the cache is, as before)."""
+    online = {"HF_ENDPOINT": hub.url}
+    missing_dir = tmp_path / "no" / "such dir"  # not a directory here, and not a Hub name
+    specs = [
+        WIKITEXT,
+        {**WIKITEXT, "revision": "v1"},
+        {**WIKITEXT, "path": "nobody/wikitxt"},
+        {**WIKITEXT, "revision": "v9"},
+        {**WIKITEXT, "path": str(missing_dir)},
+    ]
+    found, revision, missing, bad_revision, bad_name = run_checks(tmp_path, online, specs)
+    assert found == revision == ["ok"]
+    assert missing == [
+        f"my.yaml: datasets.wiki.path is 'nobody/wikitxt': no dataset of that name on the Hub "
+        f"({hub.url}: 404 Repository not found) and no directory {Path.cwd() / 'nobody/wikitxt'}"
+        f" here; set it to a Hub dataset name (e.g. 'Salesforce/wikitext') or an existing "
+        f"directory (a private dataset also needs a token: hf auth login, or HF_TOKEN)"
+    ]
+    assert bad_revision == [
+        f"my.yaml: datasets.wiki.revision is 'v9': 'wikitext' on the Hub ({hub.url}) has no "
+        f"such branch, tag or commit; set revision to one it has, or null for the default branch"
+    ]
+    (line,) = bad_name
+    assert line.startswith(
+        f"my.yaml: datasets.wiki.path is {str(missing_dir)!r}: no directory {missing_dir} here, "
+        f"and not a Hub dataset name ("
+    )
+    assert hub.asked == [  # one request per Hub name; the invalid one not sent
+        "/api/datasets/wikitext",
+        "/api/datasets/wikitext/revision/v1",
+        "/api/datasets/nobody/wikitxt",
+        "/api/datasets/wikitext/revision/v9",
+    ]
+
+    offline = {**online, "HF_HUB_OFFLINE": "1"}
+    (line,) = run_check(tmp_path, offline, {**WIKITEXT, "path": "nobody/wikitxt"})
+    assert "cannot be loaded offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE)" in line
+    assert len(hub.asked) == 4
+
+
+def test_online_an_unreachable_hub_is_a_warning_and_planning_does_not_wait(tmp_path):
+    """A Hub that refuses connections, or accepts and never answers (a listening socket that
+    never accepts: the kernel completes the handshake), plans with a warning naming the
+    dataset, the endpoint and what to do where jobs have no internet -- within the request's
+    timeout (HUB_TIMEOUT_S, lowered here), not a hang. Not an error: the Hub may be down for a
+    minute, or the dataset cached already (the job's load_dataset falls back to the cache)."""
+    short = "import gptflow.data.hf; gptflow.data.hf.HUB_TIMEOUT_S = 0.5"
+    with refused_port() as port:
+        refused, ok = run_check(tmp_path, {"HF_ENDPOINT": f"http://127.0.0.1:{port}"}, WIKITEXT)
+    assert ok == "ok"
+    assert refused.startswith(
+        f"WARNING: my.yaml: datasets.wiki ('wikitext'): could not ask the Hub "
+        f"(http://127.0.0.1:{port}) whether it exists (ConnectionRefusedError: "
+    )
+    assert refused.endswith(
+        "planned without that check: its collect job downloads it. Where jobs have no "
+        'internet, fetch it on a login node with the same HF_HOME (python -c "from datasets '
+        "import load_dataset; load_dataset('wikitext', 'wikitext-2-raw-v1', split='train')\") "
+        "and plan with HF_HUB_OFFLINE=1"
+    )
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        silence, ok = run_check(tmp_path, {"HF_ENDPOINT": endpoint}, WIKITEXT, short)
+        took = time.monotonic() - started
+    assert ok == "ok"
+    assert f"could not ask the Hub ({endpoint}) whether it exists (TimeoutError: " in silence
+    assert took < 30, took  # a fresh Python importing datasets, then 0.5 s
 
 
 def test_the_data_card_names_the_dataset_its_configuration_and_split():

@@ -14,6 +14,8 @@ import subprocess
 
 import yaml
 
+from tests.support.hub import Hub
+
 from .conftest import BIN, REPO, job_counts
 
 PROFILE = REPO / "profiles" / "pbs"
@@ -130,10 +132,13 @@ def test_the_hf_trainer_example_plans_through_the_pbs_profile(tmp_path):
     name, a gpt-neo-125m-sized GPT-NeoX, fp16, K-FAC, a checkpoint every 1000 steps), planned
     through profiles/pbs on 2 nodes x 4 GPUs as its users run it: one collect_hf_documents job,
     GPT-2's vocab and merges downloaded and converted, training under `mpiexec -n 2 --ppn 1`,
-    K-FAC's memory in the fit check. Online planning reads nothing from the Hub (the dataset
-    is read by its job), so the test's HF_HUB_OFFLINE is dropped; no network is touched."""
+    K-FAC's memory in the fit check. Online planning asks the Hub once whether the dataset
+    exists (the dataset itself is read by its job), so the test's HF_HUB_OFFLINE is dropped
+    and HF_ENDPOINT points at a loopback Hub: no network is touched."""
     example = REPO / "config" / "examples" / "hf-trainer-wikitext.yaml"
+    hub = Hub({"Salesforce/wikitext": []})
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env["HF_ENDPOINT"] = hub.url
     # (--set-resources replaces the profile's train_gpt entry whole: mpi given again)
     nodes = ["--set-resources", "train_gpt:nodes=2", "train_gpt:tasks_per_node=4",
              "train_gpt:mpi=mpiexec", "train_gpt:pbs_select='select=2:system=polaris'"]  # fmt: skip
@@ -150,3 +155,6 @@ def test_the_hf_trainer_example_plans_through_the_pbs_profile(tmp_path):
     assert re.search(r"memory per GPU: .*K-FAC factors 3\.6 GiB", plan.out), plan.out[-4000:]
     assert re.search(r"^Shell command: mpiexec -n 2 --ppn 1 gptflow train ", plan.out, re.M)
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
+    hub.close()
+    assert hub.asked == ["/api/datasets/Salesforce/wikitext"]
+    assert "could not ask the Hub" not in plan.out
