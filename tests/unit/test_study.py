@@ -82,7 +82,9 @@ def test_each_runs_overrides_apply_to_that_run_only(repo, study, tiny_config):
         want = load(repo, alone)
         assert runs[name]["model"] == want["model"], name
         assert runs[name]["train"] == want["train"], name
-    assert runs["plain-again"]["model"] == runs["plain"]["model"] == load(repo, tiny_config)["model"]
+    assert (
+        runs["plain-again"]["model"] == runs["plain"]["model"] == load(repo, tiny_config)["model"]
+    )
 
 
 def test_a_config_without_a_study_is_one_run(repo, tiny_config):
