@@ -2,6 +2,8 @@
 here (no network, ever): the same shards as the same text through type: local, and the one
 line a plan prints when the library is missing or a Hub dataset is not in the cache offline."""
 
+import itertools
+import json
 import socket
 import subprocess
 import sys
@@ -114,6 +116,37 @@ def test_hf_shards_equal_local_shards_of_the_same_text(tmp_path, tokenizer_json,
     )
     assert streamed == local_token_shards(tmp_path / "one", tokenizer_json, 1)
     assert (manifest["rows"], manifest["documents"], manifest["streaming"]) == ([0, 7], 5, True)
+
+
+@pytest.mark.parametrize("batch_rows", [1, 3, 4, 1000])
+def test_every_shard_holds_every_non_empty_row_of_its_range(
+    tmp_path, hf_cache, monkeypatch, batch_rows
+):
+    """23 rows (every fifth empty) cut into 1, 2, 3, 5 and 23 shards, read BATCH_ROWS rows at a
+    time (fewer than a shard's rows, one, and more than the split): the shards' documents,
+    in order, are every non-empty row exactly once, each with its own row number, and the
+    manifests' ranges tile [0, 23)."""
+    import gptflow.data.hf
+
+    monkeypatch.setattr(gptflow.data.hf, "BATCH_ROWS", batch_rows)
+    texts = ["" if i % 5 == 3 else f"row {i}\n" for i in range(23)]
+    saved = tmp_path / "saved"
+    hf_cache.Dataset.from_dict({"text": texts}).save_to_disk(str(saved))
+    want = [(i, t) for i, t in enumerate(texts) if t]
+    for shards in (1, 2, 3, 5, 23):
+        d = resolve({"type": "hf", "path": str(saved), "shards": shards})
+        got, ranges = [], []
+        for i in range(shards):
+            jsonl = tmp_path / f"{shards}-{i}.jsonl"
+            manifest = collect_hf_documents(d.hf, i, shards, jsonl)
+            start, stop = manifest["rows"]
+            docs = [(doc["row"], doc["text"]) for doc in map(json.loads, jsonl.open())]
+            assert all(start <= row < stop for row, _ in docs), (shards, i)
+            ranges.append((start, stop))
+            got += docs
+        assert got == want, shards
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(texts), ranges
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), ranges
 
 
 # Rows of Unicode whitespace only: NBSP, the ideographic space, the line and paragraph
