@@ -361,7 +361,8 @@ if workflow.is_main_process:
         for name, run in RUNS.items() if HARNESS["tasks"] else ():
             seq_length = TrainConfig(**run["train"]).seq_length  # the harness's context
             harness.check_context(harness_work(), seq_length, name, CONFIG_SOURCE)
-        hf_datasets.check_planned(DATASETS, CONFIG_SOURCE)
+        for warning in hf_datasets.check_planned(DATASETS, CONFIG_SOURCE):
+            logger.warning(f"gptflow: WARNING: {warning}")
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None
 

@@ -257,13 +257,17 @@ def check_steps(train: TrainConfig, every: int | None, run: str, source: str) ->
 def _metrics(result: dict) -> dict:
     """A task's results from the harness ({"acc,none": 0.5, "acc_stderr,none": 0.2, "alias":
     ...}) as {"acc": 0.5, "acc_stderr": 0.2}: the "none" filter's name dropped, another kept
-    ("exact_match,flexible-extract"); "N/A" (no stderr for this metric) as null."""
+    ("exact_match,flexible-extract"), and a metric's stderr always the metric's name and
+    "_stderr" ("exact_match,flexible-extract_stderr", from the harness's
+    "exact_match_stderr,flexible-extract"), as the reports look it up; "N/A" (no stderr for
+    this metric) as null."""
     metrics = {}
     for key, value in result.items():
         if "," not in key:
             continue
         metric, _, filt = key.partition(",")
-        name = metric if filt == "none" else key
+        base = metric.removesuffix("_stderr")
+        name = (base if filt == "none" else f"{base},{filt}") + metric[len(base) :]
         metrics[name] = None if value == "N/A" else value
     return metrics
 

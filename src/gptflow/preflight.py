@@ -123,6 +123,13 @@ WHERE_VALUES = {
 }
 
 
+# Torque has no filesystems resource: the edit the README and the profile's comment give
+TORQUE_FILESYSTEMS = (
+    "on Torque (no filesystems resource), delete ,filesystems={resources.pbs_filesystems} from "
+    "cluster-generic-submit-cmd and the pbs_filesystems line of default-resources"
+)
+
+
 def placeholder_message(
     found: list[tuple[str, str]], executor: str, profile: str | None = None
 ) -> str:
@@ -130,6 +137,8 @@ def placeholder_message(
     profile = profile or {"pbs": "the PBS profile"}.get(executor, "the Slurm profile")
     items = "; ".join(f"{where} is {value}" for where, value in found)
     hint = WHERE_VALUES.get(executor, WHERE_VALUES["slurm"])
+    if any(where == "default-resources pbs_filesystems" for where, _ in found):
+        hint += f"; {TORQUE_FILESYSTEMS}"
     return f"edit {profile} first: {items} (your cluster's values: {hint})"
 
 

@@ -286,8 +286,10 @@ def _allowed_keys(schema: dict, instance: dict, root: dict) -> set[str]:
     return allowed
 
 
-def _describe_error(err, root: dict, what: str) -> str:
-    """One line for a jsonschema ValidationError: the key, its value and what is expected."""
+def _describe_error(err, root: dict, what: str) -> str | None:
+    """One line for a jsonschema ValidationError: the key, its value and what is expected;
+    None for an echo of another error (a known key that a failing if/else branch left
+    unevaluated, e.g. a catalog entry's url_template of the wrong type)."""
     path = list(err.absolute_path)
     key = _dotted(path)
     v = err.validator
@@ -298,6 +300,8 @@ def _describe_error(err, root: dict, what: str) -> str:
     if v in ("additionalProperties", "unevaluatedProperties"):
         allowed = _allowed_keys(err.schema, err.instance, root)
         unknown = sorted(k for k in err.instance if k not in allowed)
+        if not unknown:  # a known key left unevaluated by its failing branch: said there
+            return None
         parts = []
         for k in unknown:
             full = _dotted([*path, k])
@@ -402,8 +406,12 @@ def validate(instance: Any, schema: dict, *, source: str, root: dict | None = No
     }
     if keys:  # before the schema, whose messages name keys as strings
         raise GptflowError(f"{source}: {'; '.join(sorted(keys | lines))}. Fix {source}.")
-    for err in _validator_class()(schema).iter_errors(instance):
+    errors = list(_validator_class()(schema).iter_errors(instance))
+    for err in errors:
         if _dotted(err.absolute_path) not in reported:  # a NaN is also out of range, ...
             lines.add(_describe_error(err, root, source))
+    lines.discard(None)
+    if errors and not lines:  # only echoes: say what the validator says
+        lines = {f"'{_dotted(e.absolute_path)}': {e.message}" for e in errors}
     if lines:
         raise GptflowError(f"{source}: {'; '.join(sorted(lines))}. Fix {source}.")

@@ -119,6 +119,9 @@ def _fits(runs: list[dict], budgets: list[float]) -> dict:
     for r in runs:
         key = (r["parameters"], r["tokens"])
         best[key] = min(best.get(key, r["final_val_loss"]), r["final_val_loss"])
+    # by (N, D): with two budgets E, B and beta are not separately identifiable, and the
+    # minimiser's answer then depends on the points' order; a set of runs gives one answer
+    best = dict(sorted(best.items()))
     two, two_error = None, "every run trained for the same tokens (L(N, D) needs two budgets)"
     if len({d for _, d in best}) >= 2:
         two, two_error = _attempt(

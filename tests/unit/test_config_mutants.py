@@ -549,3 +549,30 @@ def test_init_from_values_the_schema_refuses(value, message):
     cfg["model"]["init_from"] = value
     with pytest.raises(GptflowError, match=message):
         load(cfg)
+
+
+@pytest.mark.parametrize("value", [7, 0, [7]])
+def test_url_template_not_a_string_is_one_line(value, tmp_path):
+    """url_template as an integer (or a list) in the config's url dataset and in a catalog
+    entry a config names: one line naming the key and its value (no empty clause: a catalog
+    entry's failed url branch leaves url_template "unevaluated", which is not an unknown key),
+    never a TypeError where the template is filled."""
+    cfg = copy.deepcopy(KITCHEN)
+    cfg["datasets"]["web"]["url_template"] = value
+    message = refused(cfg)
+    assert f"'datasets.web.url_template' is {value!r} (" in message, message
+
+    from gptflow.data.sources import resolve_datasets
+
+    catalog = yaml.safe_load((REPO / "config" / "datasets.yaml").read_text())
+    catalog["pile"]["url_template"] = value
+    path = tmp_path / "datasets.yaml"
+    path.write_text(yaml.safe_dump(catalog))
+    with pytest.raises(GptflowError) as e:
+        resolve_datasets({"datasets": {"p": {"type": "catalog", "name": "pile", "parts": [0, 0]}}},
+                         ["p"], catalog_path=path, schema=SCHEMA, source=SOURCE)  # fmt: skip
+    message = str(e.value)
+    assert message == (
+        f"{path} (entry pile): 'url_template' is {value!r} ({'a list' if value == [7] else 'an integer'}); "
+        f"expected a string. Fix {path} (entry pile)."
+    ), message

@@ -106,6 +106,45 @@ def test_a_missing_include_directory_is_refused(tmp_path):
     )
 
 
+def test_every_metric_keeps_its_filter_and_its_stderr():
+    """A gsm8k-like task's two answer filters, scored by lm-eval's own aggregation (its
+    `_compute_task_aggregations`, with a stand-in task object giving the aggregations):
+    harness.json keeps exact_match under each filter, each with its own stderr, and drops only
+    the "none" filter's name (word_perplexity: no stderr, "N/A" to null); the reports
+    (gptflow.report) show two metrics, each ± its stderr, and no stderr as a metric."""
+    from types import SimpleNamespace
+
+    from lm_eval.api.metrics import mean, weighted_perplexity
+    from lm_eval.evaluator_utils import _compute_task_aggregations
+
+    from gptflow.harness import _metrics
+    from gptflow.report import harness_metric_names, metric_text
+
+    task = SimpleNamespace(
+        task_name="gsm8k_like",
+        aggregation=lambda: {"exact_match": mean, "word_perplexity": weighted_perplexity},
+    )
+    raw = {
+        ("exact_match", "strict-match"): [1.0, 0.0, 0.0, 1.0],
+        ("exact_match", "flexible-extract"): [1.0, 1.0, 0.0, 1.0],
+        ("word_perplexity", "none"): [(-2.0, 2), (-2.0, 2)],  # (loglikelihood, words)
+    }
+    results, _ = _compute_task_aggregations(task, raw, bootstrap_iters=100)
+    metrics = _metrics({"alias": "gsm8k_like", **results})
+    assert metrics == pytest.approx({
+        "exact_match,strict-match": 0.5, "exact_match,strict-match_stderr": 0.5 / 3**0.5,
+        "exact_match,flexible-extract": 0.75, "exact_match,flexible-extract_stderr": 0.25,
+        "word_perplexity": 2.718281828459045, "word_perplexity_stderr": None,
+    })  # fmt: skip
+    record = {"metrics": metrics}
+    assert harness_metric_names(record) == [
+        "exact_match,strict-match", "exact_match,flexible-extract", "word_perplexity"
+    ]  # fmt: skip
+    assert [metric_text(record, m) for m in harness_metric_names(record)] == [
+        "0.5 ± 0.29", "0.75 ± 0.25", "2.718"
+    ]  # fmt: skip
+
+
 def test_without_the_harness_planning_names_the_install_command(tmp_path):
     """A Python in which `import lm_eval` fails (an lm_eval package raising ImportError, first
     on sys.path): tasks set -> one line naming pip install 'gptflow[eval]'; no tasks -> fine."""

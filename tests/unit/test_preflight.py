@@ -248,6 +248,15 @@ def test_placeholders_are_named():
     # profiles/pbs: its own hint, and its GPU jobs count as a cluster's (the memory fit check)
     pbs = dataclasses.replace(shipped, executor="pbs")
     assert "`qstat -Q` lists the queues" in preflight.placeholder_message(found, "pbs", "P")
+    # an unset pbs_filesystems: the Torque edit (the README's, tests/workflow/test_pbs.py)
+    torque = preflight.placeholder_message(
+        [("default-resources pbs_filesystems", "<filesystems>")], "pbs", "P"
+    )
+    assert torque.endswith(
+        "; on Torque (no filesystems resource), delete ,filesystems={resources.pbs_filesystems} "
+        "from cluster-generic-submit-cmd and the pbs_filesystems line of default-resources)"
+    )
+    assert "Torque" not in preflight.placeholder_message(found, "pbs", "P")
     assert pbs.on_cluster and SLURM.on_cluster
     assert not dataclasses.replace(shipped, executor="local").on_cluster
 

@@ -2,12 +2,15 @@
 overrides, what is refused, the data index its runs share, and its plan (the preflight)."""
 
 import copy
+import itertools
 import re
 from pathlib import Path
 
 import pytest
 
 from gptflow import preflight
+from gptflow.config import TrainConfig
+from gptflow.data.dataset import split_samples
 from gptflow.errors import GptflowError
 from gptflow.run_config import data_index_name, data_index_settings
 from gptflow.workflow_config import run_configs
@@ -58,6 +61,32 @@ def test_named_runs_tokens_and_the_base_model_keys(repo, study):
     assert list(run_configs(cfg)) == ["x", "tokens100000", "tokens200000"]
 
 
+def test_each_runs_overrides_apply_to_that_run_only(repo, study, tiny_config):
+    """Runs listed after one with model or train overrides get none of them: each run's model
+    and train equal those of a config of its own (no study) with only its overrides, whatever
+    runs came before it (the base's sections, and the preset files read once, stay as read)."""
+    overrides = {
+        "small-drop": {"model": {"preset": "small", "hidden_dropout": 0.2}},
+        "plain": {},
+        "deep": {"model": {"num_layers": 3}},
+        "slow": {"train": {"lr": 1e-3, "clip_grad": 0.5}},
+        "tiny-again": {"model": {"preset": "tiny"}},
+        "plain-again": {},
+    }
+    runs = run_configs(load(repo, study(runs=copy.deepcopy(overrides))))
+    assert list(runs) == list(overrides)
+    for name, o in overrides.items():
+        alone = copy.deepcopy(tiny_config)
+        alone["model"].update(o.get("model", {}))
+        alone["train"].update(o.get("train", {}))
+        want = load(repo, alone)
+        assert runs[name]["model"] == want["model"], name
+        assert runs[name]["train"] == want["train"], name
+    assert (
+        runs["plain-again"]["model"] == runs["plain"]["model"] == load(repo, tiny_config)["model"]
+    )
+
+
 def test_a_config_without_a_study_is_one_run(repo, tiny_config):
     cfg = load(repo, copy.deepcopy(tiny_config))
     assert run_configs(cfg) == {"tiny": cfg} and "runs" not in cfg
@@ -87,6 +116,43 @@ def test_what_a_study_refuses(repo, study, section, message):
     with pytest.raises(GptflowError) as e:
         load(repo, study(**section))
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def trainer_reads(run: dict) -> tuple:
+    """What a run's trainer reads its samples by (gptflow.data.dataset.run_split_datasets):
+    the tokenizer's shards of the blend, the split, the samples per split, seq_length, seed."""
+    t = TrainConfig(**run["train"])
+    return (run["tokenizer"]["name"], run["data"]["blend"], run["data"]["split"],
+            split_samples(t), t.seq_length, t.seed)  # fmt: skip
+
+
+def test_runs_share_a_data_index_exactly_when_their_trainers_read_the_same_samples(repo, study):
+    """Every setting the samples depend on, changed alone in one run, gives that run its own
+    index (seq_length, seed, the steps, the batch, eval_iters, tokens); settings they do not
+    depend on (lr, clip_grad, the model, micro batch, intervals) share the base's. Over every
+    pair of runs: the same index name if and only if their trainers read the same samples.
+    Between configs, the shared sections count too: the split, the tokenizer."""
+    own = {"seq": {"seq_length": 32}, "seed": {"seed": 7}, "iters": {"train_iters": 41},
+           "batch": {"global_batch_size": 16}, "evals": {"eval_iters": 3}}  # fmt: skip
+    shared = {"lr": {"lr": 1e-3}, "clip": {"clip_grad": 0.5}, "micro": {"micro_batch_size": 2},
+              "every": {"eval_interval": 10, "save_interval": 5, "log_interval": 2}}  # fmt: skip
+    cfg = load(repo, study(runs={
+        "base": {}, "small": {"model": {"preset": "small"}}, "tokens": {"tokens": 1e5},
+        **{name: {"train": t} for name, t in {**own, **shared}.items()},
+    }))  # fmt: skip
+    runs = run_configs(cfg)
+    names = {n: data_index_name(data_index_settings(r)) for n, r in runs.items()}
+    assert {n for n in names if names[n] == names["base"]} == {"base", "small", *shared}
+    assert len({names[n] for n in ["base", "tokens", *own]}) == len(own) + 2
+    for a, b in itertools.combinations(runs, 2):
+        same_samples = trainer_reads(runs[a]) == trainer_reads(runs[b])
+        assert (names[a] == names[b]) == same_samples, (a, b)
+
+    base = load(repo, study(runs={"base": {}}))
+    for change in ({"data": {**base["data"], "split": "80,19,1"}},
+                   {"tokenizer": {**base["tokenizer"], "name": "other-bpe"}}):  # fmt: skip
+        changed = {**run_configs(base)["base"], **change}
+        assert data_index_name(data_index_settings(changed)) != names["base"], change
 
 
 def test_runs_that_read_the_same_samples_share_a_data_index(repo, study):

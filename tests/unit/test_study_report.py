@@ -4,9 +4,11 @@ own tests: they hold `gptflow.scaling` to the synthetic law, the others the page
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
+import random
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptflow.study_report import study_report
+from gptflow.study_report import _fits, _load_run, study_report
 from tests.unit.test_report import assert_plot_shows, plotted_points, texts
 
 E, A, ALPHA = 1.8, 60.0, 0.3
@@ -30,15 +32,18 @@ def law(n: int) -> float:
     return E + A / n**ALPHA
 
 
-def loss(preset: str, lr: float, step: int) -> float:
-    """The validation loss of a run after `step` steps (9.0 before training)."""
-    return law(SIZES[preset]) + B / (step * PER_STEP) ** BETA + PENALTY[lr] if step else 9.0
+def loss(preset: str, lr: float, step: int, penalty=None) -> float:
+    """The validation loss of a run after `step` steps (9.0 before training); `penalty` maps
+    (preset, lr) to the lr's penalty at that size (default: PENALTY's, the same at every size)."""
+    extra = penalty[preset, lr] if penalty else PENALTY[lr]
+    return law(SIZES[preset]) + B / (step * PER_STEP) ** BETA + extra if step else 9.0
 
 
 def write_run(root: Path, name: str, preset: str, lr: float, *, steps: int = 1000,
-              null_final: bool = False) -> dict[str, str]:  # fmt: skip
+              null_final: bool = False, penalty=None) -> dict[str, str]:  # fmt: skip
     """run.yaml, metrics.jsonl (an evaluation every EVAL_INTERVAL steps from 0 of series "s1",
     after the records of a stale series "old" whose losses are 0.5) and DONE.json."""
+    loss = functools.partial(globals()["loss"], penalty=penalty)
     n, tokens = SIZES[preset], steps * PER_STEP
     d = root / f"{len(list(root.glob('*'))) if root.is_dir() else 0}"
     d.mkdir(parents=True)
@@ -208,6 +213,48 @@ def test_two_token_budgets_fit_the_data_term(tmp_path):
     assert abs(fit["two_term"]["alpha"] - ALPHA) < 0.02
     assert [o["from"] for o in fit["compute_optimal"]].count("two_term") == 4
     assert fit["size_points"]["runs"] == ["s-lr0.001-1000", "m-lr0.001-1000", "l-lr0.001-1000"]
+
+
+def test_the_fits_take_the_best_lr_per_size_and_tokens_in_any_order(tmp_path):
+    """3 sizes x 2 token budgets x 3 learning rates, the best lr a different one per size (the
+    smallest lr at s, the middle at m, the largest at l; ties nowhere): L(N)'s points are each
+    size's best run at the largest budget, L(N, D) is fitted to each (size, tokens)'s best loss
+    (the numbers fit_two_term gives on those points alone), and the compute-optimal rows
+    follow from it. _fits itself, given the runs in another order, gives the same points and
+    the same L(N, D) (its points sorted: with two budgets the minimiser's answer depended on
+    their order)."""
+    from gptflow.scaling import fit_two_term
+
+    lrs = (1e-3, 3e-3, 1e-2)
+    best = {"s": 1e-3, "m": 3e-3, "l": 1e-2}
+    penalty = {(p, lr): 0.0 if lr == best[p] else 0.05 + 0.02 * i
+               for p in SIZES for i, lr in enumerate(lrs)}  # fmt: skip
+    runs = {
+        f"{p}-lr{lr:g}-{t}": write_run(tmp_path / "runs", f"{p}-lr{lr:g}-{t}", p, lr, steps=t,
+                                       penalty=penalty)
+        for p in SIZES for lr in lrs for t in (100, 1000)
+    }  # fmt: skip
+    shuffled = random.Random(3).sample(list(runs), len(runs))
+    paths = study_report("lrs", {n: runs[n] for n in shuffled}, tmp_path / "out")
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    assert fit["size_points"]["runs"] == [f"{p}-lr{best[p]:g}-1000" for p in SIZES]
+    points = [(SIZES[p], t * PER_STEP, loss(p, best[p], t, penalty))
+              for p in SIZES for t in (100, 1000)]  # fmt: skip
+    want = fit_two_term(*zip(*points, strict=True))
+    numbers = {k: v for k, v in want.to_json().items() if isinstance(v, float)}
+    assert {k: fit["two_term"][k] for k in numbers} == pytest.approx(numbers, rel=1e-9, abs=1e-12)
+    optimal = [o for o in fit["compute_optimal"] if o["from"] == "two_term"]
+    k = fit["flops_per_parameter_token"]
+    assert [o["parameters"] for o in optimal] == pytest.approx(
+        [want.compute_optimal(o["flops"], flops_per_param_token=k)["parameters"] for o in optimal]
+    )
+    # the fits themselves (study_report sorts the runs first) over the runs in any order
+    loaded = [_load_run(name, files) for name, files in runs.items()]
+    for order in (loaded[::-1], random.Random(4).sample(loaded, len(loaded))):
+        again = _fits(order, [1e21])
+        assert again["points"] == fit["size_points"]["runs"]
+        refit = again["two_term"][0].to_json()
+        assert {k: refit[k] for k in numbers} == pytest.approx(numbers, rel=1e-9, abs=1e-12)
 
 
 def test_each_runs_harness_metrics_are_tabled_and_in_fit_json(tmp_path):

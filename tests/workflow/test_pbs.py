@@ -14,17 +14,20 @@ import subprocess
 
 import yaml
 
+from tests.support.hub import Hub
+
 from .conftest import BIN, REPO, job_counts
 
 PROFILE = REPO / "profiles" / "pbs"
+README = REPO / "README.md"
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
-def pbs_snakemake(workdir, config, *args, timeout=600, env=None):
+def pbs_snakemake(workdir, config, *args, timeout=600, env=None, profile=PROFILE):
     cmd = [
         "timeout", "-k", "30", str(timeout), str(BIN / "snakemake"),
         "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-        "--profile", str(PROFILE), "--configfile", str(config), *args,
+        "--profile", str(profile), "--configfile", str(config), *args,
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, env=env or ENV)
     out.out = out.stdout + out.stderr
@@ -63,6 +66,57 @@ def test_the_pbs_profile_plans_mpiexec_per_node_and_refuses_its_placeholders(tmp
     assert run.returncode != 0
     assert "gptflow: not submitted: edit the profile first" in run.out, run.out[-4000:]
     assert not (tmp_path / ".snakemake" / "pbs_logs").exists()  # nothing went to qsub
+
+
+def readme_torque_edit(profile_text: str) -> str:
+    """The README's Torque edit of profiles/pbs/config.yaml, applied as written: the sentence
+    of its PBS quick start that begins "On Torque", each code span in it that starts with ','
+    deleted from the submit line ('…' standing for the rest of that resource) and each that
+    ends with ':' a line deleted from the profile (the other spans name where)."""
+    section = README.read_text().split("## PBS: ", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"On Torque,[^.]*\.", " ".join(section.split()))
+    assert match, "the README's PBS section has no Torque edit"
+    text = profile_text
+    for span in re.findall(r"`([^`]+)`", match.group()):
+        if span.startswith(","):
+            pattern = r"[^,\s]*".join(re.escape(part) for part in span.split("…"))
+            lines = text.splitlines(keepends=True)  # the submit line, not the comments
+            cut = [line if line.lstrip().startswith("#") else re.sub(pattern, "", line)
+                   for line in lines]  # fmt: skip
+            assert sum(a != b for a, b in zip(lines, cut, strict=True)) == 1, span
+            text = "".join(cut)
+        elif span.endswith(":"):
+            text, n = re.subn(rf"(?m)^[ \t]*{re.escape(span)}.*\n", "", text)
+            assert n == 1, (span, n)
+    return text
+
+
+def test_the_readmes_torque_edit_plans_without_a_placeholder(tmp_path, tiny_config):
+    """profiles/pbs edited for Torque as the README says (extracted from the README, applied
+    to a copy), every other placeholder filled: the plan names no placeholder, so a real run
+    submits (gptflow.preflight.placeholders decides both), and the submit line still names
+    only resources the profile gives and no filesystems (a Torque qsub refuses one)."""
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "status.py").symlink_to(PROFILE / "status.py")
+    text = readme_torque_edit((PROFILE / "config.yaml").read_text())
+    values = {"pbs_account": "proj", "pbs_queue": "batch", "pbs_select": "nodes=1:ppn=8"}
+    text = re.sub(  # a Torque user has no value for anything else
+        r'(?m)^([ \t]*)(pbs_\w+): "<[^>]*>"',
+        lambda m: f"{m[1]}{m[2]}: {values[m[2]]}" if m[2] in values else m[0],
+        text,
+    )
+    (profile / "config.yaml").write_text(text)
+    edited = yaml.safe_load(text)
+    submit = edited["cluster-generic-submit-cmd"]
+    assert "filesystems" not in submit
+    assert set(re.findall(r"\{resources\.(\w+)\}", submit)) <= set(edited["default-resources"])
+
+    cfg = {**tiny_config, "train": {**tiny_config["train"], "micro_batch_size": 2}}  # 4 ranks
+    plan = pbs_snakemake(tmp_path, write(tmp_path / "config.yaml", cfg), "-n", profile=profile)
+    assert plan.returncode == 0, plan.out[-4000:]
+    assert "train_gpt on 1 node(s) x 4 rank(s)" in plan.out, plan.out[-4000:]
+    assert "edit the PBS profile first" not in plan.out, plan.out[-4000:]
 
 
 def test_the_tiny_pipeline_runs_through_qsub(slurm_cluster, tmp_path, tiny_config):
@@ -130,10 +184,13 @@ def test_the_hf_trainer_example_plans_through_the_pbs_profile(tmp_path):
     name, a gpt-neo-125m-sized GPT-NeoX, fp16, K-FAC, a checkpoint every 1000 steps), planned
     through profiles/pbs on 2 nodes x 4 GPUs as its users run it: one collect_hf_documents job,
     GPT-2's vocab and merges downloaded and converted, training under `mpiexec -n 2 --ppn 1`,
-    K-FAC's memory in the fit check. Online planning reads nothing from the Hub (the dataset
-    is read by its job), so the test's HF_HUB_OFFLINE is dropped; no network is touched."""
+    K-FAC's memory in the fit check. Online planning asks the Hub once whether the dataset
+    exists (the dataset itself is read by its job), so the test's HF_HUB_OFFLINE is dropped
+    and HF_ENDPOINT points at a loopback Hub: no network is touched."""
     example = REPO / "config" / "examples" / "hf-trainer-wikitext.yaml"
+    hub = Hub({"Salesforce/wikitext": []})
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env["HF_ENDPOINT"] = hub.url
     # (--set-resources replaces the profile's train_gpt entry whole: mpi given again)
     nodes = ["--set-resources", "train_gpt:nodes=2", "train_gpt:tasks_per_node=4",
              "train_gpt:mpi=mpiexec", "train_gpt:pbs_select='select=2:system=polaris'"]  # fmt: skip
@@ -150,3 +207,6 @@ def test_the_hf_trainer_example_plans_through_the_pbs_profile(tmp_path):
     assert re.search(r"memory per GPU: .*K-FAC factors 3\.6 GiB", plan.out), plan.out[-4000:]
     assert re.search(r"^Shell command: mpiexec -n 2 --ppn 1 gptflow train ", plan.out, re.M)
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
+    hub.close()
+    assert hub.asked == ["/api/datasets/Salesforce/wikitext"]
+    assert "could not ask the Hub" not in plan.out

@@ -73,10 +73,19 @@ from gptflow.fsutil import atomic_write
 log = logging.getLogger(__name__)
 
 
+def blank(text: str) -> bool:
+    """Whether a document is empty: nothing but whitespace, Unicode's included (NBSP, U+3000,
+    U+2028: what ``str.isspace`` calls whitespace). The one rule the collect steps drop by, a
+    local dataset's files and an hf dataset's rows alike; tokenization keeps every document
+    it is given, as Megatron's preprocess_data does."""
+    return not text.strip()
+
+
 def collect_local_documents(
     files: list[Path], root: Path, out: str | os.PathLike, key: str = "text"
 ) -> dict:
-    """Write one JSON line ``{key: text, "source": relative path}`` per non-empty UTF-8 file.
+    """Write one JSON line ``{key: text, "source": relative path}`` per UTF-8 file that is not
+    :func:`blank`.
 
     Returns counts: documents, bytes (UTF-8 text), files, dropped by reason.
     """
@@ -92,13 +101,13 @@ def collect_local_documents(
                     f"{path}: cannot read the file ({e.strerror or e}); check that it exists "
                     f"and is readable, or exclude it from the dataset's files"
                 ) from None
-            if not data.strip():
-                dropped["empty"] += 1
-                continue
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
                 dropped["not_utf8"] += 1
+                continue
+            if blank(text):
+                dropped["empty"] += 1
                 continue
             rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
             f.write(json.dumps({key: text, "source": rel}, ensure_ascii=False))
