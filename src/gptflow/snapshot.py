@@ -11,8 +11,12 @@ tensors and objects afterwards (tests/unit/test_snapshot.py checks it, mutations
 
 Host buffers are reused from one snapshot to the next (:class:`BufferPool`: DeepSpeed saves
 the same storages every time), pinned when they receive a GPU's memory so the copy runs at the
-link's speed. One snapshot is in flight at a time: :class:`BackgroundWriter` refuses a second
-before the first is written, and its caller waits (and says how long).
+link's speed. Each buffer is whole pages of its own, pinned by registering them with CUDA: it
+takes its storage's bytes rounded up to a page, which is what the preflight counts
+(gptflow.preflight.snapshot_fit). Not ``pin_memory=True``: PyTorch's caching host allocator
+rounds every pinned allocation up to a power of two (``CachingHostAllocator.h``), so a 10.3 GB
+fp32 partition would pin 16 GiB. One snapshot is in flight at a time: :class:`BackgroundWriter`
+refuses a second before the first is written, and its caller waits (and says how long).
 
 Each file is written under its own name in a hidden directory beside it (``.writing-rank{r}``:
 ``PyTorchFileWriter`` names the archive's root folder after the file, so a temporary *name*
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import mmap
 import os
 import pickle
 import queue
@@ -32,6 +37,7 @@ import shutil
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,26 +51,72 @@ log = logging.getLogger("gptflow.train")
 PICKLE_PROTOCOL = 2  # torch.save's default (torch.serialization.DEFAULT_PROTOCOL)
 
 
+PAGE = mmap.PAGESIZE
+
+
+def page_bytes(nbytes: int) -> int:
+    """Host memory a buffer of `nbytes` takes: whole pages (:func:`host_buffer`)."""
+    return -(-nbytes // PAGE) * PAGE
+
+
+def host_buffer(nbytes: int) -> torch.UntypedStorage:
+    """`nbytes` of host memory on pages of its own (an anonymous mapping): exactly
+    :func:`page_bytes`, and no page shared with another buffer, so each can be registered
+    with CUDA alone."""
+    if nbytes == 0:
+        return torch.UntypedStorage(0)
+    pages = mmap.mmap(-1, page_bytes(nbytes))  # the storage keeps the mapping alive
+    return torch.frombuffer(pages, dtype=torch.uint8, count=nbytes).untyped_storage()
+
+
+CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch's own stager asks
+
+
+def pin(buf: torch.UntypedStorage) -> None:
+    """Page-lock `buf` for a GPU's copies, as it is (cudaHostRegister: no rounding, unlike the
+    caching host allocator), and unregister it when it is freed -- what PyTorch's own
+    checkpoint stager does (torch.distributed.checkpoint._state_dict_stager)."""
+    cudart, ptr = torch.cuda.cudart(), buf.data_ptr()
+    error = int(cudart.cudaHostRegister(ptr, buf.nbytes(), CUDA_HOST_REGISTER_PORTABLE))
+    if error:
+        raise RuntimeError(f"pinning {buf.nbytes():,} bytes of host memory for a checkpoint "
+                           f"snapshot failed: cudaHostRegister returned {error}")  # fmt: skip
+    # not at exit: the CUDA context may be gone by then
+    weakref.finalize(buf, cudart.cudaHostUnregister, ptr).atexit = False
+
+
 class BufferPool:
-    """Host buffers by size, reused across snapshots (pinned when `pinned`)."""
+    """Host buffers by size, reused across snapshots (pinned when `pinned`).
+
+    :meth:`held_bytes` is what the pool holds: each buffer's whole pages, pinned or not
+    (what the preflight's estimate is tested against)."""
 
     def __init__(self) -> None:
         self._free: dict[tuple[int, bool], list[torch.UntypedStorage]] = {}
         self._lock = threading.Lock()
-        self.allocated = 0  # bytes ever allocated (for the log and the tests)
+        self._held = {False: 0, True: 0}  # bytes of pages, by pinned
 
     def get(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
         with self._lock:
             free = self._free.get((nbytes, pinned))
             if free:
                 return free.pop()
-        self.allocated += nbytes
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+        buf = host_buffer(nbytes)
+        if pinned and nbytes:
+            pin(buf)
+        with self._lock:
+            self._held[pinned] += page_bytes(nbytes)
+        return buf
 
     def give_back(self, buffers: list[tuple[torch.UntypedStorage, bool]]) -> None:
         with self._lock:
             for buf, pinned in buffers:
                 self._free.setdefault((buf.nbytes(), pinned), []).append(buf)
+
+    def held_bytes(self, pinned: bool | None = None) -> int:
+        """Bytes of host memory the pool holds (those pinned, or not, when `pinned` is given)."""
+        with self._lock:
+            return sum(self._held.values()) if pinned is None else self._held[pinned]
 
 
 @dataclass
