@@ -93,19 +93,24 @@ CAPABILITY: tuple[tuple[str, tuple[int, int]], ...] = (
     ("T4", (7, 5)),
     ("P100", (6, 0)),
 )
-# GPUs planning cannot name: those the GPU memory check assumes too (80 GB A100/H100)
-ASSUMED_GPU = "GPUs assumed to be A100/H100 (compute capability 8.0+: no GPU type in the gres)"
+# GPUs planning cannot name are assumed to be those the GPU memory check assumes (80 GB
+# A100/H100)
 ASSUMED_CAPABILITY = (8, 0)
 
 
 def planned_gpu(gpu_type: str | None) -> tuple[str, tuple[int, int]]:
     """(name, compute capability) of the GPUs a run is planned for: the type the profile's
-    gres names (``a100`` of ``gpu:a100:8``) when :data:`CAPABILITY` knows it, else
-    :data:`ASSUMED_GPU`, whose name says it was assumed."""
+    gres names (``a100`` of ``gpu:a100:8``) when :data:`CAPABILITY` knows it, else A100/H100s,
+    named as assumed and why."""
     for fragment, capability in CAPABILITY:
         if gpu_type and fragment in gpu_type.upper():
             return f"{gpu_type} GPUs (the gres's type)", capability
-    return ASSUMED_GPU, ASSUMED_CAPABILITY
+    why = (
+        f"the gres's type {gpu_type!r} is not in gptflow.hardware's table"
+        if gpu_type
+        else "the profile's gres names no GPU type"
+    )
+    return f"GPUs assumed to be A100/H100 (compute capability 8.0+: {why})", ASSUMED_CAPABILITY
 
 
 def background_saves(configured: bool | str, on_gpus: bool) -> tuple[bool, str]:

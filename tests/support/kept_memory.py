@@ -61,7 +61,7 @@ for setting in sys.argv[4].split(","):
     pool = BufferPool()  # a save's snapshot, as Saves.save takes it (nothing written)
     taken = _snapshots(eng, str(Path(sys.argv[3]) / "checkpoints"), f"z{zero}{precision}", {}, pool)
     record["files"] = sorted(Path(snap.path).name for snap in taken)
-    record["snapshot"] = sum(b.nbytes() for snap in taken for _, b in snap.storages)
+    record["snapshot"] = sum(b.nbytes for snap in taken for _, b in snap.storages)
     record["buffers"] = sum(len(snap.storages) for snap in taken)
     record["held"] = pool.held_bytes()
     out = Path(sys.argv[3]) / f"rank{env.rank}-{zero}-{precision}.json"

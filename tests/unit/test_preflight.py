@@ -277,8 +277,8 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     tensor and DeepSpeed's flags (measured: 12 to 268 bytes). The files a save writes, taken
     as an asynchronous save's snapshot (also at ZeRO 3: the partition's 12 bytes a parameter,
     the model file's parameters partitioned away), are snapshot_bytes but for their pickles,
-    and the BufferPool they are taken into holds them rounded up to a page a buffer (measured
-    at ZeRO 0, a buffer per tensor: 314 KiB over 1.6 MB for this tiny model's 112 tensors)."""
+    and the BufferPool they are taken into holds them and at most two pages a buffer (it starts
+    each on a page of its own; at ZeRO 0, a buffer per tensor, this tiny model's 112 tensors)."""
     from gptflow import distributed
     from gptflow import engine as ds
     from gptflow.checkpoint import _snapshots
@@ -318,7 +318,7 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     assert all(0 <= got - want <= 512 for got, want in measured.values()), measured
     # the estimate is the tensors' bytes; the pickles (DeepSpeed's config, shapes) add < 32 KiB
     assert all(0 <= got - want <= 32 * 1024 for got, want in snapshots.values()), snapshots
-    assert all(0 <= got - want <= n * PAGE for got, want, n in held.values()), held
+    assert all(0 <= got - want <= 2 * n * PAGE for got, want, n in held.values()), held
 
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
@@ -351,8 +351,8 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
     And the host memory of an asynchronous save, the files each rank's DeepSpeed writes taken
     as the trainer takes them: on every rank the tensors are snapshot_bytes for that rank (its
     optimizer partition; the model file only on data-parallel rank 0 of its model-parallel
-    group), and what the rank's BufferPool holds is that rounded up to a page a buffer; the
-    four ranks (one node) hold snapshot_fit's snapshots, within a page a buffer."""
+    group), and what the rank's BufferPool holds is that and at most two pages a buffer; the
+    four ranks (one node) hold snapshot_fit's snapshots, within two pages a buffer."""
     tp, pp = split
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
@@ -374,7 +374,7 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
         node = Placement(executor="slurm", nodes=1, tasks_per_node=4, gres="gpu:4", mpi="srun")
         fit = preflight.snapshot_fit(TINY, t, 4, node)
         held = sum(r["held"] for r in ranks)
-        assert 0 <= held - fit.snapshots <= sum(r["buffers"] for r in ranks) * PAGE, (setting, fit)
+        assert 0 <= held - fit.snapshots <= sum(r["buffers"] for r in ranks) * 2 * PAGE, setting
         # the model file (or a pipeline stage's layer files) on data-parallel rank 0 alone
         writers = [r for r in ranks if any("model_states" in f for f in r["files"])]
         want = [0, 1] if pp == 1 else [0, 2]  # rank = (stage x dp + data rank) x tp + tp rank
@@ -388,7 +388,10 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
             # the tensors DeepSpeed pads its partitions with aside (measured: 8-16 bytes)
             snap = preflight.snapshot_bytes(TINY, t, 4, precision, r["rank"])
             assert 0 <= r["snapshot"] - snap <= 64, (setting, r, snap)
-            assert r["snapshot"] <= r["held"] <= r["snapshot"] + r["buffers"] * PAGE, (setting, r)
+            assert r["snapshot"] <= r["held"] <= r["snapshot"] + r["buffers"] * 2 * PAGE, (
+                setting,
+                r,
+            )
             if precision != "fp32":
                 continue
             last = r["stage"] == pp - 1
@@ -457,6 +460,8 @@ def test_auto_precision_is_planned_as_the_trainer_decides_it():
         "bf16",
         "auto on h100 GPUs (the gres's type) (bf16 tensor cores, ZeRO stage 1)",
     )
+    unknown = dataclasses.replace(SLURM, gres="gpu:mi250:8")
+    assert "the gres's type 'mi250' is not in" in preflight.planned_precision(zero1, unknown)[1]
     assert preflight.planned_precision(zero1, Placement())[0] == "fp32"  # on this CPU
 
 

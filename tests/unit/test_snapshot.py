@@ -157,14 +157,14 @@ def test_a_failed_write_is_reported_and_leaves_no_file_under_its_name(tmp_path):
     w.close()
 
 
-def test_pinned_buffers_are_whole_pages_registered_with_cuda_as_they_are(monkeypatch):
-    """A GPU storage's host buffer is pages of its own, registered with CUDA at its own size
-    (cudaHostRegister) and unregistered when freed, so the pool holds its storages' bytes
-    rounded up to a page -- not to a power of two, as PyTorch's caching host allocator behind
-    ``pin_memory=True`` rounds them (a 600 MB storage would pin 1 GiB). The CUDA runtime is a
-    stand-in that records what it is asked (no GPU here): what it is asked is what is pinned."""
+def test_pinned_buffers_are_registered_with_cuda_as_they_are(monkeypatch):
+    """A GPU storage's host buffer starts a page of its own and is registered with CUDA at its
+    own size (cudaHostRegister), unregistered when freed: the pool holds its storages' bytes
+    and at most two pages each -- not a power of two, as PyTorch's caching host allocator
+    behind ``pin_memory=True`` rounds them (a 600 MB storage would pin 1 GiB). The CUDA runtime
+    is a stand-in that records what it is asked (no GPU here): what it is asked is what is
+    pinned."""
     import gc
-    import math
 
     calls = []
 
@@ -181,16 +181,21 @@ def test_pinned_buffers_are_whole_pages_registered_with_cuda_as_they_are(monkeyp
     pool = snapshot.BufferPool()
     sizes = [600_000_000, 3, snapshot.PAGE, 5 * snapshot.PAGE + 1, 0]
     buffers = [pool.get(n, pinned=True) for n in sizes]  # not touched: the pages stay virtual
-    assert [b.nbytes() for b in buffers] == sizes
+    assert [b.nbytes for b in buffers] == sizes
     registered = [c for c in calls if c[0] == "register"]
     assert [(size, flags) for _, _, size, flags in registered] == [(n, 1) for n in sizes if n]
-    assert all(ptr % snapshot.PAGE == 0 for _, ptr, _, _ in registered)  # no page shared
-    pages = sum(math.ceil(n / snapshot.PAGE) * snapshot.PAGE for n in sizes)  # 600,002,560 + ...
-    assert pool.held_bytes() == pool.held_bytes(pinned=True) == pages < 2**30
-    assert pool.held_bytes(pinned=False) == 0
+    for (_, ptr, size, _), buf in zip(registered, buffers, strict=False):
+        # its pages are inside its own allocation: registering them touches no one else's
+        whole = buf.untyped_storage()
+        assert ptr == buf.data_ptr() and ptr % snapshot.PAGE == 0
+        last_page = ptr + -(-size // snapshot.PAGE) * snapshot.PAGE
+        assert whole.data_ptr() <= ptr and last_page <= whole.data_ptr() + whole.nbytes()
+    held = pool.held_bytes()
+    assert held == pool.held_bytes(pinned=True) and pool.held_bytes(pinned=False) == 0
+    assert sum(sizes) < held <= sum(sizes) + 2 * snapshot.PAGE * 4 < 2**30
     pool.give_back([(b, True) for b in buffers])  # reused, not allocated again
-    assert pool.get(3, pinned=True) is buffers[1] and pool.held_bytes() == pages
+    assert pool.get(3, pinned=True) is buffers[1] and pool.held_bytes() == held
     ptrs = {ptr for _, ptr, _, _ in registered}
-    del buffers, pool
+    del buffers, buf, whole, pool
     gc.collect()
     assert {c[1] for c in calls if c[0] == "unregister"} == ptrs
