@@ -698,7 +698,7 @@ def snapshot_bytes(
       rank (offloaded or not: the snapshot copies it either way).
 
     Not counted: the pickles (under 32 KiB a file, measured) and each buffer's last page
-    (gptflow.snapshot.held_bytes: under two pages, 8 KiB, a tensor storage)."""
+    (gptflow.snapshot.buffer_bytes: under two pages, 8 KiB, a tensor storage)."""
     dp = t.data_parallel_size(ranks)
     stage = t.pipeline_stage(rank, ranks)
     params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)

@@ -54,17 +54,17 @@ PICKLE_PROTOCOL = 2  # torch.save's default (torch.serialization.DEFAULT_PROTOCO
 PAGE = mmap.PAGESIZE
 
 
-def held_bytes(nbytes: int) -> int:
+def buffer_bytes(nbytes: int) -> int:
     """Host memory a buffer of `nbytes` takes (:func:`host_buffer`): its pages and one more."""
     return -(-nbytes // PAGE) * PAGE + PAGE if nbytes else 0
 
 
 def host_buffer(nbytes: int) -> torch.Tensor:
     """`nbytes` of host memory (a uint8 tensor) that starts on a page boundary and shares no
-    page with another allocation: a view into an allocation of :func:`held_bytes`, so that it
+    page with another allocation: a view into an allocation of :func:`buffer_bytes`, so that it
     can be registered with CUDA alone. torch's allocator owns it (nothing of Python's runs when
     it is freed, at exit too)."""
-    whole = torch.empty(held_bytes(nbytes), dtype=torch.uint8)
+    whole = torch.empty(buffer_bytes(nbytes), dtype=torch.uint8)
     start = -whole.data_ptr() % PAGE
     return whole[start : start + nbytes]
 
@@ -88,13 +88,13 @@ def pin(buf: torch.Tensor) -> None:
 class BufferPool:
     """Host buffers by size, reused across snapshots (pinned when `pinned`).
 
-    :meth:`held_bytes` is what the pool holds: each buffer's :func:`held_bytes`, pinned or
+    :meth:`held_bytes` is what the pool holds: each buffer's :func:`buffer_bytes`, pinned or
     not (what the preflight's estimate is tested against)."""
 
     def __init__(self) -> None:
         self._free: dict[tuple[int, bool], list[torch.Tensor]] = {}
         self._lock = threading.Lock()
-        self._held = {False: 0, True: 0}  # bytes of pages, by pinned
+        self._held = {False: 0, True: 0}  # buffer_bytes of its buffers, by pinned
 
     def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
         with self._lock:
@@ -105,7 +105,7 @@ class BufferPool:
         if pinned and nbytes:
             pin(buf)
         with self._lock:
-            self._held[pinned] += held_bytes(nbytes)
+            self._held[pinned] += buffer_bytes(nbytes)
         return buf
 
     def give_back(self, buffers: list[tuple[torch.Tensor, bool]]) -> None:
