@@ -420,12 +420,6 @@ def stage_parameters(
     return layers + embedding + head
 
 
-def parameters_per_rank(m: ModelConfig, tensor_parallel: int, pipeline_parallel: int) -> int:
-    """Parameters the most loaded rank holds: the first or the last pipeline stage's."""
-    ends = {0, pipeline_parallel - 1}
-    return max(stage_parameters(m, tensor_parallel, pipeline_parallel, s) for s in ends)
-
-
 # the terms that exist only between a backward pass and the update (not kept across steps)
 TRANSIENT = ("gradients", "fp32 gradient partition")
 
@@ -669,10 +663,8 @@ def check_memory(fit: MemoryFit) -> None:
 
 # --------------------------------------------------------------------------- saves
 
-# What a training process holds in host memory besides its tensors (sizing's, one home): a
-# rank measured here holds 0.40 GB after a step on the CPU (torch, DeepSpeed, gptflow); a CUDA
-# context adds about 1.7 GB more (pytorch/pytorch#113326: 2.06 GB max RSS with one CUDA tensor,
-# 0.32 GB without, torch 2.2, lazy loading). Not measured here on a GPU.
+# What a training rank's process holds in host memory besides its tensors (CUDA context and
+# libraries, torch, DeepSpeed, the data loader): sizing's, where its sources are.
 PROCESS_HOST_BYTES = sizing.HOST_OVERHEAD_BYTES
 
 
@@ -697,8 +689,8 @@ def snapshot_bytes(
     - from ZeRO 1 on, the rank's optimizer partition (fp32 weights and Adam's moments), on every
       rank (offloaded or not: the snapshot copies it either way).
 
-    Not counted: the pickles (under 32 KiB a file, measured) and each buffer's last page
-    (gptflow.snapshot.buffer_bytes: under two pages, 8 KiB, a tensor storage)."""
+    Not counted: the pickles (under 32 KiB a file, measured) and what a host buffer takes
+    beyond its bytes (gptflow.snapshot.buffer_bytes: under two pages, 8 KiB, a storage)."""
     dp = t.data_parallel_size(ranks)
     stage = t.pipeline_stage(rank, ranks)
     params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)

@@ -519,7 +519,7 @@ def test_half_precision_zero_2_and_3_agree_with_deepspeeds_estimators(gpus):
         assert got == want, (zero, got, want)
 
 
-def test_parameters_per_rank_is_the_split_models_own_count():
+def test_stage_parameters_are_the_split_models_own_count():
     """Tensor 2 x pipeline 2 of an 8-layer model: the last stage's ranks hold half of each of
     4 layers' split matrices, their LayerNorms and biases whole, the final LayerNorm and the
     head -- counted on the real modules, split as gptflow.engine splits them; the first
@@ -536,14 +536,13 @@ def test_parameters_per_rank_is_the_split_models_own_count():
                          "gpt_neox.layers.7.", "gpt_neox.final_layer_norm", "embed_out"))
     ]  # fmt: skip
     held = sum(tensor_parallel_slice(n, p, 0, 2).numel() for n, p in last_stage)
-    assert preflight.parameters_per_rank(m, 2, 2) == held
     assert preflight.stage_parameters(m, 2, 2, 1) == held
     first = sum(
         tensor_parallel_slice(n, p, 0, 2).numel() for n, p in model.named_parameters()
         if n.startswith(("gpt_neox.embed_in", *(f"gpt_neox.layers.{i}." for i in range(4))))
     )  # fmt: skip
     assert preflight.stage_parameters(m, 2, 2, 0) == first
-    assert preflight.parameters_per_rank(m, 1, 1) == m.num_parameters()
+    assert preflight.stage_parameters(m, 1, 1, 0) == m.num_parameters()
 
 
 def test_a_model_that_does_not_fit_names_its_largest_term():
