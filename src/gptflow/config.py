@@ -323,6 +323,10 @@ class TrainConfig:
         of ranks, and a pipeline spans the blocks."""
         return (rank // self.tensor_parallel) % self.data_parallel_size(world_size)
 
+    def pipeline_stage(self, rank: int, world_size: int) -> int:
+        """The pipeline stage of global rank `rank`, in the same grid (:meth:`data_parallel_rank`)."""
+        return rank // (self.tensor_parallel * self.data_parallel_size(world_size))
+
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each rank: global / (micro x data-parallel ranks)."""
         dp = self.data_parallel_size(world_size)

@@ -77,6 +77,43 @@ def training_precision(
     return "bf16", f"auto on {device_name} (bf16 tensor cores, ZeRO stage {zero_stage})"
 
 
+# Compute capability by name fragment, as torch.cuda.get_device_name() or a Slurm gres type
+# ("gpu:a100:8") names the GPU, for the precision ``auto`` is planned in before any GPU is seen
+# (gptflow.preflight). Longer fragments first: A100 before A10, L40 before L4.
+CAPABILITY: tuple[tuple[str, tuple[int, int]], ...] = (
+    ("GB200", (10, 0)),
+    ("B200", (10, 0)),
+    ("H200", (9, 0)),
+    ("H100", (9, 0)),
+    ("L40", (8, 9)),
+    ("L4", (8, 9)),
+    ("A100", (8, 0)),
+    ("A40", (8, 6)),
+    ("A10", (8, 6)),
+    ("V100", (7, 0)),
+    ("T4", (7, 5)),
+    ("P100", (6, 0)),
+)
+# GPUs planning cannot name are assumed to be those the GPU memory check assumes (80 GB
+# A100/H100)
+ASSUMED_CAPABILITY = (8, 0)
+
+
+def planned_gpu(gpu_type: str | None) -> tuple[str, tuple[int, int]]:
+    """(name, compute capability) of the GPUs a run is planned for: the type the profile's
+    gres names (``a100`` of ``gpu:a100:8``) when :data:`CAPABILITY` knows it, else A100/H100s,
+    named as assumed and why."""
+    for fragment, capability in CAPABILITY:
+        if gpu_type and fragment in gpu_type.upper():
+            return f"{gpu_type} GPUs (the gres's type)", capability
+    why = (
+        f"the gres's type {gpu_type!r} is not in gptflow.hardware's table"
+        if gpu_type
+        else "the profile's gres names no GPU type"
+    )
+    return f"GPUs assumed to be A100/H100 (compute capability 8.0+: {why})", ASSUMED_CAPABILITY
+
+
 def background_saves(configured: bool | str, on_gpus: bool) -> tuple[bool, str]:
     """(whether checkpoints are written in the background, why) for `train.async_save`.
 

@@ -37,7 +37,7 @@ from gptflow import paths, sizing
 from gptflow.config import ModelConfig, TrainConfig, check_kfac, kfac_floats, padded_vocab_size
 from gptflow.distributed import launched_ranks, local_ranks
 from gptflow.errors import GptflowError
-from gptflow.hardware import background_saves
+from gptflow.hardware import background_saves, planned_gpu, training_precision
 
 GIB = 1024**3
 PLACEHOLDER = re.compile(r"\A<[^<>]*>\Z")  # how the shipped profile marks what to fill in
@@ -101,6 +101,15 @@ class Placement:
             parts = item.strip().split(":")
             if parts[0] == "gpu":
                 return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        return None
+
+    @property
+    def gpu_type(self) -> str | None:
+        """The GPU type ``gres`` names (``a100`` of ``gpu:a100:8``), if any."""
+        for item in (self.gres or "").split(","):
+            parts = item.strip().split(":")
+            if parts[0] == "gpu" and len(parts) > 1 and not parts[1].isdigit():
+                return parts[1]
         return None
 
     @property
@@ -421,12 +430,6 @@ def stage_parameters(
     return layers + embedding + head
 
 
-def parameters_per_rank(m: ModelConfig, tensor_parallel: int, pipeline_parallel: int) -> int:
-    """Parameters the most loaded rank holds: the first or the last pipeline stage's."""
-    ends = {0, pipeline_parallel - 1}
-    return max(stage_parameters(m, tensor_parallel, pipeline_parallel, s) for s in ends)
-
-
 # the terms that exist only between a backward pass and the update (not kept across steps)
 TRANSIENT = ("gradients", "fp32 gradient partition")
 
@@ -564,6 +567,16 @@ def activation_bytes(
     return terms
 
 
+def planned_precision(t: TrainConfig, p: Placement) -> tuple[str, str]:
+    """(the precision training runs in on `p`, why): the trainer's own decision
+    (gptflow.hardware.training_precision) for the GPUs the profile's gres names, or for those
+    assumed (the reason then says so); on CPUs, the CPU's."""
+    if not p.trains_on_gpus:
+        return training_precision(t.precision, t.zero_stage, None, None)
+    name, capability = planned_gpu(p.gpu_type)
+    return training_precision(t.precision, t.zero_stage, name, capability)
+
+
 # The margin a fit leaves free: gptflow.sizing's (one home, shared with the evaluation).
 RUNTIME_OVERHEAD_BYTES = sizing.RUNTIME_OVERHEAD_BYTES
 FRAGMENTATION_SHARE = sizing.FRAGMENTATION_SHARE
@@ -605,7 +618,7 @@ def stage_memory(
 def memory_per_gpu(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> MemoryFit:
     """The most loaded rank's memory (of the first and the last pipeline stage, the larger)
     against its GPU (the profile's gpu_mem_mb, else 80 GB), less fit_margin."""
-    precision = "bf16" if t.precision == "auto" else t.precision  # auto is bf16 on GPUs
+    precision = planned_precision(t, p)[0]
     dp, gas, pp = t.data_parallel_size(ranks), t.grad_accum_steps(ranks), t.pipeline_parallel
     stages = {s: stage_memory(m, t, dp, gas, precision, s) for s in sorted({0, pp - 1})}
     worst = max(stages, key=lambda s: sum(stages[s].values()))
@@ -662,17 +675,58 @@ def check_memory(fit: MemoryFit) -> None:
 
 # --------------------------------------------------------------------------- saves
 
+# What a training rank's process holds in host memory besides its tensors (CUDA context and
+# libraries, torch, DeepSpeed, the data loader): sizing's, where its sources are.
+PROCESS_HOST_BYTES = sizing.HOST_OVERHEAD_BYTES
 
-def snapshot_bytes(m: ModelConfig, t: TrainConfig, ranks: int, precision: str) -> int:
-    """Host bytes of the largest rank's checkpoint snapshot (train.async_save): what it
-    writes, as :func:`model_state_bytes` counts it on the most loaded pipeline stage -- the
-    model file's weights (data-parallel rank 0 writes them) and its optimizer partition
-    (offloaded or not: the snapshot copies it either way) -- and K-FAC's state."""
+
+def writes_model_file(t: TrainConfig, rank: int, ranks: int) -> bool:
+    """Whether global rank `rank` writes a save's model file (under a pipeline, its stage's
+    layer files): data-parallel rank 0 of each model-parallel group (DeepSpeed's
+    save_non_zero_checkpoint; its layer files, pipe/module.py save_state_dict), every rank at
+    ZeRO 3 (each its own, of partitioned parameters)."""
+    return t.zero_stage == 3 or t.data_parallel_rank(rank, ranks) == 0
+
+
+def snapshot_bytes(
+    m: ModelConfig, t: TrainConfig, ranks: int, precision: str, rank: int = 0
+) -> int:
+    """Host bytes of global rank `rank`'s checkpoint snapshot (train.async_save): the tensors of
+    the files DeepSpeed writes there, as :func:`model_state_bytes` counts them for the rank's
+    pipeline stage:
+
+    - the model file, where :func:`writes_model_file`: the weights (at ZeRO 0 also the
+      optimizer state, which is not partitioned) and K-FAC's state; at ZeRO 3 its parameters
+      are partitioned away (the weights are in the partition);
+    - from ZeRO 1 on, the rank's optimizer partition (fp32 weights and Adam's moments), on every
+      rank (offloaded or not: the snapshot copies it either way).
+
+    Not counted: the pickles (under 32 KiB a file, measured) and what a host buffer takes
+    beyond its bytes (gptflow.snapshot.buffer_bytes: under two pages, 8 KiB, a storage)."""
     dp = t.data_parallel_size(ranks)
-    params = parameters_per_rank(m, t.tensor_parallel, t.pipeline_parallel)
+    stage = t.pipeline_stage(rank, ranks)
+    params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)
     parts = model_state_bytes(params, dp, t.zero_stage, precision)
+    partition = parts["optimizer states"] if t.zero_stage >= 1 else 0
+    if t.zero_stage == 3 or not writes_model_file(t, rank, ranks):
+        return partition
     kfac = 4 * kfac_floats(m) if t.kfac else 0
-    return parts["weights"] + parts["optimizer states"] + kfac
+    model = parts["weights"] + (parts["optimizer states"] if t.zero_stage == 0 else 0)
+    return model + kfac + partition
+
+
+def host_state_bytes(
+    m: ModelConfig, t: TrainConfig, ranks: int, precision: str, rank: int, on_gpus: bool
+) -> int:
+    """The training state rank `rank` keeps in host memory: on GPUs what train.offload moves
+    there (:func:`model_state_bytes` without and with it), on CPUs all of it."""
+    dp = t.data_parallel_size(ranks)
+    stage = t.pipeline_stage(rank, ranks)
+    params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)
+    whole = sum(model_state_bytes(params, dp, t.zero_stage, precision).values())
+    if not on_gpus:
+        return whole
+    return whole - sum(model_state_bytes(params, dp, t.zero_stage, precision, t.offload).values())
 
 
 def node_memory() -> int:
@@ -682,15 +736,26 @@ def node_memory() -> int:
 
 @dataclass(frozen=True)
 class SnapshotFit:
-    """Host memory of a node with asynchronous saves: its ranks' snapshots and, training on
-    CPUs, the training state itself."""
+    """Host memory of the most loaded node with background saves: its ranks' snapshots, each
+    rank's process, and the training state kept in host memory (offloaded optimizer state on
+    GPUs; all of it training on CPUs)."""
 
-    per_rank: int  # the largest rank's snapshot
-    ranks: int  # of one node
-    need: int  # per node
+    snapshots: int  # the node's ranks' snapshots
+    largest: int  # the largest of them
+    writers: int  # the node's ranks that write a model file
+    ranks: int  # of the node
+    state: int  # training state in the node's host memory
     node_bytes: int | None  # None: not known (no mem_mb for a cluster's node)
     source: str
     on_cpu: bool
+
+    @property
+    def process(self) -> int:
+        return self.ranks * PROCESS_HOST_BYTES
+
+    @property
+    def need(self) -> int:
+        return self.snapshots + self.process + self.state
 
     @property
     def fits(self) -> bool:
@@ -698,23 +763,29 @@ class SnapshotFit:
 
 
 def snapshot_fit(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> SnapshotFit:
+    """The node of `p` whose ranks need the most host memory with background saves (ranks
+    are numbered node by node: srun's block distribution, torchrun's node rank)."""
     on_gpus = p.trains_on_gpus
-    precision = t.precision if t.precision != "auto" else "bf16" if on_gpus else "fp32"
-    per_rank = snapshot_bytes(m, t, ranks, precision)
-    node_ranks = p.tasks_per_node if p.mpi and p.tasks_per_node else ranks
-    need = node_ranks * per_rank
-    if not on_gpus:  # the weights and optimizer state live in host memory too
-        dp = t.data_parallel_size(ranks)
-        params = parameters_per_rank(m, t.tensor_parallel, t.pipeline_parallel)
-        state = model_state_bytes(params, dp, t.zero_stage, precision, t.offload)
-        need += node_ranks * sum(state.values())
+    precision = planned_precision(t, p)[0]
+    per_node = p.tasks_per_node if p.mpi and p.tasks_per_node else ranks
     if p.mem_mb:
         node, source = p.mem_mb * 2**20, "set-resources train_gpt mem_mb"
     elif not p.on_cluster:
         node, source = node_memory(), "this machine's memory"
     else:
         node, source = None, "not known: set-resources train_gpt mem_mb"
-    return SnapshotFit(per_rank, node_ranks, need, node, source, not on_gpus)
+    fits = []
+    for first in range(0, ranks, per_node):
+        node_ranks = range(first, min(first + per_node, ranks))
+        snaps = [snapshot_bytes(m, t, ranks, precision, r) for r in node_ranks]
+        fits.append(SnapshotFit(
+            snapshots=sum(snaps), largest=max(snaps),
+            writers=sum(writes_model_file(t, r, ranks) for r in node_ranks),
+            ranks=len(node_ranks),
+            state=sum(host_state_bytes(m, t, ranks, precision, r, on_gpus) for r in node_ranks),
+            node_bytes=node, source=source, on_cpu=not on_gpus,
+        ))  # fmt: skip
+    return max(fits, key=lambda f: f.need)
 
 
 def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
@@ -722,28 +793,33 @@ def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
     if fit is None:
         why = background_saves(t.async_save, False)[1]
         return f"  checkpoint saves: synchronous ({why}): training waits for each write"
-    cpu = " + the training state (on CPUs)" if fit.on_cpu else ""
-    need = (
-        f"about {human(fit.per_rank)} on the largest rank; {human(fit.need)} of host memory per "
-        f"node ({fit.ranks} rank(s) x the snapshot{cpu})"
+    state = ""
+    if fit.state:
+        what = "the training state (on CPUs)" if fit.on_cpu else "offloaded optimizer state"
+        state = f" + {what} {human(fit.state)}"
+    need = f"about {human(fit.need)} of host memory per node"
+    parts = (
+        f"snapshots {human(fit.snapshots)} ({fit.writers} of {fit.ranks} rank(s) write the model "
+        f"file; {human(fit.largest)} on the largest) + {fit.ranks} process(es) x "
+        f"{human(PROCESS_HOST_BYTES)}{state}"
     )
     node = human(fit.node_bytes) if fit.node_bytes is not None else "?"
     if not fit.fits and fit.on_cpu:  # a GPU run planned on a laptop: say so, plan on
         return (
-            f"  WARNING: checkpoint saves in the background (train.async_save) take {need}, "
-            f"more than {node} ({fit.source}): training on this machine's CPUs, set "
+            f"  WARNING: checkpoint saves in the background (train.async_save) take {need} "
+            f"({parts}), more than {node} ({fit.source}): training on this machine's CPUs, set "
             f"train.async_save false"
         )
     if not fit.fits:
         raise GptflowError(
-            f"train.async_save: a checkpoint's snapshot in host memory takes {need}, more than "
-            f"a node's {node} ({fit.source}); set train.async_save false (synchronous saves: "
+            f"train.async_save: saving in the background takes {need} ({parts}), more than a "
+            f"node's {node} ({fit.source}); set train.async_save false (synchronous saves: "
             f"training waits for each write), raise train.zero_stage (it partitions the "
             f"optimizer state), or put fewer ranks on a node"
         )
     return (
-        f"  checkpoint saves: in the background (train.async_save): snapshot {need}, of {node} "
-        f"({fit.source})"
+        f"  checkpoint saves: in the background (train.async_save): {need}, of {node} "
+        f"({fit.source}): {parts}"
     )
 
 
@@ -953,7 +1029,8 @@ def memory_lines(
 ) -> list[str]:
     """The GPU memory fit (where training goes to GPUs), the jobs after training, and the
     host memory of asynchronous saves; each refuses what cannot fit."""
-    lines: list[str] = []
+    precision, why = planned_precision(train, p)
+    lines = [f"  precision: {precision} ({why})"]
     if p.trains_on_gpus:  # a cluster's, a gres, or this machine's GPUs (nvidia-smi)
         fit = memory_per_gpu(m, train, ranks, p)
         check_memory(fit)

@@ -11,8 +11,12 @@ tensors and objects afterwards (tests/unit/test_snapshot.py checks it, mutations
 
 Host buffers are reused from one snapshot to the next (:class:`BufferPool`: DeepSpeed saves
 the same storages every time), pinned when they receive a GPU's memory so the copy runs at the
-link's speed. One snapshot is in flight at a time: :class:`BackgroundWriter` refuses a second
-before the first is written, and its caller waits (and says how long).
+link's speed. Each buffer starts a page of its own and is pinned by registering it with CUDA
+at its own size: it takes its storage's bytes and at most two pages more, which is what the
+preflight counts (gptflow.preflight.snapshot_fit). Not ``pin_memory=True``: PyTorch's caching host allocator
+rounds every pinned allocation up to a power of two (``CachingHostAllocator.h``), so a 10.3 GB
+fp32 partition would pin 16 GiB. One snapshot is in flight at a time: :class:`BackgroundWriter`
+refuses a second before the first is written, and its caller waits (and says how long).
 
 Each file is written under its own name in a hidden directory beside it (``.writing-rank{r}``:
 ``PyTorchFileWriter`` names the archive's root folder after the file, so a temporary *name*
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import mmap
 import os
 import pickle
 import queue
@@ -32,6 +37,7 @@ import shutil
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,26 +51,72 @@ log = logging.getLogger("gptflow.train")
 PICKLE_PROTOCOL = 2  # torch.save's default (torch.serialization.DEFAULT_PROTOCOL)
 
 
+PAGE = mmap.PAGESIZE
+
+
+def buffer_bytes(nbytes: int) -> int:
+    """Host memory a buffer of `nbytes` takes (:func:`host_buffer`): its pages and one more."""
+    return -(-nbytes // PAGE) * PAGE + PAGE if nbytes else 0
+
+
+def host_buffer(nbytes: int) -> torch.Tensor:
+    """`nbytes` of host memory (a uint8 tensor) that starts on a page boundary and shares no
+    page with another allocation: a view into an allocation of :func:`buffer_bytes`, so that it
+    can be registered with CUDA alone. torch's allocator owns it (nothing of Python's runs when
+    it is freed, at exit too)."""
+    whole = torch.empty(buffer_bytes(nbytes), dtype=torch.uint8)
+    start = -whole.data_ptr() % PAGE
+    return whole[start : start + nbytes]
+
+
+CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context, as torch's own stager asks
+
+
+def pin(buf: torch.Tensor) -> None:
+    """Page-lock `buf` for a GPU's copies, as it is (cudaHostRegister: no rounding, unlike the
+    caching host allocator), and unregister it when it is freed -- what PyTorch's own
+    checkpoint stager does (torch.distributed.checkpoint._state_dict_stager)."""
+    cudart, ptr = torch.cuda.cudart(), buf.data_ptr()
+    error = int(cudart.cudaHostRegister(ptr, buf.nbytes, CUDA_HOST_REGISTER_PORTABLE))
+    if error:
+        raise RuntimeError(f"pinning {buf.nbytes:,} bytes of host memory for a checkpoint "
+                           f"snapshot failed: cudaHostRegister returned {error}")  # fmt: skip
+    # not at exit: the CUDA context may be gone by then
+    weakref.finalize(buf, cudart.cudaHostUnregister, ptr).atexit = False
+
+
 class BufferPool:
-    """Host buffers by size, reused across snapshots (pinned when `pinned`)."""
+    """Host buffers by size, reused across snapshots (pinned when `pinned`).
+
+    :meth:`held_bytes` is what the pool holds: each buffer's :func:`buffer_bytes`, pinned or
+    not (what the preflight's estimate is tested against)."""
 
     def __init__(self) -> None:
-        self._free: dict[tuple[int, bool], list[torch.UntypedStorage]] = {}
+        self._free: dict[tuple[int, bool], list[torch.Tensor]] = {}
         self._lock = threading.Lock()
-        self.allocated = 0  # bytes ever allocated (for the log and the tests)
+        self._held = {False: 0, True: 0}  # buffer_bytes of its buffers, by pinned
 
-    def get(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
+    def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
         with self._lock:
             free = self._free.get((nbytes, pinned))
             if free:
                 return free.pop()
-        self.allocated += nbytes
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+        buf = host_buffer(nbytes)
+        if pinned and nbytes:
+            pin(buf)
+        with self._lock:
+            self._held[pinned] += buffer_bytes(nbytes)
+        return buf
 
-    def give_back(self, buffers: list[tuple[torch.UntypedStorage, bool]]) -> None:
+    def give_back(self, buffers: list[tuple[torch.Tensor, bool]]) -> None:
         with self._lock:
             for buf, pinned in buffers:
-                self._free.setdefault((buf.nbytes(), pinned), []).append(buf)
+                self._free.setdefault((buf.nbytes, pinned), []).append(buf)
+
+    def held_bytes(self, pinned: bool | None = None) -> int:
+        """Bytes of host memory the pool holds (those pinned, or not, when `pinned` is given)."""
+        with self._lock:
+            return sum(self._held.values()) if pinned is None else self._held[pinned]
 
 
 @dataclass
@@ -73,12 +125,12 @@ class Snapshot:
 
     path: str
     pickled: bytes
-    storages: list[tuple[str, torch.UntypedStorage]]  # (key, host copy), in torch.save's order
-    buffers: list[tuple[torch.UntypedStorage, bool]] = field(default_factory=list)  # pooled
+    storages: list[tuple[str, torch.Tensor]]  # (key, host copy: uint8), in torch.save's order
+    buffers: list[tuple[torch.Tensor, bool]] = field(default_factory=list)  # pooled
 
     @property
     def nbytes(self) -> int:
-        return len(self.pickled) + sum(s.nbytes() for _, s in self.storages)
+        return len(self.pickled) + sum(b.nbytes for _, b in self.storages)
 
 
 def take(obj, path: str, pool: BufferPool) -> Snapshot:
@@ -110,7 +162,8 @@ def take(obj, path: str, pool: BufferPool) -> Snapshot:
     for key, storage in found.items():
         on_host = storage.device.type == "cpu"
         buf = pool.get(storage.nbytes(), pinned=not on_host)
-        buf.copy_(storage, non_blocking=not on_host)
+        source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        buf.copy_(source, non_blocking=not on_host)
         if not on_host:
             devices.add(storage.device)
         snap.storages.append((key, buf))
@@ -133,8 +186,8 @@ def write(snap: Snapshot, temp_dir: Path) -> Path:
         alignment = str(ts._get_storage_alignment())
         writer.write_record(".storage_alignment", alignment, len(alignment))
         writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-        for key, storage in snap.storages:
-            writer.write_record(f"data/{key}", storage, storage.nbytes())
+        for key, buf in snap.storages:
+            writer.write_record(f"data/{key}", buf.data_ptr(), buf.nbytes)
     except BaseException:
         # finalize it even so (it raises again): the writer's destructor would otherwise try,
         # and an exception there aborts the process (std::terminate) -- torch.save does too

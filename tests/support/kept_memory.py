@@ -2,9 +2,12 @@
 2) and each "zero:precision" of argument 4 (e.g. "1:bf16,2:bf16,1:fp32"), build this rank's model
 and engine as the trainer does (gptflow.engine), train one step on the tiny model and write
 `rank<N>-<zero>-<precision>.json` into the directory given third: the rank's pipeline stage, the
-bytes DeepSpeed keeps after the step (tests.support.memory.kept_bytes) and the peak of what
-autograd kept for backward during it (saved_peak). One file per rank and setting: lines four
-ranks print to one pipe can interleave."""
+bytes DeepSpeed keeps after the step (tests.support.memory.kept_bytes), the peak of what
+autograd kept for backward during it (saved_peak), and what an asynchronous save takes on the
+rank: the files DeepSpeed writes, taken as the trainer takes them (gptflow.checkpoint's
+_snapshots into a gptflow.snapshot.BufferPool), their tensors' bytes and buffers, and the
+bytes the pool then holds. One file per rank and setting: lines four ranks print to one pipe
+can interleave."""
 
 import json
 import sys
@@ -14,8 +17,10 @@ from pathlib import Path
 import torch
 
 from gptflow import distributed, engine
+from gptflow.checkpoint import _snapshots
 from gptflow.config import ModelConfig, TrainConfig
 from gptflow.model import decay_groups
+from gptflow.snapshot import BufferPool
 from gptflow.train import device
 from tests.support.memory import kept_bytes, saved_peak
 
@@ -53,5 +58,11 @@ for setting in sys.argv[4].split(","):
     peak = saved_peak(partial(step, eng, x, y, pp), eng.module.parameters())
     stage = eng.stage_id if pp > 1 else 0
     record = {"rank": env.rank, "stage": stage, "kept": kept_bytes(eng), "saved_peak": peak}
+    pool = BufferPool()  # a save's snapshot, as Saves.save takes it (nothing written)
+    taken = _snapshots(eng, str(Path(sys.argv[3]) / "checkpoints"), f"z{zero}{precision}", {}, pool)
+    record["files"] = sorted(Path(snap.path).name for snap in taken)
+    record["snapshot"] = sum(b.nbytes for snap in taken for _, b in snap.storages)
+    record["buffers"] = sum(len(snap.storages) for snap in taken)
+    record["held"] = pool.held_bytes()
     out = Path(sys.argv[3]) / f"rank{env.rank}-{zero}-{precision}.json"
     out.write_text(json.dumps(record))

@@ -62,7 +62,7 @@ TEST_CLUSTER = {
             "nodes": 1,
             "tasks_per_node": 2,
             "gres": "gpu:2",
-            "mem_mb": 4000,
+            "mem_mb": 6000,  # as tests/slurm/profile: 2 processes and their snapshots
             "gpu_mem_mb": 81920,
         },
         "evaluate": {"slurm_partition": "debug"},

@@ -16,7 +16,8 @@ import yaml
 from gptflow import preflight
 from gptflow.config import ModelConfig, TrainConfig
 from gptflow.errors import GptflowError
-from gptflow.preflight import PartitionNodes, Placement
+from gptflow.preflight import GIB, PartitionNodes, Placement
+from gptflow.snapshot import PAGE
 from tests.support.memory import kept_bytes, saved_peak
 
 from .test_train import BIN
@@ -283,7 +284,10 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     formula's terms that outlive a step, for fp32 at ZeRO 0-2 and bf16 at ZeRO 1-2 (measured:
     12, 16, 16, 18 and 14 bytes a parameter), but for scalars: Adam's step counter of each
     tensor and DeepSpeed's flags (measured: 12 to 268 bytes). The files a save writes, taken
-    as an asynchronous save's snapshot, are snapshot_bytes but for their pickles."""
+    as an asynchronous save's snapshot (also at ZeRO 3: the partition's 12 bytes a parameter,
+    the model file's parameters partitioned away), are snapshot_bytes but for their pickles,
+    and the BufferPool they are taken into holds them and at most two pages a buffer (it starts
+    each on a page of its own; at ZeRO 0, a buffer per tensor, this tiny model's 112 tensors)."""
     from gptflow import distributed
     from gptflow import engine as ds
     from gptflow.checkpoint import _snapshots
@@ -299,8 +303,9 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     dev = device.setup(env, timeout_minutes=5)
     request.addfinalizer(dev.shutdown)
     m = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
-    measured, snapshots, pool = {}, {}, BufferPool()
-    for zero, precision in [(0, "fp32"), (1, "fp32"), (2, "fp32"), (1, "bf16"), (2, "bf16")]:
+    measured, snapshots, held = {}, {}, {}
+    settings = [(0, "fp32"), (1, "fp32"), (2, "fp32"), (1, "bf16"), (2, "bf16"), (3, "bf16")]
+    for zero, precision in settings:
         t = TrainConfig(train_iters=2, global_batch_size=2, micro_batch_size=2, seq_length=16,
                         zero_stage=zero, precision=precision)  # fmt: skip
         model = ds.build_model(m, t, 1, dev.device)
@@ -308,18 +313,21 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
         x = torch.randint(0, 256, (2, 16))
         engine.backward(engine(x, x))
         engine.step()
-        terms = preflight.model_state_bytes(m.num_parameters(), 1, zero, precision)
-        kept = sum(v for k, v in terms.items() if k not in preflight.TRANSIENT)
-        measured[(zero, precision)] = (kept_bytes(engine), kept)
+        if zero < 3:
+            terms = preflight.model_state_bytes(m.num_parameters(), 1, zero, precision)
+            kept = sum(v for k, v in terms.items() if k not in preflight.TRANSIENT)
+            measured[(zero, precision)] = (kept_bytes(engine), kept)
         # what an asynchronous save holds in host memory: every file DeepSpeed writes
+        pool = BufferPool()
         taken = _snapshots(engine, str(tmp_path / "ckpt"), f"z{zero}{precision}", {}, pool)
-        snapshots[(zero, precision)] = (
-            sum(s.nbytes for s in taken),
-            preflight.snapshot_bytes(m, t, 1, precision),
-        )
+        want = preflight.snapshot_bytes(m, t, 1, precision)
+        snapshots[(zero, precision)] = (sum(s.nbytes for s in taken), want)
+        buffers = sum(len(s.storages) for s in taken)
+        held[(zero, precision)] = (pool.held_bytes(), want, buffers)
     assert all(0 <= got - want <= 512 for got, want in measured.values()), measured
     # the estimate is the tensors' bytes; the pickles (DeepSpeed's config, shapes) add < 32 KiB
     assert all(0 <= got - want <= 32 * 1024 for got, want in snapshots.values()), snapshots
+    assert all(0 <= got - want <= 2 * n * PAGE for got, want, n in held.values()), held
 
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
@@ -347,7 +355,13 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
     kept 4 bytes a logit; at tensor parallel 2 the vocab-parallel loss's fp32 softmax of the
     rank's half of the vocabulary), but for the rotary tables and nll_loss's 4-byte total
     weight (one rank's loss) -- in
-    fp32 (CPU's bf16 LayerNorm keeps its mean and 1/std in bf16 where CUDA's keep fp32)."""
+    fp32 (CPU's bf16 LayerNorm keeps its mean and 1/std in bf16 where CUDA's keep fp32).
+
+    And the host memory of an asynchronous save, the files each rank's DeepSpeed writes taken
+    as the trainer takes them: on every rank the tensors are snapshot_bytes for that rank (its
+    optimizer partition; the model file only on data-parallel rank 0 of its model-parallel
+    group), and what the rank's BufferPool holds is that and at most two pages a buffer; the
+    four ranks (one node) hold snapshot_fit's snapshots, within two pages a buffer."""
     tp, pp = split
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
@@ -366,11 +380,27 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
             json.loads(f.read_text()) for f in tmp_path.glob(f"rank*-{setting[0]}-{precision}.json")
         ]
         assert sorted(r["stage"] for r in ranks) == ([0] * 4 if pp == 1 else [0, 0, 1, 1])
+        node = Placement(executor="slurm", nodes=1, tasks_per_node=4, gres="gpu:4", mpi="srun")
+        fit = preflight.snapshot_fit(TINY, t, 4, node)
+        held = sum(r["held"] for r in ranks)
+        assert 0 <= held - fit.snapshots <= sum(r["buffers"] for r in ranks) * 2 * PAGE, setting
+        # the model file (or a pipeline stage's layer files) on data-parallel rank 0 alone
+        writers = [r for r in ranks if any("model_states" in f for f in r["files"])]
+        want = [0, 1] if pp == 1 else [0, 2]  # rank = (stage x dp + data rank) x tp + tp rank
+        assert sorted(r["rank"] for r in writers) == want, (setting, ranks)
+        assert fit.writers == len(writers) == 2
         for r in ranks:
             params = preflight.stage_parameters(TINY, tp, pp, r["stage"])
             terms = preflight.model_state_bytes(params, dp, zero, precision)
             kept = sum(v for k, v in terms.items() if k not in preflight.TRANSIENT)
             assert 0 <= r["kept"] - kept <= 512, (setting, r, kept)
+            # the tensors DeepSpeed pads its partitions with aside (measured: 8-16 bytes)
+            snap = preflight.snapshot_bytes(TINY, t, 4, precision, r["rank"])
+            assert 0 <= r["snapshot"] - snap <= 64, (setting, r, snap)
+            assert r["snapshot"] <= r["held"] <= r["snapshot"] + r["buffers"] * 2 * PAGE, (
+                setting,
+                r,
+            )
             if precision != "fp32":
                 continue
             last = r["stage"] == pp - 1
@@ -405,6 +435,43 @@ def test_activations_are_what_autograd_keeps(checkpointing):
         held -= preflight.layer_activation_bytes(m, 1, 16, 4)
     assert peaks[1] - peaks[0] == held
     assert peaks[0] - held == rotary_tables(m, 16) + 4
+
+
+def test_auto_precision_is_planned_as_the_trainer_decides_it():
+    """train.precision auto on GPUs trains fp32 at ZeRO 0 and on GPUs before compute
+    capability 8.0 (gptflow.hardware.training_precision, the trainer's own call): the GPU
+    estimate then counts fp32 activations and weights, not bf16 ones (1.3B, micro 8 x 2048 at
+    ZeRO 0: 27 GiB of activations counted where 54 GiB are held), and so does the snapshot. A
+    gres without a GPU type plans for A100/H100-class GPUs, and the -n line says so."""
+    m = ModelConfig(num_layers=24, hidden_size=2048, num_attention_heads=16, vocab_size=50304)
+    t = TrainConfig(train_iters=10, seq_length=2048, micro_batch_size=8, global_batch_size=64,
+                    precision="auto", zero_stage=0)  # fmt: skip
+    fit = preflight.memory_per_gpu(m, t, 8, SLURM)
+    fp32 = preflight.activation_bytes(m, dataclasses.replace(t, precision="fp32"), "fp32")
+    assert fit.terms["activations"] == fp32["activations"]  # 54.3 GiB, not bf16's 27.1
+    assert round(fp32["activations"] / GIB, 1) == 54.3
+    assert fit.terms["weights"] == 4 * m.num_parameters()
+    n = m.num_parameters()  # ZeRO 0 in fp32: rank 0 writes weights and Adam's moments
+    assert preflight.snapshot_fit(m, t, 8, SLURM).snapshots == 12 * n
+    precision, why = preflight.planned_precision(t, SLURM)
+    assert precision == "fp32" and "assumed" in why and "train.zero_stage 0" in why
+    lines = preflight.memory_lines(preflight.Report(), TINY, t, 8, SLURM, {})
+    assert lines[0].startswith("  precision: fp32 (auto on GPUs assumed to be A100/H100 ")
+    zero1 = dataclasses.replace(t, zero_stage=1)
+    assert preflight.planned_precision(zero1, SLURM)[0] == "bf16"
+    v100 = dataclasses.replace(SLURM, gres="gpu:v100:8")
+    assert preflight.planned_precision(zero1, v100) == (
+        "fp32",
+        "auto on v100 GPUs (the gres's type) (compute capability 7.0: no bf16 tensor "
+        "cores; set train.precision fp16 for half precision with loss scaling)",
+    )
+    assert preflight.planned_precision(zero1, dataclasses.replace(SLURM, gres="gpu:h100:8")) == (
+        "bf16",
+        "auto on h100 GPUs (the gres's type) (bf16 tensor cores, ZeRO stage 1)",
+    )
+    unknown = dataclasses.replace(SLURM, gres="gpu:mi250:8")
+    assert "the gres's type 'mi250' is not in" in preflight.planned_precision(zero1, unknown)[1]
+    assert preflight.planned_precision(zero1, Placement())[0] == "fp32"  # on this CPU
 
 
 def test_each_tensor_parallel_rank_holds_its_share_of_the_logits():
@@ -461,7 +528,7 @@ def test_half_precision_zero_2_and_3_agree_with_deepspeeds_estimators(gpus):
         assert got == want, (zero, got, want)
 
 
-def test_parameters_per_rank_is_the_split_models_own_count():
+def test_stage_parameters_are_the_split_models_own_count():
     """Tensor 2 x pipeline 2 of an 8-layer model: the last stage's ranks hold half of each of
     4 layers' split matrices, their LayerNorms and biases whole, the final LayerNorm and the
     head -- counted on the real modules, split as gptflow.engine splits them; the first
@@ -478,14 +545,13 @@ def test_parameters_per_rank_is_the_split_models_own_count():
                          "gpt_neox.layers.7.", "gpt_neox.final_layer_norm", "embed_out"))
     ]  # fmt: skip
     held = sum(tensor_parallel_slice(n, p, 0, 2).numel() for n, p in last_stage)
-    assert preflight.parameters_per_rank(m, 2, 2) == held
     assert preflight.stage_parameters(m, 2, 2, 1) == held
     first = sum(
         tensor_parallel_slice(n, p, 0, 2).numel() for n, p in model.named_parameters()
         if n.startswith(("gpt_neox.embed_in", *(f"gpt_neox.layers.{i}." for i in range(4))))
     )  # fmt: skip
     assert preflight.stage_parameters(m, 2, 2, 0) == first
-    assert preflight.parameters_per_rank(m, 1, 1) == m.num_parameters()
+    assert preflight.stage_parameters(m, 1, 1, 0) == m.num_parameters()
 
 
 def test_a_model_that_does_not_fit_names_its_largest_term():
@@ -567,9 +633,11 @@ def pythia_12b() -> ModelConfig:
 
 def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
     """Pythia-12B at ZeRO 1 over 8 H100s of a node: rank 0 holds the bf16 weights (2 bytes a
-    parameter) and its eighth of the fp32 master and Adam moments (12 / 8): ~39 GiB, times
-    8 ranks and each rank's process. A node of 480,000 MB holds it; one of 200,000 MB does
-    not, and the refusal names the way out; synchronous saves need no host memory."""
+    parameter: the model file, written by data-parallel rank 0 alone) and its eighth of the
+    fp32 master and Adam moments (12 / 8), the 7 others their eighth: 2 + 12 bytes a parameter
+    for the node, ~154 GiB, and 2 GiB for each rank's process. A node of 480,000 MB holds it;
+    one of 160,000 MB does not, and the refusal names the way out; synchronous saves need no
+    host memory."""
     m = pythia_12b()
     t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
                     precision="bf16")  # fmt: skip
@@ -577,16 +645,70 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
                                gres="gpu:8", mem_mb=480000)  # fmt: skip
     fit = preflight.snapshot_fit(m, t, 8, node)
     n = m.num_parameters()
-    assert fit.per_rank == 2 * n + 12 * n // 8
-    assert fit.need == 8 * fit.per_rank and not fit.on_cpu
+    assert fit.largest == 2 * n + 12 * n // 8 and fit.snapshots == 2 * n + 8 * (12 * n // 8)
+    assert (fit.writers, fit.ranks, fit.state) == (1, 8, 0) and not fit.on_cpu
+    assert fit.need == fit.snapshots + 8 * 2 * GIB
     line = preflight.check_saves(t, fit)
-    assert "in the background" in line and "8 rank(s)" in line and "of 468.8 GiB" in line
-    small = dataclasses.replace(node, mem_mb=200000)
+    assert line == (
+        "  checkpoint saves: in the background (train.async_save): about 170.4 GiB of host "
+        "memory per node, of 468.8 GiB (set-resources train_gpt mem_mb): snapshots 154.4 GiB "
+        "(1 of 8 rank(s) write the model file; 38.6 GiB on the largest) + 8 process(es) x "
+        "2.0 GiB"
+    )
+    small = dataclasses.replace(node, mem_mb=160000)
     with pytest.raises(GptflowError, match=r"^train.async_save: .* set train.async_save false"):
         preflight.check_saves(t, preflight.snapshot_fit(m, t, 8, small))
     assert "synchronous" in preflight.check_saves(t, None)
     unknown = dataclasses.replace(node, mem_mb=None)  # a cluster's node: not known, not refused
     assert "not known" in preflight.check_saves(t, preflight.snapshot_fit(m, t, 8, unknown))
+
+
+def gpt_neox_20b() -> ModelConfig:
+    from gptflow.schema import load_yaml
+
+    preset = load_yaml("config/models/gpt-neox-20b.yaml")
+    preset.pop("description")
+    return ModelConfig(**{**preset, "vocab_size": 50432})
+
+
+def test_each_rank_of_the_node_counts_what_it_writes():
+    """GPT-NeoX-20B in bf16 at ZeRO 1, tensor parallel 8 on one 8-GPU node (issue 36's
+    example): every rank is data-parallel rank 0 of its group and writes its 1/8 of the model
+    (2 bytes a parameter) and the whole fp32 partition of it (12): 268 GiB of snapshots, which
+    with 8 x 2 GiB fit the shipped profile's 480,000 MB. On 2 such nodes (2 data-parallel
+    copies) node 1's ranks write half a partition each and no model file: rank 0's node is the
+    one counted. Under pure data parallel (ZeRO 2 over 16 ranks) the model file is written
+    once, by rank 0."""
+    m = gpt_neox_20b()
+    tp8 = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
+                      precision="bf16", tensor_parallel=8)  # fmt: skip
+    fit = preflight.snapshot_fit(m, tp8, 8, SLURM)
+    share = preflight.stage_parameters(m, 8, 1, 0)
+    assert fit.snapshots == 8 * (2 * share + 12 * share) and fit.writers == 8
+    assert round(fit.snapshots / GIB, 1) == 268.2 and fit.fits
+    two = dataclasses.replace(SLURM, nodes=2)
+    fit = preflight.snapshot_fit(m, tp8, 16, two)  # the worst node: rank 0's
+    assert fit.snapshots == 8 * (2 * share + 12 * share // 2) and fit.writers == 8
+    dp = TrainConfig(train_iters=10, global_batch_size=16, micro_batch_size=1, zero_stage=2,
+                     precision="bf16")  # fmt: skip
+    n = m.num_parameters()
+    fit = preflight.snapshot_fit(m, dp, 16, two)
+    assert fit.snapshots == 2 * n + 8 * (12 * n // 16) and fit.writers == 1
+    assert [preflight.writes_model_file(dp, r, 16) for r in range(16)] == [True] + [False] * 15
+
+
+def test_offloaded_optimizer_state_is_in_the_nodes_memory():
+    """train.offload optimizer on GPUs (ZeRO 2, bf16): each rank's fp32 partition, Adam's
+    moments and fp32 gradient partition live in host memory (16 bytes a parameter over the
+    data-parallel ranks, what the GPU estimate leaves out of the GPU), besides the snapshot."""
+    m = pythia_12b()
+    t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=2,
+                    precision="bf16", offload="optimizer")  # fmt: skip
+    fit = preflight.snapshot_fit(m, t, 8, SLURM)
+    n = m.num_parameters()
+    assert fit.state == 8 * (12 * n // 8 + 4 * n // 8)
+    assert fit.need == fit.snapshots + 8 * 2 * GIB + fit.state
+    assert "+ offloaded optimizer state 176.5 GiB" in preflight.check_saves(t, fit)
 
 
 def test_training_on_cpus_counts_the_state_and_the_snapshot_in_this_machines_memory():

@@ -110,11 +110,11 @@ def test_host_buffers_are_reused_from_one_snapshot_to_the_next(tmp_path):
         s = state()
         snaps = [snapshot.take(s, str(tmp_path / "a" / f"{step}.pt"), w.pool)]
         if step == 0:
-            first = w.pool.allocated
+            first = w.pool.held_bytes()
         w.submit(snapshot.Batch(f"step{step}", snaps))
         w.wait()
         assert w.failure() is None
-    assert first > 4000 and w.pool.allocated == first  # nothing allocated after the first
+    assert first > 4000 and w.pool.held_bytes() == first  # nothing allocated after the first
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["0.pt", "1.pt", "2.pt"]
     w.close()
 
@@ -155,3 +155,47 @@ def test_a_failed_write_is_reported_and_leaves_no_file_under_its_name(tmp_path):
     w.wait()
     assert not (tmp_path / "ok" / "c.pt").exists()
     w.close()
+
+
+def test_pinned_buffers_are_registered_with_cuda_as_they_are(monkeypatch):
+    """A GPU storage's host buffer starts a page of its own and is registered with CUDA at its
+    own size (cudaHostRegister), unregistered when freed: the pool holds its storages' bytes
+    and at most two pages each -- not a power of two, as PyTorch's caching host allocator
+    behind ``pin_memory=True`` rounds them (a 600 MB storage would pin 1 GiB). The CUDA runtime
+    is a stand-in that records what it is asked (no GPU here): what it is asked is what is
+    pinned."""
+    import gc
+
+    calls = []
+
+    class Cudart:  # torch.cuda.cudart()'s two calls the pool makes
+        def cudaHostRegister(self, ptr, size, flags):
+            calls.append(("register", ptr, size, flags))
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", Cudart)
+    pool = snapshot.BufferPool()
+    sizes = [600_000_000, 3, snapshot.PAGE, 5 * snapshot.PAGE + 1, 0]
+    buffers = [pool.get(n, pinned=True) for n in sizes]  # not touched: the pages stay virtual
+    assert [b.nbytes for b in buffers] == sizes
+    registered = [c for c in calls if c[0] == "register"]
+    assert [(size, flags) for _, _, size, flags in registered] == [(n, 1) for n in sizes if n]
+    for (_, ptr, size, _), buf in zip(registered, buffers, strict=False):
+        # its pages are inside its own allocation: registering them touches no one else's
+        whole = buf.untyped_storage()
+        assert ptr == buf.data_ptr() and ptr % snapshot.PAGE == 0
+        last_page = ptr + -(-size // snapshot.PAGE) * snapshot.PAGE
+        assert whole.data_ptr() <= ptr and last_page <= whole.data_ptr() + whole.nbytes()
+    held = pool.held_bytes()
+    assert held == pool.held_bytes(pinned=True) and pool.held_bytes(pinned=False) == 0
+    assert sum(sizes) < held <= sum(sizes) + 2 * snapshot.PAGE * 4 < 2**30
+    pool.give_back([(b, True) for b in buffers])  # reused, not allocated again
+    assert pool.get(3, pinned=True) is buffers[1] and pool.held_bytes() == held
+    ptrs = {ptr for _, ptr, _, _ in registered}
+    del buffers, buf, whole, pool
+    gc.collect()
+    assert {c[1] for c in calls if c[0] == "unregister"} == ptrs

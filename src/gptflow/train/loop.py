@@ -563,8 +563,10 @@ def save(tr: Trainer, prog: Progress) -> None:
         if tr.saves.in_background:
             log.info(
                 "checkpoint %s: training blocked %.2f s (%.2f s of it waiting for the previous "
-                "write; snapshot %.3g GB on rank 0), written in the background",
+                "write; snapshot %.3g GB on rank 0, in %.3g GB of host buffers kept for the "
+                "next), written in the background",
                 path, blocked, waited, tr.saves.writer.snapshot_bytes / 1e9,
+                tr.saves.writer.pool.held_bytes() / 1e9,
             )  # fmt: skip
         else:
             log.info("saved checkpoint %s in %.2f s", path, blocked)
