@@ -16,7 +16,7 @@ TORCH_INDEX ?=
 SNAKEMAKE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run study test lint format bench clean
+.PHONY: setup run study test test-changed lint format bench clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,15 @@ study: setup
 test: setup
 	@# pytest exit 5 ("no tests collected") is a failure too, and says so.
 	pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+
+# The test files that name what changed since BASE (default: the last commit, so uncommitted
+# work): the loop between commits. tests/support/changed.py says how files map to tests;
+# `make test` stays the whole suite.
+BASE ?= HEAD
+test-changed: setup
+	@tests="$$(python -m tests.support.changed $(BASE))"; \
+	if [ -z "$$tests" ]; then echo "make test-changed: no test names what changed since $(BASE)"; \
+	else echo "make test-changed:" $$tests; pytest $(PYTEST_ARGS) $$tests; fi
 
 lint: setup
 	ruff check src tests workflow bench
