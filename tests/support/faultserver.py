@@ -13,6 +13,8 @@ consumed one request at a time (then the path is served correctly):
     ("slow", bps)       serve at about bps bytes per second
     ("no_length", bps)  like slow, without Content-Length: the body ends when the connection
                         closes (HTTP/1.1 servers streaming a body of unknown size do this)
+    ("hold", n)         send n bytes, then the rest only once the test calls release(): a
+                        download in progress for as long as the test needs, whatever the load
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class FaultServer:
         self.plan: dict[str, list] = {}
         self.log: list[dict] = []
         self._lock = threading.Lock()
+        self.released = threading.Event()  # ("hold", n): the rest of the body may go
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,6 +48,10 @@ class FaultServer:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
+
+    def release(self) -> None:
+        """Let every held body ("hold") finish."""
+        self.released.set()
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
@@ -115,6 +122,17 @@ class FaultServer:
                 import socket
 
                 h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if name == "hold":
+            h.wfile.write(body[:arg])
+            h.wfile.flush()
+            record["sent"] = arg
+            self.released.wait(timeout=300)
+            try:
+                h.wfile.write(body[arg:])
+                record["sent"] = len(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
             return
         if name in ("slow", "no_length"):
             step = max(1, arg // 20)

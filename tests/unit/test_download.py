@@ -273,12 +273,26 @@ def test_sigkilled_download_resumes_fetching_only_the_missing_bytes(server, tmp_
 
 
 def test_second_downloader_of_the_same_file_is_refused(server, tmp_path):
-    first, cmd, _, _ = start_slow_download(server, tmp_path, 2_000_000, 500_000, 0)
+    """The first download is held mid-body by the server until the second has been refused:
+    however slowly the second process starts on a loaded machine, the first still runs (it
+    was served at 500 kB/s before, and finished first when the start took over 4 s)."""
+    data = os.urandom(2_000_000)
+    url = server.add("big.bin", data, ("hold", 100_000))
+    out = tmp_path / "big.bin"
+    cmd = [str(Path(sys.executable).parent / "gptflow"), "download", url, "--out", str(out)]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        deadline = time.monotonic() + 120
+        while not any(r["sent"] for r in server.requests("big.bin")):  # it locks, then asks
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
         second = subprocess.run(cmd, capture_output=True, text=True)
         assert second.returncode == 1
         assert "another download of this file is running" in second.stderr
+        server.release()
+        assert first.wait(timeout=120) == 0 and out.read_bytes() == data
     finally:
+        server.release()
         first.kill()
         first.wait()
 
@@ -306,13 +320,29 @@ SIZE = r"[\d.]+ [kMG]?B"
 RATE = r"[\d.]+ MB/s"
 
 
-def test_progress_lines_with_share_rate_and_eta_then_the_totals(server, tmp_path, log_stream):
+def own_lines(stream, name: str) -> list[str]:
+    """The download's own lines (a thread a test elsewhere left running may log too)."""
+    return [line for line in stream.getvalue().splitlines() if line.startswith(f"{name}:")]
+
+
+@pytest.fixture
+def small_reads(monkeypatch):
+    """Reads of 128 KiB instead of 1 MiB: a 2 MB body is ~16 updates of the progress, not two,
+    so the count of lines does not hang on when two reads return on a loaded machine."""
+    import gptflow.data.download as module
+
+    monkeypatch.setattr(module, "CHUNK", 128 * 1024)
+
+
+def test_progress_lines_with_share_rate_and_eta_then_the_totals(
+    server, tmp_path, log_stream, small_reads
+):
     """2 MB served at ~2 MB/s, a line every 0.3 s: several lines with the share, rate and
     ETA of the announced length, then the closing line with the totals."""
     data = os.urandom(2_000_000)
     url = server.add("a.bin", data, ("slow", 2_000_000))
     fetch(url, tmp_path / "a.bin", Policy(report_every=0.3))
-    lines = log_stream.getvalue().splitlines()
+    lines = own_lines(log_stream, "a.bin")
     progress = [line for line in lines if "ETA" in line]
     assert len(progress) >= 2, lines
     for line in progress:
@@ -324,12 +354,14 @@ def test_progress_lines_with_share_rate_and_eta_then_the_totals(server, tmp_path
     ), lines
 
 
-def test_progress_without_content_length_says_the_total_is_unknown(server, tmp_path, log_stream):
+def test_progress_without_content_length_says_the_total_is_unknown(
+    server, tmp_path, log_stream, small_reads
+):
     data = os.urandom(2_000_000)
     url = server.add("a.bin", data, ("no_length", 2_000_000))
     fetch(url, tmp_path / "a.bin", Policy(report_every=0.3))
     assert (tmp_path / "a.bin").read_bytes() == data
-    lines = log_stream.getvalue().splitlines()
+    lines = own_lines(log_stream, "a.bin")
     progress = [line for line in lines if "unknown" in line]
     assert len(progress) >= 2, lines
     for line in progress:
