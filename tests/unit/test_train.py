@@ -270,17 +270,19 @@ MATCH = dict(
 @pytest.fixture(scope="module")
 def match_runs(make_module_run, tmp_path_factory):
     """test_two_ranks_match_one's runs, trained once: "one" by `gptflow train` (and its
-    stderr, "single"), and in one launch of 2 torchrun ranks (tests/support/in_turn.py) ZeRO 0,
-    2 and 3 saving in the background and "sync", ZeRO 0 saving synchronously."""
+    stderr, "single"), in one launch of 2 torchrun ranks (tests/support/in_turn.py) ZeRO 0, 2
+    and 3 saving in the background, and in a launch of its own "sync", ZeRO 0 saving
+    synchronously (the same bytes as ZeRO 0's from another process)."""
     one = make_module_run("match-one", **MATCH)
     single = gptflow_train(one)
     assert single.returncode == 0, single.stderr[-3000:]
     two = {z: make_module_run(f"match-zero{z}", zero_stage=z, async_save=True, **MATCH)
            for z in (0, 2, 3)}  # fmt: skip
     sync = make_module_run("match-zero0-sync", zero_stage=0, async_save=False, **MATCH)
-    order = [two[0], sync, two[2], two[3]]
-    rec = train_in_turn([(r, None) for r in order], 2, tmp_path_factory.mktemp("match") / "rec")
-    assert [r["code"] for run in order for r in rec[run.name]] == [0] * 8
+    where = tmp_path_factory.mktemp("match")
+    rec = train_in_turn([(r, None) for r in two.values()], 2, where / "rec")
+    rec |= train_in_turn([(sync, None)], 2, where / "rec-sync")
+    assert [r["code"] for run in [*two.values(), sync] for r in rec[run.name]] == [0] * 8
     return {"one": one, "single": single.stderr, "sync": sync, **two}
 
 
