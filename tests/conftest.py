@@ -187,32 +187,51 @@ def nginx(tmp_path_factory):
     server.stop()
 
 
+def render_run(repo, tiny_config, tokenizer_json, shards, run_dir: Path, model=None, **train):
+    """A run directory with run.yaml rendered from the tiny config (model and train keys
+    overridden), for `gptflow train`."""
+    from gptflow.run_config import render_run_config, write_run_config
+    from gptflow.workflow_config import load_workflow_config
+
+    cfg = load_workflow_config(
+        {
+            **tiny_config,
+            "model": {**tiny_config["model"], **(model or {})},
+            "train": {**tiny_config["train"], **train},
+        },
+        schema_path=repo / "config/schema/config.schema.yaml",
+        models_dir=repo / "config/models",
+        source="test",
+    )
+    run_dir.mkdir()
+    run = render_run_config(
+        cfg, tokenizer_path=str(tokenizer_json), shards={"stdlib": shards}, run_dir=str(run_dir)
+    )
+    write_run_config(run, run_dir / "run.yaml")
+    return run_dir
+
+
 @pytest.fixture
 def make_run(repo, tiny_config, tokenizer_json, shards, tmp_path):
     """make_run(name, model=None, **train) -> a run directory with run.yaml rendered from the
     tiny config (model and train keys overridden), for `gptflow train`."""
 
     def make(name="run", model=None, **train) -> Path:
-        from gptflow.run_config import render_run_config, write_run_config
-        from gptflow.workflow_config import load_workflow_config
+        return render_run(
+            repo, tiny_config, tokenizer_json, shards, tmp_path / name, model, **train
+        )
 
-        cfg = load_workflow_config(
-            {
-                **tiny_config,
-                "model": {**tiny_config["model"], **(model or {})},
-                "train": {**tiny_config["train"], **train},
-            },
-            schema_path=repo / "config/schema/config.schema.yaml",
-            models_dir=repo / "config/models",
-            source="test",
-        )
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        run = render_run_config(
-            cfg, tokenizer_path=str(tokenizer_json), shards={"stdlib": shards}, run_dir=str(run_dir)
-        )
-        write_run_config(run, run_dir / "run.yaml")
-        return run_dir
+    return make
+
+
+@pytest.fixture(scope="module")
+def make_module_run(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
+    """make_run for a module fixture that trains runs once for several tests to read (each
+    test copies a run before changing it: tests/support/in_turn.py's copy_run)."""
+    where = tmp_path_factory.mktemp("module-runs")
+
+    def make(name="run", model=None, **train) -> Path:
+        return render_run(repo, tiny_config, tokenizer_json, shards, where / name, model, **train)
 
     return make
 

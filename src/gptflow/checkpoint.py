@@ -35,7 +35,6 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, fsync_dir, publish, sha256_file, temp_dir, write_json
-from gptflow.snapshot import BackgroundWriter, Batch, free_space, take
 
 TAG_RE = re.compile(r"^step(\d{8})$")
 COMPLETE = "COMPLETE"
@@ -225,6 +224,11 @@ class Saves:
 
     def __init__(self, series: CheckpointSeries, rank: int, in_background: bool,
                  any_rank, barrier) -> None:  # fmt: skip
+        # gptflow.snapshot (and with it torch) is imported where a save needs it: the CLI
+        # imports this module (LOCK_WAIT_S), and every subcommand -- tokenize, download, each a
+        # Snakemake job -- would otherwise pay ~1.3 s of CPU to import torch
+        from gptflow.snapshot import BackgroundWriter
+
         self.series, self.rank = series, rank
         self.any_rank, self.barrier = any_rank, barrier
         self.writer = BackgroundWriter(rank) if in_background else None
@@ -242,6 +246,8 @@ class Saves:
         if self.writer is None:
             path = self.series.save(engine, step, client_state, self.rank, self.barrier, layout)
             return path, 0.0
+        from gptflow.snapshot import Batch
+
         waited = self.settle()
         path = self.series.prepare(step, self.rank, self.barrier)
         snapshots = _snapshots(engine, str(self.series.dir), tag_for(step), client_state,
@@ -267,6 +273,8 @@ class Saves:
         step, layout = self.pending
         self.pending = None
         if self.rank == 0:
+            from gptflow.snapshot import Batch
+
             self.writer.submit(Batch(tag_for(step), [], then=lambda: self._complete(step, layout)))
 
     def settle(self) -> float:
@@ -365,6 +373,8 @@ def _through_engine(engine, save_dir: str, tag: str, client_state: dict, save_fi
 
 def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
     """``engine.save_checkpoint``, returning the paths this rank wrote."""
+    from gptflow.snapshot import free_space
+
     written: list[str] = []
     plain_save = engine.checkpoint_engine.save  # before _through_engine replaces it
 
@@ -387,6 +397,8 @@ def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[st
 def _snapshots(engine, save_dir: str, tag: str, client_state: dict, pool) -> list:
     """``engine.save_checkpoint`` with each file DeepSpeed would write taken as a snapshot
     (:func:`gptflow.snapshot.take`) instead; returns them, to be written in the background."""
+    from gptflow.snapshot import take
+
     taken: list = []
     _through_engine(engine, save_dir, tag, client_state,
                     lambda state_dict, path: taken.append(take(state_dict, path, pool)))  # fmt: skip

@@ -156,3 +156,23 @@ def test_convert_tokenizer_with_a_missing_merges_file_names_it(tmp_path, gpt2_fi
         f"gptflow convert-tokenizer: error: {tmp_path / 'nope.txt'}: no such file"
     ]
     assert not out.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_the_data_subcommands_start_without_importing_torch(tmp_path, tokenizer_json):
+    """`gptflow tokenize` (a Snakemake job per shard or part) and the other data subcommands
+    import neither torch nor DeepSpeed: ~1.3 s of CPU per job (each test that starts the CLI
+    paid it) since the run lock's wait (checkpoint.LOCK_WAIT_S, a default of `gptflow train`)
+    came with checkpoint's import of the snapshot writer, and with it torch."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "def f(): pass"}\n')
+    args = ["tokenize", "--input", str(src), "--tokenizer", str(tokenizer_json),
+            "--output-prefix", str(tmp_path / "out"), "--append-eod"]  # fmt: skip
+    code = (
+        "import json, sys; from gptflow.cli import main; code = main(sys.argv[1:]); "
+        "print(json.dumps([code, *(m in sys.modules for m in ('torch', 'deepspeed'))]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == [0, False, False]
+    assert (tmp_path / "out.bin").stat().st_size > 0

@@ -27,6 +27,7 @@ from gptflow.errors import GptflowError
 from gptflow.run_config import render_run_config, write_run_config
 from gptflow.workflow_config import load_workflow_config
 from tests.support.hardware import fp16_env
+from tests.support.in_turn import train_in_turn
 from tests.support.memory import peak_allocated
 
 BIN = Path(sys.executable).parent
@@ -34,18 +35,30 @@ LAYERS = 16
 MODEL_16 = ModelConfig(num_layers=LAYERS, hidden_size=64, num_attention_heads=4, vocab_size=512)
 
 
+def launch_family(key: tuple) -> list[tuple]:
+    """The layouts (zero, precision, tp, pp) trained in one launch with `key`'s: one model split
+    (tensor x pipeline parallel) per launch (tests/support/in_turn.py); fp16 apart, in its own
+    environment (tests/support/hardware.py); ZeRO 0 alone, on one rank; ZeRO 3 last."""
+    zero, precision, tp, pp = key
+    if zero == 0:
+        return [key]
+    if (tp, pp) != (1, 1):
+        return [(1, p, tp, pp) for p in ("fp32", "bf16")]
+    if precision == "fp16":
+        return [(z, "fp16", 1, 1) for z in (1, 2, 3)]
+    return [(z, p, 1, 1) for z in (1, 2, 3) for p in ("fp32", "bf16")]
+
+
 @pytest.fixture(scope="module")
 def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
     """trained(zero_stage, precision, tp=1, pp=1) -> the run directory of a finished 2-step
-    run (trained once per module): one rank at ZeRO 0, under torchrun at ZeRO 1-3 two ranks
-    (data parallel) or tp x pp (tensor and pipeline parallel). fp16 on a CPU without oneDNN
-    fp16 runs on PyTorch's reference kernels (tests/support/hardware.py)."""
+    run (trained once per module, with the other layouts of its launch: launch_family): one
+    rank at ZeRO 0, under torchrun at ZeRO 1-3 two ranks (data parallel) or tp x pp (tensor
+    and pipeline parallel). fp16 on a CPU without oneDNN fp16 runs on PyTorch's reference
+    kernels (tests/support/hardware.py)."""
     runs: dict[tuple, Path] = {}
 
-    def train(zero: int, precision: str, tp: int = 1, pp: int = 1) -> Path:
-        key = (zero, precision, tp, pp)
-        if key in runs:
-            return runs[key]
+    def render(zero: int, precision: str, tp: int, pp: int, where: Path) -> Path:
         settings = dict(
             zero_stage=zero, precision=precision, train_iters=2, lr_warmup_iters=1,
             log_interval=1, eval_interval=100, eval_iters=1, save_interval=100, keep_last=1,
@@ -61,28 +74,28 @@ def trained(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
             models_dir=repo / "config/models",
             source="test",
         )
-        run_dir = tmp_path_factory.mktemp(f"zero{zero}-{precision}-tp{tp}-pp{pp}")
+        run_dir = where / f"zero{zero}-{precision}-tp{tp}-pp{pp}"
+        run_dir.mkdir()
         run = render_run_config(
             cfg, tokenizer_path=str(tokenizer_json), shards={"stdlib": shards}, run_dir=str(run_dir)
         )
         write_run_config(run, run_dir / "run.yaml")
-        launcher = [str(BIN / "gptflow")]
-        if zero > 0:
-            launcher = [
-                str(BIN / "torchrun"),
-                "--standalone",
-                f"--nproc_per_node={max(2, tp * pp)}",
-                "-m",
-                "gptflow",
-            ]
-        proc = subprocess.run(
-            [*launcher, "train", "--config", str(run_dir / "run.yaml"), "--threads", "1"],
-            capture_output=True, text=True, timeout=600,
-            env={**(fp16_env() if precision == "fp16" else os.environ), "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[key] = run_dir
         return run_dir
+
+    def train(zero: int, precision: str, tp: int = 1, pp: int = 1) -> Path:
+        key = (zero, precision, tp, pp)
+        if key not in runs:
+            family = launch_family(key)
+            where = tmp_path_factory.mktemp("trained")
+            made = {k: render(*k, where) for k in family}
+            ranks = 1 if zero == 0 else max(2, tp * pp)
+            env = fp16_env() if precision == "fp16" else os.environ
+            rec = train_in_turn([(d, None) for d in made.values()], ranks, where / "rec", env=env)
+            assert [r["code"] for d in made.values() for r in rec[d.name]] == [0] * (
+                ranks * len(made)
+            )
+            runs.update(made)
+        return runs[key]
 
     return train
 

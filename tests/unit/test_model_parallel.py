@@ -4,7 +4,12 @@ the layout, moves to other layouts through DeepSpeed's universal checkpoint (ten
 and the export of the whole model.
 
 No GPU exists here: NCCL, the speed of split layers and of pipeline stages across GPUs are not
-exercised; the arithmetic, the data order, the schedules' results and the checkpoints are."""
+exercised; the arithmetic, the data order, the schedules' results and the checkpoints are.
+
+The runs that several tests read -- the one-rank reference, and the fresh runs of each layout,
+straight and stopped at step 4 by the exit interval -- are trained once per module, the runs of
+one layout in one launch (tests/support/in_turn.py); a test continues a copy of a stopped run,
+in a process of its own."""
 
 from __future__ import annotations
 
@@ -17,9 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.in_turn import copy_run, train_in_turn
+
 from .test_flops import assert_mfu_is_per_device
-from .test_relayout import continue_with, losses, stopped_at_4
-from .test_train import BIN, gptflow_train, probe_ranks, records
+from .test_relayout import continue_with, losses
+from .test_train import BIN, gptflow_train, records
 
 # No dropout: a split layer draws its masks per rank, so only dropout-free losses match 1 rank's.
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
@@ -41,6 +48,77 @@ HALVES = {
 }
 # and the vocabulary (the tiny run's tokenizer: 512 rows): the embedding's and the head's rows
 VOCAB_HALVES = {"gpt_neox.embed_in.weight": (256, 64), "embed_out.weight": (256, 64)}
+
+
+# test_a_pipeline_evaluates_in_one_pass: two steps, three evaluation batches at steps 0 and 2
+EVAL_SETTINGS = dict(
+    model=NO_DROPOUT, train_iters=2, lr_warmup_iters=1, log_interval=2, eval_interval=2,
+    eval_iters=3, save_interval=100, global_batch_size=8, zero_stage=1,
+)  # fmt: skip
+# the micro-batches of each eval_batch call of a pipeline, in the run's record (in_turn.py)
+EVAL_HOOKS = """
+from deepspeed.runtime.pipe.engine import PipelineEngine
+
+plain = PipelineEngine.eval_batch
+def counted(self, data_iter, *args, **kwargs):
+    current["record"].setdefault("eval_batches", []).append(kwargs.get("num_micro_batches"))
+    return plain(self, data_iter, *args, **kwargs)
+PipelineEngine.eval_batch = counted
+"""
+
+
+@pytest.fixture(scope="module")
+def one(make_module_run, tmp_path_factory):
+    """One rank's runs, in one process: "one" (SETTINGS, no dropout: the losses and weights
+    every layout is held to) and "eval" (EVAL_SETTINGS)."""
+    runs = {"one": (dict(model=NO_DROPOUT, **SETTINGS), None), "eval": (EVAL_SETTINGS, None)}
+    return in_turn(make_module_run, tmp_path_factory, "1rank", 1, runs)[0]
+
+
+def in_turn(make_module_run, tmp_path_factory, layout: str, ranks: int, runs: dict, hooks=""):
+    """`runs` ({name: (train settings, exit interval or None)}) of one layout trained in one
+    launch (tests/support/in_turn.py), as run directories named `layout`-`name`; returns
+    ({name: run directory}, {name: [each rank's record]}). A run without an exit interval
+    finished (code 0 on every rank); one with saved and stopped at it (75 on every rank, what
+    `gptflow train` exits with; torchrun's report of it is stopped_at_4)."""
+    dirs = {name: make_module_run(f"{layout}-{name}", **settings)
+            for name, (settings, _) in runs.items()}  # fmt: skip
+    order = [(dirs[name], exit_at) for name, (_, exit_at) in runs.items()]
+    rec = train_in_turn(order, ranks, tmp_path_factory.mktemp(layout) / "rec", hooks=hooks)
+    for name, (_, exit_at) in runs.items():
+        codes = [r["code"] for r in rec[dirs[name].name]]
+        assert codes == [75 if exit_at else 0] * ranks, (name, codes)
+    return dirs, {name: rec[d.name] for name, d in dirs.items()}
+
+
+@pytest.fixture(scope="module")
+def tp2(make_module_run, tmp_path_factory):
+    """Tensor parallel 2 on 2 ranks, one launch: "straight" and "stopped" (at step 4, exit
+    interval) without dropout; "dropout" and "dropout-stopped" (6 steps) with the tiny model's."""
+    split = dict(model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
+    dropout = dict(SETTINGS, train_iters=6, eval_interval=6, save_interval=6, tensor_parallel=2)
+    runs = {"straight": (split, None), "stopped": (split, 4), "dropout": (dropout, None),
+            "dropout-stopped": (dropout, 4)}  # fmt: skip
+    return in_turn(make_module_run, tmp_path_factory, "tp2", 2, runs)[0]
+
+
+@pytest.fixture(scope="module")
+def pp2(make_module_run, tmp_path_factory):
+    """Two pipeline stages on 2 ranks, one launch: "straight", "stopped" (at step 4) and "eval"
+    (EVAL_SETTINGS), each eval_batch call's micro-batches recorded per rank."""
+    split = dict(model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
+    runs = {"straight": (split, None), "stopped": (split, 4),
+            "eval": (dict(EVAL_SETTINGS, pipeline_parallel=2), None)}  # fmt: skip
+    dirs, rec = in_turn(make_module_run, tmp_path_factory, "pp2", 2, runs, EVAL_HOOKS)
+    return dirs | {"eval_batches": [r["eval_batches"] for r in rec["eval"]]}
+
+
+@pytest.fixture(scope="module")
+def dp2(make_module_run, tmp_path_factory):
+    """Two data-parallel ranks, one launch, each stopped at step 4: "zero2" and "zero1"."""
+    runs = {"zero2": (dict(model=NO_DROPOUT, **{**SETTINGS, "zero_stage": 2}), 4),
+            "zero1": (dict(model=NO_DROPOUT, **SETTINGS), 4)}  # fmt: skip
+    return in_turn(make_module_run, tmp_path_factory, "dp2", 2, runs)[0]
 
 
 def torchrun(run_dir, ranks: int, *extra: str) -> subprocess.CompletedProcess:
@@ -116,16 +194,12 @@ def test_vocab_parallel_loss_and_embedding_are_the_unsplit_ones(repo, tmp_path):
     assert len(list(tmp_path.glob("rank*.json"))) == 2
 
 
-def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make_run):
+def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(one, tp2, tmp_path):
     from gptflow.export import checkpoint_weights
 
-    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
-    assert gptflow_train(one).returncode == 0
-    straight = make_run("straight", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
-    out = torchrun(straight, 2)
-    assert out.returncode == 0, out.stderr[-4000:]
+    one, straight = one["one"], tp2["straight"]
     assert "2 ranks (torchrun) = 2 tensor x 1 data parallel, micro batch 4 x grad accum 2" in (
-        out.stderr
+        (straight / "train.log").read_text()
     )
     assert_close(losses(one), losses(straight))
 
@@ -142,8 +216,7 @@ def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make
 
     # killed at step 4 by the exit interval, resumed in the same layout: the same run, bit
     # for bit (losses and weights)
-    resumed = make_run("resumed", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
-    assert stopped_at_4(torchrun(resumed, 2, "--exit-interval", "4"))
+    resumed = copy_run(tp2["stopped"], tmp_path / "resumed")
     again = torchrun(resumed, 2)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resuming from step 4" in again.stderr and "universal" not in again.stderr
@@ -168,16 +241,13 @@ def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make
     ), diffs
 
 
-def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(make_run):
+def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(one, tp2, dp2, tmp_path):
     """A tp 2 checkpoint continued at tp 1 on one rank and on 2 data-parallel ranks, and a
     2-rank data-parallel ZeRO-2 checkpoint continued at tp 2: each through DeepSpeed's
     universal checkpoint (converted once, kept with the step), never from step 0."""
-    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
-    assert gptflow_train(one).returncode == 0
-    want = losses(one)
+    want = losses(one["one"])
 
-    to_one = make_run("to_one", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
-    assert stopped_at_4(torchrun(to_one, 2, "--exit-interval", "4"))
+    to_one = copy_run(tp2["stopped"], tmp_path / "to_one")
     continue_with(to_one, tensor_parallel=1)
     moved = gptflow_train(to_one)
     assert moved.returncode == 0, moved.stderr[-4000:]
@@ -185,16 +255,14 @@ def test_tp2_moves_to_one_rank_and_to_data_parallel_and_back(make_run):
     assert "loading it through DeepSpeed's universal checkpoint" in moved.stderr
     assert_close(want, losses(to_one))
 
-    to_dp = make_run("to_dp", model=NO_DROPOUT, tensor_parallel=2, **SETTINGS)
-    assert stopped_at_4(torchrun(to_dp, 2, "--exit-interval", "4"))
+    to_dp = copy_run(tp2["stopped"], tmp_path / "to_dp")
     continue_with(to_dp, tensor_parallel=1, zero_stage=2)
     moved = torchrun(to_dp, 2)
     assert moved.returncode == 0, moved.stderr[-4000:]
     assert "universal checkpoint" in moved.stderr and "resuming from step 4" in moved.stderr
     assert_close(want, losses(to_dp))
 
-    to_tp = make_run("to_tp", model=NO_DROPOUT, **{**SETTINGS, "zero_stage": 2})
-    assert stopped_at_4(torchrun(to_tp, 2, "--exit-interval", "4"))
+    to_tp = copy_run(dp2["zero2"], tmp_path / "to_tp")
     continue_with(to_tp, tensor_parallel=2, zero_stage=1)
     moved = torchrun(to_tp, 2)
     assert moved.returncode == 0, moved.stderr[-4000:]
@@ -259,18 +327,16 @@ def test_ranks_the_model_parallel_size_does_not_divide_are_refused():
                     tensor_parallel=2).grad_accum_steps(4)  # fmt: skip
 
 
-def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make_run):
+def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(one, pp2, tmp_path):
     """Two pipeline stages (embedding + layer 0, layer 1 + head) under DeepSpeed's 1F1B
     schedule, two micro-batches per step."""
     from gptflow.export import checkpoint_weights
     from gptflow.model import hf_name
 
-    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
-    assert gptflow_train(one).returncode == 0
-    straight = make_run("straight", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
-    out = torchrun(straight, 2)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "2 ranks (torchrun) = 2 pipeline x 1 data parallel" in out.stderr
+    one, straight = one["one"], pp2["straight"]
+    assert "2 ranks (torchrun) = 2 pipeline x 1 data parallel" in (
+        (straight / "train.log").read_text()
+    )
     assert_close(losses(one), losses(straight))
     evals = (
         [r["val_loss"] for r in records(one, "eval")],
@@ -283,8 +349,7 @@ def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make
     layer_files = sorted(step.glob("layer_*-model_states.pt"))
     assert len(layer_files) == 4  # embedding, 2 layers, head: one file per pipeline layer
 
-    resumed = make_run("resumed", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
-    assert stopped_at_4(torchrun(resumed, 2, "--exit-interval", "4"))
+    resumed = copy_run(pp2["stopped"], tmp_path / "resumed")
     again = torchrun(resumed, 2)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resuming from step 4" in again.stderr
@@ -309,56 +374,28 @@ def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(make
     ), diffs
 
 
-EVAL_PROBE = """
-import json, os, sys
-from deepspeed.runtime.pipe.engine import PipelineEngine
-from gptflow.train import train
-
-calls = []  # the micro-batches of each eval_batch call
-plain = PipelineEngine.eval_batch
-def counted(self, data_iter, *args, **kwargs):
-    calls.append(kwargs.get("num_micro_batches"))
-    return plain(self, data_iter, *args, **kwargs)
-PipelineEngine.eval_batch = counted
-code = train(sys.argv[1], threads=1)
-with open(f"{sys.argv[2]}.{os.environ['RANK']}", "w") as f:
-    json.dump(calls, f)
-sys.exit(code)
-"""
-
-
-def test_a_pipeline_evaluates_in_one_pass(make_run, tmp_path):
+def test_a_pipeline_evaluates_in_one_pass(one, pp2):
     """An evaluation through 2 pipeline stages is one ``eval_batch`` with all of its
     micro-batches (it was one per micro-batch: a serial pass of every stage and a barrier
     each), and its loss is one rank's, within fp32 rounding of another summation order."""
-    settings = dict(
-        model=NO_DROPOUT, train_iters=2, lr_warmup_iters=1, log_interval=2, eval_interval=2,
-        eval_iters=3, save_interval=100, global_batch_size=8, zero_stage=1,
-    )  # fmt: skip
-    one = make_run("one", **settings)
-    assert gptflow_train(one).returncode == 0
-    run_dir = make_run("pp", pipeline_parallel=2, **settings)
-    probe_ranks(EVAL_PROBE, run_dir, tmp_path)
-    for rank in (0, 1):
+    for calls in pp2["eval_batches"]:  # rank 0's, rank 1's
         # steps 0 and 2: 3 global batches of 8 sequences, in micro-batches of 4, on 1
         # data-parallel rank
-        assert json.loads((tmp_path / f"calls.{rank}").read_text()) == [6, 6]
-    want = [r["val_loss"] for r in records(one, "eval")]
-    got = [r["val_loss"] for r in records(run_dir, "eval")]
+        assert calls == [6, 6]
+    assert len(pp2["eval_batches"]) == 2
+    want = [r["val_loss"] for r in records(one["eval"], "eval")]
+    got = [r["val_loss"] for r in records(pp2["eval"], "eval")]
     assert len(want) == len(got) == 2
     assert all(abs(a - b) < 1e-4 * a for a, b in zip(want, got, strict=True)), (want, got)
 
 
-def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(make_run):
+def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(one, pp2, dp2, tmp_path):
     """A 2-stage pipeline checkpoint continued on one rank (no pipeline), and a 2-rank
     data-parallel ZeRO-2 checkpoint continued as 2 pipeline stages: through the universal
     checkpoint, whose parameters carry the model's names and the pipeline's (symlinks)."""
-    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
-    assert gptflow_train(one).returncode == 0
-    want = losses(one)
+    want = losses(one["one"])
 
-    to_one = make_run("to_one", model=NO_DROPOUT, pipeline_parallel=2, **SETTINGS)
-    assert stopped_at_4(torchrun(to_one, 2, "--exit-interval", "4"))
+    to_one = copy_run(pp2["stopped"], tmp_path / "to_one")
     continue_with(to_one, pipeline_parallel=1)
     moved = gptflow_train(to_one)
     assert moved.returncode == 0, moved.stderr[-4000:]
@@ -369,8 +406,7 @@ def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(make_run):
     link = zero / "2.layer.attention.dense.weight"
     assert link.is_symlink() and os.readlink(link) == "gpt_neox.layers.1.attention.dense.weight"
 
-    to_pp = make_run("to_pp", model=NO_DROPOUT, **{**SETTINGS, "zero_stage": 2})
-    assert stopped_at_4(torchrun(to_pp, 2, "--exit-interval", "4"))
+    to_pp = copy_run(dp2["zero2"], tmp_path / "to_pp")
     continue_with(to_pp, pipeline_parallel=2, zero_stage=1)
     moved = torchrun(to_pp, 2)
     assert moved.returncode == 0, moved.stderr[-4000:]
@@ -380,12 +416,11 @@ def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(make_run):
 
 @pytest.mark.parametrize("layout", [{"tensor_parallel": 2}, {"pipeline_parallel": 2}],
                          ids=["tp2xdp2", "pp2xdp2"])  # fmt: skip
-def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(make_run, layout):
+def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(one, make_run, layout):
     """Four ranks: two data-parallel copies of a model split two ways, each copy reading its
     half of every batch (the rank count is the point: 2 x 2); MFU against a stated peak is
     per device, over all 4 ranks (tests/unit/test_flops.py)."""
-    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
-    assert gptflow_train(one).returncode == 0
+    one = one["one"]
     run = make_run("four", model=NO_DROPOUT, **{**SETTINGS, **layout, "peak_tflops": 0.5})
     out = torchrun(run, 4)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -397,23 +432,25 @@ def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(make_run,
     assert_mfu_is_per_device(out.stderr, records(run, "train"), 0.5)
 
 
-def test_tp2xpp2_on_4_ranks_follows_one_rank_exports_and_moves(make_run):
+def test_tp2xpp2_on_4_ranks_follows_one_rank_exports_and_moves(one, dp2, make_run, tmp_path):
     """Tensor parallel 2 inside each of 2 pipeline stages (DeepSpeed's pipe x model grid,
     AutoTP on each stage's layers with the grid's group): one rank's losses, each rank holding
     half of its stage's split matrices, the export of the whole model, and moves out of and
     into the layout through the universal checkpoint (whose record names every stage's
-    parameters, not only rank 0's)."""
+    parameters, not only rank 0's). The straight run and the one stopped at step 4 train in
+    one launch of 4 ranks (tests/support/in_turn.py)."""
     from gptflow.export import checkpoint_weights
 
-    one = make_run("one", model=NO_DROPOUT, **SETTINGS)
-    assert gptflow_train(one).returncode == 0
+    one = one["one"]
     want = losses(one)
     split = dict(tensor_parallel=2, pipeline_parallel=2)
     both = make_run("both", model=NO_DROPOUT, **SETTINGS, **split)
-    out = torchrun(both, 4)
-    assert out.returncode == 0, out.stderr[-4000:]
+    out_of = make_run("out_of", model=NO_DROPOUT, **SETTINGS, **split)
+    rec = train_in_turn([(both, None), (out_of, 4)], 4, tmp_path / "rec")
+    assert [r["code"] for r in rec["both"]] == [0] * 4
+    assert [r["code"] for r in rec["out_of"]] == [75] * 4  # saved at step 4 and stopped
     assert "4 ranks (torchrun) = 2 tensor x 2 pipeline x 1 data parallel, micro batch 4 x " in (
-        out.stderr
+        (both / "train.log").read_text()
     )
     assert_close(want, losses(both))
     assert max(r["grad_norm"] for r in records(both, "train")) > 1.0  # clipping was at work
@@ -437,16 +474,13 @@ def test_tp2xpp2_on_4_ranks_follows_one_rank_exports_and_moves(make_run):
         d < (1e-3 if k.endswith("query_key_value.bias") else 1e-5) for k, d in diffs.items()
     ), diffs
 
-    out_of = make_run("out_of", model=NO_DROPOUT, **SETTINGS, **split)
-    assert stopped_at_4(torchrun(out_of, 4, "--exit-interval", "4"))
     continue_with(out_of, tensor_parallel=1, pipeline_parallel=1)
     moved = gptflow_train(out_of)
     assert moved.returncode == 0, moved.stderr[-4000:]
     assert "resuming from step 4" in moved.stderr and "universal checkpoint" in moved.stderr
     assert_close(want, losses(out_of))
 
-    into = make_run("into", model=NO_DROPOUT, **SETTINGS)
-    assert stopped_at_4(torchrun(into, 2, "--exit-interval", "4"))
+    into = copy_run(dp2["zero1"], tmp_path / "into")
     continue_with(into, **split)
     moved = torchrun(into, 4)
     assert moved.returncode == 0, moved.stderr[-4000:]
@@ -505,7 +539,7 @@ def test_tp2_dropout_masks_differ_in_split_regions_agree_in_replicated_ones(repo
     assert not any(torch.equal(x, y) for x, y in zip(a["attention"], b["attention"], strict=True))
 
 
-def test_tp2_with_dropout_resumes_exactly_and_keeps_replicated_weights_equal(make_run):
+def test_tp2_with_dropout_resumes_exactly_and_keeps_replicated_weights_equal(tp2, tmp_path):
     """The tiny model's dropout (0.1) at tensor parallel 2: killed at step 4 and resumed, the
     run repeats the uninterrupted one bit for bit (losses and weights) -- the attention's
     per-rank stream is reseeded with the default one -- and the replicated weights (LayerNorms,
@@ -513,13 +547,9 @@ def test_tp2_with_dropout_resumes_exactly_and_keeps_replicated_weights_equal(mak
     agree (merged_by_hand checks them)."""
     from gptflow.export import checkpoint_weights
 
-    steps = dict(SETTINGS, train_iters=6, eval_interval=6, save_interval=6, tensor_parallel=2)
-    straight = make_run("straight", **steps)
-    out = torchrun(straight, 2)
-    assert out.returncode == 0, out.stderr[-4000:]
+    straight = tp2["dropout"]
     merged_by_hand(module_slices(Path(final_step(straight))))
-    resumed = make_run("resumed", **steps)
-    assert stopped_at_4(torchrun(resumed, 2, "--exit-interval", "4"))
+    resumed = copy_run(tp2["dropout-stopped"], tmp_path / "resumed")
     again = torchrun(resumed, 2)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resuming from step 4" in again.stderr
