@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -393,6 +394,17 @@ def kill_mid_save(run_dir: Path, proc: subprocess.Popen, log: Path, seen: set[st
         signal_tree(pids, signal.SIGCONT)
 
 
+def complete_step(run_dir: Path) -> int:
+    """The newest complete checkpoint of the run's series (0: none yet), as a resume finds
+    it."""
+    from gptflow.checkpoint import CheckpointSeries
+
+    series = [p for p in run_dir.glob("checkpoints/*") if p.is_dir()]
+    if not series:
+        return 0
+    return CheckpointSeries(series[0], {}, 1).latest_step() or 0
+
+
 def series_digest(run_dir: Path, step: str) -> str:
     """checkpoint_digest of a step of the run's (single) checkpoint series."""
     from gptflow.checkpoint import checkpoint_digest
@@ -508,12 +520,16 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, sigkilled_straig
     log = tmp_path / "killed.log"
     reached, seen = 0, set()  # steps logged by the last attempt; step dirs seen at a kill
     interrupted = []  # the saves the kills interrupted
+    resumes = []  # per attempt after the first: the step it must resume from (0: none saved)
     for kind in kills:
         proc = start_torchrun(killed, log)
         try:
-            if kind == "step":  # a random step past where the last attempt was killed
+            if kind == "step":  # a random step past where the last attempt was killed, once
+                # this attempt has completed a save of its own: the next one must resume
                 target = rng.randint(reached + 1, min(reached + 4, 13))
-                wait_for(lambda t=target: len(records(killed, "train")) >= t, proc, log, poll=0.01)
+                before = complete_step(killed)
+                wait_for(lambda t=target, b=before: len(records(killed, "train")) >= t
+                         and complete_step(killed) > b, proc, log, poll=0.01)  # fmt: skip
             else:  # a new step directory without COMPLETE: the ranks are writing shards
                 interrupted.append(kill_mid_save(killed, proc, log, seen))
         finally:
@@ -521,8 +537,15 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, sigkilled_straig
             proc.wait()
         seen.update(p.name for p in killed.glob("checkpoints/*/step*"))
         reached = len(records(killed, "train"))
+        resumes.append(complete_step(killed))
     assert start_torchrun(killed, log).wait(timeout=600) == 0, log.read_text()[-3000:]
     text = log.read_text()
+    # each attempt after a kill resumed from the newest complete save, a step kill's never 0
+    starts = re.findall(r"(resuming from step \d+|starting at step 0)", text)
+    assert starts == ["starting at step 0"] + [
+        f"resuming from step {n}" if n else "starting at step 0" for n in resumes
+    ], (starts, resumes, f"seed {seed}")
+    assert all(n for kind, n in zip(kills, resumes, strict=True) if kind == "step"), resumes
     assert text.count("took over a stale lock") == len(kills), f"seed {seed}"
     assert len(interrupted) == kills.count("save")
     # keep_last 2: the interrupted saves were redone or cleared, older steps pruned
