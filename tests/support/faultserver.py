@@ -13,6 +13,9 @@ consumed one request at a time (then the path is served correctly):
     ("slow", bps)       serve at about bps bytes per second
     ("no_length", bps)  like slow, without Content-Length: the body ends when the connection
                         closes (HTTP/1.1 servers streaming a body of unknown size do this)
+    ("hold", n)         announce the full length, send n bytes, then nothing until release()
+                        (or close()), then the rest: a download certainly mid-body for as long
+                        as a test needs, however slowly the machine runs
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class FaultServer:
         self.plan: dict[str, list] = {}
         self.log: list[dict] = []
         self._lock = threading.Lock()
+        self._released = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,7 +62,12 @@ class FaultServer:
     def requests(self, path: str) -> list[dict]:
         return [r for r in self.log if r["path"] == "/" + path.lstrip("/")]
 
+    def release(self) -> None:
+        """Held bodies ("hold") go on."""
+        self._released.set()
+
     def close(self) -> None:
+        self.release()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -115,6 +124,17 @@ class FaultServer:
                 import socket
 
                 h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if name == "hold":
+            try:
+                h.wfile.write(body[:arg])
+                h.wfile.flush()
+                record["sent"] = min(arg, len(body))
+                self._released.wait()
+                h.wfile.write(body[arg:])
+                record["sent"] = len(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
             return
         if name in ("slow", "no_length"):
             step = max(1, arg // 20)
