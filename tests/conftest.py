@@ -75,6 +75,39 @@ def pytest_terminal_summary(terminalreporter, config):
         )
 
 
+# make test runs the suite on 2 pytest-xdist workers with --dist loadgroup: a test with an
+# xdist_group runs on the worker that takes its group, every other test wherever a worker is
+# free. The tests that use one of these session fixtures share one group: the service runs once
+# per session, not once per worker, and its tests do not meet on it (the Slurm cluster's queue
+# and the Torque wrappers on it, the test dockerd and podman store, the tiny pipeline that
+# test_pipeline and test_harness read, nginx and the downloads it serves).
+ONE_WORKER = {
+    "slurm_cluster": "slurm",
+    "docker_host": "container",
+    "podman_env": "container",
+    "pipeline": "pipeline",
+    "nginx": "nginx",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids
+def pytest_collection_modifyitems(config, items):
+    """One xdist_group per test that shares a cost with others: the service of ONE_WORKER it
+    uses, else its module where it uses a module-scoped fixture (built once per module: split
+    over two workers, it would be built twice). An xdist_group the test names itself wins."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        used = getattr(item, "fixturenames", ())
+        group = next((ONE_WORKER[f] for f in ONE_WORKER if f in used), None)
+        if group is None and hasattr(item, "_fixtureinfo"):
+            defs = item._fixtureinfo.name2fixturedefs
+            if any(d[-1].scope == "module" for d in defs.values() if d):
+                group = item.nodeid.split("::")[0]
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(name=group))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
