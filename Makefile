@@ -15,6 +15,8 @@ PROFILE ?= profiles/local
 TORCH_INDEX ?=
 SNAKEMAKE_ARGS ?=
 PYTEST_ARGS ?=
+# make test runs the suite on this many pytest-xdist workers (README, Development); 0: serially
+TEST_WORKERS ?= 2
 
 .PHONY: setup run study test test-changed lint format bench clean
 
@@ -39,7 +41,7 @@ study: setup
 
 test: setup
 	@# pytest exit 5 ("no tests collected") is a failure too, and says so.
-	pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+	pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
 # The test files that name what changed since BASE (default: the last commit, so uncommitted
 # work): the loop between commits. tests/support/changed.py says how files map to tests;
@@ -48,7 +50,7 @@ BASE ?= HEAD
 test-changed: setup
 	@tests="$$(python -m tests.support.changed $(BASE))"; \
 	if [ -z "$$tests" ]; then echo "make test-changed: no test names what changed since $(BASE)"; \
-	else echo "make test-changed:" $$tests; pytest $(PYTEST_ARGS) $$tests; fi
+	else echo "make test-changed:" $$tests; pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) $$tests; fi
 
 lint: setup
 	ruff check src tests workflow bench

@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -31,10 +32,80 @@ os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ['PATH']}"
 REQUIRE_ALL = os.environ.get("GPTFLOW_REQUIRE_ALL") == "1"
 
 
+# What Snakemake and the pipeline write into their working directory. A test that runs them in
+# the repository, not in its own tmp_path, shares these with every test running beside it and
+# with the developer's own runs: the session fails when one changed while it ran.
+REPO_SCRATCH = ("results", "logs", "resources", ".snakemake")
+_STARTED = pytest.StashKey[float]()  # when the session (the controller, under xdist) began
+_WRITTEN = pytest.StashKey[list[str]]()
+
+
 def pytest_sessionstart(session):
     from tests.support import slurm_cluster
 
-    slurm_cluster.start_early()  # why: tests/support/slurm_cluster.py
+    # Under pytest-xdist this hook runs in the controller and in every worker: the controller
+    # (or a serial session) starts the cluster early; a worker's fixture runs start-cluster.sh,
+    # which waits on the script's own lock for a start under way (tests/slurm/start-cluster.sh).
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_STARTED] = time.time()
+        slurm_cluster.start_early()  # why: tests/support/slurm_cluster.py
+
+
+def pytest_sessionfinish(session):
+    started = session.config.stash.get(_STARTED, None)
+    if started is None:  # a worker: the controller looks once every test has run
+        return
+    written = [
+        str(p.relative_to(REPO))
+        for name in REPO_SCRATCH
+        for p in [REPO / name, *(REPO / name).rglob("*")]
+        if p.exists() and p.lstat().st_mtime >= started
+    ]
+    if written:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        session.config.stash[_WRITTEN] = written
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if written := config.stash.get(_WRITTEN, None):
+        terminalreporter.write_sep("=", "tests wrote into the repository", red=True)
+        terminalreporter.write_line(
+            f"{', '.join(written[:5])}{', ...' if len(written) > 5 else ''} changed while the "
+            f"session ran: run Snakemake and gptflow in tmp_path (--directory), not in {REPO}"
+        )
+
+
+# make test runs the suite on 2 pytest-xdist workers with --dist loadgroup: a test with an
+# xdist_group runs on the worker that takes its group, every other test wherever a worker is
+# free. The tests that use one of these session fixtures share one group: the service runs once
+# per session, not once per worker, and its tests do not meet on it (the Slurm cluster's queue
+# and the Torque wrappers on it, the test dockerd and podman store, the tiny pipeline that
+# test_pipeline and test_harness read, nginx and the downloads it serves).
+ONE_WORKER = {
+    "slurm_cluster": "slurm",
+    "docker_host": "container",
+    "podman_env": "container",
+    "pipeline": "pipeline",
+    "nginx": "nginx",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids
+def pytest_collection_modifyitems(config, items):
+    """One xdist_group per test that shares a cost with others: the service of ONE_WORKER it
+    uses, else its module where it uses a module-scoped fixture (built once per module: split
+    over two workers, it would be built twice). An xdist_group the test names itself wins."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        used = getattr(item, "fixturenames", ())
+        group = next((ONE_WORKER[f] for f in ONE_WORKER if f in used), None)
+        if group is None and hasattr(item, "_fixtureinfo"):
+            defs = item._fixtureinfo.name2fixturedefs
+            if any(d[-1].scope == "module" for d in defs.values() if d):
+                group = item.nodeid.split("::")[0]
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(name=group))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -47,8 +47,19 @@ stop() {  # stop PIDFILE: the process in the pid file, never by name
   rm -f "$1"
 }
 
+# One start or stop at a time on this machine: the workers of a parallel test session
+# (pytest-xdist), or two sessions, would both find a daemon down and both start it. A later
+# start waits for the lock, then finds everything up (~1 s). The script runs again under
+# flock; -o: the daemons it starts do not inherit the lock (they would hold it while they run).
+LOCK=/run/gptflow-start-cluster.lock
+lock() {
+  [[ ${GPTFLOW_CLUSTER_LOCK:-} == "$LOCK" ]] ||
+    GPTFLOW_CLUSTER_LOCK=$LOCK exec flock -o "$LOCK" bash "$0" "$@"
+}
+
 case "${1:-}" in
-  --stop) for p in "$SLURMD_PID" "$CTLD_PID" "$DBD_PID" "$DB_PID" "$MUNGE_PID"; do stop "$p"; done; exit 0 ;;
+  --stop) lock "$@"
+    for p in "$SLURMD_PID" "$CTLD_PID" "$DBD_PID" "$DB_PID" "$MUNGE_PID"; do stop "$p"; done; exit 0 ;;
   --status)
     for p in "$MUNGE_PID" "$DB_PID" "$DBD_PID" "$CTLD_PID" "$SLURMD_PID"; do
       if running "$p"; then echo "$p: pid $(cat "$p")"; else echo "$p: not running"; fi
@@ -59,6 +70,7 @@ case "${1:-}" in
 esac
 [[ $(id -u) == 0 ]] || die "must run as root (it installs Debian packages and starts daemons)"
 command -v apt-get >/dev/null || die "needs Debian/Ubuntu (apt-get)"
+lock "$@"
 
 # 1. packages; no init system here, so maintainer scripts must not try to start services
 # slurm-wlm-torque: Slurm's own Torque-syntax qsub/qstat/qdel, for profiles/pbs (test_pbs)

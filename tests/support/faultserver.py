@@ -13,8 +13,9 @@ consumed one request at a time (then the path is served correctly):
     ("slow", bps)       serve at about bps bytes per second
     ("no_length", bps)  like slow, without Content-Length: the body ends when the connection
                         closes (HTTP/1.1 servers streaming a body of unknown size do this)
-    ("hold", n)         send n bytes, then the rest only once the test calls release(): a
-                        download in progress for as long as the test needs, whatever the load
+    ("hold", n)         announce the full length, send n bytes, then nothing until release()
+                        (or close()), then the rest: a download certainly mid-body for as long
+                        as a test needs, however slowly the machine runs
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class FaultServer:
         self.plan: dict[str, list] = {}
         self.log: list[dict] = []
         self._lock = threading.Lock()
-        self.released = threading.Event()  # ("hold", n): the rest of the body may go
+        self._released = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,10 +50,6 @@ class FaultServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
-    def release(self) -> None:
-        """Let every held body ("hold") finish."""
-        self.released.set()
-
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
 
@@ -65,7 +62,12 @@ class FaultServer:
     def requests(self, path: str) -> list[dict]:
         return [r for r in self.log if r["path"] == "/" + path.lstrip("/")]
 
+    def release(self) -> None:
+        """Held bodies ("hold") go on."""
+        self._released.set()
+
     def close(self) -> None:
+        self.release()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -124,11 +126,11 @@ class FaultServer:
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
         if name == "hold":
-            h.wfile.write(body[:arg])
-            h.wfile.flush()
-            record["sent"] = arg
-            self.released.wait(timeout=300)
             try:
+                h.wfile.write(body[:arg])
+                h.wfile.flush()
+                record["sent"] = min(arg, len(body))
+                self._released.wait()
                 h.wfile.write(body[arg:])
                 record["sent"] = len(body)
             except (BrokenPipeError, ConnectionResetError):

@@ -8,18 +8,19 @@ import shutil
 import ssl
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
 class Origin:
-    """A real HTTP(S) server on 127.0.0.1: per path, bytes to serve (optionally slowly), a
-    redirect or a bare status; records (path, Authorization) of every request."""
+    """A real HTTP(S) server on 127.0.0.1: per path, bytes to serve (optionally held mid-body
+    until release()), a redirect or a bare status; records (path, Authorization) of every
+    request."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.routes: dict[str, tuple] = {}
         self.log: list[tuple[str, str | None]] = []
+        self._released = threading.Event()
         origin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,9 +47,14 @@ class Origin:
     def origin(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def serve(self, path: str, data: bytes, bps: int | None = None) -> str:
-        self.routes["/" + path] = ("file", data, bps)
+    def serve(self, path: str, data: bytes, hold_after: int | None = None) -> str:
+        """`data` at `path`; with `hold_after`, the body stops after that many bytes until
+        release() (or close()): a download certainly mid-body however slowly it started."""
+        self.routes["/" + path] = ("file", data, hold_after)
         return self.url(path)
+
+    def release(self) -> None:
+        self._released.set()
 
     def redirect(self, path: str, location: str, code: int = 302) -> str:
         self.routes["/" + path] = ("redirect", code, location)
@@ -63,6 +69,7 @@ class Origin:
         return [a for p, a in self.log if p == "/" + path]
 
     def close(self) -> None:
+        self.release()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -80,17 +87,17 @@ class Origin:
             h.send_header("Content-Length", "0")
             h.end_headers()
         else:
-            _, data, bps = route
+            _, data, hold_after = route
             h.send_response(200)
             h.send_header("Content-Length", str(len(data)))
             h.end_headers()
-            step = max(1, (bps or len(data)) // 20)
             try:
-                for i in range(0, len(data), step):
-                    h.wfile.write(data[i : i + step])
-                    if bps:
-                        h.wfile.flush()
-                        time.sleep(step / bps)
+                if hold_after is not None:
+                    h.wfile.write(data[:hold_after])
+                    h.wfile.flush()
+                    self._released.wait()
+                    data = data[hold_after:]
+                h.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass
 

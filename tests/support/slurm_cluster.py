@@ -8,7 +8,9 @@ of a run that began with the cluster stopped (as CI's do).
 So where this machine's Slurm is the test cluster (its slurm.conf was written by
 start-cluster.sh), the session starts the cluster as it begins, in the background, and the
 Slurm tests' fixture waits for that start instead of making its own. A machine without Slurm
-installed pays nothing (no scontrol to call) and starts nothing early."""
+installed pays nothing (no scontrol to call) and starts nothing early. Under pytest-xdist the
+controller starts it early; a worker's fixture runs the script, which waits on its own lock
+while that start runs (tests/slurm/start-cluster.sh)."""
 
 from __future__ import annotations
 

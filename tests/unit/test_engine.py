@@ -72,18 +72,15 @@ def test_offload_sections_and_their_zero_requirements():
 
 
 def one_gloo_rank(script: str, env: dict | None = None) -> dict:
-    """`script` run by a fresh Python as one gloo rank (its rendezvous port, free, is argv[1]);
-    the JSON object its last line prints."""
+    """`script` run by a fresh Python as one gloo rank (its rendezvous port is argv[1]: 0, so
+    the rank's store binds a free port itself, rather than one found free here and released,
+    which a test running beside it could take meanwhile); the JSON object its last line prints."""
     import json
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     out = subprocess.run(
-        [sys.executable, "-c", script, port], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", script, "0"], capture_output=True, text=True, timeout=300,
         env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gptflow.data.download import Policy, download, parse_origin, token_origins
+from gptflow.data.download import CHUNK, Policy, download, parse_origin, token_origins
 from gptflow.data.sources import resolve_dataset
 from gptflow.errors import GptflowError
 from tests.support.origins import Origin
@@ -251,20 +251,23 @@ def test_cli_reads_the_token_from_the_environment_never_from_its_command_line(se
     server and nothing the job writes."""
     a, _, _ = servers
     data = os.urandom(1_500_000)
-    url = a.serve("slow.bin", data, bps=1_000_000)
+    url = a.serve("slow.bin", data, hold_after=CHUNK)  # mid-body until a.release()
     out, log = tmp_path / "raw" / "slow.bin", tmp_path / "slow.log"
     cmd = [str(Path(sys.executable).parent / "gptflow"), "download", url, "--out", str(out),
            "--token-env", ENV, "--token-host", a.origin, "--sha256sums", str(tmp_path / "raw" / "SHA256SUMS")]  # fmt: skip
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=os.environ)
         try:
-            deadline = time.time() + 30
+            deadline = time.monotonic() + 600  # a hang guard only: the wait is for the state
             part = Path(f"{out}.part")
-            while time.time() < deadline and not (part.exists() and part.stat().st_size):
+            while not (part.exists() and part.stat().st_size >= CHUNK):  # whole reads of CHUNK
+                assert proc.poll() is None, f"the download ended mid-body: {log.read_text()}"
+                assert time.monotonic() < deadline, f"no {CHUNK} bytes in {part} within 600 s"
                 time.sleep(0.05)
             cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
             assert proc.poll() is None, "the download ended before its command line was read"
         finally:
+            a.release()
             assert proc.wait(timeout=60) == 0, log.read_text()
     assert [b"--token-env", ENV.encode()] == cmdline[cmdline.index(b"--token-env") :][:2]
     assert not any(CANARY.encode() in arg for arg in cmdline)

@@ -139,8 +139,9 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory, snakemake, write_config, tiny):
-    """Plan, then run, the tiny pipeline once for the session (test_pipeline, test_harness,
-    test_examples read it). Tests only read it; one that changes anything takes a copy."""
+    """Plan, then run, the tiny pipeline once for the session (test_pipeline and test_harness
+    read it; their tests share the worker that runs it: ONE_WORKER in tests/conftest.py). Tests
+    only read it; one that changes anything takes a copy."""
     wd = tmp_path_factory.mktemp("workflow")
     config = write_config(wd / "config.yaml", tiny)
     plan = snakemake(wd, config, "-n")

@@ -551,14 +551,16 @@ def test_two_local_ranks_through_the_local_profile_save_exit_75_and_resume(
     ]  # fmt: skip
 
 
-def test_snakemake_lint_is_clean(repo):
+def test_snakemake_lint_is_clean(repo, tmp_path):
+    """The repository's Snakefile with its embedded default config, linted from a scratch
+    working directory: run in the repository, Snakemake writes .snakemake/ there."""
     out = subprocess.run(
-        [str(BIN / "snakemake"), "--lint", "--snakefile", str(repo / "Snakefile")],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-    )
+        [str(BIN / "snakemake"), "--lint", "--snakefile", str(repo / "Snakefile"),
+         "--directory", str(tmp_path), "--configfile", str(repo / "config/config.yaml")],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
 
 
 def test_merge_adds_one_job_and_keeps_the_shards(pipeline_copy, snakemake, write_config, tiny):
