@@ -171,7 +171,7 @@ def get_data_index(wildcards):
 
 
 def get_index_settings(wildcards):
-    """What data index {index} is built from (gptflow.run_config.data_index_settings)."""
+    """What data index {index} is built from (gptflow.train.run_config.data_index_settings)."""
     return INDEXES[wildcards.index]
 
 
@@ -211,7 +211,7 @@ def get_train_launcher(wildcards, resources, threads):
 
 
 def eval_resources(config_file):
-    """gptflow.evaluate.run_resources: on GPUs of the training partition's size under the
+    """gptflow.results.evaluate.run_resources: on GPUs of the training partition's size under the
     Slurm profile; <TBD> in a plan made before run.yaml exists."""
     open(config_file).close()
     return run_eval_resources(
@@ -235,7 +235,7 @@ def get_eval_runtime(wildcards, input):
 
 
 def get_harness_files(wildcards):
-    """eval.harness's task files and the local data files they name (gptflow.harness)."""
+    """eval.harness's task files and the local data files they name (gptflow.results.harness)."""
     try:
         return harness.input_files(HARNESS)
     except GptflowError as e:
@@ -250,7 +250,7 @@ def get_harness_step_files(wildcards):
 
 
 def harness_resources(config_file):
-    """gptflow.evaluate.harness_resources: sized from the tasks' work (harness_work) at the
+    """gptflow.results.evaluate.harness_resources: sized from the tasks' work (harness_work) at the
     trained context, placed as evaluate is; <TBD> in a plan made before run.yaml exists."""
     open(config_file).close()
     return run_harness_resources(
@@ -306,7 +306,7 @@ def get_harness_pbs_select(wildcards):
 
 
 def get_export_mem_mb(wildcards, input):
-    """gptflow.export.run_resources; <TBD> in a plan made before run.yaml exists."""
+    """gptflow.results.evaluate.export_resources; <TBD> in a plan made before run.yaml exists."""
     open(input.config).close()
     return run_export_resources(input.config)["mem_mb"]
 

@@ -11,8 +11,10 @@ from pathlib import Path
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.logging import logger
 
-from gptflow import harness, init_from, paths, preflight, submission, why
-from gptflow.container import (
+from gptflow import paths
+from gptflow.config.schema import load_yaml
+from gptflow.config.settings import TrainConfig
+from gptflow.container.image import (
     build_arg_args,
     build_option_args,
     check_planned as check_container,
@@ -20,19 +22,20 @@ from gptflow.container import (
     registry_login_args,
     squash_options_arg,
 )
-from gptflow.config import TrainConfig
 from gptflow.data import hf as hf_datasets, sources
-from gptflow.distributed import rank_options, train_launcher
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
-from gptflow.evaluate import extra_args, extra_files, prompt_args
-from gptflow.evaluate import export_resources as run_export_resources
-from gptflow.evaluate import harness_resources as run_harness_resources
-from gptflow.evaluate import run_resources as run_eval_resources
 from gptflow.hardware import gpu_memory_mib, visible_gpus
-from gptflow.schema import load_yaml
-from gptflow.run_config import data_index_name, data_index_settings
-from gptflow.workflow_config import load_workflow_config, run_configs
+from gptflow.plan import preflight, submission, why
+from gptflow.plan.workflow_config import load_workflow_config, run_configs
+from gptflow.results import harness
+from gptflow.results.evaluate import extra_args, extra_files, prompt_args
+from gptflow.results.evaluate import export_resources as run_export_resources
+from gptflow.results.evaluate import harness_resources as run_harness_resources
+from gptflow.results.evaluate import run_resources as run_eval_resources
+from gptflow.train import init_from
+from gptflow.train.distributed import rank_options, train_launcher
+from gptflow.train.run_config import data_index_name, data_index_settings
 
 REPO = Path(workflow.basedir)
 SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
@@ -52,7 +55,7 @@ except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 
 
-# `gptflow why`: its dry run asks for the config this plan uses (gptflow.why.DUMP_ENV)
+# `gptflow why`: its dry run asks for the config this plan uses (gptflow.plan.why.DUMP_ENV)
 why.dump_config(CFG)
 
 # Every run: one for a config without a study, the study's runs otherwise (each a config of
@@ -93,7 +96,7 @@ HARNESS_STEPS = harness_steps()
 
 @functools.cache
 def harness_work():
-    """eval.harness's tasks' work, counted from the task files once (gptflow.harness.task_work):
+    """eval.harness's tasks' work, counted from the task files once (gptflow.results.harness.task_work):
     the harness jobs' size, printed at -n."""
     try:
         return harness.task_work(HARNESS)
@@ -238,7 +241,7 @@ def profile_value(rule, name):
 
 
 def profile_placement():
-    """Where the profile puts train_gpt (gptflow.preflight.Placement)."""
+    """Where the profile puts train_gpt (gptflow.plan.preflight.Placement)."""
     threads = (workflow.resource_settings.overwrite_threads or {}).get("train_gpt")
 
     def number(name):

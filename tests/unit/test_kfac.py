@@ -5,7 +5,13 @@ import pytest
 import torch
 from torch import nn
 
-from gptflow.config import KfacConfig, ModelConfig, TrainConfig, check_kfac, kfac_floats
+from gptflow.config.settings import (
+    KfacConfig,
+    ModelConfig,
+    TrainConfig,
+    check_kfac,
+    kfac_floats,
+)
 from gptflow.errors import GptflowError
 from gptflow.train.kfac import Kfac
 
@@ -78,7 +84,7 @@ def test_the_preflight_count_is_what_the_model_holds(repo):
     count the preflight and the trainer's start-up line use, is the buffers' size."""
     import yaml
 
-    from gptflow.model import GPTNeoX
+    from gptflow.train.model import GPTNeoX
 
     m = ModelConfig(
         **yaml.safe_load((repo / "config/models/tiny.yaml").read_text()), vocab_size=512
@@ -101,7 +107,7 @@ def test_the_preflight_count_is_what_the_model_holds(repo):
 )  # fmt: skip
 def test_unsupported_layouts_are_refused_at_planning(tiny_config, train, model, refused):
     """preflight.run (snakemake -n) refuses each in one line naming the key and the fix."""
-    from gptflow import preflight
+    from gptflow.plan import preflight
 
     cfg = {
         **tiny_config,
@@ -156,7 +162,7 @@ def test_the_memory_check_counts_the_factors(repo):
     with train.kfac on, none without; at pythia-160m's size it is named as the fix's target."""
     import yaml
 
-    from gptflow import preflight
+    from gptflow.plan import preflight
 
     preset = yaml.safe_load((repo / "config/models/pythia-160m.yaml").read_text())
     m = ModelConfig(**{k: v for k, v in preset.items() if k != "description"}, vocab_size=50304)

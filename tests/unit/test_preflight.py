@@ -1,4 +1,4 @@
-"""The preflight (gptflow.preflight): what `snakemake -n` refuses before a job is queued, and
+"""The preflight (gptflow.plan.preflight): what `snakemake -n` refuses before a job is queued, and
 the per-GPU memory estimate, checked against what DeepSpeed allocates and estimates."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import torch
 import yaml
 
-from gptflow import preflight
-from gptflow.config import ModelConfig, TrainConfig
+from gptflow.config.settings import ModelConfig, TrainConfig
 from gptflow.errors import GptflowError
-from gptflow.preflight import GIB, PartitionNodes, Placement
-from gptflow.snapshot import PAGE
+from gptflow.plan import preflight
+from gptflow.plan.preflight import GIB, PartitionNodes, Placement
+from gptflow.train.snapshot import PAGE
 from tests.support.memory import kept_bytes, saved_peak
 
 from .test_train import BIN
@@ -288,12 +288,11 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     the model file's parameters partitioned away), are snapshot_bytes but for their pickles,
     and the BufferPool they are taken into holds them and at most two pages a buffer (it starts
     each on a page of its own; at ZeRO 0, a buffer per tensor, this tiny model's 112 tensors)."""
-    from gptflow import distributed
-    from gptflow import engine as ds
-    from gptflow.checkpoint import _snapshots
-    from gptflow.model import decay_groups
-    from gptflow.snapshot import BufferPool
-    from gptflow.train import device
+    from gptflow.train import device, distributed
+    from gptflow.train import engine as ds
+    from gptflow.train.checkpoint import _snapshots
+    from gptflow.train.model import decay_groups
+    from gptflow.train.snapshot import BufferPool
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.setenv(name, "")  # export sets them; monkeypatch takes them away after
@@ -420,7 +419,7 @@ def test_activations_are_what_autograd_keeps(checkpointing):
     the fp32 log-softmax (4 bytes a logit) for each sequence added, exactly; with activation
     checkpointing the layers' inputs (the estimate adds one layer's whole set, recomputed in
     the backward, which these hooks do not see: checkpoint packs it under hooks of its own)."""
-    from gptflow.model import GPTNeoX
+    from gptflow.train.model import GPTNeoX
 
     m = dataclasses.replace(TINY, activation_checkpointing=checkpointing)
     torch.manual_seed(0)
@@ -531,10 +530,10 @@ def test_half_precision_zero_2_and_3_agree_with_deepspeeds_estimators(gpus):
 def test_stage_parameters_are_the_split_models_own_count():
     """Tensor 2 x pipeline 2 of an 8-layer model: the last stage's ranks hold half of each of
     4 layers' split matrices, their LayerNorms and biases whole, the final LayerNorm and the
-    head -- counted on the real modules, split as gptflow.engine splits them; the first
+    head -- counted on the real modules, split as gptflow.train.engine splits them; the first
     stage's, the embedding instead."""
-    from gptflow.engine import tensor_parallel_slice
-    from gptflow.model import GPTNeoX
+    from gptflow.train.engine import tensor_parallel_slice
+    from gptflow.train.model import GPTNeoX
 
     m = ModelConfig(num_layers=8, hidden_size=128, num_attention_heads=4, vocab_size=128)
     with torch.device("meta"):
@@ -558,7 +557,7 @@ def test_a_model_that_does_not_fit_names_its_largest_term():
     """Megatron's 18.4B sizes on 8 ranks of one node without model parallelism at ZeRO 1:
     each GPU holds the 16-bit weights and gradients of all 18.4B parameters and their fp32
     sums; at tensor parallel 8 (the table's layout) it fits."""
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     preset = load_yaml("config/models/megatron-gpt3-18.4b.yaml")
     preset.pop("description")
@@ -624,7 +623,7 @@ def test_made_shards_count_their_bytes_whole_or_in_parts(tmp_path, monkeypatch):
 
 
 def pythia_12b() -> ModelConfig:
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     preset = load_yaml("config/models/pythia-12b.yaml")
     preset.pop("description")
@@ -664,7 +663,7 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
 
 
 def gpt_neox_20b() -> ModelConfig:
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     preset = load_yaml("config/models/gpt-neox-20b.yaml")
     preset.pop("description")

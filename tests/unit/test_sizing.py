@@ -1,4 +1,4 @@
-"""The jobs after training sized from the model (gptflow.sizing): the evaluation's precision and
+"""The jobs after training sized from the model (gptflow.results.sizing): the evaluation's precision and
 GPUs for the models we ship layouts for, with the same margin as training's fit check, and what
 the preflight prints and warns of. Arithmetic only: no GPU exists here, so the plans are checked
 against hand-computed figures, not against a GPU's allocator."""
@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptflow import preflight, sizing
-from gptflow.config import ModelConfig
-from gptflow.harness import task_work
-from gptflow.schema import load_yaml
+from gptflow.config.schema import load_yaml
+from gptflow.config.settings import ModelConfig
+from gptflow.plan import preflight
+from gptflow.results import sizing
+from gptflow.results.harness import task_work
 
 REPO = Path(__file__).parents[2]
 GIB = 2**30
@@ -60,7 +61,7 @@ def test_the_evaluation_fits_its_gpus_with_the_training_margin(name, gpu_gib, dt
 
 
 def test_the_fit_check_and_the_evaluation_leave_one_margin():
-    """One home: the preflight's margin is gptflow.sizing's."""
+    """One home: the preflight's margin is gptflow.results.sizing's."""
     assert preflight.fit_margin is sizing.fit_margin
     assert sizing.fit_margin(80 * GIB) == 2 * GIB + 8 * GIB
 
@@ -103,7 +104,7 @@ def write_task(tmp_path: Path, name: str, rows: list[dict], **keys) -> str:
 
 
 def test_the_harness_work_is_counted_from_the_task_files(tmp_path):
-    """gptflow.harness.task_work at planning, without lm-eval: a task file over local JSONL is
+    """gptflow.results.harness.task_work at planning, without lm-eval: a task file over local JSONL is
     counted (its evaluated split's documents, their mean stored bytes, a question's choices
     from the list field doc_to_choice names, a generation's max_gen_toks), at most
     eval.harness.limit documents; a harness task name (its data not on disk) is assumed."""

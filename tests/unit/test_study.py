@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gptflow import preflight
-from gptflow.config import TrainConfig
+from gptflow.config.settings import TrainConfig
 from gptflow.data.dataset import split_samples
 from gptflow.errors import GptflowError
-from gptflow.run_config import data_index_name, data_index_settings
-from gptflow.workflow_config import run_configs
+from gptflow.plan import preflight
+from gptflow.plan.workflow_config import run_configs
+from gptflow.train.run_config import data_index_name, data_index_settings
 
 from .test_config import load
 from .test_preflight import SLURM

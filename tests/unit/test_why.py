@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from gptflow.why import config_changes, parse_dry_run
+from gptflow.plan.why import config_changes, parse_dry_run
 
 DRY_RUN = """Building DAG of jobs...
 Job stats:
@@ -54,8 +54,8 @@ def test_dry_run_jobs_and_reasons_are_parsed():
 
 
 def size_of(cfg: dict, tmp_path, peak_tflops: float, mfu: float, shards: int = 0) -> dict:
-    """The plan's size figures (gptflow.preflight), as `gptflow why` prints them."""
-    from gptflow import preflight
+    """The plan's size figures (gptflow.plan.preflight), as `gptflow why` prints them."""
+    from gptflow.plan import preflight
 
     vocab, _ = preflight.vocab_size(cfg, None)
     model = preflight.model_config(cfg, vocab)
@@ -118,8 +118,8 @@ def test_shard_bytes_come_from_the_corpus_in_the_token_dtype_of_the_unpadded_voc
     3.5 times), in uint16 below 65,500 ids (Megatron's rule, gptflow.data.indexed), else
     int32; an imported Megatron shard counts its .bin; an input not downloaded yet is counted
     apart. The embedding still has the padded rows: a 65,450-token vocabulary pads to 65,536."""
-    from gptflow import preflight
     from gptflow.data.sources import Dataset, Shard
+    from gptflow.plan import preflight
 
     (tmp_path / "a.jsonl").write_bytes(b"x" * 4000)  # 1,000 tokens
     (tmp_path / "b.jsonl.zst").write_bytes(b"x" * 800)  # 2,800 bytes of text: 700 tokens

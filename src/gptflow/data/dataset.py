@@ -585,7 +585,7 @@ def build_split_datasets(
 
 
 def run_split_datasets(cfg, build_allowed: bool = True) -> dict:
-    """The train/valid datasets of a run config (:class:`gptflow.run_config.RunConfig`), their
+    """The train/valid datasets of a run config (:class:`gptflow.train.run_config.RunConfig`), their
     indices cached in the run's ``data-index/`` under a hash of everything they depend on.
 
     The workflow's ``build_data_index`` rule calls this before training (a CPU job); the

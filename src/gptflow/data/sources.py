@@ -39,10 +39,10 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from gptflow import paths
+from gptflow.config.schema import fill_defaults, load_yaml, validate
 from gptflow.data.download import refuse_credentials_in_urls, token_origins
 from gptflow.data.readers import FORMATS, infer_format
 from gptflow.errors import GptflowError
-from gptflow.schema import fill_defaults, load_yaml, validate
 
 # The name a downloaded file is stored under (resources/raw/{dataset}/{name}) comes from a URL,
 # which is someone else's text: one path component of plain characters, not a name the

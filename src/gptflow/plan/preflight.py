@@ -14,7 +14,7 @@ and `gptflow why` run these before any job is queued.
   K-FAC's factors (train.kfac; the layouts it is refused with are refused here too), on
   the most loaded pipeline stage, plus a stated margin, against the GPU's memory, the largest
   term named when it does not fit;
-- the run's size: parameters and FLOPs (from :class:`gptflow.config.ModelConfig`, the
+- the run's size: parameters and FLOPs (from :class:`gptflow.config.settings.ModelConfig`, the
   trainer's own numbers, with the tokenizer's real vocabulary when it is on disk), tokens,
   GPU-hours at a stated MFU, checkpoint and shard bytes against free disk.
 
@@ -33,11 +33,18 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptflow import paths, sizing
-from gptflow.config import ModelConfig, TrainConfig, check_kfac, kfac_floats, padded_vocab_size
-from gptflow.distributed import launched_ranks, local_ranks
+from gptflow import paths
+from gptflow.config.settings import (
+    ModelConfig,
+    TrainConfig,
+    check_kfac,
+    kfac_floats,
+    padded_vocab_size,
+)
 from gptflow.errors import GptflowError
 from gptflow.hardware import background_saves, planned_gpu, training_precision
+from gptflow.results import sizing
+from gptflow.train.distributed import launched_ranks, local_ranks
 
 GIB = 1024**3
 PLACEHOLDER = re.compile(r"\A<[^<>]*>\Z")  # how the shipped profile marks what to fill in
@@ -420,7 +427,7 @@ def stage_parameters(
     """Parameters a rank of pipeline stage `stage` holds: its decoder layers (balanced over the
     stages, rounded up), each split matrix 1/tp of it, LayerNorms and the row-parallel biases
     whole; the first stage also the embedding, the last the final LayerNorm and the head,
-    and each of those 1/tp of the vocabulary's rows (gptflow.engine.VOCAB_PARALLEL)."""
+    and each of those 1/tp of the vocabulary's rows (gptflow.train.engine.VOCAB_PARALLEL)."""
     h, f, v, t = m.hidden_size, m.ffn_size, m.vocab_size, tensor_parallel
     split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
     whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
@@ -480,14 +487,14 @@ LAYER_NORM_STATS = 2 * 4  # a LayerNorm keeps each token's mean and 1/std in fp3
 # for 16-bit input; CPU's bf16 LayerNorm keeps them in bf16, 4 bytes less)
 TOKEN_ID = 8  # int64: the ids the embedding keeps, the labels the loss keeps
 # The logits' peak, bytes a logit (b x s x V on the last stage, V/tp on each tensor-parallel
-# rank), in the loss's backward. On one rank gptflow.model.lm_loss: F.cross_entropy keeps
+# rank), in the loss's backward. On one rank gptflow.train.model.lm_loss: F.cross_entropy keeps
 # log_softmax's fp32 output (4); its backward holds that, the fp32 gradient nll_loss hands it (4)
 # and the gradient it makes (4). The 16-bit logits and their fp32 copy (2 + 4) are freed after the
 # forward -- except under a pipeline, whose engine keeps each micro-batch's stage output (here the
 # logits) in its buffers until the buffer is reused (deepspeed/runtime/pipe/engine.py; the last
 # stage runs two buffers), counted apart.
 LOGITS_PEAK = 12
-# Under tensor parallel gptflow.engine.VocabParallelCrossEntropy keeps its block's fp32 softmax
+# Under tensor parallel gptflow.train.engine.VocabParallelCrossEntropy keeps its block's fp32 softmax
 # (4) and makes it the gradient in place; its forward holds the logits and that fp32 copy, and its
 # backward that and the gradient in the logits' dtype: 4 + the logits' width (2 or 4) either way.
 VOCAB_PARALLEL_LOGITS_PEAK = 4
@@ -502,7 +509,7 @@ def logits_bytes(tokens: int, vocab: int, tensor_parallel: int, width: int) -> i
 
 
 def layer_activation_bytes(m: ModelConfig, tensor_parallel: int, tokens: int, width: int) -> int:
-    """Bytes one decoder layer (gptflow.model.Layer) keeps for its backward, for `tokens`
+    """Bytes one decoder layer (gptflow.train.model.Layer) keeps for its backward, for `tokens`
     tokens of a micro-batch on a rank of `tensor_parallel`, elements `width` bytes (2 in
     bf16/fp16, 4 in fp32), as autograd saves them (measured on CPU in
     tests/unit/test_preflight.py), in elements a token:
@@ -577,7 +584,7 @@ def planned_precision(t: TrainConfig, p: Placement) -> tuple[str, str]:
     return training_precision(t.precision, t.zero_stage, name, capability)
 
 
-# The margin a fit leaves free: gptflow.sizing's (one home, shared with the evaluation).
+# The margin a fit leaves free: gptflow.results.sizing's (one home, shared with the evaluation).
 RUNTIME_OVERHEAD_BYTES = sizing.RUNTIME_OVERHEAD_BYTES
 FRAGMENTATION_SHARE = sizing.FRAGMENTATION_SHARE
 fit_margin = sizing.fit_margin
@@ -702,7 +709,7 @@ def snapshot_bytes(
       rank (offloaded or not: the snapshot copies it either way).
 
     Not counted: the pickles (under 32 KiB a file, measured) and what a host buffer takes
-    beyond its bytes (gptflow.snapshot.buffer_bytes: under two pages, 8 KiB, a storage)."""
+    beyond its bytes (gptflow.train.snapshot.buffer_bytes: under two pages, 8 KiB, a storage)."""
     dp = t.data_parallel_size(ranks)
     stage = t.pipeline_stage(rank, ranks)
     params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)
@@ -833,9 +840,9 @@ def after_training(
     eval_cfg: dict,
     harness_work: list[sizing.TaskWork] | None = None,
 ) -> list[str]:
-    """The evaluate, export_hf and harness jobs as the rules size them (gptflow.sizing), and a
+    """The evaluate, export_hf and harness jobs as the rules size them (gptflow.results.sizing), and a
     warning when the evaluation needs more GPUs than one node (or this machine) has.
-    `harness_work`: eval.harness's tasks (gptflow.harness.task_work), when it has any."""
+    `harness_work`: eval.harness's tasks (gptflow.results.harness.task_work), when it has any."""
     gpu_mb = p.gpu_mem_mb or DEFAULT_GPU_MEMORY_MB
     plan = sizing.eval_plan(m, seq_length, gpu_mb * 2**20)
     node = p.gpus_per_node if p.on_cluster or p.gres else p.gpus
@@ -870,7 +877,7 @@ def harness_line(
     m: ModelConfig, seq_length: int, gpu_mb: int, harness_cfg: dict, work: list[sizing.TaskWork]
 ) -> str:
     """The harness jobs' size at -n: requests and tokens (counted from the task files, or
-    assumed: said which), the placement, host memory and minutes (gptflow.sizing)."""
+    assumed: said which), the placement, host memory and minutes (gptflow.results.sizing)."""
     batch, fewshot = harness_cfg.get("batch_size", 8), harness_cfg.get("num_fewshot", 0)
     plan = sizing.eval_plan(m, seq_length, gpu_mb * 2**20, batch)
     requests = sum(w.requests(seq_length) for w in work)
