@@ -216,7 +216,7 @@ def eval_resources(config_file):
     open(config_file).close()
     return run_eval_resources(
         config_file,
-        PLACEMENT.gpu_mem_mb or preflight.DEFAULT_GPU_MEMORY_MB,
+        PLACEMENT.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
         PLACEMENT.on_cluster or bool(LOCAL_GPUS),
         CFG["eval"],
     )
@@ -255,7 +255,7 @@ def harness_resources(config_file):
     open(config_file).close()
     return run_harness_resources(
         config_file,
-        PLACEMENT.gpu_mem_mb or preflight.DEFAULT_GPU_MEMORY_MB,
+        PLACEMENT.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
         PLACEMENT.on_cluster or bool(LOCAL_GPUS),
         HARNESS,
         harness_work(),

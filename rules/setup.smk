@@ -26,7 +26,7 @@ from gptflow.data import hf as hf_datasets, sources
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 from gptflow.hardware import gpu_memory_mib, visible_gpus
-from gptflow.plan import preflight, submission, why
+from gptflow.plan import gpu_memory, placement, preflight, run_size, submission, why
 from gptflow.plan.workflow_config import load_workflow_config, run_configs
 from gptflow.results import harness
 from gptflow.results.evaluate import extra_args, extra_files, prompt_args
@@ -241,7 +241,7 @@ def profile_value(rule, name):
 
 
 def profile_placement():
-    """Where the profile puts train_gpt (gptflow.plan.preflight.Placement)."""
+    """Where the profile puts train_gpt (gptflow.plan.placement.Placement)."""
     threads = (workflow.resource_settings.overwrite_threads or {}).get("train_gpt")
 
     def number(name):
@@ -279,7 +279,7 @@ def profile_placement():
     if gpus and gpu_mem_mb is None:
         gpu_mem_mb, how = gpu_memory_mib()
         gpu_mem_source = how if gpu_mem_mb else f"assumed: 80 GB GPUs ({how})"
-    return preflight.Placement(
+    return placement.Placement(
         executor=executor,
         nodes=number("nodes"),
         tasks_per_node=number("tasks_per_node"),
@@ -312,7 +312,7 @@ if LOCAL_GPUS and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", LOCAL_GPUS)
 if workflow.is_main_process:
     # a study: every run's layout and memory checked, the largest run's preflight in full
-    LARGEST = max(RUNS, key=lambda name: preflight.model_config(RUNS[name], 0).num_parameters())
+    LARGEST = max(RUNS, key=lambda name: run_size.model_config(RUNS[name], 0).num_parameters())
     try:
         PREFLIGHT = preflight.run(
             RUNS[LARGEST],
@@ -375,12 +375,12 @@ if workflow.is_main_process:
 
 def refuse_placeholders():
     """Snakefile onstart (a real run, never -n): an unedited profile is not submitted."""
-    found = preflight.placeholders(PLACEMENT)
+    found = placement.placeholders(PLACEMENT)
     cluster = ("slurm", "cluster-generic")  # profiles/slurm, profiles/pbs
     if found and workflow.executor_plugin and workflow.executor_plugin.name in cluster:
         raise WorkflowError(
             "gptflow: not submitted: "
-            + preflight.placeholder_message(found, PLACEMENT.executor, "the profile")
+            + placement.placeholder_message(found, PLACEMENT.executor, "the profile")
         )
 
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from gptflow.plan.preflight import Placement
+from gptflow.plan.placement import Placement
 
 
 @pytest.mark.parametrize(

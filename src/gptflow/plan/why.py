@@ -158,10 +158,10 @@ def attribute(job: Job, workdir: Path, changes: list[tuple[str, object, object]]
 
 
 def size(cfg: dict, plan: dict, workdir: Path, peak_tflops, mfu) -> dict:
-    """The run's size (gptflow.plan.preflight.size) from the plan's own preflight: its parameter
+    """The run's size (gptflow.plan.run_size.size) from the plan's own preflight: its parameter
     count with the tokenizer's real vocabulary, and the token shards' bytes; GPU-hours at
     the preflight's assumed peak and MFU unless given."""
-    from gptflow.plan.preflight import ASSUMED_MFU, ASSUMED_PEAK_TFLOPS, model_config, size
+    from gptflow.plan.run_size import ASSUMED_MFU, ASSUMED_PEAK_TFLOPS, model_config, size
 
     peak_tflops, mfu = peak_tflops or ASSUMED_PEAK_TFLOPS, mfu or ASSUMED_MFU
 
