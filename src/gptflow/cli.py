@@ -2,6 +2,9 @@
 with its flags beside it (``add_<command>_arguments``); :data:`COMMANDS` lists them all.
 
 Bad input exits with status 1 and one line on stderr: what is wrong, where, and how to fix it.
+
+Over 500 lines: the command table, a short ``add_<command>_arguments`` / ``cmd_<command>``
+pair per subcommand; split over modules, ``gptflow --help`` would have no one place to read.
 """
 
 from __future__ import annotations

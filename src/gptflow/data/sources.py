@@ -23,6 +23,9 @@ Five kinds of entries (``datasets.<name>.type``):
 
 The shard list is static -- decided by the config, not by the data -- so the whole DAG,
 downloads included, is known to ``snakemake -n``.
+
+Over 500 lines: a section per dataset type (local, hf, megatron, url and the catalog), all
+resolved by :func:`resolve_datasets` into the same :class:`Dataset` and :class:`Shard` records.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ Peak memory is a small multiple of the largest tensor, not of the model (measure
 tests/unit/test_export.py). The directory is published whole (temporary directory, rename).
 
 DeepSpeed is imported only to read ZeRO 1-3 checkpoints.
+
+Over 500 lines: reading every checkpoint layout DeepSpeed writes (ZeRO 0-3, tensor and
+pipeline slices; evaluation reads weights through it too) and writing safetensors shards.
 """
 
 from __future__ import annotations

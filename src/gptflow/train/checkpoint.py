@@ -15,6 +15,10 @@ DeepSpeed writes its own ``latest`` with a plain ``open().write()`` before the o
 have finished: we save with ``save_latest=False``, wait for every rank, mark the step
 ``COMPLETE`` and only then point ``latest`` at it (temp file, fsync, rename). Resume trusts
 nothing else: a step directory without ``COMPLETE`` is an interrupted save and is ignored.
+
+Over 500 lines: the series (save, resume, retention, universal checkpoints across layouts)
+and the run lock a resume takes before it reads the series; the two are tested together
+(requeues, kills, stale locks).
 """
 
 from __future__ import annotations

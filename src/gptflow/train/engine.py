@@ -5,6 +5,9 @@ batch sizes and gradient accumulation are derived and checked, gradient clipping
 (DeepSpeed silently clips at 1.0 when the key is absent), the optimizer is torch AdamW (no C++
 build needed on CPU) and the learning-rate schedule is ours (warmup + cosine/linear), stepped by
 DeepSpeed once per optimizer step and saved in its checkpoints.
+
+Over 500 lines: the only module that imports deepspeed, so everything that talks to it lives
+here: the config, the engine, tensor and pipeline parallel, the dropout RNG of split regions.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ that makes a resumed run repeat the uninterrupted one bit for bit.
 
 The loop reads the device once per log interval (:class:`~gptflow.train.metrics.Interval`);
 every tensor it makes comes from :class:`~gptflow.train.device.Device`.
+
+Over 500 lines: the loop's named steps (building, one step, reporting, saving and stopping),
+each a short function, so that :func:`run` reads as the list of them on one screen.
 """
 
 from __future__ import annotations
