@@ -2,9 +2,9 @@
 
 1. Two trainings of the same run, one with ``train.async_save: false`` (the baseline: DeepSpeed's
    ``save_checkpoint`` writes and fsyncs every file while training waits) and one with it true
-   (gptflow.train.snapshot: the files are taken into host memory, a writer thread per rank writes them),
-   each a real ``gptflow train --config run.yaml`` process, one rank (gloo), DeepSpeed ZeRO 1 in
-   bf16 (the GPU default; --precision fp32 to compare). The model is a preset from config/models
+   (gptflow.train.snapshot: the files are taken into host memory, a writer thread per rank writes
+   them), each a real ``gptflow train --config run.yaml`` process, one rank (gloo), DeepSpeed ZeRO 1
+   in bf16 (the GPU default; --precision fp32 to compare). The model is a preset from config/models
    (default pythia-160m: 12 layers x 768) with this bench's tokenizer's vocabulary (a ByteLevel
    BPE of --vocab ids trained on the tests' stdlib slice, which is also the training text), so
    about 100 M parameters instead of Pythia's 162 M; same seed, same data, --steps steps of one

@@ -96,8 +96,8 @@ HARNESS_STEPS = harness_steps()
 
 @functools.cache
 def harness_work():
-    """eval.harness's tasks' work, counted from the task files once (gptflow.results.harness.task_work):
-    the harness jobs' size, printed at -n."""
+    """eval.harness's tasks' work, counted from the task files once
+    (gptflow.results.harness.task_work): the harness jobs' size, printed at -n."""
     try:
         return harness.task_work(HARNESS)
     except GptflowError as e:

@@ -659,7 +659,8 @@ def cmd_harness(a: argparse.Namespace) -> int:
     from gptflow.train.run_config import RunConfig
 
     cfg = RunConfig.load(a.config)
-    # as the evaluate job's, a.batch_size sequences a forward pass (gptflow.results.evaluate.harness_resources)
+    # as the evaluate job's, a.batch_size sequences a forward pass
+    # (gptflow.results.evaluate.harness_resources)
     devices, dtype = eval_placement(cfg.model, cfg.train.seq_length, a.batch_size)
     settings = {
         "include": a.include, "num_fewshot": a.num_fewshot, "batch_size": a.batch_size,

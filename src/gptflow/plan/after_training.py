@@ -18,8 +18,8 @@ def after_training(
     eval_cfg: dict,
     harness_work: list[sizing.TaskWork] | None = None,
 ) -> list[str]:
-    """The evaluate, export_hf and harness jobs as the rules size them (gptflow.results.sizing), and a
-    warning when the evaluation needs more GPUs than one node (or this machine) has.
+    """The evaluate, export_hf and harness jobs as the rules size them (gptflow.results.sizing), and
+    a warning when the evaluation needs more GPUs than one node (or this machine) has.
     `harness_work`: eval.harness's tasks (gptflow.results.harness.task_work), when it has any."""
     gpu_mb = p.gpu_mem_mb or DEFAULT_GPU_MEMORY_MB
     plan = sizing.eval_plan(m, seq_length, gpu_mb * 2**20)

@@ -1,9 +1,9 @@
 """Our train config -> a DeepSpeed config -> a DeepSpeed engine. The only module importing deepspeed.
 
-The DeepSpeed JSON is rendered from :class:`gptflow.config.settings.TrainConfig`, never hand-written:
-batch sizes and gradient accumulation are derived and checked, gradient clipping is explicit
-(DeepSpeed silently clips at 1.0 when the key is absent), the optimizer is torch AdamW (no C++
-build needed on CPU) and the learning-rate schedule is ours (warmup + cosine/linear), stepped by
+The DeepSpeed JSON is rendered from :class:`gptflow.config.settings.TrainConfig`, never
+hand-written: batch sizes and gradient accumulation are derived and checked, gradient clipping is
+explicit (DeepSpeed silently clips at 1.0 when the key is absent), the optimizer is torch AdamW (no
+C++ build needed on CPU) and the learning-rate schedule is ours (warmup + cosine/linear), stepped by
 DeepSpeed once per optimizer step and saved in its checkpoints.
 
 Over 500 lines: the only module that imports deepspeed, so everything that talks to it lives
@@ -24,8 +24,8 @@ from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
 
 # How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
-# specs, matched against gptflow.train.model's parameter names). Column-parallel: the output rows are
-# split, so each rank computes whole heads (query_key_value's rows are grouped per head as
+# specs, matched against gptflow.train.model's parameter names). Column-parallel: the output rows
+# are split, so each rank computes whole heads (query_key_value's rows are grouped per head as
 # [q_h; k_h; v_h], so a contiguous block is whole heads) and 1/tp of the MLP's columns.
 # Row-parallel: the input columns are split and the outputs summed over the group (their
 # biases replicated, added once). LayerNorms are replicated. The vocabulary is split too

@@ -25,8 +25,8 @@ the weights' identity is recorded (:func:`identity`): the series fingerprint hol
 weights at the same path are a new series, not a silent resume.
 
 Loaded by :class:`HFWeights`, the :data:`gptflow.train.model.Initializer` that
-``gptflow.train.engine.build_model`` calls for each parameter a rank holds, at step 0 only: a run with
-a checkpoint resumes from it and does not read the directory.
+``gptflow.train.engine.build_model`` calls for each parameter a rank holds, at step 0 only: a run
+with a checkpoint resumes from it and does not read the directory.
 
 Over 500 lines (just): the planning checks of a checkpoint directory and its loader share
 the directory's reading (config.json, the safetensors headers).

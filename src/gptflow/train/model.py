@@ -133,8 +133,9 @@ class GPTNeoX(nn.Module):
         self.cfg = cfg
         self.gpt_neox = Backbone(cfg)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # (logits, labels) -> mean loss; under tensor parallel the logits are split along the
-        # vocabulary and gptflow.train.engine.split_tensor_parallel puts its vocab-parallel loss here
+        # (logits, labels) -> mean loss; under tensor parallel the logits are split along
+        # the vocabulary and gptflow.train.engine.split_tensor_parallel puts its vocab-parallel
+        # loss here
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss
         if self.embed_out.weight.device.type != "meta":
             self.reset_parameters(torch.initial_seed() if seed is None else seed)
@@ -263,8 +264,8 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
 
 
-# Hugging Face checkpoint names that are not the model's own (gptflow.results.export writes them, and
-# gptflow.train.init_from reads either): transformers 5 calls the output head ``lm_head``; its
+# Hugging Face checkpoint names that are not the model's own (gptflow.results.export writes them,
+# and gptflow.train.init_from reads either): transformers 5 calls the output head ``lm_head``; its
 # checkpoints, like transformers 4's (Pythia's), may name it ``embed_out`` as the model does.
 HF_CHECKPOINT_NAMES = {"embed_out.weight": "lm_head.weight"}
 # Tensors of older Hugging Face checkpoints that are buffers, not weights (the causal mask, the
