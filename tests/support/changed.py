@@ -29,7 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 TESTS = REPO / "tests"
-IMPORT = re.compile(r"(?:from|import)\s+(gptflow(?:\.\w+)*)(?:\s+import\s+([\w, ()\n]+))?")
+IMPORT = re.compile(
+    r"(?:from|import)\s+(gptflow(?:\.\w+)*)(?:[ \t]+import[ \t]+(\([^)]*\)|[\w, \t]+))?"
+)
 # what runs every rule: a change to the rules selects it besides the tests naming the file
 RULE_TESTS = ["tests/unit/test_rules_quoting.py", "tests/workflow/test_pipeline.py"]
 
