@@ -1,6 +1,8 @@
 """What the rules of several stages share: input functions and path helpers
-(get_<thing>(wildcards) looks up a job's values). A stage's own input functions are at the top
-of its .smk file; what they compute lives in the package (imported in setup.smk)."""
+(get_<thing>(wildcards) looks up a job's values). A stage's own are in
+rules/<stage>_functions.smk, which its rules file includes first (snakemake --lint wants
+rules and functions in separate files); what they compute lives in the package (imported in
+setup.smk)."""
 
 
 def verbatim(value):
