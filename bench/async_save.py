@@ -2,9 +2,9 @@
 
 1. Two trainings of the same run, one with ``train.async_save: false`` (the baseline: DeepSpeed's
    ``save_checkpoint`` writes and fsyncs every file while training waits) and one with it true
-   (gptflow.snapshot: the files are taken into host memory, a writer thread per rank writes them),
-   each a real ``gptflow train --config run.yaml`` process, one rank (gloo), DeepSpeed ZeRO 1 in
-   bf16 (the GPU default; --precision fp32 to compare). The model is a preset from config/models
+   (gptflow.train.snapshot: the files are taken into host memory, a writer thread per rank writes
+   them), each a real ``gptflow train --config run.yaml`` process, one rank (gloo), DeepSpeed ZeRO 1
+   in bf16 (the GPU default; --precision fp32 to compare). The model is a preset from config/models
    (default pythia-160m: 12 layers x 768) with this bench's tokenizer's vocabulary (a ByteLevel
    BPE of --vocab ids trained on the tests' stdlib slice, which is also the training text), so
    about 100 M parameters instead of Pythia's 162 M; same seed, same data, --steps steps of one
@@ -18,10 +18,10 @@
    DONE.json) and the process's wall time (start-up too: imports, DeepSpeed's engine, the data
    index); the bytes of a checkpoint (its step directory); then the ratios async/sync, and
    whether the two runs' final checkpoints are byte-identical
-   (gptflow.checkpoint.checkpoint_digest of the last step directory of each).
+   (gptflow.train.checkpoint.checkpoint_digest of the last step directory of each).
 2. The host rates the on-paper estimate needs, on --host-gib GiB of bytes (best of --repeat):
    a tensor clone (host memory copy), ``torch.save`` + fsync into the bench's directory, and
-   gptflow.snapshot's ``take`` (pickle + copy into the reused host buffers) and ``write`` (zip
+   gptflow.train.snapshot's ``take`` (pickle + copy into the reused host buffers) and ``write`` (zip
    + fsync) of the same tensor, checked byte-identical to torch.save's file; and what a
    background snapshot.write leaves a one-thread matmul loop running meanwhile (its rate as a
    share of its rate alone: the writer thread, the zip's CRC and the kernel's write-back take
@@ -90,8 +90,8 @@ def prepare_data(out: Path, vocab: int) -> tuple[dict, Path, list[str]]:
 
 def make_run(out: Path, name: str, config: dict, tok: Path, shards: list[str], a, async_save):
     """A run directory with run.yaml rendered as tests/conftest.py's make_run does."""
-    from gptflow.run_config import render_run_config, write_run_config
-    from gptflow.workflow_config import load_workflow_config
+    from gptflow.plan.workflow_config import load_workflow_config
+    from gptflow.train.run_config import render_run_config, write_run_config
 
     train = {
         **config["train"], "train_iters": a.steps, "save_interval": a.save_interval,
@@ -135,7 +135,7 @@ def train(run_dir: Path, threads: int) -> dict:
 
 def summarize(run_dir: Path, res: dict) -> dict:
     """The figures of one run (see the module docstring)."""
-    from gptflow.checkpoint import checkpoint_digest
+    from gptflow.train.checkpoint import checkpoint_digest
 
     saves = [r for r in res["records"] if r["kind"] == "save"]
     trains = [r for r in res["records"] if r["kind"] == "train"]
@@ -202,7 +202,7 @@ def host_rates(out: Path, gib: float, repeat: int) -> dict:
     """Seconds per byte of a clone, torch.save + fsync, snapshot take and write (best of)."""
     import torch
 
-    from gptflow import snapshot
+    from gptflow.train import snapshot
 
     n = int(gib * GIB)
     t = torch.randint(0, 256, (n,), dtype=torch.uint8)
@@ -290,8 +290,8 @@ def print_rates(r: dict, repeat: int) -> None:
 
 
 def on_paper(a, rates: dict) -> None:
-    from gptflow.config import ModelConfig, padded_vocab_size
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
+    from gptflow.config.settings import ModelConfig, padded_vocab_size
 
     preset = load_yaml(REPO / "config/models" / f"{a.paper_preset}.yaml") or {}
     vocab = padded_vocab_size(PYTHIA_VOCAB, preset.get("make_vocab_size_divisible_by", 128))

@@ -42,14 +42,13 @@ def worker(a) -> None:
     import numpy as np
     import torch
 
-    from gptflow import distributed
-    from gptflow import engine as ds
-    from gptflow.config import ModelConfig, TrainConfig, padded_vocab_size
-    from gptflow.model import decay_groups
-    from gptflow.schema import load_yaml
-    from gptflow.train import device
+    from gptflow.config.schema import load_yaml
+    from gptflow.config.settings import ModelConfig, TrainConfig, padded_vocab_size
+    from gptflow.train import device, distributed
+    from gptflow.train import engine as ds
     from gptflow.train.loop import Progress, Trainer, train_step
     from gptflow.train.metrics import Interval
+    from gptflow.train.model import decay_groups
 
     torch.set_num_threads(a.threads)
     env = distributed.resolve()

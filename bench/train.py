@@ -10,7 +10,7 @@ or corpus has to be built), and does the same optimizer steps:
   schedule (``LambdaLR``), per micro-batch the trainer's dropout reseed, forward and
   ``loss.backward()``, then ``clip_grad_norm_``, ``optimizer.step()``, ``scheduler.step()``,
   ``zero_grad``;
-* ours: the engine of ``gptflow.engine.build_engine`` at each ZeRO stage, stepped by the
+* ours: the engine of ``gptflow.train.engine.build_engine`` at each ZeRO stage, stepped by the
   trainer's own ``gptflow.train.loop.train_step`` (reseed, batch from the samples, forward,
   ``engine.backward``, ``engine.step``, the interval's device sums); reading data from shards
   and the log line (once per ``log_interval``) are left out of both.
@@ -67,8 +67,8 @@ class Runner:
 def plain_runner(cfg, train, batches, gas: int) -> Runner:
     import torch
 
-    from gptflow.model import GPTNeoX, decay_groups
     from gptflow.train.loop import reseed
+    from gptflow.train.model import GPTNeoX, decay_groups
 
     torch.manual_seed(train.seed)
     model = GPTNeoX(cfg)
@@ -103,12 +103,12 @@ def engine_runner(cfg, train, rows, gas: int, stage: int, kfac=None) -> tuple[Ru
 
     import torch
 
-    from gptflow import engine as ds
-    from gptflow.model import GPTNeoX, decay_groups
+    from gptflow.train import engine as ds
     from gptflow.train.device import Device
     from gptflow.train.kfac import Kfac
     from gptflow.train.loop import Progress, Trainer, train_step
     from gptflow.train.metrics import Interval
+    from gptflow.train.model import GPTNeoX, decay_groups
 
     t = dataclasses.replace(train, zero_stage=stage, kfac=kfac)
     torch.manual_seed(t.seed)
@@ -234,9 +234,9 @@ def main() -> int:
     # DeepSpeed's ZeRO calls deprecated torch.distributed collectives: noise, not findings.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")
 
-    from gptflow import distributed
-    from gptflow.config import KfacConfig, ModelConfig, TrainConfig, padded_vocab_size
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
+    from gptflow.config.settings import KfacConfig, ModelConfig, TrainConfig, padded_vocab_size
+    from gptflow.train import distributed
 
     torch.set_num_threads(a.threads)
     preset = load_yaml(REPO / "config/models" / f"{a.preset}.yaml") or {}
@@ -405,7 +405,7 @@ def kfac_loss_table(a, preset_cfg) -> None:
 
     import torch
 
-    from gptflow.config import KfacConfig, TrainConfig
+    from gptflow.config.settings import KfacConfig, TrainConfig
 
     cfg = dataclasses.replace(preset_cfg, vocab_size=256)  # bytes
     steps = a.kfac_steps

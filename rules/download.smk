@@ -4,6 +4,10 @@ A download is written to NAME.part and renamed only after its sha256 checks out;
 survives failed jobs and retries, so every attempt resumes where the last one stopped.
 """
 
+
+include: "download_functions.smk"
+
+
 if CFG["download"]["localrule"]:
 
     localrules:

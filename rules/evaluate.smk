@@ -3,6 +3,9 @@ lm-evaluation-harness on that export and on the checkpoints eval.harness.every n
 (exported on the fly), tabled and plotted for the report (eval.harness)."""
 
 
+include: "evaluate_functions.smk"
+
+
 rule evaluate:
     input:
         config=paths.RUN_YAML,

@@ -11,8 +11,10 @@ from pathlib import Path
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.logging import logger
 
-from gptflow import harness, init_from, paths, preflight, submission, why
-from gptflow.container import (
+from gptflow import paths
+from gptflow.config.schema import load_yaml
+from gptflow.config.settings import TrainConfig
+from gptflow.container.image import (
     build_arg_args,
     build_option_args,
     check_planned as check_container,
@@ -20,19 +22,20 @@ from gptflow.container import (
     registry_login_args,
     squash_options_arg,
 )
-from gptflow.config import TrainConfig
 from gptflow.data import hf as hf_datasets, sources
-from gptflow.distributed import rank_options, train_launcher
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
-from gptflow.evaluate import extra_args, extra_files, prompt_args
-from gptflow.evaluate import export_resources as run_export_resources
-from gptflow.evaluate import harness_resources as run_harness_resources
-from gptflow.evaluate import run_resources as run_eval_resources
 from gptflow.hardware import gpu_memory_mib, visible_gpus
-from gptflow.schema import load_yaml
-from gptflow.run_config import data_index_name, data_index_settings
-from gptflow.workflow_config import load_workflow_config, run_configs
+from gptflow.plan import gpu_memory, placement, preflight, run_size, submission, why
+from gptflow.plan.workflow_config import load_workflow_config, run_configs
+from gptflow.results import harness
+from gptflow.results.evaluate import extra_args, extra_files, prompt_args
+from gptflow.results.evaluate import export_resources as run_export_resources
+from gptflow.results.evaluate import harness_resources as run_harness_resources
+from gptflow.results.evaluate import run_resources as run_eval_resources
+from gptflow.train import init_from
+from gptflow.train.distributed import rank_options, train_launcher
+from gptflow.train.run_config import data_index_name, data_index_settings
 
 REPO = Path(workflow.basedir)
 SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
@@ -52,7 +55,7 @@ except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 
 
-# `gptflow why`: its dry run asks for the config this plan uses (gptflow.why.DUMP_ENV)
+# `gptflow why`: its dry run asks for the config this plan uses (gptflow.plan.why.DUMP_ENV)
 why.dump_config(CFG)
 
 # Every run: one for a config without a study, the study's runs otherwise (each a config of
@@ -93,8 +96,8 @@ HARNESS_STEPS = harness_steps()
 
 @functools.cache
 def harness_work():
-    """eval.harness's tasks' work, counted from the task files once (gptflow.harness.task_work):
-    the harness jobs' size, printed at -n."""
+    """eval.harness's tasks' work, counted from the task files once
+    (gptflow.results.harness.task_work): the harness jobs' size, printed at -n."""
     try:
         return harness.task_work(HARNESS)
     except GptflowError as e:
@@ -238,7 +241,7 @@ def profile_value(rule, name):
 
 
 def profile_placement():
-    """Where the profile puts train_gpt (gptflow.preflight.Placement)."""
+    """Where the profile puts train_gpt (gptflow.plan.placement.Placement)."""
     threads = (workflow.resource_settings.overwrite_threads or {}).get("train_gpt")
 
     def number(name):
@@ -276,7 +279,7 @@ def profile_placement():
     if gpus and gpu_mem_mb is None:
         gpu_mem_mb, how = gpu_memory_mib()
         gpu_mem_source = how if gpu_mem_mb else f"assumed: 80 GB GPUs ({how})"
-    return preflight.Placement(
+    return placement.Placement(
         executor=executor,
         nodes=number("nodes"),
         tasks_per_node=number("tasks_per_node"),
@@ -309,7 +312,7 @@ if LOCAL_GPUS and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", LOCAL_GPUS)
 if workflow.is_main_process:
     # a study: every run's layout and memory checked, the largest run's preflight in full
-    LARGEST = max(RUNS, key=lambda name: preflight.model_config(RUNS[name], 0).num_parameters())
+    LARGEST = max(RUNS, key=lambda name: run_size.model_config(RUNS[name], 0).num_parameters())
     try:
         PREFLIGHT = preflight.run(
             RUNS[LARGEST],
@@ -372,12 +375,12 @@ if workflow.is_main_process:
 
 def refuse_placeholders():
     """Snakefile onstart (a real run, never -n): an unedited profile is not submitted."""
-    found = preflight.placeholders(PLACEMENT)
+    found = placement.placeholders(PLACEMENT)
     cluster = ("slurm", "cluster-generic")  # profiles/slurm, profiles/pbs
     if found and workflow.executor_plugin and workflow.executor_plugin.name in cluster:
         raise WorkflowError(
             "gptflow: not submitted: "
-            + preflight.placeholder_message(found, PLACEMENT.executor, "the profile")
+            + placement.placeholder_message(found, PLACEMENT.executor, "the profile")
         )
 
 

@@ -1,6 +1,6 @@
 """A study's comparison: every run's validation loss against tokens and training FLOPs, the
 final loss per run and per learning rate, the fitted scaling law and the compute-optimal size
-(gptflow.study_report), in results/studies/{study}/ and in `snakemake --report`."""
+(gptflow.results.study_report), in results/studies/{study}/ and in `snakemake --report`."""
 
 
 rule study:

@@ -4,6 +4,9 @@
 are checked and linked in (import_megatron_shard)."""
 
 
+include: "tokenize_functions.smk"
+
+
 rule data:
     input:
         paths.tokenizer_json(TOKENIZER),

@@ -3,8 +3,11 @@
 Checkpoints live in results/runs/{run}/checkpoints/ and are deliberately not outputs:
 Snakemake deletes the outputs of failed jobs. DONE.json is written last, by the trainer.
 A study's runs are {run}s of these same rules; they share the data index where they read
-the same samples (gptflow.run_config.data_index_settings).
+the same samples (gptflow.train.run_config.data_index_settings).
 """
+
+
+include: "train_functions.smk"
 
 
 rule train:
@@ -81,7 +84,7 @@ rule train_gpt:
         launcher=get_train_launcher,
         ranks=get_rank_options,
     # --wait-for-lock: a job rerun while its predecessor still runs (Snakemake killed and
-    # started again) waits for it (up to gptflow.checkpoint.LOCK_WAIT_S, 30 min) rather than
+    # started again) waits for it (up to gptflow.train.checkpoint.LOCK_WAIT_S, 30 min) rather than
     # training beside it; a requeued job never waits on its own earlier run's lock
     shell:
         "{params.launcher:q} gptflow train --config {input.config:q} {params.ranks:q}"

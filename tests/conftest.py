@@ -120,7 +120,7 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-# What torch.distributed (and gptflow.distributed.export) reads from the environment. A test
+# What torch.distributed (and gptflow.train.distributed.export) reads from the environment. A test
 # that sets one in the pytest process and leaves it makes every later `gptflow train` it
 # starts a rank of a job that does not exist (CI once failed that way: a port in use).
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -261,8 +261,8 @@ def nginx(tmp_path_factory):
 def render_run(repo, tiny_config, tokenizer_json, shards, run_dir: Path, model=None, **train):
     """A run directory with run.yaml rendered from the tiny config (model and train keys
     overridden), for `gptflow train`."""
-    from gptflow.run_config import render_run_config, write_run_config
-    from gptflow.workflow_config import load_workflow_config
+    from gptflow.plan.workflow_config import load_workflow_config
+    from gptflow.train.run_config import render_run_config, write_run_config
 
     cfg = load_workflow_config(
         {

@@ -2,6 +2,9 @@
 with its flags beside it (``add_<command>_arguments``); :data:`COMMANDS` lists them all.
 
 Bad input exits with status 1 and one line on stderr: what is wrong, where, and how to fix it.
+
+Over 500 lines: the command table, a short ``add_<command>_arguments`` / ``cmd_<command>``
+pair per subcommand; split over modules, ``gptflow --help`` would have no one place to read.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptflow.checkpoint import LOCK_WAIT_S
 from gptflow.errors import GptflowError
 from gptflow.progress import hms
+from gptflow.train.checkpoint import LOCK_WAIT_S
 
 
 def add_reader_args(s: argparse.ArgumentParser) -> None:
@@ -359,7 +362,7 @@ def add_catalog_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_catalog(a: argparse.Namespace) -> int:
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     if not Path(a.catalog).is_file():
         raise GptflowError(
@@ -461,7 +464,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         from gptflow.train.launch import launch
 
         return launch(a.nproc_per_node, rank_args(a), a.nnodes)
-    from gptflow.train import train
+    from gptflow.train.main import train
 
     return train(
         a.config,
@@ -494,7 +497,7 @@ def cmd_build_index(a: argparse.Namespace) -> int:
 
     from gptflow.data.dataset import run_split_datasets
     from gptflow.fsutil import write_json
-    from gptflow.run_config import RunConfig
+    from gptflow.train.run_config import RunConfig
 
     cfg = RunConfig.load(a.config)
     t0 = time.perf_counter()
@@ -540,7 +543,7 @@ def add_build_image_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_build_image(a: argparse.Namespace) -> int:
-    from gptflow.container import build_image
+    from gptflow.container.image import build_image
 
     build_image(
         repo=a.repo,
@@ -568,7 +571,7 @@ def add_squash_image_arguments(s: argparse.ArgumentParser) -> None:
 def cmd_squash_image(a: argparse.Namespace) -> int:
     import shlex
 
-    from gptflow.container import sif_image, squash_image
+    from gptflow.container.image import sif_image, squash_image
 
     if a.format == "sif":
         sif_image(image=a.image, out=a.out)
@@ -584,7 +587,7 @@ def add_export_hf_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_export_hf(a: argparse.Namespace) -> int:
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     export_hf(a.config, a.out)
     return 0
@@ -603,7 +606,7 @@ def add_evaluate_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
-    from gptflow.evaluate import evaluate
+    from gptflow.results.evaluate import evaluate
 
     extra: dict[str, list[str]] = {}
     for name, prefix in a.extra:
@@ -650,13 +653,14 @@ def cmd_harness(a: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pathlib import Path
 
-    from gptflow.evaluate import eval_placement
-    from gptflow.export import exported_step, finished_run
-    from gptflow.harness import run_harness
-    from gptflow.run_config import RunConfig
+    from gptflow.results.evaluate import eval_placement
+    from gptflow.results.export import exported_step, finished_run
+    from gptflow.results.harness import run_harness
+    from gptflow.train.run_config import RunConfig
 
     cfg = RunConfig.load(a.config)
-    # as the evaluate job's, a.batch_size sequences a forward pass (gptflow.evaluate.harness_resources)
+    # as the evaluate job's, a.batch_size sequences a forward pass
+    # (gptflow.results.evaluate.harness_resources)
     devices, dtype = eval_placement(cfg.model, cfg.train.seq_length, a.batch_size)
     settings = {
         "include": a.include, "num_fewshot": a.num_fewshot, "batch_size": a.batch_size,
@@ -687,7 +691,7 @@ def add_why_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_why(a: argparse.Namespace) -> int:
-    from gptflow.why import why
+    from gptflow.plan.why import why
 
     args = a.snakemake_args[1:] if a.snakemake_args[:1] == ["--"] else a.snakemake_args
     result = why(args, workdir=a.directory, peak_tflops=a.peak_tflops, mfu=a.mfu)
@@ -703,7 +707,7 @@ def add_summary_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_summary(a: argparse.Namespace) -> int:
-    from gptflow.status import by_study, finished_runs, outputs
+    from gptflow.plan.status import by_study, finished_runs, outputs
 
     for study, runs in by_study([outputs(d) for d in finished_runs(a.results)]):
         if study is not None:
@@ -758,7 +762,7 @@ def add_status_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    from gptflow.status import NO_SQUEUE, by_study, statuses
+    from gptflow.plan.status import NO_SQUEUE, by_study, statuses
 
     result = statuses(a.runs_dir, a.runs)
     if a.json:

@@ -79,7 +79,7 @@ def training_precision(
 
 # Compute capability by name fragment, as torch.cuda.get_device_name() or a Slurm gres type
 # ("gpu:a100:8") names the GPU, for the precision ``auto`` is planned in before any GPU is seen
-# (gptflow.preflight). Longer fragments first: A100 before A10, L40 before L4.
+# (gptflow.plan.preflight). Longer fragments first: A100 before A10, L40 before L4.
 CAPABILITY: tuple[tuple[str, tuple[int, int]], ...] = (
     ("GB200", (10, 0)),
     ("B200", (10, 0)),

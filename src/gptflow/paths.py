@@ -33,12 +33,12 @@ SHARD = "results/tokens/{tokenizer}/{dataset}/{shard}"
 PART = "results/tokens/{tokenizer}/{dataset}/{shard}-{part}"  # tokenize.documents_per_shard
 MERGED = "results/tokens/{tokenizer}/{dataset}/merged"  # tokenize.merge
 
-# the training image, named by its recipe hash (gptflow.container.recipe_hash)
+# the training image, named by its recipe hash (gptflow.container.image.recipe_hash)
 IMAGE_RECORD = "results/containers/gptflow-{hash}.json"
 IMAGE = "results/containers/gptflow-{hash}.{format}"  # format: sqsh or sif
 
 # the data index (document, sample and shuffle indices) of every run that reads the same
-# samples of the same shards: named by gptflow.run_config.data_index_name, shared by a study
+# samples of the same shards: named by gptflow.train.run_config.data_index_name, shared by a study
 DATA_INDEX = "results/data-index/{index}.json"
 DATA_INDEX_DIR = "results/data-index/{index}"
 

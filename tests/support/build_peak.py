@@ -1,4 +1,4 @@
-"""Run under torchrun: build this rank's model as the trainer does (gptflow.engine.build_model)
+"""Run under torchrun: build this rank's model as the trainer does (gptflow.train.engine.build_model)
 for `tensor_parallel` and `pipeline_parallel` given as arguments, and write `rank<N>.json` into
 the directory given third: the peak tensor memory of the build, the bytes of the parameters the
 rank then holds, and the whole model's bytes and its largest tensor's. (One file per rank: lines
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import torch
 
-from gptflow import distributed, engine
-from gptflow.config import ModelConfig, TrainConfig
-from gptflow.model import GPTNeoX
-from gptflow.train import device
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train import device, distributed, engine
+from gptflow.train.model import GPTNeoX
 from tests.support.memory import peak_allocated
 
 env = distributed.resolve()

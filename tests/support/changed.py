@@ -9,7 +9,7 @@ The changed files are those of ``git diff BASE`` and the untracked ones. Each ma
   every test file beside and below it);
 - a package module ``gptflow.x.y``: the test files that name it (an import, or a probe script's
   import in a string), and those naming a module that imports it directly (one level up: a
-  change to ``gptflow.config`` selects what names ``gptflow.engine``, not the whole suite);
+  change to ``gptflow.config.settings`` selects what names ``gptflow.train.engine``, not the whole suite);
 - a rule file, the Snakefile, a profile, a script of ``workflow/``, the schema, an example, the
   README, a benchmark: the test files that name it (``setup.smk``, ``profiles/pbs``,
   ``config.schema.yaml``, ...), and for the rules the workflow's own pipeline test.
@@ -29,7 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 TESTS = REPO / "tests"
-IMPORT = re.compile(r"(?:from|import)\s+(gptflow(?:\.\w+)*)(?:\s+import\s+([\w, ()\n]+))?")
+IMPORT = re.compile(
+    r"(?:from|import)\s+(gptflow(?:\.\w+)*)(?:[ \t]+import[ \t]+(\([^)]*\)|[\w, \t]+))?"
+)
 # what runs every rule: a change to the rules selects it besides the tests naming the file
 RULE_TESTS = ["tests/unit/test_rules_quoting.py", "tests/workflow/test_pipeline.py"]
 

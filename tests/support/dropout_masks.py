@@ -12,9 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gptflow import distributed, engine
-from gptflow.config import ModelConfig, TrainConfig
-from gptflow.train import device
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train import device, distributed, engine
 from gptflow.train.loop import reseed
 
 env = distributed.resolve()

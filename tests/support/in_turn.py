@@ -5,7 +5,7 @@ As a script, under torchrun for more than one rank (what :func:`train_in_turn` s
 
     python tests/support/in_turn.py [--hooks FILE] RECORD RUN_DIR[@EXIT_INTERVAL] ...
 
-Each run is a fresh start of :func:`gptflow.train.train`, as ``gptflow train --exit-interval N``
+Each run is a fresh start of :func:`gptflow.train.main.train`, as ``gptflow train --exit-interval N``
 makes it, except that the process group is made once and kept for all of them: DeepSpeed
 keeps its groups in module globals (as tests/unit/test_kfac_layouts.py's probe does). So the
 runs of one launch share a layout -- the same tensor and pipeline parallel sizes, ZeRO stages
@@ -64,8 +64,9 @@ def copy_run(src: Path, dst: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    from gptflow.run_config import RunConfig
-    from gptflow.train import device, train
+    from gptflow.train import device
+    from gptflow.train.main import train
+    from gptflow.train.run_config import RunConfig
 
     current: dict = {}
     if argv[0] == "--hooks":

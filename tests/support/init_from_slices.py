@@ -1,10 +1,10 @@
-"""Run under torchrun: build this rank's model as the trainer does (gptflow.engine.build_model)
-from a run's model.init_from (gptflow.init_from.HFWeights), at the layout given as arguments
+"""Run under torchrun: build this rank's model as the trainer does (gptflow.train.engine.build_model)
+from a run's model.init_from (gptflow.train.init_from.HFWeights), at the layout given as arguments
 (RUN_YAML TENSOR_PARALLEL PIPELINE_PARALLEL ZERO_STAGE OUT_DIR), and compare every parameter the rank
 holds with the checkpoint's tensor as the safetensors library reads it, cut here by Megatron's
 split (rows of query_key_value and dense_h_to_4h and the vocabulary's rows of the embedding and
 the head, columns of attention.dense and dense_4h_to_h; apart from
-gptflow.engine.tensor_parallel_slice). Under ZeRO-3 each parameter
+gptflow.train.engine.tensor_parallel_slice). Under ZeRO-3 each parameter
 is gathered first. Writes OUT_DIR/rank{N}.json (one file per rank: their stdout would
 interleave): rank, parameters compared, those equal (torch.equal), and the shape of each
 parameter the rank holds."""
@@ -19,11 +19,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from gptflow import distributed, engine
-from gptflow.init_from import HFWeights
-from gptflow.model import checkpoint_names
-from gptflow.run_config import RunConfig
-from gptflow.train import device
+from gptflow.train import device, distributed, engine
+from gptflow.train.init_from import HFWeights
+from gptflow.train.model import checkpoint_names
+from gptflow.train.run_config import RunConfig
 
 env = distributed.resolve()
 distributed.export(env)

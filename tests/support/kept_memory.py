@@ -1,11 +1,11 @@
 """Run under torchrun on 4 ranks: for `tensor_parallel` and `pipeline_parallel` (arguments 1 and
 2) and each "zero:precision" of argument 4 (e.g. "1:bf16,2:bf16,1:fp32"), build this rank's model
-and engine as the trainer does (gptflow.engine), train one step on the tiny model and write
+and engine as the trainer does (gptflow.train.engine), train one step on the tiny model and write
 `rank<N>-<zero>-<precision>.json` into the directory given third: the rank's pipeline stage, the
 bytes DeepSpeed keeps after the step (tests.support.memory.kept_bytes), the peak of what
 autograd kept for backward during it (saved_peak), and what an asynchronous save takes on the
-rank: the files DeepSpeed writes, taken as the trainer takes them (gptflow.checkpoint's
-_snapshots into a gptflow.snapshot.BufferPool), their tensors' bytes and buffers, and the
+rank: the files DeepSpeed writes, taken as the trainer takes them (gptflow.train.checkpoint's
+_snapshots into a gptflow.train.snapshot.BufferPool), their tensors' bytes and buffers, and the
 bytes the pool then holds. One file per rank and setting: lines four ranks print to one pipe
 can interleave."""
 
@@ -16,12 +16,11 @@ from pathlib import Path
 
 import torch
 
-from gptflow import distributed, engine
-from gptflow.checkpoint import _snapshots
-from gptflow.config import ModelConfig, TrainConfig
-from gptflow.model import decay_groups
-from gptflow.snapshot import BufferPool
-from gptflow.train import device
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train import device, distributed, engine
+from gptflow.train.checkpoint import _snapshots
+from gptflow.train.model import decay_groups
+from gptflow.train.snapshot import BufferPool
 from tests.support.memory import kept_bytes, saved_peak
 
 

@@ -12,8 +12,8 @@ import gptflow.data.dataset as dataset
 from gptflow.cli import main as gptflow
 from gptflow.data.dataset import BLEND_INDEX_ARRAYS, blending_indices, run_split_datasets
 from gptflow.errors import GptflowError
-from gptflow.run_config import RunConfig, render_run_config, write_run_config
-from gptflow.workflow_config import load_workflow_config
+from gptflow.plan.workflow_config import load_workflow_config
+from gptflow.train.run_config import RunConfig, render_run_config, write_run_config
 from tests.support.megatron import helpers_cpp as load_megatron_helpers
 from tests.support.megatron import megatron_blend
 

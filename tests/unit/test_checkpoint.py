@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from gptflow.checkpoint import COMPLETE, CheckpointSeries, RunLock
-from gptflow.config import TrainConfig
+from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
+from gptflow.train.checkpoint import COMPLETE, CheckpointSeries, RunLock
 
 
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):

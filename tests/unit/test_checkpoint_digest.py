@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from gptflow.checkpoint import checkpoint_digest
+from gptflow.train.checkpoint import checkpoint_digest
 from tests.support.in_turn import train_in_turn
 
 from .test_train import BIN, directory_digest, gptflow_train

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from gptflow.config import TrainConfig
+from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
-from gptflow.run_config import RunConfig, render_run_config
-from gptflow.workflow_config import load_workflow_config
+from gptflow.plan.workflow_config import load_workflow_config
+from gptflow.train.run_config import RunConfig, render_run_config
 
 
 def load(repo, cfg):
@@ -133,7 +133,7 @@ def test_run_identity_covers_the_trajectory_only(repo, tiny_config, tokenizer_js
 
 
 def test_run_config_round_trip(repo, tiny_config, tokenizer_json, shards, tmp_path):
-    from gptflow.run_config import write_run_config
+    from gptflow.train.run_config import write_run_config
 
     cfg = load(repo, tiny_config)
     run = render_run_config(
@@ -145,7 +145,9 @@ def test_run_config_round_trip(repo, tiny_config, tokenizer_json, shards, tmp_pa
     assert run.model.vocab_size == 512  # 512 BPE ids padded to a multiple of 128
     assert run.extra["parameters"] == sum(
         p.numel()
-        for p in __import__("gptflow.model", fromlist=["GPTNeoX"]).GPTNeoX(run.model).parameters()
+        for p in __import__("gptflow.train.model", fromlist=["GPTNeoX"])
+        .GPTNeoX(run.model)
+        .parameters()
     )
 
 
@@ -170,7 +172,7 @@ def test_shards_of_another_tokenizer_are_refused(repo, tiny_config, shards, tmp_
 
 
 def test_a_key_given_twice_is_an_error_naming_file_line_and_key(tmp_path):
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     path = tmp_path / "run.yaml"
     path.write_text("run: a\ntrain:\n  lr: 1.0\n  seed: 2\n  lr: 3.0\n")
@@ -315,7 +317,7 @@ def test_a_json_config_loads_as_plain_data_and_is_recorded(repo, tiny_config, tm
     import collections
     import json
 
-    from gptflow.why import RECORD, record_config
+    from gptflow.plan.why import RECORD, record_config
 
     ordered = json.loads(json.dumps(tiny_config), object_pairs_hook=collections.OrderedDict)
     cfg = load(repo, ordered)  # as Snakemake reads a JSON --configfile
@@ -331,8 +333,8 @@ def test_a_json_config_loads_as_plain_data_and_is_recorded(repo, tiny_config, tm
 
 def plan(repo, cfg):
     """What rules/setup.smk does with a config before any job: load it, resolve its datasets."""
+    from gptflow.config.schema import load_yaml
     from gptflow.data import sources
-    from gptflow.schema import load_yaml
 
     loaded = load(repo, cfg)
     schema = load_yaml(repo / "config/schema/config.schema.yaml")
@@ -476,7 +478,7 @@ def test_a_study_reads_each_preset_file_once(repo, edit_config, monkeypatch):
     once per run (a 100-run study read tiny.yaml 101 times while planning: bench/plan.py
     --study). Each run still gets its own preset's keys. (load_yaml is wrapped, not replaced:
     the files are read for real.)"""
-    import gptflow.workflow_config as workflow_config
+    import gptflow.plan.workflow_config as workflow_config
 
     reads, real = [], workflow_config.load_yaml
     monkeypatch.setattr(

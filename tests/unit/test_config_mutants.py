@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gptflow.errors import GptflowError
-from gptflow.workflow_config import load_workflow_config
+from gptflow.plan.workflow_config import load_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "config" / "schema" / "config.schema.yaml"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gptflow import container as c
+from gptflow.container import image as c
 from gptflow.errors import GptflowError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ def test_the_recipe_hash_covers_the_recipe_and_nothing_else(tmp_path):
     dockerfile.write_text(dockerfile.read_text() + "# a comment is a change\n")
     assert c.recipe_hash(REPO, dockerfile, "nvcr.io/nvidia/pytorch:25.01-py3") != base
     files = c.recipe_files(REPO, dockerfile)
-    assert "src/gptflow/container.py" in files and "constraints.txt" in files
+    assert "src/gptflow/container/image.py" in files and "constraints.txt" in files
     assert "README.md" not in files  # the context gets a stub: README edits do not rebuild
     assert not any("__pycache__" in name for name in files)
     context = tmp_path / "ctx"

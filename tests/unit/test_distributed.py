@@ -2,8 +2,8 @@
 
 import pytest
 
-from gptflow.distributed import first_host, parse_first_host, resolve
 from gptflow.errors import GptflowError
+from gptflow.train.distributed import first_host, parse_first_host, resolve
 
 
 @pytest.mark.parametrize(
@@ -99,13 +99,13 @@ def test_bad_values_are_named():
 def test_srun_line_for_two_nodes_of_eight_gpus():
     """What the train_gpt rule runs under profiles/slurm (nodes 2, tasks_per_node 8): every
     count explicit, because Snakemake's jobstep strips SLURM_NTASKS and friends."""
-    from gptflow.distributed import srun_command
+    from gptflow.train.distributed import srun_command
 
     line = srun_command("srun", nodes=2, tasks_per_node=8, cpus_per_task=12)
     assert line == [
         "srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=8", "--cpus-per-task=12"
     ]  # fmt: skip
-    from gptflow.container import container_launch
+    from gptflow.container.image import container_launch
 
     opts, prefix = container_launch(
         "sqsh", "/shared/gptflow-abc.sqsh", "/shared/work", ["/data:/data:ro"], srun=True
@@ -207,7 +207,7 @@ def test_job_ports_stay_below_the_kernels_ephemeral_range():
     connection: every job id maps below this machine's ip_local_port_range."""
     from pathlib import Path
 
-    from gptflow.distributed import JOB_PORT_BASE, JOB_PORT_SPAN, job_port
+    from gptflow.train.distributed import JOB_PORT_BASE, JOB_PORT_SPAN, job_port
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = {job_port(j) for j in range(0, 3 * JOB_PORT_SPAN, 7)}
@@ -221,7 +221,7 @@ def test_the_training_launcher_from_the_jobs_resources():
     (a rank's CPUs the rule's threads unless cpus_per_task is set; a count that is not a
     positive integer, such as Snakemake's unset "<TBD>", is no count); the image's Pyxis
     options on srun (sqsh) or `apptainer exec` before the command (sif); sqsh refused alone."""
-    from gptflow.distributed import train_launcher
+    from gptflow.train.distributed import train_launcher
 
     assert train_launcher({"mpi": ""}, 2) == []
     assert train_launcher({}, 2) == []
@@ -256,7 +256,7 @@ def test_the_interface_the_ranks_rendezvous_over_reaches_every_rank(tmp_path):
     import subprocess
     import sys
 
-    from gptflow.distributed import train_launcher
+    from gptflow.train.distributed import train_launcher
 
     ib = ["env", "GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME=ib0"]
     slurm = {"mpi": "srun", "nodes": 2, "tasks_per_node": 8, "socket_ifname": "ib0"}
@@ -281,7 +281,7 @@ def test_the_ranks_on_one_machine_and_their_threads():
     (which starts the ranks, each with its own CPUs), keeps every thread; and what the rule
     renders parses as `gptflow train`'s own options."""
     from gptflow.cli import build_parser
-    from gptflow.distributed import local_ranks, rank_options
+    from gptflow.train.distributed import local_ranks, rank_options
 
     assert rank_options({"mpi": "", "nproc_per_node": 2}, 2) == [
         "--nproc-per-node", "2", "--threads", "1",
@@ -306,7 +306,7 @@ def test_only_mpiexec_or_mpirun_starts_one_launcher_per_node():
     """profiles/pbs's `mpi: mpiexec` (options after it are words) launches per node; srun, and
     any other value (one argv word, as the Slurm profile's), never does, and a value a shell
     would mangle (an unclosed quote) is no error."""
-    from gptflow.distributed import launches_per_node, per_node_command
+    from gptflow.train.distributed import launches_per_node, per_node_command
 
     assert launches_per_node("mpiexec") and launches_per_node("/opt/cray/pals/bin/mpiexec")
     assert launches_per_node("mpirun --bind-to none")

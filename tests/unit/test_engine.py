@@ -2,9 +2,9 @@
 
 import pytest
 
-from gptflow.config import TrainConfig
-from gptflow.engine import deepspeed_config, grad_accum_dtype
+from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
+from gptflow.train.engine import deepspeed_config, grad_accum_dtype
 from tests.support.hardware import fp16_env
 
 
@@ -92,9 +92,9 @@ import json, os, sys
 import torch
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1",
                   LOCAL_RANK="0")
-from gptflow import engine as ds
-from gptflow.config import ModelConfig, TrainConfig
-from gptflow.model import GPTNeoX, decay_groups
+from gptflow.train import engine as ds
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train.model import GPTNeoX, decay_groups
 import deepspeed
 
 ds.init_distributed()
@@ -153,14 +153,14 @@ GROUP_SKIP_SCRIPT = r"""
 import collections, json, os, sys
 import torch
 import torch.distributed as dist
-from gptflow import engine as ds
-from gptflow.config import ModelConfig, TrainConfig
-from gptflow.model import GPTNeoX, decay_groups
+from gptflow.train import engine as ds
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train.model import GPTNeoX, decay_groups
 import deepspeed
 
 ds.init_distributed()
 rank = dist.get_rank()
-collectives = collections.Counter()  # all-reduces made by gptflow.engine, per layout
+collectives = collections.Counter()  # all-reduces made by gptflow.train.engine, per layout
 plain = dist.all_reduce
 def counted(*a, **k):
     if sys._getframe(1).f_code.co_filename == ds.__file__:
@@ -241,9 +241,9 @@ import json, os, sys
 import torch
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1",
                   LOCAL_RANK="0")
-from gptflow import engine as ds
-from gptflow.config import ModelConfig, TrainConfig
-from gptflow.model import GPTNeoX, decay_groups
+from gptflow.train import engine as ds
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train.model import GPTNeoX, decay_groups
 
 ds.init_distributed()
 x = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -292,7 +292,7 @@ def test_half_precision_without_zero_is_refused_with_the_fix(repo, tiny_config, 
     found by the K-FAC layout test, the held gradient's norm was the true one, not 2^16 times
     it). Refused when a run is planned and when it starts, naming stage 1; an existing run's
     config still reads (its export must work)."""
-    from gptflow.workflow_config import load_workflow_config
+    from gptflow.plan.workflow_config import load_workflow_config
 
     old_run = TrainConfig(train_iters=1, precision=precision)  # reading is fine
     with pytest.raises(
@@ -315,6 +315,6 @@ def test_half_precision_without_zero_is_refused_with_the_fix(repo, tiny_config, 
 
 
 def test_auto_precision_never_reaches_deepspeed():
-    """`auto` is decided on the training device (gptflow.train.on_device) first."""
+    """`auto` is decided on the training device (gptflow.train.main.on_device) first."""
     with pytest.raises(GptflowError, match="decided on the training device"):
         deepspeed_config(TrainConfig(train_iters=1, precision="auto", zero_stage=1), 1)

@@ -1,6 +1,6 @@
-"""The evaluate rule's options and memory, from the package (gptflow.evaluate)."""
+"""The evaluate rule's options and memory, from the package (gptflow.results.evaluate)."""
 
-from gptflow import evaluate
+from gptflow.results import evaluate
 
 
 def test_the_evaluate_rules_options_from_the_eval_config():

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptflow.config import ModelConfig
+from gptflow.config.settings import ModelConfig
 from gptflow.errors import GptflowError
-from gptflow.run_config import render_run_config, write_run_config
-from gptflow.workflow_config import load_workflow_config
+from gptflow.plan.workflow_config import load_workflow_config
+from gptflow.train.run_config import render_run_config, write_run_config
 from tests.support.hardware import fp16_env
 from tests.support.in_turn import train_in_turn
 from tests.support.memory import peak_allocated
@@ -110,7 +110,7 @@ def final_checkpoint(run_dir: Path) -> Path:
 
 @functools.cache
 def consolidated(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The weights as DeepSpeed itself consolidates them, read apart from gptflow.export:
+    """The weights as DeepSpeed itself consolidates them, read apart from gptflow.results.export:
     zero_to_fp32 for ZeRO 1-3 (fp16/fp32, and bf16 at ZeRO 2/3), the universal conversion
     (ds_to_universal) where zero_to_fp32 cannot read the checkpoint (bf16 at ZeRO 1: the
     BF16_Optimizer's; tensor and pipeline parallel), the whole ZeRO-0 module otherwise
@@ -207,7 +207,7 @@ def test_the_streamed_sharded_export_equals_the_consolidated_weights(
     from huggingface_hub import split_torch_state_dict_into_shards
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     run_dir = trained(zero, precision, tp, pp)
     want = consolidated(run_dir)
@@ -251,8 +251,8 @@ def test_transformers_loads_the_sharded_export_with_the_single_file_logits(
     import numpy as np
     from transformers import AutoModelForCausalLM
 
-    from gptflow.evaluate import token_stream
-    from gptflow.export import export_hf
+    from gptflow.results.evaluate import token_stream
+    from gptflow.results.export import export_hf
 
     run_dir = trained(0, "fp32")
     export_hf(run_dir / "run.yaml", tmp_path / "single", log=silent)
@@ -286,7 +286,7 @@ def test_a_bf16_export_holds_the_fp32_master_weights(trained, zero):
     """ZeRO 2/3 bf16: the exported weights are the fp32 partitions of the optimizer states
     (the equality test above), and they are real fp32 values, not bf16 ones widened: almost
     none is representable in bf16. At ZeRO 2 each rounds to the saved bf16 module weight."""
-    from gptflow.export import load_checkpoint_weights
+    from gptflow.results.export import load_checkpoint_weights
 
     run_dir = trained(zero, "bf16")
     ckpt = final_checkpoint(run_dir)
@@ -305,7 +305,7 @@ def test_a_bf16_export_holds_the_fp32_master_weights(trained, zero):
 
 # DeepSpeed bf16 at ZeRO 0 (FP16_UnfusedOptimizer), written by DeepSpeed itself: gptflow's own
 # config refuses bf16 at ZeRO 0 for training, but such checkpoints exist. gptflow's model, its
-# decay_groups and torch AdamW, as gptflow.engine builds them.
+# decay_groups and torch AdamW, as gptflow.train.engine builds them.
 ZERO0_BF16 = """
 import json
 import sys
@@ -314,9 +314,9 @@ from pathlib import Path
 import deepspeed
 import torch
 
-from gptflow.config import ModelConfig
-from gptflow.engine import init_distributed
-from gptflow.model import GPTNeoX, decay_groups
+from gptflow.config.settings import ModelConfig
+from gptflow.train.engine import init_distributed
+from gptflow.train.model import GPTNeoX, decay_groups
 
 init_distributed()
 torch.manual_seed(0)
@@ -343,7 +343,7 @@ def test_a_zero0_bf16_export_holds_deepspeeds_fp32_master_weights(tmp_path):
     exactly those masters (matched here by value, not by the export's group-to-name mapping:
     the same multiset), each rounding to the saved bf16 weight of its name, and real fp32 values;
     the export before wrote the bf16 weights widened."""
-    from gptflow.export import checkpoint_weights, write_hf_weights
+    from gptflow.results.export import checkpoint_weights, write_hf_weights
 
     script = tmp_path / "zero0_bf16.py"
     script.write_text(ZERO0_BF16)
@@ -397,7 +397,7 @@ def test_the_export_peak_memory_is_a_few_tensors_not_the_model(
     conversion, torch.load of the ZeRO-0 file), measured the same way, holds at least the
     whole model: the measurement sees whole-model copies when there are any. Under tensor x
     pipeline parallel the tensor-parallel slices are joined one parameter at a time."""
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     run_dir = trained(zero, precision, tp, pp)
     total, largest = model_bytes(consolidated(run_dir))
@@ -418,8 +418,8 @@ def test_evaluate_holds_the_consolidated_weights_for_every_layout(
     """The evaluated model holds exactly (torch.equal) the weights DeepSpeed consolidates,
     for every layout the trainer accepts, and the evaluation writes eval.json (it failed with
     the export's 'is not a zero checkpoint' after a default GPU run: ZeRO 1 + bf16)."""
-    from gptflow.evaluate import evaluate, load_model
-    from gptflow.run_config import RunConfig
+    from gptflow.results.evaluate import evaluate, load_model
+    from gptflow.train.run_config import RunConfig
 
     run_dir = trained(zero, precision, tp, pp)
     cfg = RunConfig.load(run_dir / "run.yaml")
@@ -443,8 +443,8 @@ def test_evaluate_loads_the_weights_alone_one_tensor_at_a_time(trained, zero, pr
     model plus at most two tensors: the ZeRO-0 file's Adam states (twice the model) are never
     read, nor is a second copy of the weights made; under tensor x pipeline parallel the
     slices are joined one parameter at a time, and nothing is initialised first."""
-    from gptflow.evaluate import load_model
-    from gptflow.run_config import RunConfig
+    from gptflow.results.evaluate import load_model
+    from gptflow.train.run_config import RunConfig
 
     run_dir = trained(zero, precision, tp, pp)
     cfg = RunConfig.load(run_dir / "run.yaml")
@@ -467,9 +467,9 @@ def test_the_evaluate_job_memory_comes_from_the_model_without_importing_torch():
     """memory_mb for Pythia-1.4B at 2,048 tokens (1,414,647,808 parameters, as EleutherAI
     publishes; vocabulary 50,304): fp32 weights + 3 x a batch of 8 windows of fp32 logits +
     2 GiB = 16,877 MiB. The workflow calls it while planning, where torch is not imported."""
-    from gptflow.config import ModelConfig
-    from gptflow.evaluate import memory_mb
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
+    from gptflow.config.settings import ModelConfig
+    from gptflow.results.evaluate import memory_mb
 
     preset = load_yaml(Path(__file__).parents[2] / "config/models/pythia-1.4b.yaml")
     preset.pop("description")
@@ -477,7 +477,7 @@ def test_the_evaluate_job_memory_comes_from_the_model_without_importing_torch():
     assert model.num_parameters() == 1_414_647_808
     want = (4 * 1_414_647_808 + 3 * 4 * 8 * 2048 * 50_304 + 2 * 2**30) / 2**20
     assert memory_mb(model, 2048) == math.ceil(want) == 16_877
-    code = "import sys, gptflow.evaluate; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = "import sys, gptflow.results.evaluate; print('torch' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -490,7 +490,7 @@ def test_evaluate_and_export_run_at_once_on_a_tp_pp_run_and_write_nothing_into_i
     and neither writes into the checkpoint (before, each ran DeepSpeed's universal
     conversion into the step's ``universal/`` and the second publish moved the first's
     aside); the step's files and digest are unchanged."""
-    from gptflow.checkpoint import checkpoint_digest
+    from gptflow.train.checkpoint import checkpoint_digest
 
     run_dir = trained(1, "bf16", 2, 2)
     ckpt = final_checkpoint(run_dir)
@@ -520,15 +520,15 @@ def test_evaluate_and_export_run_at_once_on_a_tp_pp_run_and_write_nothing_into_i
 
 def test_layers_placed_over_two_devices_give_the_logits_of_one(trained, shards):
     """The evaluation of a model larger than one GPU places its layers in consecutive blocks
-    over the job's GPUs (gptflow.sizing.layer_devices), each block moving its inputs to its
+    over the job's GPUs (gptflow.results.sizing.layer_devices), each block moving its inputs to its
     device. No GPU exists here: the two devices are both the CPU, so this checks the
     placement's bookkeeping (every module allocated, hooks, weights in) and that the logits
     are the one-device logits; bf16 placement gives logits within bf16's rounding."""
     import numpy as np
 
-    from gptflow.evaluate import load_model, token_stream
-    from gptflow.run_config import RunConfig
-    from gptflow.sizing import layer_devices
+    from gptflow.results.evaluate import load_model, token_stream
+    from gptflow.results.sizing import layer_devices
+    from gptflow.train.run_config import RunConfig
 
     assert layer_devices(16, 2) == [0] * 8 + [1] * 8
     assert layer_devices(96, 5) == [i // 20 for i in range(96)]  # 20, 20, 20, 20, 16
@@ -551,11 +551,11 @@ def test_layers_placed_over_two_devices_give_the_logits_of_one(trained, shards):
 
 def test_the_jobs_after_training_are_sized_from_the_run_config(trained):
     """The evaluate and export_hf jobs' resources as the rules ask for them, from run.yaml's
-    model (gptflow.sizing): the host memory of a CPU evaluation is the model's, on GPUs two
+    model (gptflow.results.sizing): the host memory of a CPU evaluation is the model's, on GPUs two
     tensors; the export's a few tensors; minutes at least the floor."""
-    from gptflow import sizing
-    from gptflow.evaluate import export_resources, run_resources
-    from gptflow.run_config import RunConfig
+    from gptflow.results import sizing
+    from gptflow.results.evaluate import export_resources, run_resources
+    from gptflow.train.run_config import RunConfig
 
     run_dir = trained(0, "fp32")
     model = RunConfig.load(run_dir / "run.yaml").model
@@ -577,7 +577,7 @@ def test_a_steps_export_equals_the_final_one_and_needs_no_finished_run(trained, 
     final export byte for byte; it reads the run's series directory, so it works while the
     run still trains (no DONE.json); a step not on disk is one line naming the steps the run
     keeps and the setting that keeps more."""
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     run_dir = trained(1, "bf16")
     final = export_hf(run_dir / "run.yaml", tmp_path / "final", log=silent)

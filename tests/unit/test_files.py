@@ -25,9 +25,9 @@ import pytest
 import torch
 
 from gptflow import fsutil
-from gptflow.checkpoint import CheckpointSeries
 from gptflow.data.indexed import IndexedDatasetWriter, merge_datasets
-from gptflow.export import Weight
+from gptflow.results.export import Weight
+from gptflow.train.checkpoint import CheckpointSeries
 
 REPO = Path(__file__).resolve().parents[2]
 UMASKS = [0o022, 0o002]
@@ -159,7 +159,7 @@ def test_checkpoint_files_have_the_umask_mode(tmp_path, umask):
 
 def fake_finished_run(tmp_path: Path, monkeypatch) -> None:
     """export_hf's inputs without training: a run config and 2 fp32 weights."""
-    import gptflow.export as export
+    import gptflow.results.export as export
 
     tok = tmp_path / "tokenizer.json"
     tok.write_text("{}")
@@ -181,7 +181,7 @@ def fake_finished_run(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_the_hf_export_has_the_umask_mode(tmp_path, umask, monkeypatch):
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     fake_finished_run(tmp_path, monkeypatch)
     out = tmp_path / "run" / "hf"
@@ -195,7 +195,7 @@ def test_the_hf_export_has_the_umask_mode(tmp_path, umask, monkeypatch):
 
 
 def test_report_plots_and_card_have_the_umask_mode(tmp_path, umask):
-    from gptflow.report import plot_metrics
+    from gptflow.results.report import plot_metrics
 
     metrics = tmp_path / "metrics.jsonl"
     rec = {"series": "s", "kind": "train", "step": 1, "loss": 2.0, "lr": 1e-3, "tokens_per_s": 9}
@@ -245,7 +245,7 @@ def test_a_rerun_of_the_shard_writer_after_a_kill_leaves_no_temporary(tmp_path):
 
 
 def test_a_rerun_of_the_export_after_a_kill_leaves_no_temporary(tmp_path, monkeypatch):
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     fake_finished_run(tmp_path, monkeypatch)
     out = tmp_path / "run" / "hf"
@@ -321,12 +321,12 @@ def test_every_torch_load_is_weights_only():
 # directories that are never published.
 NOT_PUBLISHING = {
     ("src/gptflow/data/download.py", "os.replace"): 1,  # NAME.part -> NAME, resumable by design
-    ("src/gptflow/checkpoint.py", "os.replace"): 1,  # a pruned step moved to the trash
+    ("src/gptflow/train/checkpoint.py", "os.replace"): 1,  # a pruned step moved to the trash
     # a parameter's directory renamed inside a universal conversion not yet published
-    ("src/gptflow/checkpoint.py", "entry.rename"): 1,
+    ("src/gptflow/train/checkpoint.py", "entry.rename"): 1,
     ("src/gptflow/train/metrics.py", "os.replace"): 1,  # metrics.jsonl archived on resume
-    ("src/gptflow/container.py", "tempfile.TemporaryDirectory"): 2,  # build context, shim
-    ("src/gptflow/why.py", "tempfile.TemporaryDirectory"): 1,  # a config dump for a dry run
+    ("src/gptflow/container/image.py", "tempfile.TemporaryDirectory"): 2,  # build context, shim
+    ("src/gptflow/plan/why.py", "tempfile.TemporaryDirectory"): 1,  # a config dump for a dry run
 }
 TEMP_AND_RENAME = {
     "os.replace", "os.rename", "shutil.move", "tempfile.mkstemp", "tempfile.mkdtemp",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gptflow.config import ModelConfig
+from gptflow.config.settings import ModelConfig
 from gptflow.hardware import mfu, peak_tflops, training_precision
-from gptflow.model import GPTNeoX
+from gptflow.train.model import GPTNeoX
 
 
 def preset(repo, name: str, vocab: int) -> ModelConfig:

@@ -1,4 +1,4 @@
-"""eval.harness at plan time (gptflow.harness.check_planned): what cannot run is one line naming
+"""eval.harness at plan time (gptflow.results.harness.check_planned): what cannot run is one line naming
 the key and the fix, before any job. No network and no mock: a missing harness is made real by
 an `lm_eval` package that raises ImportError, first on sys.path of a subprocess. (The harness
 itself runs on a real export in tests/workflow/test_harness.py.)"""
@@ -13,8 +13,14 @@ import textwrap
 import pytest
 
 from gptflow.errors import GptflowError
-from gptflow.harness import check_planned, hf_model_settings, input_files, is_task_file, task_name
-from gptflow.workflow_config import load_workflow_config
+from gptflow.plan.workflow_config import load_workflow_config
+from gptflow.results.harness import (
+    check_planned,
+    hf_model_settings,
+    input_files,
+    is_task_file,
+    task_name,
+)
 
 MC_TASK = """\
 task: my_mc
@@ -111,14 +117,14 @@ def test_every_metric_keeps_its_filter_and_its_stderr():
     `_compute_task_aggregations`, with a stand-in task object giving the aggregations):
     harness.json keeps exact_match under each filter, each with its own stderr, and drops only
     the "none" filter's name (word_perplexity: no stderr, "N/A" to null); the reports
-    (gptflow.report) show two metrics, each ± its stderr, and no stderr as a metric."""
+    (gptflow.results.report) show two metrics, each ± its stderr, and no stderr as a metric."""
     from types import SimpleNamespace
 
     from lm_eval.api.metrics import mean, weighted_perplexity
     from lm_eval.evaluator_utils import _compute_task_aggregations
 
-    from gptflow.harness import _metrics
-    from gptflow.report import harness_metric_names, metric_text
+    from gptflow.results.harness import _metrics
+    from gptflow.results.report import harness_metric_names, metric_text
 
     task = SimpleNamespace(
         task_name="gsm8k_like",
@@ -154,7 +160,7 @@ def test_without_the_harness_planning_names_the_install_command(tmp_path):
     script = textwrap.dedent(
         """
         from gptflow.errors import GptflowError
-        from gptflow.harness import check_planned
+        from gptflow.results.harness import check_planned
         cfg = {"tasks": [], "num_fewshot": 0, "batch_size": 8, "limit": None, "include": []}
         check_planned(cfg, "my.yaml")
         print("no tasks: ok")
@@ -181,7 +187,7 @@ def test_without_the_harness_planning_names_the_install_command(tmp_path):
 
 
 def test_model_args_follow_the_evaluate_jobs_placement():
-    """The harness's hf model on evaluate's placement (gptflow.evaluate.eval_placement): fp32 on
+    """The harness's hf model on evaluate's placement (gptflow.results.evaluate.eval_placement): fp32 on
     the CPU or one GPU, bf16 spread by the harness's own `parallelize` over several GPUs (the
     GPU cases are arguments only: no GPU here); in every placement the context the model
     trained at (`max_length`, not the export's max_position_embeddings) and log-softmax in
@@ -208,8 +214,8 @@ def test_model_args_follow_the_evaluate_jobs_placement():
 def test_the_checkpoints_of_a_curve_must_be_saved_and_kept():
     """eval.harness.every's steps are below train_iters (the final one is the export's); each
     must be a saved step that training keeps, else one line naming the steps and the fix."""
-    from gptflow.config import TrainConfig
-    from gptflow.harness import check_steps, checkpoint_steps
+    from gptflow.config.settings import TrainConfig
+    from gptflow.results.harness import check_steps, checkpoint_steps
 
     t = TrainConfig(train_iters=100, save_interval=10, keep_last=2, keep_every=20)
     assert checkpoint_steps(t, None) == []
@@ -231,7 +237,7 @@ def test_the_harness_page_escapes_and_tables_every_step(tmp_path):
     metric without stderr bare, a task name with markup escaped; the curve inline."""
     import json
 
-    from gptflow.report import harness_report
+    from gptflow.results.report import harness_report
 
     def record(step, acc, hf=None):
         task = {"version": 1.0, "num_fewshot": 0, "samples": {"effective": 6},
@@ -263,8 +269,8 @@ def test_a_generation_longer_than_the_trained_context_is_refused_at_planning(tmp
     """The harness's context is train.seq_length, and lm-eval asserts that a generation's
     max_gen_toks is below it when the job runs: a generate_until task file asking for as many
     (lm-eval's default 256, at the default seq_length 256) is one line at -n; 32 plans."""
-    from gptflow import sizing
-    from gptflow.harness import check_context, task_work
+    from gptflow.results import sizing
+    from gptflow.results.harness import check_context, task_work
 
     data = tmp_path / "qa.jsonl"
     data.write_text('{"question": "2 + 2 =", "answer": "4"}\n')

@@ -330,7 +330,7 @@ def test_online_an_unreachable_hub_is_a_warning_and_planning_does_not_wait(tmp_p
 def test_the_data_card_names_the_dataset_its_configuration_and_split():
     """The report's data card: an hf dataset's origin is its path, name, split and revision
     (not its configuration name alone)."""
-    from gptflow.report import _origin
+    from gptflow.results.report import _origin
 
     assert _origin({**WIKITEXT, "revision": None}) == "hf: wikitext wikitext-2-raw-v1 train"
     assert _origin({**WIKITEXT, "revision": "v1"}) == "hf: wikitext wikitext-2-raw-v1 train v1"

@@ -84,7 +84,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_package_has_no_import_circle():
     edges = module_graph()
-    assert "gptflow.config" in edges and "gptflow.run_config" in edges["gptflow.cli"]
+    assert "gptflow.config.settings" in edges and "gptflow.train.run_config" in edges["gptflow.cli"]
     assert cycles(edges) == []
 
 
@@ -115,12 +115,12 @@ def test_the_token_dtype_threshold_has_one_home(tmp_path):
     the run config's record and the preflight's shard size all ask gptflow.data.indexed."""
     import numpy as np
 
-    from gptflow import preflight
     from gptflow.data.indexed import dtype_for_vocab
     from gptflow.data.sources import Dataset, Shard
+    from gptflow.plan import run_size
 
     (tmp_path / "a.jsonl").write_bytes(b"x" * 400)  # 100 tokens at 4 bytes of text a token
     one = {"d": Dataset("d", "files", (Shard("00000", str(tmp_path / "a.jsonl"), "jsonl"),))}
     for vocab, dtype in ((65_499, np.uint16), (65_500, np.int32), (65_536, np.int32)):
         assert dtype_for_vocab(vocab) == np.dtype(dtype), vocab
-        assert preflight.token_bytes(one, vocab) == (100 * np.dtype(dtype).itemsize, 0)
+        assert run_size.token_bytes(one, vocab) == (100 * np.dtype(dtype).itemsize, 0)

@@ -1,7 +1,7 @@
 """model.init_from: a run starts from a Hugging Face GPT-NeoX checkpoint directory.
 
 Real parts throughout: the tiny run trained by `gptflow train` (DeepSpeed on CPU) and exported
-by gptflow.export; a GPTNeoXForCausalLM made and saved by transformers 5 (save_pretrained) as a
+by gptflow.results.export; a GPTNeoXForCausalLM made and saved by transformers 5 (save_pretrained) as a
 third party's checkpoint; torchrun ranks with gloo for tensor parallel, pipeline parallel and
 ZeRO-3. Not exercised: real Pythia weights (there is no internet here), GPUs, checkpoints
 larger than the tiny model (each rank reads one whole tensor at a time, measured by the build
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptflow.run_config import RunConfig, render_run_config, write_run_config
-from gptflow.workflow_config import load_workflow_config
+from gptflow.plan.workflow_config import load_workflow_config
+from gptflow.train.run_config import RunConfig, render_run_config, write_run_config
 
 from .test_train import BIN, gptflow_train, records
 
@@ -85,7 +85,7 @@ def render(repo, tiny_config, tokenizer_json, shards, tmp_path_factory):
 @pytest.fixture(scope="module")
 def source(render, tmp_path_factory) -> tuple[Path, Path]:
     """(run directory, its Hugging Face export): the tiny run trained 4 steps, exported."""
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     run_dir = render("source", **SETTINGS)
     out = gptflow_train(run_dir)
@@ -108,8 +108,8 @@ def read_export(hf: Path) -> dict[str, torch.Tensor]:
 
 def built(run_dir: Path) -> torch.nn.Module:
     """The model as the trainer builds it at step 0 on one rank, from run.yaml's init_from."""
-    from gptflow.engine import build_model
-    from gptflow.init_from import HFWeights
+    from gptflow.train.engine import build_model
+    from gptflow.train.init_from import HFWeights
 
     cfg = RunConfig.load(run_dir / "run.yaml")
     with HFWeights(cfg.init_from) as init:
@@ -117,7 +117,7 @@ def built(run_dir: Path) -> torch.nn.Module:
 
 
 def stored_name(name: str, tensors: dict) -> str:
-    from gptflow.model import checkpoint_names
+    from gptflow.train.model import checkpoint_names
 
     (found,) = [n for n in checkpoint_names(name) if n in tensors]
     return found
@@ -154,7 +154,7 @@ def test_a_run_starts_from_an_export_with_its_weights_and_trains_on(render, sour
     assert f"model.init_from {hf} not read: resuming from step 2" in second.stderr
     losses = [r["loss"] for r in records(run_dir, "train")]
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
-    from gptflow.export import checkpoint_weights
+    from gptflow.results.export import checkpoint_weights
 
     done = json.loads((run_dir / "DONE.json").read_text())
     assert done["final_step"] == 4
@@ -230,8 +230,8 @@ def test_a_transformers_checkpoint_loads_with_its_logits(render, tokenizer_json,
     import numpy as np
     from transformers import AutoModelForCausalLM
 
-    from gptflow.evaluate import token_stream
-    from gptflow.model import checkpoint_name
+    from gptflow.results.evaluate import token_stream
+    from gptflow.train.model import checkpoint_name
 
     made = transformers_model()
     made.save_pretrained(tmp_path / "fp32")
@@ -295,7 +295,7 @@ def test_what_cannot_be_continued_is_refused_in_one_line(
     run would pad differently. At -n when the run's tokenizer exists, and when run.yaml is
     rendered: another tokenizer (two token ids swapped). At the start of training: weights
     changed since run.yaml was rendered."""
-    from gptflow import init_from
+    from gptflow.train import init_from
 
     _, hf = source
     cwd = Path.cwd()
@@ -400,7 +400,8 @@ def test_the_series_is_named_by_the_weights_content_hashed_once(
     """The same weights at another path: the same series. One float changed in place (the
     same size, config.json and header, as two steps of one model have): another series. Each
     file is hashed once: the digests are kept in the run directory by size and mtime."""
-    from gptflow import fsutil, init_from
+    from gptflow import fsutil
+    from gptflow.train import init_from
 
     _, hf = source
 
@@ -497,9 +498,9 @@ def test_pythia_160m_config_is_the_preset_and_its_rows_are_128_padding(repo):
     """The pythia-160m preset has Pythia-160M's published architecture (transformers 4 key
     names); its 50,304 rows are the GPT-NeoX tokenizer's 50,277 ids padded to 128, and 256
     would be refused with 128 named. Also the same architecture in transformers 5's names."""
-    from gptflow.config import ModelConfig
-    from gptflow.init_from import architecture_differences, check_rows, unsupported
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
+    from gptflow.config.settings import ModelConfig
+    from gptflow.train.init_from import architecture_differences, check_rows, unsupported
 
     preset = load_yaml(repo / "config/models/pythia-160m.yaml")
     model = ModelConfig(**preset)

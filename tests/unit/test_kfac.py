@@ -5,7 +5,13 @@ import pytest
 import torch
 from torch import nn
 
-from gptflow.config import KfacConfig, ModelConfig, TrainConfig, check_kfac, kfac_floats
+from gptflow.config.settings import (
+    KfacConfig,
+    ModelConfig,
+    TrainConfig,
+    check_kfac,
+    kfac_floats,
+)
 from gptflow.errors import GptflowError
 from gptflow.train.kfac import Kfac
 
@@ -78,7 +84,7 @@ def test_the_preflight_count_is_what_the_model_holds(repo):
     count the preflight and the trainer's start-up line use, is the buffers' size."""
     import yaml
 
-    from gptflow.model import GPTNeoX
+    from gptflow.train.model import GPTNeoX
 
     m = ModelConfig(
         **yaml.safe_load((repo / "config/models/tiny.yaml").read_text()), vocab_size=512
@@ -101,7 +107,8 @@ def test_the_preflight_count_is_what_the_model_holds(repo):
 )  # fmt: skip
 def test_unsupported_layouts_are_refused_at_planning(tiny_config, train, model, refused):
     """preflight.run (snakemake -n) refuses each in one line naming the key and the fix."""
-    from gptflow import preflight
+    from gptflow.plan import preflight
+    from gptflow.plan.placement import Placement
 
     cfg = {
         **tiny_config,
@@ -109,7 +116,7 @@ def test_unsupported_layouts_are_refused_at_planning(tiny_config, train, model, 
                   "num_attention_heads": 4, **model},
         "train": {**tiny_config["train"], "kfac": {}, **train},
     }  # fmt: skip
-    placement = preflight.Placement(executor="local", nproc_per_node=2)
+    placement = Placement(executor="local", nproc_per_node=2)
     with pytest.raises(GptflowError) as err:
         preflight.run(cfg, placement, sinfo=lambda: None, accounts=lambda: None)
     message = str(err.value)
@@ -152,20 +159,20 @@ def test_a_step_reads_nothing_on_the_host():
 
 
 def test_the_memory_check_counts_the_factors(repo):
-    """preflight.memory_per_gpu has a "K-FAC factors" term of 4 bytes x config.kfac_floats
+    """gpu_memory.memory_per_gpu has a "K-FAC factors" term of 4 bytes x config.kfac_floats
     with train.kfac on, none without; at pythia-160m's size it is named as the fix's target."""
     import yaml
 
-    from gptflow import preflight
+    from gptflow.plan import gpu_memory, placement
 
     preset = yaml.safe_load((repo / "config/models/pythia-160m.yaml").read_text())
     m = ModelConfig(**{k: v for k, v in preset.items() if k != "description"}, vocab_size=50304)
     t = TrainConfig(train_iters=10, seq_length=2048, micro_batch_size=1, global_batch_size=1)
     on = TrainConfig(**{**vars(t), "kfac": KfacConfig()})
-    small_gpu = preflight.Placement(executor="slurm", gres="gpu:1", tasks=1, gpu_mem_mb=8192)
-    assert "K-FAC factors" not in preflight.memory_per_gpu(m, t, 1, small_gpu).terms
-    fit = preflight.memory_per_gpu(m, on, 1, small_gpu)
+    small_gpu = placement.Placement(executor="slurm", gres="gpu:1", tasks=1, gpu_mem_mb=8192)
+    assert "K-FAC factors" not in gpu_memory.memory_per_gpu(m, t, 1, small_gpu).terms
+    fit = gpu_memory.memory_per_gpu(m, on, 1, small_gpu)
     assert fit.terms["K-FAC factors"] == 4 * kfac_floats(m)
     assert fit.largest == "K-FAC factors" and not fit.fits
     with pytest.raises(GptflowError, match=r"the largest is K-FAC factors: set train\.kfac null"):
-        preflight.check_memory(fit)
+        gpu_memory.check_memory(fit)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptflow.run_config import RunConfig
+from gptflow.train.run_config import RunConfig
 from tests.support.hardware import fp16_env
 
 BIN = Path(sys.executable).parent
@@ -28,8 +28,9 @@ BIN = Path(sys.executable).parent
 PROBE = '''
 import os, sys, torch
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
-from gptflow import engine as ds
-from gptflow.train import device, loop, train
+from gptflow.train import engine as ds
+from gptflow.train import device, loop
+from gptflow.train.main import train
 from gptflow.train.kfac import Kfac
 
 rank = os.environ.get("RANK", "0")

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from gptflow.cli import build_parser, rank_args
-from gptflow.status import RunFiles, live_trainer
+from gptflow.plan.status import RunFiles, live_trainer
 from gptflow.train.launch import exit_code
 
 from .test_train import BIN, records, wait_for

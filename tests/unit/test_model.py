@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from gptflow.config import ModelConfig
+from gptflow.config.settings import ModelConfig
 from gptflow.errors import GptflowError
-from gptflow.model import GPTNeoX
+from gptflow.train.model import GPTNeoX
 
 CFG = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=128)
 
@@ -87,7 +87,7 @@ def test_odd_rotary_dimensions_are_a_config_error():
 def test_decay_groups_by_role_equal_the_groups_by_shape():
     """Weight decay on embeddings and linear weights, none on biases and LayerNorms: the same
     parameters, in the same order, as choosing by dimension on an unpartitioned model."""
-    from gptflow.model import decay_groups
+    from gptflow.train.model import decay_groups
 
     model = GPTNeoX(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64))
     decay, plain = decay_groups(model, 0.1)

@@ -195,7 +195,7 @@ def test_vocab_parallel_loss_and_embedding_are_the_unsplit_ones(repo, tmp_path):
 
 
 def test_tp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(one, tp2, tmp_path):
-    from gptflow.export import checkpoint_weights
+    from gptflow.results.export import checkpoint_weights
 
     one, straight = one["one"], tp2["straight"]
     assert "2 ranks (torchrun) = 2 tensor x 1 data parallel, micro batch 4 x grad accum 2" in (
@@ -295,7 +295,7 @@ def test_layouts_that_cannot_split_are_refused_when_planned(
     repo, edit_config, model, train, message
 ):
     from gptflow.errors import GptflowError
-    from gptflow.workflow_config import load_workflow_config
+    from gptflow.plan.workflow_config import load_workflow_config
 
     cfg = edit_config(model={"preset": "tiny", **model}, train=train)
     with pytest.raises(GptflowError, match=message):
@@ -306,7 +306,7 @@ def test_layouts_that_cannot_split_are_refused_when_planned(
 
 
 def test_ranks_the_model_parallel_size_does_not_divide_are_refused():
-    from gptflow.config import TrainConfig
+    from gptflow.config.settings import TrainConfig
     from gptflow.errors import GptflowError
 
     t = TrainConfig(train_iters=1, global_batch_size=8, micro_batch_size=2, tensor_parallel=2)
@@ -330,8 +330,8 @@ def test_ranks_the_model_parallel_size_does_not_divide_are_refused():
 def test_pp2_trains_as_one_rank_resumes_exactly_and_exports_the_whole_model(one, pp2, tmp_path):
     """Two pipeline stages (embedding + layer 0, layer 1 + head) under DeepSpeed's 1F1B
     schedule, two micro-batches per step."""
-    from gptflow.export import checkpoint_weights
-    from gptflow.model import hf_name
+    from gptflow.results.export import checkpoint_weights
+    from gptflow.train.model import hf_name
 
     one, straight = one["one"], pp2["straight"]
     assert "2 ranks (torchrun) = 2 pipeline x 1 data parallel" in (
@@ -439,7 +439,7 @@ def test_tp2xpp2_on_4_ranks_follows_one_rank_exports_and_moves(one, dp2, make_ru
     into the layout through the universal checkpoint (whose record names every stage's
     parameters, not only rank 0's). The straight run and the one stopped at step 4 train in
     one launch of 4 ranks (tests/support/in_turn.py)."""
-    from gptflow.export import checkpoint_weights
+    from gptflow.results.export import checkpoint_weights
 
     one = one["one"]
     want = losses(one)
@@ -545,7 +545,7 @@ def test_tp2_with_dropout_resumes_exactly_and_keeps_replicated_weights_equal(tp2
     per-rank stream is reseeded with the default one -- and the replicated weights (LayerNorms,
     embeddings, row-parallel biases) are the same on both ranks: the replicated regions' masks
     agree (merged_by_hand checks them)."""
-    from gptflow.export import checkpoint_weights
+    from gptflow.results.export import checkpoint_weights
 
     straight = tp2["dropout"]
     merged_by_hand(module_slices(Path(final_step(straight))))

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from gptflow import paths
-from gptflow.run_config import RunConfig
+from gptflow.train.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

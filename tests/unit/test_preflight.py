@@ -1,4 +1,4 @@
-"""The preflight (gptflow.preflight): what `snakemake -n` refuses before a job is queued, and
+"""The preflight (gptflow.plan.preflight): what `snakemake -n` refuses before a job is queued, and
 the per-GPU memory estimate, checked against what DeepSpeed allocates and estimates."""
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import pytest
 import torch
 import yaml
 
-from gptflow import preflight
-from gptflow.config import ModelConfig, TrainConfig
+from gptflow.config.settings import ModelConfig, TrainConfig
 from gptflow.errors import GptflowError
-from gptflow.preflight import GIB, PartitionNodes, Placement
-from gptflow.snapshot import PAGE
+from gptflow.plan import cluster, gpu_memory, host_memory, placement, preflight, run_size
+from gptflow.plan.cluster import PartitionNodes, check_cluster, parse_sinfo
+from gptflow.plan.gpu_memory import GIB
+from gptflow.plan.placement import Placement
+from gptflow.train.snapshot import PAGE
 from tests.support.memory import kept_bytes, saved_peak
 
 from .test_train import BIN
@@ -46,7 +48,7 @@ def test_gpus_per_node_from_gres(gres, gpus):
 
 
 def test_sinfo_lines_become_node_groups_of_partitions_that_are_up():
-    groups = preflight.parse_sinfo(SINFO)
+    groups = cluster.parse_sinfo(SINFO)
     assert groups == [
         PartitionNodes("cpu", 0, 40, 64, 256000, 2880),
         PartitionNodes("gpu", 8, 16, 128, 1000000, 2880),
@@ -60,7 +62,7 @@ def test_sinfo_lines_become_node_groups_of_partitions_that_are_up():
      ("1-0", 1440), ("1-2:30", 1590), ("1-12:00:00", 2160)],
 )  # fmt: skip
 def test_slurm_time_limits(limit, minutes):
-    assert preflight.minutes(limit) == minutes
+    assert cluster.minutes(limit) == minutes
 
 
 # How the train_gpt rule reads profiles/slurm (rules/setup.smk, profile_placement): the keys of
@@ -113,13 +115,13 @@ def test_the_shipped_profiles_fit_a_cluster_that_has_what_it_asks_for():
 
     def cluster(**short) -> list[PartitionNodes]:
         h = {k: v - short.get(k.replace(" ", "_"), 0) for k, v in have.items()}
-        return preflight.parse_sinfo(
+        return parse_sinfo(
             f"cpu*|(null)|4|64|256000|up|{h['cpu minutes']}\n"
             f"gpu|gpu:h100:{h['gpus']}(S:0-1)|{h['nodes']}|{h['cpus']}|{h['mem']}|up|"
             f"{h['minutes']}\n"
         )
 
-    preflight.check_cluster(p, names["cpu"], cluster(), {"acct"}, runtimes)
+    check_cluster(p, names["cpu"], cluster(), {"acct"}, runtimes)
     # evaluate runs on the training partition's nodes, with its set-threads within one's CPUs
     assert evaluate["slurm_partition"] == p.partition
     assert evaluate["threads"] <= have["cpus"]
@@ -137,7 +139,7 @@ def test_the_shipped_profiles_fit_a_cluster_that_has_what_it_asks_for():
                              r"partition 'cpu''s time limit of 119 minutes"),
     ]:  # fmt: skip
         with pytest.raises(GptflowError, match=names_the_key):
-            preflight.check_cluster(p, names["cpu"], cluster(**short), {"acct"}, runtimes)
+            check_cluster(p, names["cpu"], cluster(**short), {"acct"}, runtimes)
 
 
 @pytest.mark.parametrize(
@@ -156,23 +158,21 @@ def test_the_shipped_profiles_fit_a_cluster_that_has_what_it_asks_for():
 )  # fmt: skip
 def test_what_the_cluster_does_not_have_is_refused(change, message):
     with pytest.raises(GptflowError, match=message):
-        preflight.check_cluster(
-            dataclasses.replace(SLURM, **change), "cpu", preflight.parse_sinfo(SINFO)
+        cluster.check_cluster(
+            dataclasses.replace(SLURM, **change), "cpu", cluster.parse_sinfo(SINFO)
         )
 
 
 def test_a_foreign_account_a_missing_cpu_partition_and_a_long_runtime_are_refused():
-    groups = preflight.parse_sinfo(SINFO)
+    groups = cluster.parse_sinfo(SINFO)
     with pytest.raises(GptflowError, match=r"slurm_account is 'acct', which is not one of your "
                        r"Slurm accounts \(lab, other\)"):  # fmt: skip
-        preflight.check_cluster(SLURM, "cpu", groups, {"lab", "other"})
+        cluster.check_cluster(SLURM, "cpu", groups, {"lab", "other"})
     with pytest.raises(GptflowError, match="default-resources slurm_partition is 'cpus'"):
-        preflight.check_cluster(SLURM, "cpus", groups)
+        cluster.check_cluster(SLURM, "cpus", groups)
     with pytest.raises(GptflowError, match=r"runtime is 3000 minutes, beyond partition 'gpu''s "
                        r"time limit of 2880 minutes"):  # fmt: skip
-        preflight.check_cluster(
-            SLURM, "cpu", groups, None, {"set-resources train_gpt runtime": 3000}
-        )
+        cluster.check_cluster(SLURM, "cpu", groups, None, {"set-resources train_gpt runtime": 3000})
 
 
 @pytest.mark.parametrize(
@@ -187,13 +187,13 @@ def test_a_foreign_account_a_missing_cpu_partition_and_a_long_runtime_are_refuse
 )  # fmt: skip
 def test_launches_the_plugin_or_srun_would_refuse_are_refused(change, message):
     with pytest.raises(GptflowError, match=message):
-        preflight.check_launch(dataclasses.replace(SLURM, **change))
+        placement.check_launch(dataclasses.replace(SLURM, **change))
 
 
 def test_one_gpu_on_each_of_several_nodes_and_cpus_against_threads():
     spread = dataclasses.replace(SLURM, nodes=4, tasks_per_node=None, tasks=4, gres="gpu:1")
-    assert preflight.check_launch(spread) == [] and spread.ranks == 4
-    (warning,) = preflight.check_launch(dataclasses.replace(SLURM, cpus_per_task=4))
+    assert placement.check_launch(spread) == [] and spread.ranks == 4
+    (warning,) = placement.check_launch(dataclasses.replace(SLURM, cpus_per_task=4))
     assert "cpus_per_task 4 differs from set-threads train_gpt 12" in warning
 
 
@@ -220,7 +220,7 @@ def test_the_ranks_on_one_machine():
 )  # fmt: skip
 def test_local_launches_that_cannot_run_are_refused(change, message):
     with pytest.raises(GptflowError, match=message):
-        preflight.check_launch(Placement(**change))
+        placement.check_launch(Placement(**change))
 
 
 def test_local_launches_that_can_run():
@@ -231,7 +231,7 @@ def test_local_launches_that_can_run():
         Placement(gpus=2),
         Placement(mpi="srun", tasks=8, gpus=2, nproc_per_node=9),
     ):
-        assert preflight.check_launch(p) == []  # fmt: skip
+        assert placement.check_launch(p) == []  # fmt: skip
 
 
 def test_placeholders_are_named():
@@ -239,34 +239,34 @@ def test_placeholders_are_named():
         SLURM, settings=(("default-resources slurm_account", "<account>"),
                          ("set-resources train_gpt slurm_partition", "gpu"))
     )  # fmt: skip
-    found = preflight.placeholders(shipped)
+    found = placement.placeholders(shipped)
     assert found == [("default-resources slurm_account", "<account>")]
-    assert preflight.placeholder_message(found, "slurm", "P").startswith(
+    assert placement.placeholder_message(found, "slurm", "P").startswith(
         "edit P first: default-resources slurm_account is <account> (your cluster's values: "
         "`sacctmgr show assoc"
     )
-    assert preflight.placeholders(SLURM) == []
+    assert placement.placeholders(SLURM) == []
     # profiles/pbs: its own hint, and its GPU jobs count as a cluster's (the memory fit check)
     pbs = dataclasses.replace(shipped, executor="pbs")
-    assert "`qstat -Q` lists the queues" in preflight.placeholder_message(found, "pbs", "P")
+    assert "`qstat -Q` lists the queues" in placement.placeholder_message(found, "pbs", "P")
     # an unset pbs_filesystems: the Torque edit (the README's, tests/workflow/test_pbs.py)
-    torque = preflight.placeholder_message(
+    torque = placement.placeholder_message(
         [("default-resources pbs_filesystems", "<filesystems>")], "pbs", "P"
     )
     assert torque.endswith(
         "; on Torque (no filesystems resource), delete ,filesystems={resources.pbs_filesystems} "
         "from cluster-generic-submit-cmd and the pbs_filesystems line of default-resources)"
     )
-    assert "Torque" not in preflight.placeholder_message(found, "pbs", "P")
+    assert "Torque" not in placement.placeholder_message(found, "pbs", "P")
     assert pbs.on_cluster and SLURM.on_cluster
     assert not dataclasses.replace(shipped, executor="local").on_cluster
 
 
 def test_a_batch_the_ranks_cannot_split_names_the_fixes():
     t = TrainConfig(train_iters=1, micro_batch_size=8, global_batch_size=16)
-    assert preflight.check_layout(t, 2) == 1
+    assert placement.check_layout(t, 2) == 1
     with pytest.raises(GptflowError) as e:
-        preflight.check_layout(t, 16)
+        placement.check_layout(t, 16)
     assert str(e.value) == (
         "train.global_batch_size 16 is not a multiple of train.micro_batch_size 8 x 16 ranks = "
         "128: a step is whole micro-batches on every data-parallel rank; set "
@@ -288,12 +288,11 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     the model file's parameters partitioned away), are snapshot_bytes but for their pickles,
     and the BufferPool they are taken into holds them and at most two pages a buffer (it starts
     each on a page of its own; at ZeRO 0, a buffer per tensor, this tiny model's 112 tensors)."""
-    from gptflow import distributed
-    from gptflow import engine as ds
-    from gptflow.checkpoint import _snapshots
-    from gptflow.model import decay_groups
-    from gptflow.snapshot import BufferPool
-    from gptflow.train import device
+    from gptflow.train import device, distributed
+    from gptflow.train import engine as ds
+    from gptflow.train.checkpoint import _snapshots
+    from gptflow.train.model import decay_groups
+    from gptflow.train.snapshot import BufferPool
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.setenv(name, "")  # export sets them; monkeypatch takes them away after
@@ -314,13 +313,13 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
         engine.backward(engine(x, x))
         engine.step()
         if zero < 3:
-            terms = preflight.model_state_bytes(m.num_parameters(), 1, zero, precision)
-            kept = sum(v for k, v in terms.items() if k not in preflight.TRANSIENT)
+            terms = gpu_memory.model_state_bytes(m.num_parameters(), 1, zero, precision)
+            kept = sum(v for k, v in terms.items() if k not in gpu_memory.TRANSIENT)
             measured[(zero, precision)] = (kept_bytes(engine), kept)
         # what an asynchronous save holds in host memory: every file DeepSpeed writes
         pool = BufferPool()
         taken = _snapshots(engine, str(tmp_path / "ckpt"), f"z{zero}{precision}", {}, pool)
-        want = preflight.snapshot_bytes(m, t, 1, precision)
+        want = host_memory.snapshot_bytes(m, t, 1, precision)
         snapshots[(zero, precision)] = (sum(s.nbytes for s in taken), want)
         buffers = sum(len(s.storages) for s in taken)
         held[(zero, precision)] = (pool.held_bytes(), want, buffers)
@@ -381,7 +380,7 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
         ]
         assert sorted(r["stage"] for r in ranks) == ([0] * 4 if pp == 1 else [0, 0, 1, 1])
         node = Placement(executor="slurm", nodes=1, tasks_per_node=4, gres="gpu:4", mpi="srun")
-        fit = preflight.snapshot_fit(TINY, t, 4, node)
+        fit = host_memory.snapshot_fit(TINY, t, 4, node)
         held = sum(r["held"] for r in ranks)
         assert 0 <= held - fit.snapshots <= sum(r["buffers"] for r in ranks) * 2 * PAGE, setting
         # the model file (or a pipeline stage's layer files) on data-parallel rank 0 alone
@@ -390,12 +389,12 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
         assert sorted(r["rank"] for r in writers) == want, (setting, ranks)
         assert fit.writers == len(writers) == 2
         for r in ranks:
-            params = preflight.stage_parameters(TINY, tp, pp, r["stage"])
-            terms = preflight.model_state_bytes(params, dp, zero, precision)
-            kept = sum(v for k, v in terms.items() if k not in preflight.TRANSIENT)
+            params = gpu_memory.stage_parameters(TINY, tp, pp, r["stage"])
+            terms = gpu_memory.model_state_bytes(params, dp, zero, precision)
+            kept = sum(v for k, v in terms.items() if k not in gpu_memory.TRANSIENT)
             assert 0 <= r["kept"] - kept <= 512, (setting, r, kept)
             # the tensors DeepSpeed pads its partitions with aside (measured: 8-16 bytes)
-            snap = preflight.snapshot_bytes(TINY, t, 4, precision, r["rank"])
+            snap = host_memory.snapshot_bytes(TINY, t, 4, precision, r["rank"])
             assert 0 <= r["snapshot"] - snap <= 64, (setting, r, snap)
             assert r["snapshot"] <= r["held"] <= r["snapshot"] + r["buffers"] * 2 * PAGE, (
                 setting,
@@ -404,7 +403,7 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
             if precision != "fp32":
                 continue
             last = r["stage"] == pp - 1
-            held = preflight.activation_bytes(TINY, t, precision, r["stage"], gas)
+            held = gpu_memory.activation_bytes(TINY, t, precision, r["stage"], gas)
             # the loss keeps a 4-byte softmax (or log-softmax) a logit, 1/tp of the vocabulary
             want = held["activations"] + (4 * micro * seq * TINY.vocab_size // tp if last else 0)
             in_flight = min(pp - r["stage"], gas)
@@ -420,7 +419,7 @@ def test_activations_are_what_autograd_keeps(checkpointing):
     the fp32 log-softmax (4 bytes a logit) for each sequence added, exactly; with activation
     checkpointing the layers' inputs (the estimate adds one layer's whole set, recomputed in
     the backward, which these hooks do not see: checkpoint packs it under hooks of its own)."""
-    from gptflow.model import GPTNeoX
+    from gptflow.train.model import GPTNeoX
 
     m = dataclasses.replace(TINY, activation_checkpointing=checkpointing)
     torch.manual_seed(0)
@@ -430,9 +429,9 @@ def test_activations_are_what_autograd_keeps(checkpointing):
         x, y = torch.randint(0, 256, (2, micro, 16))
         peaks.append(saved_peak(lambda: model(x, y).backward(), model.parameters()))  # noqa: B023
     t = TrainConfig(train_iters=1, global_batch_size=1, micro_batch_size=1, seq_length=16)
-    held = preflight.activation_bytes(m, t, "fp32")["activations"] + 4 * 16 * 256
+    held = gpu_memory.activation_bytes(m, t, "fp32")["activations"] + 4 * 16 * 256
     if checkpointing:  # the recomputed layer's are packed by checkpoint's own hooks, unseen here
-        held -= preflight.layer_activation_bytes(m, 1, 16, 4)
+        held -= gpu_memory.layer_activation_bytes(m, 1, 16, 4)
     assert peaks[1] - peaks[0] == held
     assert peaks[0] - held == rotary_tables(m, 16) + 4
 
@@ -446,32 +445,32 @@ def test_auto_precision_is_planned_as_the_trainer_decides_it():
     m = ModelConfig(num_layers=24, hidden_size=2048, num_attention_heads=16, vocab_size=50304)
     t = TrainConfig(train_iters=10, seq_length=2048, micro_batch_size=8, global_batch_size=64,
                     precision="auto", zero_stage=0)  # fmt: skip
-    fit = preflight.memory_per_gpu(m, t, 8, SLURM)
-    fp32 = preflight.activation_bytes(m, dataclasses.replace(t, precision="fp32"), "fp32")
+    fit = gpu_memory.memory_per_gpu(m, t, 8, SLURM)
+    fp32 = gpu_memory.activation_bytes(m, dataclasses.replace(t, precision="fp32"), "fp32")
     assert fit.terms["activations"] == fp32["activations"]  # 54.3 GiB, not bf16's 27.1
     assert round(fp32["activations"] / GIB, 1) == 54.3
     assert fit.terms["weights"] == 4 * m.num_parameters()
     n = m.num_parameters()  # ZeRO 0 in fp32: rank 0 writes weights and Adam's moments
-    assert preflight.snapshot_fit(m, t, 8, SLURM).snapshots == 12 * n
-    precision, why = preflight.planned_precision(t, SLURM)
+    assert host_memory.snapshot_fit(m, t, 8, SLURM).snapshots == 12 * n
+    precision, why = gpu_memory.planned_precision(t, SLURM)
     assert precision == "fp32" and "assumed" in why and "train.zero_stage 0" in why
     lines = preflight.memory_lines(preflight.Report(), TINY, t, 8, SLURM, {})
     assert lines[0].startswith("  precision: fp32 (auto on GPUs assumed to be A100/H100 ")
     zero1 = dataclasses.replace(t, zero_stage=1)
-    assert preflight.planned_precision(zero1, SLURM)[0] == "bf16"
+    assert gpu_memory.planned_precision(zero1, SLURM)[0] == "bf16"
     v100 = dataclasses.replace(SLURM, gres="gpu:v100:8")
-    assert preflight.planned_precision(zero1, v100) == (
+    assert gpu_memory.planned_precision(zero1, v100) == (
         "fp32",
         "auto on v100 GPUs (the gres's type) (compute capability 7.0: no bf16 tensor "
         "cores; set train.precision fp16 for half precision with loss scaling)",
     )
-    assert preflight.planned_precision(zero1, dataclasses.replace(SLURM, gres="gpu:h100:8")) == (
+    assert gpu_memory.planned_precision(zero1, dataclasses.replace(SLURM, gres="gpu:h100:8")) == (
         "bf16",
         "auto on h100 GPUs (the gres's type) (bf16 tensor cores, ZeRO stage 1)",
     )
     unknown = dataclasses.replace(SLURM, gres="gpu:mi250:8")
-    assert "the gres's type 'mi250' is not in" in preflight.planned_precision(zero1, unknown)[1]
-    assert preflight.planned_precision(zero1, Placement())[0] == "fp32"  # on this CPU
+    assert "the gres's type 'mi250' is not in" in gpu_memory.planned_precision(zero1, unknown)[1]
+    assert gpu_memory.planned_precision(zero1, Placement())[0] == "fp32"  # on this CPU
 
 
 def test_each_tensor_parallel_rank_holds_its_share_of_the_logits():
@@ -485,16 +484,16 @@ def test_each_tensor_parallel_rank_holds_its_share_of_the_logits():
     t = TrainConfig(train_iters=1, seq_length=2048, micro_batch_size=8, global_batch_size=1024,
                     precision="fp16", zero_stage=1, tensor_parallel=4)  # fmt: skip
     whole, share = 12 * 8 * 2048 * 50688, 6 * 8 * 2048 * 50688 // 4
-    fit = preflight.memory_per_gpu(m, t, 256, SLURM)
+    fit = gpu_memory.memory_per_gpu(m, t, 256, SLURM)
     assert fit.terms["logits"] == share and round(share / 2**30, 2) == 1.16
     assert round(whole / 2**30, 1) == 9.3
     one = dataclasses.replace(t, tensor_parallel=1)
-    assert preflight.activation_bytes(m, one, "fp16")["logits"] == whole
+    assert gpu_memory.activation_bytes(m, one, "fp16")["logits"] == whole
     # fp32 logits: the forward holds them and their fp32 copy, 8 bytes a logit
-    assert preflight.activation_bytes(m, t, "fp32")["logits"] == 8 * 8 * 2048 * 50688 // 4
+    assert gpu_memory.activation_bytes(m, t, "fp32")["logits"] == 8 * 8 * 2048 * 50688 // 4
     piped = dataclasses.replace(t, pipeline_parallel=4)
-    assert preflight.activation_bytes(m, piped, "fp16", stage=0, gas=4)["logits"] == 0
-    last = preflight.activation_bytes(m, piped, "fp16", stage=3, gas=4)
+    assert gpu_memory.activation_bytes(m, piped, "fp16", stage=0, gas=4)["logits"] == 0
+    last = gpu_memory.activation_bytes(m, piped, "fp16", stage=3, gas=4)
     assert last["logits"] == share
     # its buffers: 3 received inputs (b, s, h) and two micro-batches' split logits, 16-bit
     tokens = 8 * 2048
@@ -507,12 +506,12 @@ def test_fits_leaves_the_margin_free():
     m = ModelConfig(num_layers=2, hidden_size=1024, num_attention_heads=8, vocab_size=50304)
     t = TrainConfig(train_iters=1, seq_length=2048, micro_batch_size=60, global_batch_size=480,
                     precision="bf16", zero_stage=1)  # fmt: skip
-    fit = preflight.memory_per_gpu(m, t, 8, SLURM)
+    fit = gpu_memory.memory_per_gpu(m, t, 8, SLURM)
     assert fit.margin == 10 * 2**30 and 70 * 2**30 < fit.total < 80 * 2**30, fit.total / 2**30
     assert not fit.fits
     with pytest.raises(GptflowError, match=r"\+ margin 10.0 GiB: 2.0 GiB CUDA context and NCCL "
                        r"buffers \+ 10% of the GPU for allocator fragmentation, against 80 GiB"):  # fmt: skip
-        preflight.check_memory(fit)
+        gpu_memory.check_memory(fit)
 
 
 @pytest.mark.parametrize("gpus", [1, 8, 64])
@@ -524,17 +523,19 @@ def test_half_precision_zero_2_and_3_agree_with_deepspeeds_estimators(gpus):
     _, zero2 = estimate_zero2_model_states_mem_needs(params, gpus, 1, cpu_offload=False)
     _, zero3, _ = estimate_zero3_model_states_mem_needs(params, largest, gpus, 1, cpu_offload=False)
     for zero, want in ((2, zero2), (3, zero3)):
-        got = sum(preflight.model_state_bytes(params, gpus, zero, "fp16", largest=largest).values())
+        got = sum(
+            gpu_memory.model_state_bytes(params, gpus, zero, "fp16", largest=largest).values()
+        )
         assert got == want, (zero, got, want)
 
 
 def test_stage_parameters_are_the_split_models_own_count():
     """Tensor 2 x pipeline 2 of an 8-layer model: the last stage's ranks hold half of each of
     4 layers' split matrices, their LayerNorms and biases whole, the final LayerNorm and the
-    head -- counted on the real modules, split as gptflow.engine splits them; the first
+    head -- counted on the real modules, split as gptflow.train.engine splits them; the first
     stage's, the embedding instead."""
-    from gptflow.engine import tensor_parallel_slice
-    from gptflow.model import GPTNeoX
+    from gptflow.train.engine import tensor_parallel_slice
+    from gptflow.train.model import GPTNeoX
 
     m = ModelConfig(num_layers=8, hidden_size=128, num_attention_heads=4, vocab_size=128)
     with torch.device("meta"):
@@ -545,27 +546,27 @@ def test_stage_parameters_are_the_split_models_own_count():
                          "gpt_neox.layers.7.", "gpt_neox.final_layer_norm", "embed_out"))
     ]  # fmt: skip
     held = sum(tensor_parallel_slice(n, p, 0, 2).numel() for n, p in last_stage)
-    assert preflight.stage_parameters(m, 2, 2, 1) == held
+    assert gpu_memory.stage_parameters(m, 2, 2, 1) == held
     first = sum(
         tensor_parallel_slice(n, p, 0, 2).numel() for n, p in model.named_parameters()
         if n.startswith(("gpt_neox.embed_in", *(f"gpt_neox.layers.{i}." for i in range(4))))
     )  # fmt: skip
-    assert preflight.stage_parameters(m, 2, 2, 0) == first
-    assert preflight.stage_parameters(m, 1, 1, 0) == m.num_parameters()
+    assert gpu_memory.stage_parameters(m, 2, 2, 0) == first
+    assert gpu_memory.stage_parameters(m, 1, 1, 0) == m.num_parameters()
 
 
 def test_a_model_that_does_not_fit_names_its_largest_term():
     """Megatron's 18.4B sizes on 8 ranks of one node without model parallelism at ZeRO 1:
     each GPU holds the 16-bit weights and gradients of all 18.4B parameters and their fp32
     sums; at tensor parallel 8 (the table's layout) it fits."""
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     preset = load_yaml("config/models/megatron-gpt3-18.4b.yaml")
     preset.pop("description")
     m = ModelConfig(**{**preset, "vocab_size": 51200})
     t = TrainConfig(train_iters=1, seq_length=2048, micro_batch_size=1, global_batch_size=8,
                     precision="bf16", zero_stage=1)  # fmt: skip
-    fit = preflight.memory_per_gpu(m, t, 8, SLURM)
+    fit = gpu_memory.memory_per_gpu(m, t, 8, SLURM)
     # bf16 at ZeRO 1 sums every gradient in fp32: 4 bytes a parameter, the largest term
     assert not fit.fits and fit.largest == "fp32 gradient accumulation"
     with pytest.raises(GptflowError, match=r"about 168.5 GiB per GPU \(weights 34.9, .* logits "
@@ -573,20 +574,20 @@ def test_a_model_that_does_not_fit_names_its_largest_term():
                        r"10% of the GPU for allocator fragmentation, against 80 GiB \(assumed: 80 "
                        r"GB GPUs\); the largest is fp32 gradient accumulation: raise "
                        r"train.zero_stage to 2, or train.tensor_parallel"):  # fmt: skip
-        preflight.check_memory(fit)
+        gpu_memory.check_memory(fit)
     split = dataclasses.replace(t, tensor_parallel=8)
-    assert preflight.memory_per_gpu(m, split, 8, SLURM).fits
+    assert gpu_memory.memory_per_gpu(m, split, 8, SLURM).fits
 
 
 def test_the_vocabulary_comes_from_the_tokenizer_on_disk(tmp_path):
     cfg = {"model": {}, "tokenizer": {"source": "file"}}
     path = tmp_path / "tokenizer.json"
-    assert preflight.vocab_size(cfg, path)[0] == preflight.ASSUMED_VOCAB
+    assert run_size.vocab_size(cfg, path)[0] == run_size.ASSUMED_VOCAB
     path.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}},
                                 "added_tokens": [{"id": 70000, "content": "<eod>"}]}))  # fmt: skip
-    assert preflight.vocab_size(cfg, path) == (70001, str(path))
+    assert run_size.vocab_size(cfg, path) == (70001, str(path))
     trained = {"model": {}, "tokenizer": {"source": "train", "train": {"vocab_size": 8192}}}
-    assert preflight.vocab_size(trained, tmp_path / "none.json") == (
+    assert run_size.vocab_size(trained, tmp_path / "none.json") == (
         8192,
         "tokenizer.train.vocab_size",
     )
@@ -596,7 +597,7 @@ def test_the_vocabulary_comes_from_the_tokenizer_on_disk(tmp_path):
         with pytest.raises(
             GptflowError, match=r"tokenizer.json: not a tokenizer.json .* Delete it"
         ):
-            preflight.vocab_size(cfg, path)
+            run_size.vocab_size(cfg, path)
 
 
 def test_made_shards_count_their_bytes_whole_or_in_parts(tmp_path, monkeypatch):
@@ -610,21 +611,21 @@ def test_made_shards_count_their_bytes_whole_or_in_parts(tmp_path, monkeypatch):
     d = Dataset(
         "d", "files", (Shard("00000", "a.jsonl", "jsonl"), Shard("00001", "a.jsonl", "jsonl"))
     )
-    assert preflight.token_bytes({"d": d}, 512, "tok") == (2 * 2 * 1000, 0)  # estimates
+    assert run_size.token_bytes({"d": d}, 512, "tok") == (2 * 2 * 1000, 0)  # estimates
     whole = tmp_path / f"{paths.shard_prefix('tok', 'd', '00000')}.bin"
     whole.parent.mkdir(parents=True)
     whole.write_bytes(b"x" * 10)
     for part, size in ((0, 3), (1, 4)):
         (tmp_path / f"{paths.part_prefix('tok', 'd', '00001', part)}.bin").write_bytes(b"x" * size)
-    assert preflight.token_bytes({"d": d}, 512, "tok") == (10 + 3 + 4, 0)
-    assert preflight.token_bytes({"d": d}, 512, "other") == (2 * 2 * 1000, 0)
+    assert run_size.token_bytes({"d": d}, 512, "tok") == (10 + 3 + 4, 0)
+    assert run_size.token_bytes({"d": d}, 512, "other") == (2 * 2 * 1000, 0)
 
 
 # ----------------------------------------------------------------------------- saves
 
 
 def pythia_12b() -> ModelConfig:
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     preset = load_yaml("config/models/pythia-12b.yaml")
     preset.pop("description")
@@ -641,14 +642,14 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
     m = pythia_12b()
     t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
                     precision="bf16")  # fmt: skip
-    node = preflight.Placement(executor="slurm", nodes=1, tasks_per_node=8, mpi="srun",
+    node = placement.Placement(executor="slurm", nodes=1, tasks_per_node=8, mpi="srun",
                                gres="gpu:8", mem_mb=480000)  # fmt: skip
-    fit = preflight.snapshot_fit(m, t, 8, node)
+    fit = host_memory.snapshot_fit(m, t, 8, node)
     n = m.num_parameters()
     assert fit.largest == 2 * n + 12 * n // 8 and fit.snapshots == 2 * n + 8 * (12 * n // 8)
     assert (fit.writers, fit.ranks, fit.state) == (1, 8, 0) and not fit.on_cpu
     assert fit.need == fit.snapshots + 8 * 2 * GIB
-    line = preflight.check_saves(t, fit)
+    line = host_memory.check_saves(t, fit)
     assert line == (
         "  checkpoint saves: in the background (train.async_save): about 170.4 GiB of host "
         "memory per node, of 468.8 GiB (set-resources train_gpt mem_mb): snapshots 154.4 GiB "
@@ -657,14 +658,14 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
     )
     small = dataclasses.replace(node, mem_mb=160000)
     with pytest.raises(GptflowError, match=r"^train.async_save: .* set train.async_save false"):
-        preflight.check_saves(t, preflight.snapshot_fit(m, t, 8, small))
-    assert "synchronous" in preflight.check_saves(t, None)
+        host_memory.check_saves(t, host_memory.snapshot_fit(m, t, 8, small))
+    assert "synchronous" in host_memory.check_saves(t, None)
     unknown = dataclasses.replace(node, mem_mb=None)  # a cluster's node: not known, not refused
-    assert "not known" in preflight.check_saves(t, preflight.snapshot_fit(m, t, 8, unknown))
+    assert "not known" in host_memory.check_saves(t, host_memory.snapshot_fit(m, t, 8, unknown))
 
 
 def gpt_neox_20b() -> ModelConfig:
-    from gptflow.schema import load_yaml
+    from gptflow.config.schema import load_yaml
 
     preset = load_yaml("config/models/gpt-neox-20b.yaml")
     preset.pop("description")
@@ -682,19 +683,19 @@ def test_each_rank_of_the_node_counts_what_it_writes():
     m = gpt_neox_20b()
     tp8 = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
                       precision="bf16", tensor_parallel=8)  # fmt: skip
-    fit = preflight.snapshot_fit(m, tp8, 8, SLURM)
-    share = preflight.stage_parameters(m, 8, 1, 0)
+    fit = host_memory.snapshot_fit(m, tp8, 8, SLURM)
+    share = gpu_memory.stage_parameters(m, 8, 1, 0)
     assert fit.snapshots == 8 * (2 * share + 12 * share) and fit.writers == 8
     assert round(fit.snapshots / GIB, 1) == 268.2 and fit.fits
     two = dataclasses.replace(SLURM, nodes=2)
-    fit = preflight.snapshot_fit(m, tp8, 16, two)  # the worst node: rank 0's
+    fit = host_memory.snapshot_fit(m, tp8, 16, two)  # the worst node: rank 0's
     assert fit.snapshots == 8 * (2 * share + 12 * share // 2) and fit.writers == 8
     dp = TrainConfig(train_iters=10, global_batch_size=16, micro_batch_size=1, zero_stage=2,
                      precision="bf16")  # fmt: skip
     n = m.num_parameters()
-    fit = preflight.snapshot_fit(m, dp, 16, two)
+    fit = host_memory.snapshot_fit(m, dp, 16, two)
     assert fit.snapshots == 2 * n + 8 * (12 * n // 16) and fit.writers == 1
-    assert [preflight.writes_model_file(dp, r, 16) for r in range(16)] == [True] + [False] * 15
+    assert [host_memory.writes_model_file(dp, r, 16) for r in range(16)] == [True] + [False] * 15
 
 
 def test_offloaded_optimizer_state_is_in_the_nodes_memory():
@@ -704,21 +705,21 @@ def test_offloaded_optimizer_state_is_in_the_nodes_memory():
     m = pythia_12b()
     t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=2,
                     precision="bf16", offload="optimizer")  # fmt: skip
-    fit = preflight.snapshot_fit(m, t, 8, SLURM)
+    fit = host_memory.snapshot_fit(m, t, 8, SLURM)
     n = m.num_parameters()
     assert fit.state == 8 * (12 * n // 8 + 4 * n // 8)
     assert fit.need == fit.snapshots + 8 * 2 * GIB + fit.state
-    assert "+ offloaded optimizer state 176.5 GiB" in preflight.check_saves(t, fit)
+    assert "+ offloaded optimizer state 176.5 GiB" in host_memory.check_saves(t, fit)
 
 
 def test_training_on_cpus_counts_the_state_and_the_snapshot_in_this_machines_memory():
     """On CPUs the training state is in host memory too; too much is a warning at -n."""
     t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1)
-    fit = preflight.snapshot_fit(pythia_12b(), t, 2, preflight.Placement())
-    assert fit.on_cpu and fit.node_bytes == preflight.node_memory()
+    fit = host_memory.snapshot_fit(pythia_12b(), t, 2, placement.Placement())
+    assert fit.on_cpu and fit.node_bytes == host_memory.node_memory()
     # ~ 2 x (12 + 16) bytes x 12B on a 24 GB machine: a GPU run planned here is warned about,
     # not refused (the plan is still worth seeing)
-    line = preflight.check_saves(t, fit)
+    line = host_memory.check_saves(t, fit)
     assert line.startswith("  WARNING: ") and "set train.async_save false" in line
 
 

@@ -99,8 +99,8 @@ def test_a_zero0_checkpoint_refuses_zero1_with_the_way_on(make_run):
 
 
 def test_which_layout_changes_load_how(tmp_path):
-    from gptflow.checkpoint import resume_mode
     from gptflow.errors import GptflowError
+    from gptflow.train.checkpoint import resume_mode
 
     def layout(world, zero, tp=1, pp=1):
         return {"world_size": world, "zero_stage": zero, "precision": "fp32",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from gptflow.config import ModelConfig
-from gptflow.report import plot_metrics, run_card
+from gptflow.config.settings import ModelConfig
+from gptflow.results.report import plot_metrics, run_card
 
 MODEL = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512}
 # by hand: embedding and output head 2 x 512 x 64, final norm 2 x 64, and per layer

@@ -225,9 +225,11 @@ def words(value) -> list[str]:
 def test_the_package_argv_builders_return_hostile_values_as_single_words():
     import shlex
 
-    from gptflow import container, distributed, evaluate, harness
+    from gptflow.container import image as container
     from gptflow.data.sources import Dataset, RemoteFile, Shard
     from gptflow.errors import GptflowError
+    from gptflow.results import evaluate, harness
+    from gptflow.train import distributed
 
     checked = set()
 

@@ -1,4 +1,4 @@
-"""The fits of a study (gptflow.scaling) on synthetic losses from known laws: the parameters come
+"""The fits of a study (gptflow.results.scaling) on synthetic losses from known laws: the parameters come
 back (exactly without noise, within stated tolerances with 1 % noise), the compute-optimal split
 matches a brute-force search, the approach-1 frontier picks the run the true law says is
 lowest, and bad input is refused in one line naming what is wrong. Numpy only, < 2 s."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gptflow.errors import GptflowError
-from gptflow.scaling import (
+from gptflow.results.scaling import (
     TwoTermFit,
     compute_frontier,
     fit_power_law,
@@ -183,7 +183,7 @@ def test_bad_input_is_refused_in_one_line(call, message):
 def test_a_fit_says_when_its_numbers_say_little():
     """An exponent pushed to the edge of the searched range, and as many points as
     parameters, are named in the fit's warnings (and its JSON); a well-posed fit has none."""
-    from gptflow.scaling import fit_power_law
+    from gptflow.results.scaling import fit_power_law
 
     n = np.array([1e5, 3e5, 1e6, 3e6, 1e7])
     good = fit_power_law(n, 1.7 + 400 / n**0.34)

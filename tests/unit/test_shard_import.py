@@ -27,8 +27,8 @@ from gptflow.data.tokenize import read_manifest, tokenize_to_shard
 from gptflow.data.tokenizer import load_tokenizer, sample_texts, train_bpe
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish_symlink
-from gptflow.run_config import render_run_config
-from gptflow.workflow_config import load_workflow_config
+from gptflow.plan.workflow_config import load_workflow_config
+from gptflow.train.run_config import render_run_config
 from tests.support.megatron_preprocess import megatron_tokenizer, preprocess, read_texts
 
 REPO = Path(__file__).resolve().parents[2]

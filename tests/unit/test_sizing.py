@@ -1,4 +1,4 @@
-"""The jobs after training sized from the model (gptflow.sizing): the evaluation's precision and
+"""The jobs after training sized from the model (gptflow.results.sizing): the evaluation's precision and
 GPUs for the models we ship layouts for, with the same margin as training's fit check, and what
 the preflight prints and warns of. Arithmetic only: no GPU exists here, so the plans are checked
 against hand-computed figures, not against a GPU's allocator."""
@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptflow import preflight, sizing
-from gptflow.config import ModelConfig
-from gptflow.harness import task_work
-from gptflow.schema import load_yaml
+from gptflow.config.schema import load_yaml
+from gptflow.config.settings import ModelConfig
+from gptflow.plan import after_training, gpu_memory, placement
+from gptflow.results import sizing
+from gptflow.results.harness import task_work
 
 REPO = Path(__file__).parents[2]
 GIB = 2**30
@@ -60,20 +61,20 @@ def test_the_evaluation_fits_its_gpus_with_the_training_margin(name, gpu_gib, dt
 
 
 def test_the_fit_check_and_the_evaluation_leave_one_margin():
-    """One home: the preflight's margin is gptflow.sizing's."""
-    assert preflight.fit_margin is sizing.fit_margin
+    """One home: the preflight's margin is gptflow.results.sizing's."""
+    assert gpu_memory.fit_margin is sizing.fit_margin
     assert sizing.fit_margin(80 * GIB) == 2 * GIB + 8 * GIB
 
 
 def test_the_preflight_prints_the_jobs_after_training_and_warns_past_one_node():
     m = preset("gpt-neox-20b")
-    node = preflight.Placement(gres="gpu:8", gpu_mem_mb=40 * 1024)
+    node = placement.Placement(gres="gpu:8", gpu_mem_mb=40 * 1024)
     eval_cfg = {"max_windows": 256, "prompts": ["a"], "new_tokens": 32}
-    lines = preflight.after_training(m, 2048, node, eval_cfg)
+    lines = after_training.after_training(m, 2048, node, eval_cfg)
     assert lines[0].startswith("  evaluate: bf16 on 2 GPU(s), about 28.4 GiB on the most loaded;")
     assert lines[1].startswith(f"  export_hf: {sizing.export_mb(m):,} MB,")
     assert len(lines) == 2
-    big = preflight.after_training(preset("megatron-gpt3-310.1b"), 2048, node, eval_cfg)
+    big = after_training.after_training(preset("megatron-gpt3-310.1b"), 2048, node, eval_cfg)
     assert (
         big[-1].startswith("  WARNING: evaluating 310,906,486,784 ")
         and "32 GPU(s) of 40 GiB" in big[-1]
@@ -103,7 +104,7 @@ def write_task(tmp_path: Path, name: str, rows: list[dict], **keys) -> str:
 
 
 def test_the_harness_work_is_counted_from_the_task_files(tmp_path):
-    """gptflow.harness.task_work at planning, without lm-eval: a task file over local JSONL is
+    """gptflow.results.harness.task_work at planning, without lm-eval: a task file over local JSONL is
     counted (its evaluated split's documents, their mean stored bytes, a question's choices
     from the list field doc_to_choice names, a generation's max_gen_toks), at most
     eval.harness.limit documents; a harness task name (its data not on disk) is assumed."""
@@ -148,10 +149,10 @@ def test_the_harness_jobs_are_sized_from_their_work_and_printed_at_plan_time():
     assert sizing.harness_runtime_min(m, big, 2048, 0, "fp32") > 10 * math.ceil(2 * seconds / 60)
     assert sizing.harness_runtime_min(m, big, 2048, 5, "bf16") == math.ceil(2 * seconds / 60)
     assert sizing.harness_runtime_min(m, big, 512, 0, "bf16") < math.ceil(2 * seconds / 60)
-    node = preflight.Placement(gres="gpu:8", gpu_mem_mb=80 * 1024)
+    node = placement.Placement(gres="gpu:8", gpu_mem_mb=80 * 1024)
     eval_cfg = {"max_windows": 256, "prompts": [], "new_tokens": 32,
                 "harness": {"batch_size": 8, "num_fewshot": 0}}  # fmt: skip
-    lines = preflight.after_training(m, 2048, node, eval_cfg, [*small, *big])
+    lines = after_training.after_training(m, 2048, node, eval_cfg, [*small, *big])
     assert lines[2] == (
         f"  harness: 2 task(s), about 40,400 requests, {400 * 100 + tokens:,} tokens of at most "
         "2048 (train.seq_length) (estimated from the task files' documents at 4 bytes a token; "
@@ -160,4 +161,4 @@ def test_the_harness_jobs_are_sized_from_their_work_and_printed_at_plan_time():
         f"MB host memory, {sizing.harness_runtime_min(m, [*small, *big], 2048, 0, 'fp32')} min a "
         f"job (harness_step: + the export's {sizing.export_runtime_min(m)} min)"
     )
-    assert len(preflight.after_training(m, 2048, node, eval_cfg)) == 2  # no tasks: no line
+    assert len(after_training.after_training(m, 2048, node, eval_cfg)) == 2  # no tasks: no line

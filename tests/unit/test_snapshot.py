@@ -1,4 +1,4 @@
-"""gptflow.snapshot: a file taken now and written later is the file torch.save writes now.
+"""gptflow.train.snapshot: a file taken now and written later is the file torch.save writes now.
 
 torch.save's output is compared byte for byte; the object graph is changed between the take
 and the write, as the training does to its tensors and optimizer while a checkpoint is written.
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import serialization as ts
 
-from gptflow import snapshot
+from gptflow.train import snapshot
 
 
 class Holder:

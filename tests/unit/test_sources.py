@@ -2,9 +2,9 @@
 
 import pytest
 
+from gptflow.config.schema import load_yaml
 from gptflow.data.sources import load_catalog, resolve_dataset
 from gptflow.errors import GptflowError
-from gptflow.schema import load_yaml
 
 
 @pytest.fixture(scope="module")

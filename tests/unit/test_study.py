@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gptflow import preflight
-from gptflow.config import TrainConfig
+from gptflow.config.settings import TrainConfig
 from gptflow.data.dataset import split_samples
 from gptflow.errors import GptflowError
-from gptflow.run_config import data_index_name, data_index_settings
-from gptflow.workflow_config import run_configs
+from gptflow.plan import preflight, run_size
+from gptflow.plan.workflow_config import run_configs
+from gptflow.train.run_config import data_index_name, data_index_settings
 
 from .test_config import load
 from .test_preflight import SLURM
@@ -179,8 +179,8 @@ def test_the_plan_lists_every_run_and_names_the_one_that_does_not_fit(repo, stud
     assert header.split() == ["run", "parameters", "tokens", "micro", "x", "accum", "x", "dp",
                               "memory/GPU", "GPU-hours"]  # fmt: skip
     assert tiny.split()[0] == "tiny" and tiny.endswith("finished")
-    vocab = preflight.vocab_size(runs["small"], None)[0]
-    parameters = preflight.model_config(runs["small"], vocab).num_parameters()
+    vocab = run_size.vocab_size(runs["small"], None)[0]
+    parameters = run_size.model_config(runs["small"], vocab).num_parameters()
     assert small.split()[:2] == ["small", f"{parameters:,}"]
     assert small.endswith("to train") and "1 x 2 x 8" in small
     tight = {**runs, "small": {**runs["small"], "train": {**runs["small"]["train"],

@@ -1,6 +1,6 @@
 """The study report from hand-made run files whose losses follow a known L(N) = E + A / N^alpha
 plus a learning-rate penalty (no training needed). The assertions on fitted numbers are in their
-own tests: they hold `gptflow.scaling` to the synthetic law, the others the page and files."""
+own tests: they hold `gptflow.results.scaling` to the synthetic law, the others the page and files."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptflow.study_report import _fits, _load_run, study_report
+from gptflow.results.study_report import _fits, _load_run, study_report
 from tests.unit.test_report import assert_plot_shows, plotted_points, texts
 
 E, A, ALPHA = 1.8, 60.0, 0.3
@@ -223,7 +223,7 @@ def test_the_fits_take_the_best_lr_per_size_and_tokens_in_any_order(tmp_path):
     follow from it. _fits itself, given the runs in another order, gives the same points and
     the same L(N, D) (its points sorted: with two budgets the minimiser's answer depended on
     their order)."""
-    from gptflow.scaling import fit_two_term
+    from gptflow.results.scaling import fit_two_term
 
     lrs = (1e-3, 3e-3, 1e-2)
     best = {"s": 1e-3, "m": 3e-3, "l": 1e-2}

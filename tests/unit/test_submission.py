@@ -1,7 +1,7 @@
-"""Refused submissions (gptflow.submission): the reason copied into the log Snakemake points
+"""Refused submissions (gptflow.plan.submission): the reason copied into the log Snakemake points
 at, from Snakemake's own error blocks (their shape as the Slurm plugin 2.8.0 prints them)."""
 
-from gptflow.submission import record_refusals, refused_submissions
+from gptflow.plan.submission import record_refusals, refused_submissions
 
 BLOCK = """Error in rule {rule}:
     message: {message}

@@ -246,8 +246,8 @@ def test_progress_lines_and_the_closing_totals(
 def test_the_backend_names_have_one_home():
     """tokenize.engine's choices in the schema are gptflow.data.backends.BACKENDS (the CLI's
     --engine choices are that tuple itself)."""
+    from gptflow.config.schema import load_yaml
     from gptflow.data.backends import BACKENDS
-    from gptflow.schema import load_yaml
 
     schema = load_yaml(Path(__file__).parents[2] / "config/schema/config.schema.yaml")
     assert tuple(schema["properties"]["tokenize"]["properties"]["engine"]["enum"]) == BACKENDS

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gptflow.errors import GptflowError
-from gptflow.run_config import RunConfig
+from gptflow.train.run_config import RunConfig
 from tests.support.in_turn import copy_run, train_in_turn
 
 BIN = Path(sys.executable).parent
@@ -397,7 +397,7 @@ def kill_mid_save(run_dir: Path, proc: subprocess.Popen, log: Path, seen: set[st
 def complete_step(run_dir: Path) -> int:
     """The newest complete checkpoint of the run's series (0: none yet), as a resume finds
     it."""
-    from gptflow.checkpoint import CheckpointSeries
+    from gptflow.train.checkpoint import CheckpointSeries
 
     series = [p for p in run_dir.glob("checkpoints/*") if p.is_dir()]
     if not series:
@@ -407,7 +407,7 @@ def complete_step(run_dir: Path) -> int:
 
 def series_digest(run_dir: Path, step: str) -> str:
     """checkpoint_digest of a step of the run's (single) checkpoint series."""
-    from gptflow.checkpoint import checkpoint_digest
+    from gptflow.train.checkpoint import checkpoint_digest
 
     (series,) = [p for p in (run_dir / "checkpoints").iterdir() if p.is_dir()]
     return checkpoint_digest(series / step)
@@ -507,7 +507,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, sigkilled_straig
 
     import torch
 
-    from gptflow.export import load_checkpoint_weights
+    from gptflow.results.export import load_checkpoint_weights
 
     _, tp, pp, kills, _, _ = SIGKILLED[layout]
     settings = sigkilled_settings(layout)
@@ -584,7 +584,7 @@ def test_a_diverged_run_stops_with_the_nan_steps_named(make_run):
     """An absurd learning rate makes the loss infinite: those steps' updates are skipped and the
     NaN/inf losses counted in the iteration line; after MAX_NAN_STREAK in a row the run stops
     with a clear message, no DONE.json and no checkpoint of the diverged weights."""
-    from gptflow.train import MAX_NAN_STREAK
+    from gptflow.train.loop import MAX_NAN_STREAK
 
     run_dir = make_run(
         "diverged", train_iters=60, lr=1e6, min_lr=1e5, log_interval=1, save_interval=1000,
@@ -683,7 +683,7 @@ def test_the_loop_reads_the_device_once_per_log_interval(sync_runs, zero_stage):
     save; the per-step stop check (which also carries the background write's state) reads
     only a CPU tensor (gloo; no GPU stream to wait for).
 
-    The optimizer's skip verdict (gptflow.engine.SkippingAdamW): at ZeRO 2 DeepSpeed's optimizer
+    The optimizer's skip verdict (gptflow.train.engine.SkippingAdamW): at ZeRO 2 DeepSpeed's optimizer
     decides it for the whole step and ours reads nothing (it read once per parameter group);
     at ZeRO 0 ours decides and DeepSpeed's engine takes it as a bool, once per step.
 
@@ -761,7 +761,7 @@ class FakeH100:
 
 
 def test_auto_precision_on_a_gpu_names_the_bf16_series(make_run):
-    from gptflow.train import on_device
+    from gptflow.train.main import on_device
 
     auto = RunConfig.load(make_run("auto", precision="auto", zero_stage=1) / "run.yaml")
     bf16 = RunConfig.load(make_run("bf16", precision="bf16", zero_stage=1) / "run.yaml")

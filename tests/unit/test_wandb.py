@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from gptflow.errors import GptflowError
-from gptflow.run_config import RunConfig
+from gptflow.plan.workflow_config import load_workflow_config
 from gptflow.train.metrics import scalars
-from gptflow.workflow_config import load_workflow_config
+from gptflow.train.run_config import RunConfig
 from tests.support.wandb_records import history, read_records, run_ids
 
 BIN = Path(sys.executable).parent

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from gptflow.why import config_changes, parse_dry_run
+from gptflow.plan.why import config_changes, parse_dry_run
 
 DRY_RUN = """Building DAG of jobs...
 Job stats:
@@ -54,13 +54,13 @@ def test_dry_run_jobs_and_reasons_are_parsed():
 
 
 def size_of(cfg: dict, tmp_path, peak_tflops: float, mfu: float, shards: int = 0) -> dict:
-    """The plan's size figures (gptflow.preflight), as `gptflow why` prints them."""
-    from gptflow import preflight
+    """The plan's size figures (gptflow.plan.preflight), as `gptflow why` prints them."""
+    from gptflow.plan import run_size
 
-    vocab, _ = preflight.vocab_size(cfg, None)
-    model = preflight.model_config(cfg, vocab)
+    vocab, _ = run_size.vocab_size(cfg, None)
+    model = run_size.model_config(cfg, vocab)
     free = shutil.disk_usage(tmp_path).free
-    return preflight.size(cfg, model, shards, free, peak_tflops, mfu)
+    return run_size.size(cfg, model, shards, free, peak_tflops, mfu)
 
 
 def test_preflight_figures_of_the_tiny_config_equal_a_hand_calculation(tmp_path):
@@ -118,8 +118,8 @@ def test_shard_bytes_come_from_the_corpus_in_the_token_dtype_of_the_unpadded_voc
     3.5 times), in uint16 below 65,500 ids (Megatron's rule, gptflow.data.indexed), else
     int32; an imported Megatron shard counts its .bin; an input not downloaded yet is counted
     apart. The embedding still has the padded rows: a 65,450-token vocabulary pads to 65,536."""
-    from gptflow import preflight
     from gptflow.data.sources import Dataset, Shard
+    from gptflow.plan import run_size
 
     (tmp_path / "a.jsonl").write_bytes(b"x" * 4000)  # 1,000 tokens
     (tmp_path / "b.jsonl.zst").write_bytes(b"x" * 800)  # 2,800 bytes of text: 700 tokens
@@ -132,8 +132,8 @@ def test_shard_bytes_come_from_the_corpus_in_the_token_dtype_of_the_unpadded_voc
         )),
         "made": Dataset("made", "megatron", (Shard("c", str(tmp_path / "c"), "megatron"),)),
     }  # fmt: skip
-    assert preflight.token_bytes(datasets, 65_450) == (2 * 1000 + 2 * 700 + 123, 1)
-    assert preflight.token_bytes(datasets, 65_500) == (4 * 1000 + 4 * 700 + 123, 1)
+    assert run_size.token_bytes(datasets, 65_450) == (2 * 1000 + 2 * 700 + 123, 1)
+    assert run_size.token_bytes(datasets, 65_500) == (4 * 1000 + 4 * 700 + 123, 1)
     cfg = {
         "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
                   "make_vocab_size_divisible_by": 128},

@@ -105,9 +105,9 @@ def test_each_published_layout_splits_over_the_nodes_its_header_names(layout):
     layers divide; ZeRO stage allowed), on the config merged as Snakemake merges it."""
     from snakemake.utils import update_config
 
-    from gptflow.config import TrainConfig
-    from gptflow.distributed import launched_ranks
-    from gptflow.workflow_config import load_workflow_config
+    from gptflow.config.settings import TrainConfig
+    from gptflow.plan.workflow_config import load_workflow_config
+    from gptflow.train.distributed import launched_ranks
 
     recipe, nodes = layout_recipe(layout)
     cfg = yaml.safe_load(recipe.read_text())
@@ -134,11 +134,11 @@ def test_each_published_layout_splits_over_the_nodes_its_header_names(layout):
     # and it fits the GPUs it ran on (GPT-NeoX-20B: 40 GB A100s, by its config's own comment;
     # the others checked against 80 GB), by the preflight's estimate with the NeoX tokenizer's
     # vocabulary (GPT-2's for Megatron's table)
-    from gptflow import preflight
+    from gptflow.plan import gpu_memory, placement, run_size
 
     vocab = 50277 if "neox" in recipe.stem else 50257
-    gpu = preflight.Placement(gpu_mem_mb=(40 if layout.stem == "gpt-neox-20b" else 80) * 1024)
-    fit = preflight.memory_per_gpu(preflight.model_config(cfg, vocab), train, ranks, gpu)
+    gpu = placement.Placement(gpu_mem_mb=(40 if layout.stem == "gpt-neox-20b" else 80) * 1024)
+    fit = gpu_memory.memory_per_gpu(run_size.model_config(cfg, vocab), train, ranks, gpu)
     assert fit.fits, (fit.total / 2**30, fit.terms)
     assert cfg["model"]["preset"] == layout.stem  # each layout trains its own model
 

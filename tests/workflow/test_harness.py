@@ -201,7 +201,7 @@ def checkpoint_files(run_dir: Path) -> dict[str, int]:
 
 
 def planned_requests(seq_length: int) -> int:
-    """The harness's requests as planning estimates them from the task files (gptflow.sizing.
+    """The harness's requests as planning estimates them from the task files (gptflow.results.sizing.
     TaskWork): a request per choice of each question; a text's windows of seq_length tokens at
     4 bytes a token of its stored JSON line, by the lines' mean."""
     lines = [len(json.dumps(d).encode()) for d in PPL_DOCS]
@@ -232,7 +232,7 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     from the task files' requests, the harness and harness_step jobs each take the machine's
     one `gpu` and so run one after the other, where without a GPU (the later runs) they run
     side by side."""
-    from gptflow.export import export_hf
+    from gptflow.results.export import export_hf
 
     wd, config = pipeline_copy
     run_dir = wd / "results/runs/tiny"

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from gptflow.why import RECORD
+from gptflow.plan.why import RECORD
 
 from .conftest import REPO, job_counts
 

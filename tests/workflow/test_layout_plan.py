@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from gptflow.preflight import Placement
+from gptflow.plan.placement import Placement
 
 
 @pytest.mark.parametrize(
@@ -87,9 +87,9 @@ def test_the_local_profile_checks_the_model_against_this_machines_gpus(
     before any job with the Slurm check's line for GPUs of that size, only where the memory
     comes from differing; the tiny model plans, one rank per GPU, and its GPU jobs (train_gpt,
     evaluate) each take both GPUs (`gpu=2`, the machine's count: they run one at a time)."""
-    from gptflow import preflight
     from gptflow.errors import GptflowError
-    from gptflow.workflow_config import load_workflow_config, run_configs
+    from gptflow.plan import preflight
+    from gptflow.plan.workflow_config import load_workflow_config, run_configs
     from tests.support.fake_gpus import fake_nvidia_smi, path_with
 
     gpus = path_with(fake_nvidia_smi(tmp_path / "bin", [4096, 3072]))

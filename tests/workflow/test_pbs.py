@@ -94,7 +94,7 @@ def readme_torque_edit(profile_text: str) -> str:
 def test_the_readmes_torque_edit_plans_without_a_placeholder(tmp_path, tiny_config):
     """profiles/pbs edited for Torque as the README says (extracted from the README, applied
     to a copy), every other placeholder filled: the plan names no placeholder, so a real run
-    submits (gptflow.preflight.placeholders decides both), and the submit line still names
+    submits (gptflow.plan.placement.placeholders decides both), and the submit line still names
     only resources the profile gives and no filesystems (a Torque qsub refuses one)."""
     profile = tmp_path / "profile"
     profile.mkdir()

@@ -143,8 +143,8 @@ def test_the_export_loads_in_transformers_with_logit_parity(pipeline):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gptflow.evaluate import greedy, load_model, token_stream
-    from gptflow.run_config import RunConfig
+    from gptflow.results.evaluate import greedy, load_model, token_stream
+    from gptflow.train.run_config import RunConfig
 
     wd, _, _, _ = pipeline
     hf_dir = wd / "results/runs/tiny/hf"

@@ -4,7 +4,7 @@ import sys
 
 from gptflow.errors import report_errors
 from gptflow.fsutil import write_json
-from gptflow.run_config import build_data_index
+from gptflow.train.run_config import build_data_index
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):

@@ -1,7 +1,7 @@
 """Snakemake adapter: a run's harness records -> its harness tables and curve."""
 
 from gptflow.errors import report_errors
-from gptflow.report import harness_report
+from gptflow.results.report import harness_report
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):

@@ -3,7 +3,7 @@
 import sys
 
 from gptflow.errors import report_errors
-from gptflow.run_config import render_run_config, write_run_config
+from gptflow.train.run_config import render_run_config, write_run_config
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):

@@ -1,7 +1,7 @@
 """Snakemake adapter: a finished run -> the plots and run card of `snakemake --report`."""
 
 from gptflow.errors import report_errors
-from gptflow.report import plot_metrics, run_card
+from gptflow.results.report import plot_metrics, run_card
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):

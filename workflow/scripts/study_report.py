@@ -1,7 +1,7 @@
 """Snakemake adapter: a study's finished runs -> its comparison figures, fit.json and page."""
 
 from gptflow.errors import report_errors
-from gptflow.study_report import study_report
+from gptflow.results.study_report import study_report
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):

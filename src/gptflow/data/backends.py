@@ -1,7 +1,7 @@
 """Tokenizer backends: texts in, one flat token array and per-document lengths out.
 
 (The config key ``tokenize.engine`` and ``gptflow tokenize --engine`` choose one; "backend" here
-keeps the word "engine" for DeepSpeed's training engine, :mod:`gptflow.engine`.)
+keeps the word "engine" for DeepSpeed's training engine, :mod:`gptflow.train.engine`.)
 
 ``hf``
     The Hugging Face ``tokenizers`` package: the reference, the token stream of Megatron-LM's

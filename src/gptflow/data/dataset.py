@@ -16,6 +16,9 @@ Same seed, same shards, same split -> the same indices as megatron-core (tested 
 sample ``i`` of a run is a pure function of (seed, i). Several datasets are blended by weight
 with Megatron's greedy rule. All these indices, the blend's included, are cached on disk as .npy
 files keyed by a hash of their inputs: built once before training, memory-mapped by the trainer.
+
+Over 500 lines: Megatron's GPTDataset semantics in one place -- split, document, sample and
+shuffle indices, the blend, their cache on disk -- held as one to megatron-core in the tests.
 """
 
 from __future__ import annotations
@@ -585,7 +588,7 @@ def build_split_datasets(
 
 
 def run_split_datasets(cfg, build_allowed: bool = True) -> dict:
-    """The train/valid datasets of a run config (:class:`gptflow.run_config.RunConfig`), their
+    """The train/valid datasets of a run config (:class:`gptflow.train.run_config.RunConfig`), their
     indices cached in the run's ``data-index/`` under a hash of everything they depend on.
 
     The workflow's ``build_data_index`` rule calls this before training (a CPU job); the

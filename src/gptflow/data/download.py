@@ -19,6 +19,10 @@ to ``out``. Details that matter:
   ``TokenScope``); URLs with a user name or password in them are refused, and messages
   show URLs without query strings (they may carry signatures);
 * one downloader per file: the ``.part`` file is locked while written.
+
+Over 500 lines: one call, :func:`download`, and what it needs to be safe -- the token's scope,
+the checksum lock, the progress line, the resumable fetch -- which share one file's state
+(``.part``, its metadata, the running sha256) and are tested together against the fault server.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ Five kinds of entries (``datasets.<name>.type``):
 
 The shard list is static -- decided by the config, not by the data -- so the whole DAG,
 downloads included, is known to ``snakemake -n``.
+
+Over 500 lines: a section per dataset type (local, hf, megatron, url and the catalog), all
+resolved by :func:`resolve_datasets` into the same :class:`Dataset` and :class:`Shard` records.
 """
 
 from __future__ import annotations
@@ -39,10 +42,10 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from gptflow import paths
+from gptflow.config.schema import fill_defaults, load_yaml, validate
 from gptflow.data.download import refuse_credentials_in_urls, token_origins
 from gptflow.data.readers import FORMATS, infer_format
 from gptflow.errors import GptflowError
-from gptflow.schema import fill_defaults, load_yaml, validate
 
 # The name a downloaded file is stored under (resources/raw/{dataset}/{name}) comes from a URL,
 # which is someone else's text: one path component of plain characters, not a name the

@@ -13,6 +13,10 @@ The pipeline, in bounded memory whatever the input size:
    threads in this process, or hf in ``workers`` processes;
 3. EOD is appended and the tokens are streamed to ``PREFIX.bin``; the ``.idx`` is written at
    the end, and the three files appear, by atomic rename, only when complete.
+
+Over 500 lines: the streaming pipeline above (reader thread, engines, sink) with the manifest
+it writes, and :func:`count_documents` and :func:`merge_shards`, which read and write the same
+manifest.
 """
 
 from __future__ import annotations

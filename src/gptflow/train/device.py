@@ -18,9 +18,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from gptflow import engine as ds
-from gptflow.distributed import DistEnv
 from gptflow.errors import GptflowError
+from gptflow.train import engine as ds
+from gptflow.train.distributed import DistEnv
 
 
 def training_device(local_rank: int, local_world_size: int, cuda_count: int) -> torch.device:

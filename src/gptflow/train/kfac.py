@@ -23,17 +23,18 @@ reduction asserts CUDA, it rejects DDP, it calls ``torch.cuda.nvtx`` uncondition
 backward hook is deprecated in torch 2.13, and its Embedding preconditioning is wrong. What
 we need is one module: forward hooks and tensor hooks (not module backward hooks: they leave
 DeepSpeed's gradient hooks alone), one all-reduce of the factors, ``torch.linalg.eigh``, and
-the gradient the optimizer steps on, read and written through :func:`gptflow.engine.full_grad`
-and :func:`~gptflow.engine.set_full_grad` (DeepSpeed's accessors for ZeRO 1/2, where ``p.grad``
-is None after the backward; BF16_Optimizer's fp32 buffer under bf16 at ZeRO 1, where
+the gradient the optimizer steps on, read and written through :func:`gptflow.train.engine.full_grad`
+and :func:`~gptflow.train.engine.set_full_grad` (DeepSpeed's accessors for ZeRO 1/2, where
+``p.grad`` is None after the backward; BF16_Optimizer's fp32 buffer under bf16 at ZeRO 1, where
 DeepSpeed's setter writes a ``p.grad`` that optimizer never reads).
 
-Which layers: the ``nn.Linear`` modules of :class:`gptflow.model.GPTNeoX` but its output
+Which layers: the ``nn.Linear`` modules of :class:`gptflow.train.model.GPTNeoX` but its output
 head (``embed_out``: its G would be vocabulary x vocabulary); the embedding is an
 ``nn.Embedding``. Under tensor parallel DeepSpeed's AutoTP replaces them by slices
 (``LinearLayer``/``LinearAllreduce``), which is one reason that layout is refused
-(:func:`gptflow.config.check_kfac`). Their shapes are :func:`gptflow.config.kfac_layer_shapes`,
-the memory :func:`gptflow.config.kfac_floats`, which this class checks it holds exactly.
+(:func:`gptflow.config.settings.check_kfac`). Their shapes are
+:func:`gptflow.config.settings.kfac_layer_shapes`, the memory
+:func:`gptflow.config.settings.kfac_floats`, which this class checks it holds exactly.
 
 No host sync from this module: the hooks and the update are device work, and a step whose
 statistics are not finite (an fp16 overflow) leaves the factors as they were, decided on the
@@ -50,9 +51,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gptflow import engine as ds
-from gptflow.config import KfacConfig, ModelConfig, kfac_floats, kfac_layer_shapes
+from gptflow.config.settings import KfacConfig, ModelConfig, kfac_floats, kfac_layer_shapes
 from gptflow.errors import GptflowError
+from gptflow.train import engine as ds
 
 HEAD = "embed_out"  # the output head, left out
 
@@ -126,14 +127,15 @@ class Kfac:
         return self.factors.numel() + self.stats.numel() + self.eigen.numel()
 
     def check_count(self, model_cfg: ModelConfig) -> None:
-        """The preflight's count (:func:`gptflow.config.kfac_floats`) is what this holds."""
+        """The preflight's count (:func:`gptflow.config.settings.kfac_floats`) is what this
+        holds."""
         want = kfac_floats(model_cfg)
         dims = [(ly.A.shape[0], ly.G.shape[0]) for ly in self.layers]
         if self.numel() != want or dims != kfac_layer_shapes(model_cfg):
             raise GptflowError(
                 f"K-FAC holds {self.numel():,} numbers for layers {dims}, the preflight counted "
-                f"{want:,} for {kfac_layer_shapes(model_cfg)}; gptflow.config.kfac_layer_shapes "
-                "no longer describes gptflow.model"
+                f"{want:,} for {kfac_layer_shapes(model_cfg)}; "
+                "gptflow.config.settings.kfac_layer_shapes no longer describes gptflow.train.model"
             )
 
     # -- gathering (in the forward and backward of the micro-batches) --------------------

@@ -20,8 +20,8 @@ import logging
 import os
 import signal
 
-from gptflow import distributed
 from gptflow.errors import GptflowError
+from gptflow.train import distributed
 from gptflow.train.loop import EXIT_PREEMPTED
 
 log = logging.getLogger("gptflow.train")
@@ -34,7 +34,7 @@ def launch(nproc_per_node: int, worker_args: list[str], nnodes: int | None = Non
     restarts); returns the exit code, 75 when every rank saved after a signal or at the exit
     interval. With `nnodes` (a PBS job: one launch per node, started by mpiexec), the ranks
     of all nodes rendezvous at the first host of ``$PBS_NODEFILE``
-    (gptflow.distributed.node_rendezvous)."""
+    (gptflow.train.distributed.node_rendezvous)."""
     if nproc_per_node < 1:
         raise GptflowError(f"--nproc-per-node {nproc_per_node}: expected 1 or more ranks")
     env = distributed.resolve()

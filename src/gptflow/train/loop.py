@@ -6,12 +6,15 @@ Data order is a pure function of (seed, consumed samples): step s of every rank 
 the slice ``(m * ranks + r) * micro_batch`` of it (Megatron's pretraining sampler). Dropout RNG is
 reseeded from (seed, step, micro-batch, data-parallel rank): under tensor parallel the same on
 the ranks of a group, the attention's dropout (its heads are split) drawing from a fork of it
-per tensor-parallel rank (:func:`gptflow.engine.split_region_rng`). Together with DeepSpeed's
+per tensor-parallel rank (:func:`gptflow.train.engine.split_region_rng`). Together with DeepSpeed's
 model, optimizer and scheduler state and the log interval's sums (saved with each checkpoint)
 that makes a resumed run repeat the uninterrupted one bit for bit.
 
 The loop reads the device once per log interval (:class:`~gptflow.train.metrics.Interval`);
 every tensor it makes comes from :class:`~gptflow.train.device.Device`.
+
+Over 500 lines: the loop's named steps (building, one step, reporting, saving and stopping),
+each a short function, so that :func:`run` reads as the list of them on one screen.
 """
 
 from __future__ import annotations
@@ -28,20 +31,26 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gptflow import distributed
-from gptflow import engine as ds
-from gptflow.checkpoint import CheckpointSeries, Saves, checkpoint_digest, resume_mode, tag_for
-from gptflow.config import check_kfac
+from gptflow.config.settings import check_kfac
 from gptflow.data.dataset import run_split_datasets
 from gptflow.environment import versions
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
 from gptflow.hardware import background_saves, peak_tflops
-from gptflow.model import decay_groups
-from gptflow.run_config import RunConfig
+from gptflow.train import distributed
+from gptflow.train import engine as ds
+from gptflow.train.checkpoint import (
+    CheckpointSeries,
+    Saves,
+    checkpoint_digest,
+    resume_mode,
+    tag_for,
+)
 from gptflow.train.device import Device
 from gptflow.train.kfac import Kfac
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
+from gptflow.train.model import decay_groups
+from gptflow.train.run_config import RunConfig
 
 log = logging.getLogger("gptflow.train")
 
@@ -211,7 +220,7 @@ def initial_weights(cfg: RunConfig, rank: int, resume_from: int | None):
             log.info("model.init_from %s not read: resuming from step %d", info.path, resume_from)
         yield None
         return
-    from gptflow.init_from import HFWeights
+    from gptflow.train.init_from import HFWeights
 
     started = time.perf_counter()
     with HFWeights(info) as weights:
@@ -318,7 +327,7 @@ def reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) ->
     """Dropout's RNG for one micro-batch: the same sample gets the same mask whatever the
     number of ranks (micro-batch m of one rank is micro-batch 0 of rank m of several).
     `rank` and `world` are data-parallel: a tensor-parallel group shares the stream (its
-    replicated regions' masks agree; :func:`gptflow.engine.split_region_rng` forks it)."""
+    replicated regions' masks agree; :func:`gptflow.train.engine.split_region_rng` forks it)."""
     torch.manual_seed(seed * 1_000_003 + (step * gas + micro) * world + rank)
 
 

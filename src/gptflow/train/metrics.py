@@ -16,8 +16,8 @@ import torch
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
 from gptflow.progress import hms
-from gptflow.run_config import RunConfig
 from gptflow.train.device import Device
+from gptflow.train.run_config import RunConfig
 
 log = logging.getLogger("gptflow.train")
 
@@ -111,7 +111,7 @@ class WandbRun:
     """
 
     def __init__(self, cfg: RunConfig) -> None:
-        from gptflow.config import check_wandb
+        from gptflow.config.settings import check_wandb
 
         check_wandb(cfg.train.wandb, str(cfg.run_yaml_path))
         import wandb

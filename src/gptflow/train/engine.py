@@ -1,10 +1,13 @@
 """Our train config -> a DeepSpeed config -> a DeepSpeed engine. The only module importing deepspeed.
 
-The DeepSpeed JSON is rendered from :class:`gptflow.config.TrainConfig`, never hand-written:
-batch sizes and gradient accumulation are derived and checked, gradient clipping is explicit
-(DeepSpeed silently clips at 1.0 when the key is absent), the optimizer is torch AdamW (no C++
-build needed on CPU) and the learning-rate schedule is ours (warmup + cosine/linear), stepped by
+The DeepSpeed JSON is rendered from :class:`gptflow.config.settings.TrainConfig`, never
+hand-written: batch sizes and gradient accumulation are derived and checked, gradient clipping is
+explicit (DeepSpeed silently clips at 1.0 when the key is absent), the optimizer is torch AdamW (no
+C++ build needed on CPU) and the learning-rate schedule is ours (warmup + cosine/linear), stepped by
 DeepSpeed once per optimizer step and saved in its checkpoints.
+
+Over 500 lines: the only module that imports deepspeed, so everything that talks to it lives
+here: the config, the engine, tensor and pipeline parallel, the dropout RNG of split regions.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from functools import partial
 
 import torch
 
-from gptflow.config import TrainConfig
+from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
 
 # How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
-# specs, matched against gptflow.model's parameter names). Column-parallel: the output rows are
-# split, so each rank computes whole heads (query_key_value's rows are grouped per head as
+# specs, matched against gptflow.train.model's parameter names). Column-parallel: the output rows
+# are split, so each rank computes whole heads (query_key_value's rows are grouped per head as
 # [q_h; k_h; v_h], so a contiguous block is whole heads) and 1/tp of the MLP's columns.
 # Row-parallel: the input columns are split and the outputs summed over the group (their
 # biases replicated, added once). LayerNorms are replicated. The vocabulary is split too
@@ -55,7 +58,7 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
     if train.precision == "auto":
         raise GptflowError(
             f"train.precision {train.precision!r} is decided on the training device "
-            f"(gptflow.train.on_device) before an engine is configured"
+            f"(gptflow.train.main.on_device) before an engine is configured"
         )
     gas = train.grad_accum_steps(world_size)
     cfg: dict = {
@@ -167,10 +170,10 @@ class SkippingAdamW(torch.optim.AdamW):
 
 def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.device, init=None):
     """The GPT-NeoX as this rank holds it, each parameter set from ``init(name, shape)`` (a
-    :data:`gptflow.model.Initializer`: the whole parameter, fp32 on the CPU), by default the
-    random initialisation seeded ``train.seed`` (:func:`gptflow.model.random_init`: every
+    :data:`gptflow.train.model.Initializer`: the whole parameter, fp32 on the CPU), by default the
+    random initialisation seeded ``train.seed`` (:func:`gptflow.train.model.random_init`: every
     layout starts from the same weights); a Hugging Face checkpoint's weights with
-    ``model.init_from`` (:class:`gptflow.init_from.HFWeights`).
+    ``model.init_from`` (:class:`gptflow.train.init_from.HFWeights`).
 
     No rank ever builds the whole fp32 model (an 18B model is ~75 GB per rank, ~600 GB on an
     8-GPU node). Under ZeRO-3 it is born partitioned (``deepspeed.zero.Init``), each module
@@ -179,7 +182,7 @@ def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.de
     and only those are allocated on `device` and initialised, one parameter at a time (each
     rank asks `init` for the parameters it holds, and keeps its slice).
     """
-    from gptflow.model import GPTNeoX, random_init, reset_buffers
+    from gptflow.train.model import GPTNeoX, random_init, reset_buffers
 
     init = init or random_init(model_cfg, train.seed)
     if train.zero_stage == 3:
@@ -226,7 +229,7 @@ def zero3_model(model_cfg, train: TrainConfig, world_size: int, init):
     ``init(name, shape)``; leaving the gather sends every rank its partition."""
     import deepspeed
 
-    from gptflow.model import GPTNeoX
+    from gptflow.train.model import GPTNeoX
 
     with deepspeed.zero.Init(config_dict_or_path=deepspeed_config(train, world_size)):
         model = GPTNeoX(model_cfg, seed=train.seed)
@@ -241,8 +244,8 @@ def zero3_model(model_cfg, train: TrainConfig, world_size: int, init):
 
 
 def model_name(name: str, pipeline_parallel: int, num_layers: int) -> str:
-    """The :class:`~gptflow.model.GPTNeoX` name of an engine module's parameter."""
-    from gptflow.model import hf_name
+    """The :class:`~gptflow.train.model.GPTNeoX` name of an engine module's parameter."""
+    from gptflow.train.model import hf_name
 
     return hf_name(name, num_layers) if pipeline_parallel > 1 else name
 
@@ -267,7 +270,7 @@ def tensor_parallel_slice(name: str, whole: torch.Tensor, rank: int, size: int) 
 
 def tensor_parallel_dim(name: str) -> int | None:
     """The dimension along which tensor parallel splits parameter `name` (of
-    :class:`~gptflow.model.GPTNeoX`): 0 for a column-parallel matrix and its bias and for the
+    :class:`~gptflow.train.model.GPTNeoX`): 0 for a column-parallel matrix and its bias and for the
     vocabulary-parallel embedding and head (:data:`VOCAB_PARALLEL`), 1 for a row-parallel
     matrix (:data:`TENSOR_PARALLEL_PLAN`), None for a replicated parameter."""
     if any(re.fullmatch(pattern, name) for pattern in VOCAB_PARALLEL):
@@ -287,7 +290,7 @@ def pipeline_model(model, stages: int, tensor_parallel: int, world_size: int):
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    from gptflow.model import lm_loss, pipeline_stages
+    from gptflow.train.model import lm_loss, pipeline_stages
 
     class MetaPipeline(PipelineModule):
         """PipelineModule's constructor moves the stage to the rank's device; here its layers
@@ -384,7 +387,7 @@ def split_vocabulary(module, group) -> None:
 def vocab_parallel_lm_loss(
     logits: torch.Tensor, labels: torch.Tensor, group, start: int
 ) -> torch.Tensor:
-    """:func:`gptflow.model.lm_loss` of logits split along the vocabulary over `group`
+    """:func:`gptflow.train.model.lm_loss` of logits split along the vocabulary over `group`
     (this rank's columns ``start`` to ``start + logits.size(-1)``): the mean next-token
     cross-entropy, in fp32."""
     return VocabParallelCrossEntropy.apply(logits, labels, group, start).mean()

@@ -2,7 +2,7 @@
 the fitted scaling laws and the compute-optimal sizes they give, on one self-contained page.
 
 Each run is read from what a finished run leaves (run.yaml, metrics.jsonl, DONE.json), only
-the records of its finished series. The fits live in `gptflow.scaling`; a fit that cannot be
+the records of its finished series. The fits live in `gptflow.results.scaling`; a fit that cannot be
 made (two sizes, one token budget) is said on the page in place of its numbers, so a study of
 any shape renders. Everything is escaped: run names never reach the HTML unescaped.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, write_json
-from gptflow.report import STYLE, _records, _table, harness_metric_names, metric_text
+from gptflow.results.report import STYLE, _records, _table, harness_metric_names, metric_text
 
 DEFAULT_BUDGETS = (1e19, 1e21, 1e23)  # FLOPs; the study's own total is added
 SAME_LR = (
@@ -109,7 +109,12 @@ def _attempt(fit: Callable, *args):
 def _fits(runs: list[dict], budgets: list[float]) -> dict:
     """L(N) over the size points, L(N, D) when tokens vary, the compute frontier of the
     curves, and the compute-optimal size for each budget from each fit that could be made."""
-    from gptflow.scaling import compute_frontier, fit_power_law, fit_two_term, optimal_size
+    from gptflow.results.scaling import (
+        compute_frontier,
+        fit_power_law,
+        fit_two_term,
+        optimal_size,
+    )
 
     points, rule = _size_points(runs)
     power, power_error = _attempt(

@@ -1,11 +1,11 @@
 """Evaluation of a finished run: test-split (and extra shard) perplexity, greedy generations.
 
-The model is built on the meta device and placed where gptflow.sizing's plan puts it: on the
+The model is built on the meta device and placed where gptflow.results.sizing's plan puts it: on the
 CPU in fp32 when there is no GPU; on one GPU in fp32 when it fits; else in bf16, its layers in
 order over as many of the job's GPUs as the weights need. The weights are copied in one tensor
-at a time from the memory-mapped checkpoint (gptflow.export.checkpoint_weights: fp32 weights
+at a time from the memory-mapped checkpoint (gptflow.results.export.checkpoint_weights: fp32 weights
 only, no optimizer states), so the host holds one tensor beyond the page cache. The job's
-memory, GPUs and time are gptflow.sizing's, from the model.
+memory, GPUs and time are gptflow.results.sizing's, from the model.
 
 Importing this module imports neither torch nor numpy (the workflow sizes the evaluate job
 while it plans).
@@ -18,11 +18,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from gptflow import sizing
-from gptflow.config import ModelConfig
+from gptflow.config.settings import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
-from gptflow.run_config import RunConfig
+from gptflow.results import sizing
+from gptflow.train.run_config import RunConfig
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,7 +31,7 @@ EVAL_BATCH = sizing.EVAL_BATCH  # windows per forward pass
 
 
 def memory_mb(model: ModelConfig, seq_length: int, on_gpu: bool = False) -> int:
-    """Host memory (MB) of the evaluate job (gptflow.sizing.eval_host_mb): on a CPU the fp32
+    """Host memory (MB) of the evaluate job (gptflow.results.sizing.eval_host_mb): on a CPU the fp32
     weights, one batch of fp32 logits three times over and 2 GiB for the framework; on GPUs
     two tensors in flight and the framework."""
     return sizing.eval_host_mb(model, seq_length, on_gpu)
@@ -39,14 +39,14 @@ def memory_mb(model: ModelConfig, seq_length: int, on_gpu: bool = False) -> int:
 
 def export_resources(config: str | os.PathLike) -> dict:
     """The export_hf job's memory (MB) and minutes for the run config `config` (run.yaml),
-    from the model (gptflow.sizing)."""
+    from the model (gptflow.results.sizing)."""
     model = RunConfig.load(config).model
     return {"mem_mb": sizing.export_mb(model), "runtime": sizing.export_runtime_min(model)}
 
 
 def run_resources(config: str | os.PathLike, gpu_mem_mb: int, on_gpu: bool, eval_cfg: dict) -> dict:
     """The evaluate job's resources for the run config `config` (run.yaml) and the config's
-    eval section, from the model (gptflow.sizing): host memory, GPUs (``gres``: gpu:N of the
+    eval section, from the model (gptflow.results.sizing): host memory, GPUs (``gres``: gpu:N of the
     plan for GPUs of `gpu_mem_mb`) and minutes."""
     cfg = RunConfig.load(config)
     model, seq = cfg.model, cfg.train.seq_length
@@ -69,9 +69,9 @@ def harness_resources(
     work: list[sizing.TaskWork],
 ) -> dict:
     """A harness job's resources for the run config `config` (run.yaml), from the model and
-    the tasks' work (gptflow.harness.task_work), at the trained context (train.seq_length)
+    the tasks' work (gptflow.results.harness.task_work), at the trained context (train.seq_length)
     with eval.harness.batch_size requests a forward pass: host memory, GPUs (``gres``, the
-    plan :func:`eval_placement` follows) and minutes (gptflow.sizing)."""
+    plan :func:`eval_placement` follows) and minutes (gptflow.results.sizing)."""
     cfg = RunConfig.load(config)
     model, seq, batch = cfg.model, cfg.train.seq_length, harness_cfg["batch_size"]
     plan = sizing.eval_plan(model, seq, gpu_mem_mb * 2**20, batch)
@@ -110,7 +110,7 @@ def eval_placement(
     model: ModelConfig, seq_length: int, batch: int = EVAL_BATCH
 ) -> tuple[list[str], str]:
     """(devices, dtype) of the evaluation: the CPU in fp32 without a GPU; else
-    gptflow.sizing.eval_plan (`batch` sequences a forward pass) against the smallest of the
+    gptflow.results.sizing.eval_plan (`batch` sequences a forward pass) against the smallest of the
     job's GPUs, refused when the job has fewer GPUs than the plan needs."""
     import torch
 
@@ -136,7 +136,7 @@ def place(model, devices: list[str], dtype: str) -> None:
     fp32). With several devices each block moves its inputs to its own device as it runs."""
     import torch
 
-    from gptflow.model import reset_buffers
+    from gptflow.train.model import reset_buffers
 
     cast = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     backbone = model.gpt_neox
@@ -171,8 +171,8 @@ def load_model(
     the checkpoint's fp32 weights copied in one tensor at a time (nothing initialised first)."""
     import torch
 
-    from gptflow.export import checkpoint_weights
-    from gptflow.model import GPTNeoX
+    from gptflow.results.export import checkpoint_weights
+    from gptflow.train.model import GPTNeoX
 
     if isinstance(devices, str):
         devices = [devices]
@@ -285,7 +285,7 @@ def evaluate(
     import torch
     from tokenizers import Tokenizer
 
-    from gptflow.export import finished_run
+    from gptflow.results.export import finished_run
 
     t0 = time.perf_counter()
     cfg, done = finished_run(config)

@@ -17,11 +17,11 @@ from pathlib import Path
 import yaml
 
 from gptflow import paths
-from gptflow.config import ModelConfig, TrainConfig, architecture, padded_vocab_size
+from gptflow.config.schema import load_yaml
+from gptflow.config.settings import ModelConfig, TrainConfig, architecture, padded_vocab_size
 from gptflow.data.tokenizer import TokenizerInfo
 from gptflow.errors import GptflowError
-from gptflow.init_from import InitFromInfo
-from gptflow.schema import load_yaml
+from gptflow.train.init_from import InitFromInfo
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ def render_run_config(
     train = TrainConfig(**cfg["train"])
     init_from = None
     if cfg["model"].get("init_from"):
-        from gptflow.init_from import resolve
+        from gptflow.train.init_from import resolve
 
         init_from = resolve(cfg["model"]["init_from"], model, tokenizer_path, run_dir)
     data_tokens = sum(b.tokens for b in blends)

@@ -99,7 +99,7 @@ def _table(headers: list[str], rows: list[list]) -> str:
 def _model_and_software(run: dict, finished: dict) -> list[str]:
     """The parameter count (ModelConfig's, the trainer's number) and the versions training
     ran with (recorded in DONE.json; else this environment's, said so)."""
-    from gptflow.config import ModelConfig
+    from gptflow.config.settings import ModelConfig
     from gptflow.environment import versions
 
     m = ModelConfig(**run["model"])

@@ -1,6 +1,6 @@
 """The fits of a study: scaling laws over a family of training runs on shared data.
 
-Three fits, pure numpy (no scipy), each deterministic (a grid search, then a local refinement):
+Three fits, each deterministic (a grid search, then a local refinement by scipy.optimize):
 
 - :func:`fit_power_law`: ``L(N) = E + A / N**alpha`` over model sizes (final losses).
 - :func:`fit_two_term`: ``L(N, D) = E + A / N**alpha + B / D**beta`` over sizes and tokens
@@ -10,10 +10,11 @@ Three fits, pure numpy (no scipy), each deterministic (a grid search, then a loc
   which run is lowest at each FLOP budget, and ``N_opt = k * C**a`` fitted to the winners.
 
 Method: variable projection. For fixed exponents the law is linear in (E, A[, B]), so those
-come from a least-squares solve with every coefficient >= 0 (:func:`_nnls`: the best of the
-unconstrained solves over subsets of the columns whose coefficients all come out >= 0). Only
-the exponents are searched: a log grid over ``EXPONENTS``, then golden-section search on
-log(alpha) (one exponent) or a small Nelder-Mead on (log alpha, log beta) (two).
+come from a least-squares solve with every coefficient >= 0 (``scipy.optimize.nnls``, on
+columns scaled to unit norm). Only the exponents are searched: a log grid over ``EXPONENTS``,
+then ``scipy.optimize.minimize_scalar`` (bounded) on log(alpha) between the grid's neighbours of
+its best point (one exponent), or ``scipy.optimize.least_squares`` on the residuals over
+(log alpha, log beta), bounded to ``EXPONENTS`` (two).
 
 Why least squares in loss space: Chinchilla fitted approach 3 with a Huber loss on the
 residuals of log-loss, which guards ~400 runs against a few outliers. A study has a handful of
@@ -30,12 +31,13 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy.optimize import least_squares, minimize_scalar, nnls
 
 from gptflow.errors import GptflowError
 
 EXPONENTS = (0.01, 3.0)  # the range alpha and beta are searched in
-POWER_LAW_GRID = 200  # log-spaced exponents tried before the golden-section search
-TWO_TERM_GRID = 30  # per exponent: a 30 x 30 grid of (alpha, beta) before Nelder-Mead
+POWER_LAW_GRID = 200  # log-spaced exponents tried before the bounded scalar search
+TWO_TERM_GRID = 30  # per exponent: a 30 x 30 grid of (alpha, beta) before least squares
 FRONTIER_BUDGETS = 32  # log-spaced FLOP budgets laid over the curves' range
 
 
@@ -150,8 +152,9 @@ def fit_power_law(n, loss) -> PowerLawFit:
 
     grid = np.log(np.geomspace(*EXPONENTS, POWER_LAW_GRID))
     i = int(np.argmin([sse(g) for g in grid]))
-    log_alpha = _golden(sse, grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)])
-    alpha = math.exp(log_alpha)
+    bounds = (grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)])
+    best = minimize_scalar(sse, bounds=bounds, method="bounded", options={"xatol": 1e-10})
+    alpha = math.exp(best.x)
     (e, a), _ = _power_law_solve(n, loss, alpha)
     fit = PowerLawFit(
         E=float(e), A=float(a), alpha=alpha, rmse=0.0, max_rel_error=0.0, points=len(n)
@@ -174,14 +177,14 @@ def fit_two_term(n, d, loss) -> TwoTermFit:
         )
     lo, hi = np.log(EXPONENTS)
 
-    def sse(p: np.ndarray) -> float:
-        alpha, beta = np.exp(np.clip(p, lo, hi))
-        return _two_term_solve(n, d, loss, alpha, beta)[1]
+    def residuals(p: np.ndarray) -> np.ndarray:
+        x = _two_term_columns(n, d, *np.exp(p))
+        return x @ _nnls(x, loss)[0] - loss
 
     grid = np.linspace(lo, hi, TWO_TERM_GRID)
-    start = min(((a, b) for a in grid for b in grid), key=lambda p: sse(np.array(p)))
-    best = _nelder_mead(sse, np.array(start), step=grid[1] - grid[0])
-    alpha, beta = (float(x) for x in np.exp(np.clip(best, lo, hi)))
+    start = min(((a, b) for a in grid for b in grid), key=lambda p: _sse(residuals(np.array(p))))
+    best = least_squares(residuals, start, bounds=(lo, hi), xtol=1e-12, ftol=1e-12, gtol=1e-12)
+    alpha, beta = (float(x) for x in np.exp(best.x))
     (e, a, b), _ = _two_term_solve(n, d, loss, alpha, beta)
     e, a, b = float(e), float(a), float(b)
     fit = TwoTermFit(e, a, alpha, b, beta, rmse=0.0, max_rel_error=0.0, points=len(n))
@@ -269,71 +272,22 @@ def _power_law_solve(n, loss, alpha: float) -> tuple[np.ndarray, float]:
     return _nnls(np.column_stack([np.ones_like(n), n**-alpha]), loss)
 
 
+def _two_term_columns(n, d, alpha: float, beta: float) -> np.ndarray:
+    return np.column_stack([np.ones_like(n), n**-alpha, d**-beta])
+
+
 def _two_term_solve(n, d, loss, alpha: float, beta: float) -> tuple[np.ndarray, float]:
-    return _nnls(np.column_stack([np.ones_like(n), n**-alpha, d**-beta]), loss)
+    return _nnls(_two_term_columns(n, d, alpha, beta), loss)
+
+
+def _sse(r: np.ndarray) -> float:
+    return float(r @ r)
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """min |x c - y|^2 over c >= 0, for a few columns: the best unconstrained solve over the
-    subsets of columns whose coefficients all come out >= 0 (the constrained optimum is the
-    unconstrained one on its support, so it is among them). Returns (c, sum of squares)."""
-    k = x.shape[1]
+    """min |x c - y|^2 over c >= 0 (``scipy.optimize.nnls``), solved on the columns scaled to
+    unit norm: N^-alpha is ~1e-3 next to the column of ones. Returns (c, sum of squares)."""
     scale = np.linalg.norm(x, axis=0)
     scale[scale == 0] = 1.0
-    xs = x / scale  # columns of unit norm: N^-alpha is ~1e-3 next to the column of ones
-    best, best_sse = np.zeros(k), float(y @ y)
-    for mask in range(1, 2**k):
-        cols = [j for j in range(k) if mask >> j & 1]
-        coef, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
-        if (coef < 0).any():
-            continue
-        full = np.zeros(k)
-        full[cols] = coef
-        r = xs @ full - y
-        if (sse := float(r @ r)) < best_sse:
-            best, best_sse = full, sse
-    return best / scale, best_sse
-
-
-def _golden(f, a: float, b: float, tol: float = 1e-10) -> float:
-    """The minimum of a unimodal `f` on [a, b], by golden-section search."""
-    g = (math.sqrt(5) - 1) / 2
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = f(c), f(d)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = f(d)
-    return (a + b) / 2
-
-
-def _nelder_mead(f, x0: np.ndarray, step: float, xtol: float = 1e-10, iters: int = 1000):
-    """The minimum of `f` near `x0` by Nelder-Mead (reflect 1, expand 2, contract and shrink
-    1/2), stopping when the simplex is narrower than `xtol` in every coordinate."""
-    pts = [x0] + [x0 + step * e for e in np.eye(len(x0))]
-    vals = [f(p) for p in pts]
-    for _ in range(iters):
-        order = np.argsort(vals)
-        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
-        if max(np.abs(p - pts[0]).max() for p in pts[1:]) < xtol:
-            break
-        mid = np.mean(pts[:-1], axis=0)
-        xr = 2 * mid - pts[-1]
-        fr = f(xr)
-        if fr < vals[0]:
-            xe = 3 * mid - 2 * pts[-1]
-            fe = f(xe)
-            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < vals[-2]:
-            pts[-1], vals[-1] = xr, fr
-        elif (fc := f(xc := (mid + pts[-1]) / 2)) < vals[-1]:
-            pts[-1], vals[-1] = xc, fc
-        else:
-            pts = [pts[0]] + [(p + pts[0]) / 2 for p in pts[1:]]
-            vals = [vals[0]] + [f(p) for p in pts[1:]]
-    return pts[int(np.argmin(vals))]
+    coef, _ = nnls(x / scale, y)
+    return coef / scale, _sse(x @ (coef / scale) - y)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gptflow.config import ModelConfig
+from gptflow.config.settings import ModelConfig
 
 
 class RotaryEmbedding(nn.Module):
@@ -65,7 +65,7 @@ class Attention(nn.Module):
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = cfg.attention_dropout
         # the RNG of the dropout of this rank's heads: under tensor parallel, a stream of the
-        # tensor-parallel rank's own (set by gptflow.engine.use_split_region_rng)
+        # tensor-parallel rank's own (set by gptflow.train.engine.use_split_region_rng)
         self.split_rng: Callable[[], AbstractContextManager] = nullcontext
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -133,8 +133,9 @@ class GPTNeoX(nn.Module):
         self.cfg = cfg
         self.gpt_neox = Backbone(cfg)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # (logits, labels) -> mean loss; under tensor parallel the logits are split along the
-        # vocabulary and gptflow.engine.split_tensor_parallel puts its vocab-parallel loss here
+        # (logits, labels) -> mean loss; under tensor parallel the logits are split along
+        # the vocabulary and gptflow.train.engine.split_tensor_parallel puts its vocab-parallel
+        # loss here
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss
         if self.embed_out.weight.device.type != "meta":
             self.reset_parameters(torch.initial_seed() if seed is None else seed)
@@ -169,8 +170,8 @@ class GPTNeoX(nn.Module):
 
 
 # The initial value of a parameter, whole, by its GPTNeoX name and shape (a CPU tensor, fp32):
-# drawn (random_init) or read from a Hugging Face checkpoint (gptflow.init_from.HFWeights).
-# gptflow.engine.build_model takes one and slices it for the rank.
+# drawn (random_init) or read from a Hugging Face checkpoint (gptflow.train.init_from.HFWeights).
+# gptflow.train.engine.build_model takes one and slices it for the rank.
 Initializer = Callable[[str, tuple[int, ...]], torch.Tensor]
 
 
@@ -263,8 +264,8 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
 
 
-# Hugging Face checkpoint names that are not the model's own (gptflow.export writes them, and
-# gptflow.init_from reads either): transformers 5 calls the output head ``lm_head``; its
+# Hugging Face checkpoint names that are not the model's own (gptflow.results.export writes them,
+# and gptflow.train.init_from reads either): transformers 5 calls the output head ``lm_head``; its
 # checkpoints, like transformers 4's (Pythia's), may name it ``embed_out`` as the model does.
 HF_CHECKPOINT_NAMES = {"embed_out.weight": "lm_head.weight"}
 # Tensors of older Hugging Face checkpoints that are buffers, not weights (the causal mask, the

@@ -43,7 +43,7 @@ def dump_config(cfg: dict) -> None:
 
 
 def dump_preflight(report) -> None:
-    """Write the plan's preflight (gptflow.preflight.Report) where DUMP_PREFLIGHT_ENV says."""
+    """Write the plan's preflight (gptflow.plan.preflight.Report) where DUMP_PREFLIGHT_ENV says."""
     from gptflow.fsutil import write_json
 
     path = os.environ.get(DUMP_PREFLIGHT_ENV)
@@ -58,8 +58,8 @@ def record_config(cfg: dict, workdir: str | os.PathLike = ".") -> None:
     which yaml.safe_dump refuses (every run with a JSON --configfile failed here)."""
     import time
 
+    from gptflow.config.schema import plain
     from gptflow.fsutil import atomic_write
-    from gptflow.schema import plain
 
     path = Path(workdir) / RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,10 +158,10 @@ def attribute(job: Job, workdir: Path, changes: list[tuple[str, object, object]]
 
 
 def size(cfg: dict, plan: dict, workdir: Path, peak_tflops, mfu) -> dict:
-    """The run's size (gptflow.preflight.size) from the plan's own preflight: its parameter
+    """The run's size (gptflow.plan.run_size.size) from the plan's own preflight: its parameter
     count with the tokenizer's real vocabulary, and the token shards' bytes; GPU-hours at
     the preflight's assumed peak and MFU unless given."""
-    from gptflow.preflight import ASSUMED_MFU, ASSUMED_PEAK_TFLOPS, model_config, size
+    from gptflow.plan.run_size import ASSUMED_MFU, ASSUMED_PEAK_TFLOPS, model_config, size
 
     peak_tflops, mfu = peak_tflops or ASSUMED_PEAK_TFLOPS, mfu or ASSUMED_MFU
 

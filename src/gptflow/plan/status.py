@@ -3,7 +3,7 @@
 
 No daemon is asked. The stage is which of the run's files exist; the progress is the last
 records of ``metrics.jsonl``, read while the trainer appends to it; whether a trainer is
-alive is its lock file, read and never taken (:class:`gptflow.checkpoint.RunLock`). Slurm's
+alive is its lock file, read and never taken (:class:`gptflow.train.checkpoint.RunLock`). Slurm's
 queue is asked only when ``squeue`` is on PATH (:func:`slurm_jobs`), and only to add the
 run's queued and running jobs.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 import yaml
 
 from gptflow import paths
-from gptflow.checkpoint import RunLock, tag_for
 from gptflow.errors import GptflowError
 from gptflow.progress import human_bytes
-from gptflow.report import summary_line
+from gptflow.results.report import summary_line
+from gptflow.train.checkpoint import RunLock, tag_for
 
 RUNS_DIR = str(Path(paths.RUN_DIR).parent)  # results/runs
 
@@ -435,7 +435,7 @@ def outputs(run_dir: str | Path) -> dict:
 
 
 def harness_line(harness_json: Path) -> str:
-    """harness.json's tasks in one line (gptflow.harness.summary_line), or ''."""
+    """harness.json's tasks in one line (gptflow.results.report.summary_line), or ''."""
     try:
         return summary_line(json.loads(harness_json.read_text()))
     except FileNotFoundError:

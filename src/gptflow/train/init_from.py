@@ -24,9 +24,12 @@ of the model is found in the safetensors headers with its shape and a floating-p
 the weights' identity is recorded (:func:`identity`): the series fingerprint holds it, so other
 weights at the same path are a new series, not a silent resume.
 
-Loaded by :class:`HFWeights`, the :data:`gptflow.model.Initializer` that
-``gptflow.engine.build_model`` calls for each parameter a rank holds, at step 0 only: a run with
-a checkpoint resumes from it and does not read the directory.
+Loaded by :class:`HFWeights`, the :data:`gptflow.train.model.Initializer` that
+``gptflow.train.engine.build_model`` calls for each parameter a rank holds, at step 0 only: a run
+with a checkpoint resumes from it and does not read the directory.
+
+Over 500 lines (just): the planning checks of a checkpoint directory and its loader share
+the directory's reading (config.json, the safetensors headers).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptflow.config import ModelConfig, padded_vocab_size
+from gptflow.config.settings import ModelConfig, padded_vocab_size
 from gptflow.errors import GptflowError
 
 CONFIG = "config.json"
@@ -55,7 +58,7 @@ DIGEST_CACHE = "init-from-digests.json"  # in the run directory: sha256 by (size
 @dataclass(frozen=True)
 class InitFromInfo:
     """``model.init_from`` as run.yaml records it: the Hugging Face checkpoint directory the
-    run starts from (gptflow.init_from), the identity of its weights (sha256 over its
+    run starts from (gptflow.train.init_from), the identity of its weights (sha256 over its
     safetensors files' sha256s; the series fingerprint holds it) and each file as hashed
     ({name: {bytes, mtime_ns, sha256}}: the trainer checks the files are still those)."""
 
@@ -354,7 +357,7 @@ def check_tensors(path: str | os.PathLike, model: ModelConfig) -> None:
     dtype, once; nothing else is there but old checkpoints' buffers."""
     import torch
 
-    from gptflow.model import HF_BUFFER_SUFFIXES, GPTNeoX, checkpoint_names
+    from gptflow.train.model import HF_BUFFER_SUFFIXES, GPTNeoX, checkpoint_names
 
     index = tensor_index(path, weight_files(path))
     with torch.device("meta"):
@@ -469,7 +472,7 @@ def check_unchanged(info: InitFromInfo) -> None:
 
 
 class HFWeights:
-    """The :data:`gptflow.model.Initializer` of ``model.init_from``: each parameter read whole
+    """The :data:`gptflow.train.model.Initializer` of ``model.init_from``: each parameter read whole
     from the safetensors file holding it when asked (``safe_open``: memory-mapped, one tensor
     at a time), converted to fp32 (half-precision checkpoints included: training keeps fp32
     master weights), checked against the shape asked for. A rank asks only for the parameters
@@ -497,7 +500,7 @@ class HFWeights:
     def __call__(self, name: str, shape: tuple[int, ...]):
         from safetensors import safe_open
 
-        from gptflow.model import checkpoint_names
+        from gptflow.train.model import checkpoint_names
 
         stored = next((n for n in checkpoint_names(name) if n in self.index), None)
         if stored is None:

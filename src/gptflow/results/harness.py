@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptflow import sizing
-from gptflow.config import TrainConfig
+from gptflow.config.schema import UniqueKeyLoader, parse_yaml
+from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
-from gptflow.schema import UniqueKeyLoader, parse_yaml
+from gptflow.results import sizing
 
 INSTALL = "pip install 'gptflow[eval]'"
 
@@ -145,7 +145,7 @@ def _choices(task: dict, documents: list[bytes]) -> float | None:
 
 
 def task_work(harness_cfg: dict) -> list[sizing.TaskWork]:
-    """Each task's work (gptflow.sizing.TaskWork), estimated at planning without lm-eval: a
+    """Each task's work (gptflow.results.sizing.TaskWork), estimated at planning without lm-eval: a
     task file over local data files is counted (documents, their mean size, the choices of a
     multiple-choice question, a generation's max_gen_toks); a harness task name, or data the
     job downloads, is sizing.ASSUMED_DOCUMENTS documents at the full context. At most
@@ -276,7 +276,7 @@ def hf_model_settings(
     hf_dir: str | os.PathLike, devices: list[str], dtype: str, max_length: int
 ) -> dict:
     """The harness's ``hf`` model arguments for the evaluate job's placement (devices, dtype:
-    gptflow.evaluate.eval_placement): fp32 on the CPU or one GPU; on several GPUs (a model
+    gptflow.results.evaluate.eval_placement): fp32 on the CPU or one GPU; on several GPUs (a model
     too large for one) bf16 with the harness's own ``parallelize`` (accelerate spreads the
     layers over the job's GPUs). The context is `max_length`, the length the model was
     trained at (train.seq_length): left to itself the harness takes the export's

@@ -3,8 +3,8 @@ the memory and time of the evaluate and export_hf jobs.
 
 One home for these figures: the rules ask for them as the jobs' resources, the preflight checks
 them against the profile at ``-n`` and prints them, and ``gptflow evaluate`` places the model by
-the same plan on the GPUs it was given. Pure arithmetic on :class:`gptflow.config.ModelConfig`
-(planning imports neither torch nor DeepSpeed).
+the same plan on the GPUs it was given. Pure arithmetic on
+:class:`gptflow.config.settings.ModelConfig` (planning imports neither torch nor DeepSpeed).
 
 Evaluation keeps only the weights (no gradients, no optimizer state) and one batch of
 activations. It runs in fp32 on one GPU when that fits; otherwise in bf16 (the precision the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gptflow.config import ModelConfig
+from gptflow.config.settings import ModelConfig
 
 MIB = 2**20
 GIB = 2**30
@@ -157,8 +157,8 @@ GENERATED_TOKENS = 256  # generate_until's max_gen_toks when a task does not set
 @dataclass(frozen=True)
 class TaskWork:
     """What one lm-evaluation-harness task asks of the model, estimated at planning without
-    lm-eval (gptflow.harness.task_work reads the task file and its local data): documents and
-    their mean length, requests per document (a multiple-choice question is one request a
+    lm-eval (gptflow.results.harness.task_work reads the task file and its local data): documents
+    and their mean length, requests per document (a multiple-choice question is one request a
     choice), the tokens a generation adds. `counted` says whether the documents were counted
     from local files; else ASSUMED_DOCUMENTS (or eval.harness.limit) at the full context."""
 

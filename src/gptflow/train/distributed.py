@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptflow.container import container_launch
+from gptflow.container.image import container_launch
 from gptflow.errors import GptflowError
 
 
@@ -161,7 +161,7 @@ def srun_command(
         args += ([f"--nodes={nodes}"] if nodes else []) + [f"--ntasks={tasks}"]
     if cpus_per_task:
         args.append(f"--cpus-per-task={cpus_per_task}")
-    # Pyxis/enroot (gptflow.container.container_launch): every rank starts inside the image
+    # Pyxis/enroot (gptflow.container.image.container_launch): every rank starts inside the image
     args += container_options or []
     return args
 

@@ -13,7 +13,8 @@ import os
 import re
 from pathlib import Path
 
-from gptflow.config import (
+from gptflow.config.schema import check_config_file, fill_defaults, load_yaml, plain, validate
+from gptflow.config.settings import (
     ModelConfig,
     TrainConfig,
     architecture,
@@ -23,7 +24,6 @@ from gptflow.config import (
 )
 from gptflow.data.tokenizer import BYTE_ALPHABET, check_tokenizer_file, smallest_trained_vocab
 from gptflow.errors import GptflowError
-from gptflow.schema import check_config_file, fill_defaults, load_yaml, plain, validate
 
 
 def load_workflow_config(
@@ -87,7 +87,7 @@ def _check_run(model: dict, train: dict, cfg: dict, schema: dict, models, source
         check_model_parallel(m, t)
         check_kfac(m, t)
         if model.get("init_from"):  # its directory, architecture, weights and rows
-            from gptflow.init_from import check_planned
+            from gptflow.train.init_from import check_planned
 
             check_planned(model["init_from"], m)
     except GptflowError as e:

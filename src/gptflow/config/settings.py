@@ -4,8 +4,8 @@ settings (:class:`TrainConfig`), frozen dataclasses whose checks run when they a
 Derived numbers are computed here, once: parameters and FLOPs per token (the trainer, the
 preflight and the report call the same methods), gradient accumulation, the data-parallel size
 and rank of a layout. The workflow config is read and validated by
-:mod:`gptflow.workflow_config`; the resolved input of ``gptflow train`` is
-:mod:`gptflow.run_config`.
+:mod:`gptflow.plan.workflow_config`; the resolved input of ``gptflow train`` is
+:mod:`gptflow.train.run_config`.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class TrainConfig:
     save_interval: int = 100
     keep_last: int = 2
     keep_every: int | None = None  # checkpoints at multiples of it are never pruned
-    # snapshot to host memory, write in the background (gptflow.snapshot); auto: with GPUs
+    # snapshot to host memory, write in the background (gptflow.train.snapshot); auto: with GPUs
     async_save: bool | str = "auto"
     kfac: KfacConfig | None = None  # K-FAC preconditioning; None = off
 
@@ -270,7 +270,7 @@ class TrainConfig:
 
     def kept_steps(self) -> list[int]:
         """The checkpoints on disk after the run: the last keep_last saved, and those kept
-        for good (:meth:`kept_for_good`), as :meth:`gptflow.checkpoint.CheckpointSeries.prune`
+        for good (:meth:`kept_for_good`), as :meth:`gptflow.train.checkpoint.CheckpointSeries.prune`
         leaves them."""
         saved = self.saved_steps()
         last = set(saved[-self.keep_last :])

@@ -13,10 +13,11 @@ Host buffers are reused from one snapshot to the next (:class:`BufferPool`: Deep
 the same storages every time), pinned when they receive a GPU's memory so the copy runs at the
 link's speed. Each buffer starts a page of its own and is pinned by registering it with CUDA
 at its own size: it takes its storage's bytes and at most two pages more, which is what the
-preflight counts (gptflow.preflight.snapshot_fit). Not ``pin_memory=True``: PyTorch's caching host allocator
-rounds every pinned allocation up to a power of two (``CachingHostAllocator.h``), so a 10.3 GB
-fp32 partition would pin 16 GiB. One snapshot is in flight at a time: :class:`BackgroundWriter`
-refuses a second before the first is written, and its caller waits (and says how long).
+preflight counts (gptflow.plan.host_memory.snapshot_fit). Not ``pin_memory=True``: PyTorch's caching
+host allocator rounds every pinned allocation up to a power of two (``CachingHostAllocator.h``), so
+a 10.3 GB fp32 partition would pin 16 GiB. One snapshot is in flight at a time:
+:class:`BackgroundWriter` refuses a second before the first is written, and its caller waits (and
+says how long).
 
 Each file is written under its own name in a hidden directory beside it (``.writing-rank{r}``:
 ``PyTorchFileWriter`` names the archive's root folder after the file, so a temporary *name*

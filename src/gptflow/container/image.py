@@ -9,6 +9,10 @@ The squashfs is what `enroot import` writes (enroot's image format: the rootfs p
 /etc/rc, /etc/environment, /etc/fstab and /etc/rc.local, squashed with -all-root), made by
 enroot itself where it is installed and otherwise by `write_enroot_files` + mksquashfs here,
 so Pyxis (`srun --container-image=x.sqsh`) takes either.
+
+Over 500 lines: the container stage in one module -- the recipe's hash, the build, the squash
+(enroot or builtin) and the SIF, the rules' options and the launch inside the image -- held
+whole by tests/unit/test_container.py.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ DeepSpeed writes its own ``latest`` with a plain ``open().write()`` before the o
 have finished: we save with ``save_latest=False``, wait for every rank, mark the step
 ``COMPLETE`` and only then point ``latest`` at it (temp file, fsync, rename). Resume trusts
 nothing else: a step directory without ``COMPLETE`` is an interrupted save and is ignored.
+
+Over 500 lines: the series (save, resume, retention, universal checkpoints across layouts)
+and the run lock a resume takes before it reads the series; the two are tested together
+(requeues, kills, stale locks).
 """
 
 from __future__ import annotations
@@ -205,12 +209,12 @@ class CheckpointSeries:
 
 class Saves:
     """How the loop saves a series: synchronously, or (``train.async_save``) from a snapshot
-    in host memory written by a thread of each rank (:mod:`gptflow.snapshot`).
+    in host memory written by a thread of each rank (:mod:`gptflow.train.snapshot`).
 
     An asynchronous save blocks training for the snapshot only: it waits for the previous
     write first (one snapshot in flight, the wait logged), then DeepSpeed's
     ``save_checkpoint`` runs with its checkpoint engine's ``save`` replaced by
-    :func:`gptflow.snapshot.take`, so every file DeepSpeed writes -- model, ZeRO partitions,
+    :func:`gptflow.train.snapshot.take`, so every file DeepSpeed writes -- model, ZeRO partitions,
     pipeline layers -- is taken as it would have been written, and written byte for byte so.
     The step becomes COMPLETE, then ``latest``, only when every rank's files are on disk:
     the loop's one per-step all-reduce (:meth:`flags`, :meth:`agreed`) carries whether any
@@ -224,10 +228,10 @@ class Saves:
 
     def __init__(self, series: CheckpointSeries, rank: int, in_background: bool,
                  any_rank, barrier) -> None:  # fmt: skip
-        # gptflow.snapshot (and with it torch) is imported where a save needs it: the CLI
+        # gptflow.train.snapshot (and with it torch) is imported where a save needs it: the CLI
         # imports this module (LOCK_WAIT_S), and every subcommand -- tokenize, download, each a
         # Snakemake job -- would otherwise pay ~1.3 s of CPU to import torch
-        from gptflow.snapshot import BackgroundWriter
+        from gptflow.train.snapshot import BackgroundWriter
 
         self.series, self.rank = series, rank
         self.any_rank, self.barrier = any_rank, barrier
@@ -246,7 +250,7 @@ class Saves:
         if self.writer is None:
             path = self.series.save(engine, step, client_state, self.rank, self.barrier, layout)
             return path, 0.0
-        from gptflow.snapshot import Batch
+        from gptflow.train.snapshot import Batch
 
         waited = self.settle()
         path = self.series.prepare(step, self.rank, self.barrier)
@@ -273,7 +277,7 @@ class Saves:
         step, layout = self.pending
         self.pending = None
         if self.rank == 0:
-            from gptflow.snapshot import Batch
+            from gptflow.train.snapshot import Batch
 
             self.writer.submit(Batch(tag_for(step), [], then=lambda: self._complete(step, layout)))
 
@@ -345,8 +349,8 @@ def name_both_ways(zero: Path, num_layers: int) -> None:
     """Each parameter's directory of a universal checkpoint under the model's name, with a
     relative symlink under the pipeline's (``3.layer.attention...``): DeepSpeed loads a
     universal checkpoint by the engine's parameter names, which differ between a plain model
-    and a pipeline of any number of stages (gptflow.model.hf_name)."""
-    from gptflow.model import hf_name, pipeline_name
+    and a pipeline of any number of stages (gptflow.train.model.hf_name)."""
+    from gptflow.train.model import hf_name, pipeline_name
 
     for entry in list(zero.iterdir()):
         if not entry.is_dir() or entry.is_symlink():
@@ -373,7 +377,7 @@ def _through_engine(engine, save_dir: str, tag: str, client_state: dict, save_fi
 
 def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
     """``engine.save_checkpoint``, returning the paths this rank wrote."""
-    from gptflow.snapshot import free_space
+    from gptflow.train.snapshot import free_space
 
     written: list[str] = []
     plain_save = engine.checkpoint_engine.save  # before _through_engine replaces it
@@ -396,8 +400,8 @@ def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[st
 
 def _snapshots(engine, save_dir: str, tag: str, client_state: dict, pool) -> list:
     """``engine.save_checkpoint`` with each file DeepSpeed would write taken as a snapshot
-    (:func:`gptflow.snapshot.take`) instead; returns them, to be written in the background."""
-    from gptflow.snapshot import take
+    (:func:`gptflow.train.snapshot.take`) instead; returns them, to be written in the background."""
+    from gptflow.train.snapshot import take
 
     taken: list = []
     _through_engine(engine, save_dir, tag, client_state,

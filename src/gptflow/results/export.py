@@ -1,6 +1,6 @@
 """A finished run as a Hugging Face ``GPTNeoXForCausalLM`` directory, streamed tensor by tensor.
 
-The model already uses Hugging Face's parameter names and layouts (gptflow.model), so the
+The model already uses Hugging Face's parameter names and layouts (gptflow.train.model), so the
 export is the fp32 weights with ``embed_out`` named ``lm_head`` (transformers 5), a
 config.json, and the tokenizer.
 
@@ -29,6 +29,9 @@ Peak memory is a small multiple of the largest tensor, not of the model (measure
 tests/unit/test_export.py). The directory is published whole (temporary directory, rename).
 
 DeepSpeed is imported only to read ZeRO 1-3 checkpoints.
+
+Over 500 lines: reading every checkpoint layout DeepSpeed writes (ZeRO 0-3, tensor and
+pipeline slices; evaluation reads weights through it too) and writing safetensors shards.
 """
 
 from __future__ import annotations
@@ -49,12 +52,12 @@ from pathlib import Path
 import torch
 
 from gptflow import paths
-from gptflow.checkpoint import tag_for
-from gptflow.config import ModelConfig
+from gptflow.config.settings import ModelConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish, temp_dir
-from gptflow.model import checkpoint_name
-from gptflow.run_config import RunConfig
+from gptflow.train.checkpoint import tag_for
+from gptflow.train.model import checkpoint_name
+from gptflow.train.run_config import RunConfig
 
 MAX_SHARD_SIZE = 5 * 10**9  # bytes per safetensors shard: Hugging Face's default ("5GB")
 
@@ -166,9 +169,9 @@ def _zero0_masters(path: Path, states: dict, model: ModelConfig) -> dict[str, to
 
     DeepSpeed's FP16_UnfusedOptimizer saves them as ``optimizer.fp32_groups``: one list per
     optimizer parameter group, in the group's order, without names. The groups are
-    gptflow.model.decay_groups's, so the names come from that function applied to the model
+    gptflow.train.model.decay_groups's, so the names come from that function applied to the model
     (built on the meta device: no memory)."""
-    from gptflow.model import GPTNeoX, decay_groups
+    from gptflow.train.model import GPTNeoX, decay_groups
 
     module = states["module"]
     groups = (states.get("optimizer") or {}).get("fp32_groups")
@@ -185,7 +188,7 @@ def _zero0_masters(path: Path, states: dict, model: ModelConfig) -> dict[str, to
     if [len(g) for g in order] != [len(g) for g in groups]:
         raise GptflowError(
             f"{path}: fp32 master weights in groups of {[len(g) for g in groups]}, but "
-            f"gptflow.model.decay_groups makes groups of {[len(g) for g in order]} of the "
+            f"gptflow.train.model.decay_groups makes groups of {[len(g) for g in order]} of the "
             "model's parameters; not a checkpoint of this model"
         )
     masters = {}
@@ -207,7 +210,7 @@ def _checked_master(name: str, master: torch.Tensor, stored: torch.Tensor) -> to
     if not torch.equal(master.to(stored.dtype), stored):
         raise GptflowError(
             f"{name}: the fp32 master weight does not round to the checkpoint's {stored.dtype} "
-            "weight; the optimizer groups are not gptflow.model.decay_groups's"
+            "weight; the optimizer groups are not gptflow.train.model.decay_groups's"
         )
     return master.contiguous()
 
@@ -303,11 +306,11 @@ def _sliced_weights(
     ``param_slice_mappings`` says which part of which parameter (start, numel) that piece
     holds. A parameter is its pieces in data-parallel order; under tensor parallel, its
     slices in tensor-parallel order, joined along the dimension
-    :data:`gptflow.engine.TENSOR_PARALLEL_PLAN` splits (replicated ones read from the first
+    :data:`gptflow.train.engine.TENSOR_PARALLEL_PLAN` splits (replicated ones read from the first
     rank). Nothing is converted or written: the universal conversion (which loads every file
     whole, twice) is left to a resume in another layout."""
-    from gptflow.engine import tensor_parallel_dim
-    from gptflow.model import GPTNeoX, hf_name
+    from gptflow.train.engine import tensor_parallel_dim
+    from gptflow.train.model import GPTNeoX, hf_name
 
     mps, dps = (1 + max(k[i] for k in files) for i in (0, 1))
     slices: dict[str, list[Weight]] = {}  # model name -> its slices in model-parallel order

@@ -1,0 +1,108 @@
+"""Input functions of the rules after training (rules/evaluate.smk, which includes this file): the
+evaluate, export_hf and harness jobs' resources, sized by the package from the run's model, and
+their inputs."""
+
+
+def eval_resources(config_file):
+    """gptflow.results.evaluate.run_resources: on GPUs of the training partition's size under the
+    Slurm profile; <TBD> in a plan made before run.yaml exists."""
+    open(config_file).close()
+    return run_eval_resources(
+        config_file,
+        PLACEMENT.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
+        PLACEMENT.on_cluster or bool(LOCAL_GPUS),
+        CFG["eval"],
+    )
+
+
+def get_eval_mem_mb(wildcards, input):
+    return eval_resources(input.config)["mem_mb"]
+
+
+def get_eval_gres(wildcards, input):
+    return eval_resources(input.config)["gres"]
+
+
+def get_eval_runtime(wildcards, input):
+    return eval_resources(input.config)["runtime"]
+
+
+def get_harness_files(wildcards):
+    """eval.harness's task files and the local data files they name (gptflow.results.harness)."""
+    try:
+        return harness.input_files(HARNESS)
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
+
+
+def get_harness_step_files(wildcards):
+    """The run's harness_step outputs: one per checkpoint eval.harness.every names."""
+    return [
+        paths.HARNESS_STEP.format(run=wildcards.run, step=s) for s in HARNESS_STEPS[wildcards.run]
+    ]
+
+
+def harness_resources(config_file):
+    """gptflow.results.evaluate.harness_resources: sized from the tasks' work (harness_work) at the
+    trained context, placed as evaluate is; <TBD> in a plan made before run.yaml exists."""
+    open(config_file).close()
+    return run_harness_resources(
+        config_file,
+        PLACEMENT.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
+        PLACEMENT.on_cluster or bool(LOCAL_GPUS),
+        HARNESS,
+        harness_work(),
+    )
+
+
+def get_harness_mem_mb(wildcards, input):
+    return harness_resources(input.config)["mem_mb"]
+
+
+def get_harness_gres(wildcards, input):
+    return harness_resources(input.config)["gres"]
+
+
+def get_harness_runtime(wildcards, input):
+    return harness_resources(input.config)["runtime"]
+
+
+def get_harness_step_mem_mb(wildcards, input):
+    """The export of the checkpoint, then the harness: the larger of the two jobs' memory."""
+    return max(get_harness_mem_mb(wildcards, input), run_export_resources(input.config)["mem_mb"])
+
+
+def get_harness_step_runtime(wildcards, input):
+    """Minutes: the export's and the harness's."""
+    return get_harness_runtime(wildcards, input) + run_export_resources(input.config)["runtime"]
+
+
+def get_harness_partition(wildcards):
+    """The harness job's partition: evaluate's (the profile's), or none on one machine."""
+    return profile_value("evaluate", "slurm_partition") or ""
+
+
+def get_harness_pbs_queue(wildcards):
+    """profiles/pbs: the harness jobs' queue, evaluate's (a GPU queue)."""
+    return profile_value("evaluate", "pbs_queue") or ""
+
+
+def get_harness_pbs_select(wildcards):
+    """profiles/pbs: the harness jobs' resource line, evaluate's (one GPU node)."""
+    return profile_value("evaluate", "pbs_select") or ""
+
+
+def get_export_mem_mb(wildcards, input):
+    """gptflow.results.evaluate.export_resources; <TBD> in a plan made before run.yaml exists."""
+    open(input.config).close()
+    return run_export_resources(input.config)["mem_mb"]
+
+
+def get_export_runtime(wildcards, input):
+    open(input.config).close()
+    return run_export_resources(input.config)["runtime"]
+
+
+def get_train_container_record(wildcards):
+    """The image record (tag, image id) of the image training ran in, or nothing."""
+    return [paths.IMAGE_RECORD.format(hash=container_hash())] if CONTAINER["enabled"] else []

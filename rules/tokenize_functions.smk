@@ -1,0 +1,92 @@
+"""Input functions of the data stage's rules (rules/tokenize.smk, which includes this file): a
+job's shard, its reader options, the files whose change reruns it, a dataset's shards, the
+tokenizer's source."""
+
+
+def shard_of(wildcards):
+    """The job's shard; of a whole dataset (sample_documents) the first: they read alike."""
+    dataset = DATASETS[wildcards.dataset]
+    return dataset.shard(wildcards.shard) if "shard" in wildcards.keys() else dataset.shards[0]
+
+
+def get_shard_input(wildcards):
+    return shard_of(wildcards).input
+
+
+def get_format(wildcards):
+    return shard_of(wildcards).fmt
+
+
+def get_json_key(wildcards):
+    return shard_of(wildcards).json_key
+
+
+def get_member(wildcards):
+    return shard_of(wildcards).member_args()
+
+
+def get_member_format(wildcards):
+    return shard_of(wildcards).member_format_args()
+
+
+def get_sample_inputs(wildcards):
+    return [s.input for s in DATASETS[wildcards.dataset].shards]
+
+
+def get_local_root(wildcards):
+    return DATASETS[wildcards.dataset].root
+
+
+def get_local_shard_stamps(wildcards):
+    return sources.file_stamps(shard_of(wildcards).files)
+
+
+def get_hf_source(wildcards):
+    """What collect_hf_documents reads: load_dataset's arguments and the text column."""
+    return DATASETS[wildcards.dataset].hf.settings()
+
+
+def get_hf_shard_count(wildcards):
+    return len(DATASETS[wildcards.dataset].shards)
+
+
+def get_hf_local_stamps(wildcards):
+    """A local directory's files (sources.file_stamps): a changed file reruns the job."""
+    directory = hf_datasets.local_directory(DATASETS[wildcards.dataset].hf)
+    if directory is None:
+        return []  # a Hub dataset: its revision (in get_hf_source) pins it
+    return sources.file_stamps(sorted(str(p) for p in directory.rglob("*") if p.is_file()))
+
+
+def get_megatron_shard_files(wildcards):
+    """The .bin and .idx a megatron shard is imported from (the user's files)."""
+    return {ext: f"{shard_of(wildcards).input}.{ext}" for ext in ("bin", "idx")}
+
+
+def get_document_range(wildcards, input):
+    """tokenize_part's `--documents START:STOP --counts FILE` (whole shards: nothing)."""
+    documents = sources.part_documents(int(wildcards.part), DOCUMENTS_PER_SHARD)
+    return ["--documents", documents, "--counts", input.counts]
+
+
+def get_dataset_shard_prefixes(wildcards):
+    return dataset_shards(wildcards.dataset)[0]
+
+
+def get_dataset_shard_files(wildcards):
+    return dataset_files(wildcards.dataset)
+
+
+def get_merged_files(wildcards):
+    """tokenize.merge's merged shards; not of imported datasets (a merge would copy them)."""
+    names = [d for d in BLENDED if d not in IMPORTED] if CFG["tokenize"]["merge"] else []
+    return [f for d in names for f in paths.shard_files(paths.merged_prefix(TOKENIZER, d))]
+
+
+def get_sample_mb(wildcards):
+    """tokenizer.train.sample_mb, shared by the datasets it samples."""
+    return CFG["tokenizer"]["train"]["sample_mb"] / len(CFG["tokenizer"]["train"]["datasets"])
+
+
+def get_tokenizer_file(wildcards):
+    return tokenizer_asset("url") if TOKENIZER_SOURCE == "url" else CFG["tokenizer"]["path"]

@@ -1,0 +1,57 @@
+"""Input functions of the training stage's rules (rules/train.smk, which includes this file): the
+blend's shards, the data index, model.init_from's files, the ranks and the launcher, the image
+training runs in."""
+
+
+def get_blend_prefixes(wildcards):
+    return {name: dataset_shards(name)[0] for name in BLENDED}
+
+
+def get_data_index(wildcards):
+    """The data index a run reads (gptflow.paths.DATA_INDEX, shared by runs like it)."""
+    return paths.DATA_INDEX.format(index=INDEX_OF[wildcards.run])
+
+
+def get_index_settings(wildcards):
+    """What data index {index} is built from (gptflow.train.run_config.data_index_settings)."""
+    return INDEXES[wildcards.index]
+
+
+def get_init_from_files(wildcards):
+    """model.init_from's files: run.yaml records them, so a changed file re-renders it."""
+    path = RUNS[wildcards.run]["model"].get("init_from")
+    return init_from.input_files(path) if path else []
+
+
+def get_train_threads(wildcards):
+    """All local cores on one machine; on a cluster (no --cores) the profile's set-threads."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
+
+
+def get_local_ranks(wildcards):
+    """train_gpt's ranks on one machine unless the profile sets nproc_per_node: one per visible
+    GPU (none: one); under the Slurm profile one (srun starts the ranks)."""
+    return PLACEMENT.ranks if PLACEMENT.executor == "local" and not PLACEMENT.mpi else 1
+
+
+def get_rank_options(wildcards, resources, threads):
+    """Argv words after `gptflow train --config ...`: distributed.rank_options."""
+    return rank_options(dict(resources.items()), threads)
+
+
+def get_train_launcher(wildcards, resources, threads):
+    """Argv words before `gptflow train` (srun, the container's): distributed.train_launcher."""
+    section = CONTAINER if CONTAINER["enabled"] else None
+    image = os.path.abspath(container_image_file()) if section else None
+    try:
+        return train_launcher(dict(resources.items()), threads, section, image, os.getcwd())
+    except GptflowError as e:
+        raise WorkflowError(f"gptflow config: {e}") from None
+
+
+def get_train_container(wildcards):
+    """The image training runs in (an input of train_gpt), or nothing."""
+    return [container_image_file()] if CONTAINER["enabled"] else []

@@ -1,0 +1,219 @@
+"""What would fail on the cluster, found on the login node: `snakemake -n` (rules/setup.smk)
+and `gptflow why` run these before any job is queued, and print the plan. Each check has its
+module:
+
+- :mod:`gptflow.plan.placement` -- the layout against the ranks the profile gives
+  ``train_gpt``, how the profile launches training, the profile's placeholders;
+- :mod:`gptflow.plan.cluster` -- the profile against the cluster, when ``sinfo`` is on PATH;
+- :mod:`gptflow.plan.gpu_memory` -- memory per GPU on the most loaded pipeline stage, against
+  the GPU's;
+- :mod:`gptflow.plan.host_memory` -- host memory of background saves, against the node's;
+- :mod:`gptflow.plan.after_training` -- the evaluate, export_hf and harness jobs' sizes;
+- :mod:`gptflow.plan.run_size` -- parameters, FLOPs, tokens, GPU-hours, checkpoint and shard
+  bytes.
+
+:func:`run` checks one run and returns the lines the plan prints; :func:`study` checks every run
+of a study as :func:`run` checks one and prints a line a run under the study's totals.
+
+Planning imports neither torch nor DeepSpeed (it runs at every ``snakemake`` start): the counts
+are formulas, checked in tests against the real model split over ranks and against
+DeepSpeed's own ZeRO estimators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.errors import GptflowError
+from gptflow.hardware import background_saves
+from gptflow.plan.after_training import after_training
+from gptflow.plan.cluster import check_cluster, read_accounts, read_sinfo
+from gptflow.plan.gpu_memory import (
+    check_memory,
+    human,
+    margin_text,
+    memory_per_gpu,
+    planned_precision,
+)
+from gptflow.plan.host_memory import check_saves, snapshot_fit
+from gptflow.plan.placement import (
+    Placement,
+    check_launch,
+    check_layout,
+    placeholder_message,
+    placeholders,
+)
+from gptflow.plan.run_size import (
+    ASSUMED_MFU,
+    ASSUMED_PEAK_TFLOPS,
+    model_config,
+    size,
+    token_bytes,
+    vocab_size,
+)
+from gptflow.results import sizing
+
+
+@dataclass
+class Report:
+    """What the preflight found, for the plan's output and `gptflow why`."""
+
+    lines: list[str] = field(default_factory=list)  # printed at -n
+    warnings: list[str] = field(default_factory=list)
+    size: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    placement: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def memory_lines(
+    rep: Report,
+    m: ModelConfig,
+    train: TrainConfig,
+    ranks: int,
+    p: Placement,
+    cfg: dict,
+    harness_work: list[sizing.TaskWork] | None = None,
+) -> list[str]:
+    """The GPU memory fit (where training goes to GPUs), the jobs after training, and the
+    host memory of asynchronous saves; each refuses what cannot fit."""
+    precision, why = planned_precision(train, p)
+    lines = [f"  precision: {precision} ({why})"]
+    if p.trains_on_gpus:  # a cluster's, a gres, or this machine's GPUs (nvidia-smi)
+        fit = memory_per_gpu(m, train, ranks, p)
+        check_memory(fit)
+        rep.memory = {"terms": fit.terms, "total": fit.total, "gpu_bytes": fit.gpu_bytes,
+                      "gpu_source": fit.gpu_source, "margin": fit.margin,
+                      "stage": fit.stage}  # fmt: skip
+        terms = ", ".join(f"{k} {human(v)}" for k, v in fit.terms.items() if v)
+        where = f" ({fit.stage})" if fit.stage else ""
+        lines.append(
+            f"  memory per GPU{where}: about {human(fit.total)} + {margin_text(fit)}, of "
+            f"{human(fit.gpu_bytes)} ({terms}; {fit.gpu_source})"
+        )
+        lines += after_training(m, train.seq_length, p, cfg.get("eval") or {}, harness_work)
+    in_background = background_saves(train.async_save, p.trains_on_gpus)[0]
+    lines.append(check_saves(train, snapshot_fit(m, train, ranks, p) if in_background else None))
+    return lines
+
+
+def run(
+    cfg: dict,
+    p: Placement,
+    *,
+    tokenizer_json: Path | None = None,
+    datasets: dict | None = None,
+    tokenizer: str | None = None,
+    config_threads: dict[str, int] | None = None,
+    profile_threads: dict[str, int] | None = None,
+    runtimes: dict[str, int | None] | None = None,
+    harness_work: list[sizing.TaskWork] | None = None,
+    sinfo=read_sinfo,
+    accounts=read_accounts,
+    label: str = "",
+) -> Report:
+    """Every check above for `cfg` placed by `p`; raises GptflowError at the first failure
+    (the key and the fix named), else returns the lines to print at -n."""
+    train = TrainConfig(**cfg["train"])
+    launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
+    ranks = p.ranks
+    gas = check_layout(train, ranks)
+    rep = Report(placement=asdict(p))
+    if found := placeholders(p):
+        rep.lines.append("gptflow: " + placeholder_message(found, p.executor))
+    rep.warnings += launch_warnings
+    if p.executor == "slurm" and (groups := sinfo()) is not None:
+        cpu = dict(p.settings).get("default-resources slurm_partition")
+        check_cluster(p, cpu, groups, accounts(), runtimes)
+    vocab, vocab_source = vocab_size(cfg, tokenizer_json)
+    m = model_config(cfg, vocab)
+    dp = train.data_parallel_size(ranks)
+    split = [f"{n} {kind}" for n, kind in ((train.tensor_parallel, "tensor"),
+                                          (train.pipeline_parallel, "pipeline")) if n > 1]  # fmt: skip
+    where = (
+        f"{p.nodes or 1} node(s) x {p.tasks_per_node} rank(s)"
+        if p.mpi and p.tasks_per_node
+        else f"{ranks} rank(s)"
+    )
+    rep.lines.append(
+        f"gptflow preflight{label}: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
+        f"parallel; micro batch {train.micro_batch_size} x grad accum {gas} x {dp} = global "
+        f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
+        f"{vocab:,}: {vocab_source})"
+    )
+    rep.lines += memory_lines(rep, m, train, ranks, p, cfg, harness_work)
+    for rule, n in sorted((profile_threads or {}).items()):
+        given = (config_threads or {}).get(rule)
+        if given is not None and given != n:
+            rep.lines.append(
+                f"  {rule} runs {n} thread(s): the profile's set-threads, over the config's "
+                f"tokenize.workers {given}"
+            )
+    if p.threads:
+        rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
+    if p.executor == "local" and not p.mpi:
+        how = "one per visible GPU" if p.gpus else "one: no GPU visible"
+        if p.nproc_per_node is not None:
+            how = "set-resources train_gpt nproc_per_node"
+        rep.lines.append(
+            f"  train_gpt: {ranks} rank(s) on this machine ({how}; {p.gpus or 0} GPU(s): "
+            f"{p.gpus_source or 'not counted'}), the job's cores shared among them"
+        )
+    rep.lines += [f"  WARNING: {w}" for w in rep.warnings]
+    if datasets is not None:
+        made, missing = token_bytes(datasets, vocab, tokenizer)
+        rep.size = {"parameters": m.num_parameters(), "vocab": vocab,
+                    "vocab_source": vocab_source, "shard_bytes": made,
+                    "inputs_not_on_disk": missing}  # fmt: skip
+    return rep
+
+
+def study(
+    runs: dict[str, dict],
+    p: Placement,
+    *,
+    tokenizer_json: Path | None,
+    indexes: int,
+    trained: set[str],
+    peak_tflops: float = ASSUMED_PEAK_TFLOPS,
+    mfu: float = ASSUMED_MFU,
+) -> list[str]:
+    """A study's plan, one line a run (parameters, tokens, batch split, memory per GPU where
+    the run goes to GPUs, GPU-hours, finished or not) under the study's totals. Every run's
+    layout and memory are checked as a single run's are (the error names the run)."""
+    vocab = vocab_size(next(iter(runs.values())), tokenizer_json)[0]
+    rows, total_flops, total_hours = [], 0.0, 0.0
+    for name, cfg in runs.items():
+        try:
+            train = TrainConfig(**cfg["train"])
+            m = model_config(cfg, vocab)
+            gas = check_layout(train, p.ranks)
+            fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
+            if fit is not None:
+                check_memory(fit)
+        except GptflowError as e:
+            raise GptflowError(f"study run '{name}': {e}") from None
+        s = size(cfg, m, 0, 0, peak_tflops, mfu)
+        total_flops += s["training_flops"]
+        total_hours += s["gpu_hours"]
+        memory = f"{human(fit.total)} of {human(fit.gpu_bytes)}" if fit else "-"
+        split = f"{train.micro_batch_size} x {gas} x {train.data_parallel_size(p.ranks)}"
+        state = "finished" if name in trained else "to train"
+        rows.append((name, f"{s['parameters']:,}", f"{s['training_tokens']:,}", split, memory,
+                     f"{s['gpu_hours']:.3g}", state))  # fmt: skip
+    header = ("run", "parameters", "tokens", "micro x accum x dp", "memory/GPU", "GPU-hours", "")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    table = [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+    return [
+        f"gptflow study: {len(runs)} run(s), {len(trained)} finished (a DONE.json; one whose "
+        f"settings changed trains again); {indexes} data index(es) shared by them; {total_flops:.3g} training FLOPs = {total_hours:.3g} GPU-hours at "
+        f"{mfu:.0%} MFU of {peak_tflops:g} TFLOP/s",
+        *table,
+    ]
