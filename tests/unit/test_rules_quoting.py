@@ -182,11 +182,14 @@ onsuccess:
 def test_parameter_functions_hand_argv_words_not_command_text():
     """`shlex.quote(...)` or `" ".join(...)` in a rule helper is command text built by hand:
     the rule's `:q` would quote it as one word (or it would be spliced unquoted). The helpers
-    of rules/common.smk hand on what the package's builders return: see
-    test_the_package_argv_builders_return_hostile_values_as_single_words."""
-    common = (REPO / "rules" / "common.smk").read_text()
-    assert "shlex.quote(" not in common
-    assert '" ".join(' not in common
+    of rules/common.smk and of each stage's rules/*_functions.smk hand on what the package's
+    builders return: see test_the_package_argv_builders_return_hostile_values_as_single_words."""
+    helpers = [REPO / "rules" / "common.smk", *sorted((REPO / "rules").glob("*_functions.smk"))]
+    assert len(helpers) > 1, helpers
+    for path in helpers:
+        text = path.read_text()
+        assert "shlex.quote(" not in text, path.name
+        assert '" ".join(' not in text, path.name
     rules = "".join(p.read_text() for p in RULE_FILES)
     for call in ("prompt_args(", "extra_args(", "build_arg_args(", "squash_options_arg(",
                  "train_launcher(", "rank_options(", ".mirror_args()", ".token_origin_args()"):  # fmt: skip
