@@ -126,15 +126,7 @@ class FaultServer:
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
         if name == "hold":
-            try:
-                h.wfile.write(body[:arg])
-                h.wfile.flush()
-                record["sent"] = min(arg, len(body))
-                self._released.wait()
-                h.wfile.write(body[arg:])
-                record["sent"] = len(body)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+            send_held(h.wfile, body, arg, self._released, lambda n: record.update(sent=n))
             return
         if name in ("slow", "no_length"):
             step = max(1, arg // 20)
@@ -160,3 +152,19 @@ class FaultServer:
             h.send_header(k, v)
         h.send_header("Content-Length", "0")
         h.end_headers()
+
+
+def send_held(wfile, body: bytes, n: int, released: threading.Event | None, sent=lambda n: None):
+    """The first `n` bytes of `body`, then nothing until `released` is set (None: no wait),
+    then the rest (FaultServer's ("hold", n), Origin's hold_after); `sent` hears the bytes
+    sent so far. A client that went away ends it quietly."""
+    try:
+        wfile.write(body[:n])
+        wfile.flush()
+        sent(min(n, len(body)))
+        if released is not None:
+            released.wait()
+        wfile.write(body[n:])
+        sent(len(body))
+    except (BrokenPipeError, ConnectionResetError):
+        pass

@@ -11,6 +11,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.faultserver import send_held
+
 
 class Origin:
     """A real HTTP(S) server on 127.0.0.1: per path, bytes to serve (optionally held mid-body
@@ -91,15 +93,10 @@ class Origin:
             h.send_response(200)
             h.send_header("Content-Length", str(len(data)))
             h.end_headers()
-            try:
-                if hold_after is not None:
-                    h.wfile.write(data[:hold_after])
-                    h.wfile.flush()
-                    self._released.wait()
-                    data = data[hold_after:]
-                h.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+            if hold_after is None:
+                send_held(h.wfile, data, len(data), None)
+            else:
+                send_held(h.wfile, data, hold_after, self._released)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
