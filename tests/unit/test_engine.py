@@ -318,3 +318,58 @@ def test_auto_precision_never_reaches_deepspeed():
     """`auto` is decided on the training device (gptflow.train.main.on_device) first."""
     with pytest.raises(GptflowError, match="decided on the training device"):
         deepspeed_config(TrainConfig(train_iters=1, precision="auto", zero_stage=1), 1)
+
+
+MUON_IMPORT_SCRIPT = r"""
+import json, os, sys
+import torch
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0")
+compiled = []  # torch.compile's calls: (function name, its arguments)
+real_compile, mode = torch.compile, {"delegate": True}
+def recording_compile(model=None, **kwargs):
+    if model is None:
+        return lambda f: recording_compile(f, **kwargs)
+    compiled.append((model.__name__, kwargs))
+    return real_compile(model, **kwargs) if mode["delegate"] else model
+torch.compile = recording_compile
+from gptflow.train import engine as ds
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train.model import GPTNeoX, decay_groups
+
+ds.init_distributed()
+torch.manual_seed(0)
+model = GPTNeoX(ModelConfig(num_layers=1, hidden_size=16, num_attention_heads=2, vocab_size=64))
+t = TrainConfig(train_iters=2, zero_stage=1, micro_batch_size=2, global_batch_size=2, lr=1e-3,
+                min_lr=1e-4, lr_warmup_iters=0)
+eng = ds.build_engine(model, decay_groups(model, 0.1), t, 1)
+x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+eng.backward(eng(x, x))
+eng.step()  # ZeRO 1's average_tensor imports Muon's module every step
+out = {"muon_imported": "deepspeed.runtime.zero.muon.original_muon" in sys.modules,
+       "inductor_imported": "torch._inductor.compile_fx" in sys.modules,
+       "compiled_by_a_zero1_step": list(compiled)}
+from deepspeed.runtime.zero.muon import original_muon
+mode["delegate"] = False  # the first call compiles: recorded, then run eagerly here
+g = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+got = original_muon.zeropower_via_newtonschulz5(g, 5)
+again = original_muon.zeropower_via_newtonschulz5(g, 5)
+want = original_muon.zeropower_via_newtonschulz5.__wrapped__(g, 5)
+out["compiled_after_two_calls"] = list(compiled)
+out["same_result"] = bool(torch.equal(got, want) and torch.equal(again, want))
+print(json.dumps(out))
+"""
+
+
+def test_deepspeeds_muon_is_compiled_at_its_first_call_not_at_every_ranks_start():
+    """DeepSpeed imports its Muon module in every ZeRO engine, and that module decorates three
+    functions with torch.compile, which imports torch._inductor (1.1 s of CPU per rank here).
+    After a real ZeRO 1 engine's start and step: the module is imported, nothing compiled and
+    torch._inductor not imported; the first call of a decorated function compiles it (once, with
+    the decorator's arguments) and it computes what the undecorated function does."""
+    result = one_gloo_rank(MUON_IMPORT_SCRIPT)
+    assert result["muon_imported"], result
+    assert result["compiled_by_a_zero1_step"] == [], result
+    assert not result["inductor_imported"], result
+    assert result["compiled_after_two_calls"] == [["zeropower_via_newtonschulz5", {}]], result
+    assert result["same_result"], result
