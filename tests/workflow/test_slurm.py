@@ -340,10 +340,14 @@ def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
 ):
     """SIGKILL to the Snakemake process while its training job runs: the Slurm job goes on.
     Snakemake started again submits the job again; that trainer waits for the lock of the
-    live one instead of training beside it, then resumes from its final checkpoint."""
+    live one instead of training beside it, then resumes from its final checkpoint.
+
+    Without a race: the first job's ranks are frozen (SIGSTOP) from the controller's death
+    until the second trainer says it waits, so the first is still running however long the
+    second takes to start."""
     wd = slurm_pipeline.workdir
     config = long_training_config(
-        wd, tiny_config, "killed.yaml", train_iters=1500, save_interval=500, eval_interval=5000
+        wd, tiny_config, "killed.yaml", train_iters=60, save_interval=30, eval_interval=5000
     )
     before = set(train_job_ids(wd))
     proc = subprocess.Popen(
@@ -352,31 +356,56 @@ def test_snakemake_killed_during_training_then_rerun_never_runs_two_trainers(
     )  # fmt: skip
     history = wd / "results/runs/tiny/train.log"
     start = len(history.read_text()) if history.is_file() else 0
+    frozen: list[int] = []
+    rerun = None
     try:
         deadline = time.monotonic() + 600
-        while not (set(train_job_ids(wd)) - before and " iteration       20/    1500" in
-                   (history.read_text()[start:] if history.is_file() else "")):  # fmt: skip
+        while not (set(train_job_ids(wd)) - before and " iteration       20/      60" in
+                   (history.read_text()[start:] if history.is_file() else "")
+                   and len(trainer_pids(wd)) == 2):  # fmt: skip
             assert proc.poll() is None, "snakemake ended before training got going"
             assert time.monotonic() < deadline, "training never got going"
-            time.sleep(0.5)
-    finally:
+            time.sleep(0.2)
+        frozen = trainer_pids(wd)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
         proc.kill()  # the controller dies; its Slurm job does not
         proc.wait()
-    (first,) = set(train_job_ids(wd)) - before
-    assert subprocess.run(["squeue", "-h", "-j", first], capture_output=True, text=True).stdout
-    # a killed Snakemake leaves its working-directory lock; it says to run --unlock
-    assert slurm_snakemake(wd, config, "--unlock").returncode == 0
-    rerun = slurm_snakemake(wd, config, "train")
-    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-5000:]
+        (first,) = set(train_job_ids(wd)) - before
+        assert subprocess.run(["squeue", "-h", "-j", first], capture_output=True,
+                              text=True).stdout  # fmt: skip
+        # a killed Snakemake leaves its working-directory lock; it says to run --unlock
+        assert slurm_snakemake(wd, config, "--unlock").returncode == 0
+        rerun = subprocess.Popen(
+            ["timeout", "-k", "30", "900", *slurm_snakemake_cmd(wd, config, "train")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=SNAKEMAKE_ENV,
+        )  # fmt: skip
+        deadline = time.monotonic() + 600
+        while "another trainer is running this run" not in history.read_text()[start:]:
+            assert rerun.poll() is None, rerun.communicate()[0][-5000:]
+            assert time.monotonic() < deadline, "the rerun's trainer never reached the lock"
+            time.sleep(0.2)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen = []
+        out, _ = rerun.communicate(timeout=900)
+    finally:
+        for pid in frozen:  # never leave a stopped rank behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        proc.kill()
+        if rerun is not None:
+            rerun.kill()
+    assert rerun.returncode == 0, out[-5000:]
     log = history.read_text()[start:]
     assert "another trainer is running this run" in log and "waiting up to" in log
-    first_done = log.index("done: step 1500")
-    assert log.index("resuming from step 1500;") > first_done  # after the first one finished
+    first_done = log.index("done: step 60")
+    assert log.index("resuming from step 60;") > first_done  # after the first one finished
     assert log.count("starting at step 0") == 1  # one trajectory, trained once
     jobs = sorted(set(train_job_ids(wd)) - before, key=int)
     assert jobs[0] == first and len(jobs) == 2, jobs  # the first job and the rerun's
     assert sacct_job_states(jobs) == dict.fromkeys(jobs, "COMPLETED")
-    assert json.loads((wd / "results/runs/tiny/DONE.json").read_text())["final_step"] == 1500
+    assert json.loads((wd / "results/runs/tiny/DONE.json").read_text())["final_step"] == 60
 
 
 def job_pids(job: str) -> list[int]:
