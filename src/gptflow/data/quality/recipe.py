@@ -105,11 +105,13 @@ def chain(steps: list[dict]) -> tuple[Step, ...]:
     return tuple(out)
 
 
-def recipes(cfg: dict, blended: list[str], source: str) -> dict[str, tuple[Step, ...]]:
+def recipes(
+    cfg: dict, blended: list[str], source: str, imported: list[str] = ()
+) -> dict[str, tuple[Step, ...]]:
     """Each blended dataset's steps (only the datasets that have some); {} when
     ``data.quality`` is absent. Raises GptflowError naming the key for what the schema
-    cannot say: a recipe for a dataset not blended, a language model file missing, a step
-    whose stage is not in this build."""
+    cannot say: a recipe for a dataset not blended or imported as tokens (`imported`), a
+    language model file missing, a step whose stage is not in this build."""
     quality = cfg["data"].get("quality")
     if not quality:
         return {}
@@ -126,6 +128,12 @@ def recipes(cfg: dict, blended: list[str], source: str) -> dict[str, tuple[Step,
         where = f"data.quality.datasets.{name}" if name in own else "data.quality.steps"
         for i, step in enumerate(steps):
             check_step(step, f"{where}[{i}]", source)
+        if steps and name in imported:
+            raise GptflowError(
+                f"{source}: {where}: dataset '{name}' is imported as Megatron shards (type "
+                f"megatron), which have no documents to clean; give it "
+                f"data.quality.datasets.{name}: [] or remove data.quality"
+            )
         if steps:
             out[name] = chain(steps)
     return out
