@@ -37,11 +37,7 @@ _CHUNK = 2048  # shingles hashed at once: (2048, bands*rows) uint64 temporaries
 @functools.cache
 def _punctuation_table() -> dict[int, str]:
     """Every Unicode punctuation and symbol character -> space."""
-    return {
-        c: " "
-        for c in range(sys.maxunicode + 1)
-        if unicodedata.category(chr(c))[0] in "PS"
-    }
+    return {c: " " for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] in "PS"}
 
 
 def simplify(text: str) -> str:

@@ -75,9 +75,7 @@ class Step:
             )
         if self.kind == "filters":
             return f"filters ({', '.join(s['rules'])}; words by {s['tokenizer']})"
-        return (
-            f"language ({', '.join(s['languages'])} above {s['threshold']}, model {s['model']})"
-        )
+        return f"language ({', '.join(s['languages'])} above {s['threshold']}, model {s['model']})"
 
 
 STEP_NAME = r"\d{2}-(?:exact|minhash|filters|language)-[0-9a-f]{12}"
@@ -185,5 +183,7 @@ def plan_lines(
                 if all(done.get((step.name, n), False) for n in names)
                 else "will run"
             )
-            lines.append(f"  {step.index}. {step.describe()}: {state} (results/quality/{step.name})")
+            lines.append(
+                f"  {step.index}. {step.describe()}: {state} (results/quality/{step.name})"
+            )
     return lines
