@@ -131,3 +131,49 @@ rule remove_duplicates:
         " --ordinal {params.ordinal:q} --reason {params.reason:q} --step {wildcards.step:q}"
         " --dataset {wildcards.dataset:q} --shard {wildcards.shard:q} --out {output.jsonl:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+# The filters step (gptflow.data.quality.filters): every document's signals once per input
+# and word tokenizer, then the recipe's thresholds applied to them per shard
+rule compute_filter_signals:
+    input:
+        get_signals_input,
+    output:
+        paths.FILTER_SIGNALS,
+    log:
+        paths.log("compute_filter_signals", "{signals}/{dataset}/{shard}"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_signals_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        tokenizer=get_signals_tokenizer,
+    shell:
+        "gptflow quality-filter-signals --input {input:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --tokenizer {params.tokenizer:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+rule select_documents:
+    input:
+        documents=get_step_input,
+        signals=get_filter_signals,
+    output:
+        jsonl=paths.QUALITY_DOCUMENTS,
+        manifest=paths.QUALITY_MANIFEST,
+    log:
+        paths.log("select_documents", "{step}/{dataset}/{shard}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("filters"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_step_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        rules=get_filter_rules,
+    shell:
+        "gptflow quality-filter-select --input {input.documents:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --signals {input.signals:q}"
+        " --rules {params.rules:q} --step {wildcards.step:q} --dataset {wildcards.dataset:q}"
+        " --shard {wildcards.shard:q} --out {output.jsonl:q} --manifest {output.manifest:q}"
+        " > {log:q} 2>&1"

@@ -21,6 +21,36 @@ def step_source(dataset, shard, step):
     return documents, ["--format", "jsonl", "--json-key", "text"]
 
 
+def signals_step(wildcards):
+    """The filters step whose signals the job computes ({dataset}, {signals})."""
+    return SIGNALS_STEP[(wildcards.dataset, wildcards.signals)]
+
+
+def get_signals_input(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, signals_step(wildcards))[0]
+
+
+def get_signals_reader(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, signals_step(wildcards))[1]
+
+
+def get_signals_tokenizer(wildcards):
+    return signals_step(wildcards).settings["tokenizer"]
+
+
+def get_filter_signals(wildcards):
+    """A filters step's signals file for the job's shard."""
+    name = quality_step(wildcards).signals_name
+    return paths.FILTER_SIGNALS.format(
+        signals=name, dataset=wildcards.dataset, shard=wildcards.shard
+    )
+
+
+def get_filter_rules(wildcards):
+    """The recipe's rules and thresholds, as JSON (one shell word, quoted)."""
+    return json.dumps(quality_step(wildcards).settings["rules"], sort_keys=False)
+
+
 def get_step_input(wildcards):
     return step_source(wildcards.dataset, wildcards.shard, quality_step(wildcards))[0]
 

@@ -5,6 +5,7 @@ serve every rule file (Snakemake gives the included files one namespace)."""
 
 import dataclasses
 import functools
+import json
 import os
 import re
 from pathlib import Path
@@ -24,7 +25,7 @@ from gptflow.container.image import (
     squash_options_arg,
 )
 from gptflow.data import hf as hf_datasets, sources
-from gptflow.data.quality import recipe as quality_recipe
+from gptflow.data.quality import recipe as quality_recipe, selection as quality_selection
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 from gptflow.hardware import gpu_memory_mib, visible_gpus
@@ -155,6 +156,18 @@ try:
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 QUALITY_STEP = {(name, step.name): step for name, steps in QUALITY.items() for step in steps}
+# a filters step's signals, shared by the recipes that differ only in thresholds
+SIGNALS_STEP = {
+    (name, step.signals_name): step
+    for name, steps in QUALITY.items()
+    for step in steps
+    if step.kind == "filters"
+}
+try:
+    for step in SIGNALS_STEP.values():
+        quality_selection.check_rules(step.settings["rules"], step.where, CONFIG_SOURCE)
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config: {e}") from None
 # Where each blended dataset comes from, for the data card
 REPORT_DATASETS = {name: CFG["datasets"][name] for name in BLENDED}
 
@@ -182,6 +195,7 @@ wildcard_constraints:
     hash=r"[0-9a-f]{12}",
     format="sqsh|sif",
     step=quality_recipe.STEP_NAME,
+    signals=quality_recipe.SIGNALS_NAME,
     group=dataset_choice([quality_recipe.BLEND_GROUP, *BLENDED]),
     band=r"\d{3}",
 

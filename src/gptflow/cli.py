@@ -316,6 +316,42 @@ def cmd_quality_remove(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_quality_filter_signals_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--tokenizer", required=True, help="word tokenizer (regex, spacy)")
+    s.add_argument("--out", required=True, help="signals to write (JSONL, one line a document)")
+
+
+def cmd_quality_filter_signals(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.selection import write_signals
+
+    print(json.dumps(write_signals(a.input, quality_reader(a), a.tokenizer, a.out)))
+    return 0
+
+
+def add_quality_filter_select_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--signals", required=True, help="the shard's signals (JSONL)")
+    s.add_argument("--rules", required=True, help="the recipe's rules and thresholds (JSON)")
+    s.add_argument("--step", required=True, help="the step's name (for the manifest)")
+    s.add_argument("--dataset", required=True, help="the dataset (for the manifest)")
+    s.add_argument("--shard", required=True, help="the shard (for the manifest)")
+    s.add_argument("--out", required=True, help="JSONL documents to write")
+    s.add_argument("--manifest", required=True, help="JSON counts to write")
+
+
+def cmd_quality_filter_select(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.selection import select_documents
+
+    about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
+    m = select_documents(
+        a.input, quality_reader(a), a.signals, json.loads(a.rules), a.out, a.manifest,
+        about=about,
+    )  # fmt: skip
+    print(json.dumps({k: v for k, v in m.items() if k != "examples"}))
+    return 0
+
+
 def add_merge_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input", nargs="+", required=True, metavar="PREFIX", help="shards, in order")
     s.add_argument(
@@ -1004,6 +1040,12 @@ COMMANDS = (
             functools.partial(add_quality_group_arguments, what="band pair files"),
             cmd_quality_minhash_clusters,
             "data.quality minhash: connected components of the pairs; all but the first removed"),
+    Command("quality-filter-signals", add_quality_filter_signals_arguments,
+            cmd_quality_filter_signals,
+            "data.quality filters: every document's quality signals, one JSON line each"),
+    Command("quality-filter-select", add_quality_filter_select_arguments,
+            cmd_quality_filter_select,
+            "data.quality filters: a shard's documents that the recipe's thresholds keep"),
     Command("quality-remove", add_quality_remove_arguments, cmd_quality_remove,
             "data.quality: a shard's documents without those its group's step removes"),
     Command("merge", add_merge_arguments, cmd_merge,

@@ -31,6 +31,7 @@ QUALITY_MANIFEST = "results/quality/{step}/{dataset}/{shard}.manifest.json"
 EXACT_HASHES = "results/quality/{step}/{dataset}/{shard}.hashes"
 MINHASH_SIGNATURES = "results/quality/{step}/{dataset}/{shard}.minhash.npy"
 MINHASH_PAIRS = "results/quality/{step}/groups/{group}/band{band}.pairs.npy"
+FILTER_SIGNALS = "results/quality/{signals}/{dataset}/{shard}.signals.jsonl"  # one line a document
 QUALITY_REMOVED = "results/quality/{step}/groups/{group}.remove.npy"
 QUALITY_GROUP_STATS = "results/quality/{step}/groups/{group}.json"
 

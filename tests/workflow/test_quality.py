@@ -6,6 +6,7 @@ step it touches and what follows. Off, the plan is today's."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import random
 
@@ -13,10 +14,9 @@ import pytest
 
 from .conftest import job_counts
 
-QUALITY_RULES = {
-    "hash_documents", "find_exact_repeats", "minhash_signatures", "minhash_buckets",
-    "cluster_minhash_pairs", "remove_duplicates",
-}  # fmt: skip
+FILTERS = (
+    importlib.util.find_spec("gptflow.data.quality.filters") is not None
+)  # issue 39's other half
 
 
 def prose(rng: random.Random, words: int = 120) -> str:
@@ -63,6 +63,7 @@ def cleaned(tmp_path_factory, snakemake, write_config, tiny):
 
 
 def step_dirs(wd):
+    """The step directories in recipe order (and a filters step's signals)."""
     return sorted(p.name for p in (wd / "results" / "quality").iterdir())
 
 
@@ -83,7 +84,7 @@ def test_the_plan_prints_the_recipe_and_its_threshold(cleaned):
 
 def test_exactly_the_copies_are_removed_across_datasets(cleaned):
     wd, _, _, base, own, _ = cleaned
-    last = step_dirs(wd)[-1]
+    (last,) = [d for d in step_dirs(wd) if d.startswith("02-minhash-")]
     kept = {
         d: [
             json.loads(line)["text"]
@@ -96,7 +97,8 @@ def test_exactly_the_copies_are_removed_across_datasets(cleaned):
     assert sorted(kept["b"]) == sorted(own)  # a's repeats gone from b, a's copies kept
     manifests = {
         (step, d, s): json.loads((wd / "results/quality" / step / d / f"{s}.manifest.json").read_text())
-        for step in step_dirs(wd) for d in ("a", "b") for s in ("00000", "00001")
+        for step in step_dirs(wd) if step[:2] in ("01", "02")
+        for d in ("a", "b") for s in ("00000", "00001")
     }  # fmt: skip
     removed = {}
     for (step, _, _), m in manifests.items():
@@ -148,8 +150,10 @@ def test_an_edit_reruns_its_step_and_what_follows_and_off_adds_no_job(cleaned, s
             "data.quality.steps[0].model 'nowhere/lid.176.bin' does not exist",
         ),
         (
-            {"steps": [{"step": "filters", "rules": {"gopher_quality": {"min_words": 50}}}]},
-            "data.quality.steps[0]: filters: not yet available",
+            {"steps": [{"step": "exact"}, {"step": "filters", "rules": {"gopher_quality": {"min_words": 50}}}]},
+            "data.quality.steps[1].rules: quality filter gopher_quality: threshold 'min_words' is unknown"
+            if FILTERS
+            else "data.quality.steps[1]: filters: not yet available",
         ),
         (
             {"datasets": {"nosuch": [{"step": "exact"}]}},
@@ -166,3 +170,41 @@ def test_a_bad_recipe_stops_the_plan_with_one_line(
     assert plan.returncode != 0
     assert message in plan.out, plan.out[-2000:]
     assert "Traceback" not in plan.out
+
+
+def test_filters_thresholds_rerun_the_selection_not_the_signals(cleaned, snakemake):
+    """The filters slot (gptflow.data.quality.filters, built beside this stage): its signals
+    are computed once per shard; an edited threshold reruns only the selection."""
+    pytest.importorskip("gptflow.data.quality.filters", reason="the filters module is not here")
+    wd, cfg, _, _, _, write_config = cleaned
+    filtered = copy.deepcopy(cfg)
+    filtered["data"]["quality"]["steps"].append(
+        {"step": "filters", "rules": {"gopher_quality": {}}}
+    )
+    config = write_config(wd / "filtered.yaml", filtered)
+    run = snakemake(wd, config, "data")
+    assert run.returncode == 0, run.out[-4000:]
+    counts = job_counts(run.out)
+    assert counts["compute_filter_signals"] == counts["select_documents"] == 4
+    assert not {"hash_documents", "minhash_signatures", "remove_duplicates"} & set(counts)
+    (filters_dir,) = [d for d in step_dirs(wd) if d.startswith("03-filters-")]
+    assert [d for d in step_dirs(wd) if d.startswith("03-signals-")]
+    manifests = [
+        json.loads((wd / "results/quality" / filters_dir / d / f"{s}.manifest.json").read_text())
+        for d in ("a", "b") for s in ("00000", "00001")
+    ]  # fmt: skip
+    # random words hold none of Gopher's stop words: every document goes, for that reason
+    assert {r for m in manifests for r in m["removed"]} == {
+        "gopher_quality:gopher_enough_stop_words"
+    }
+    assert sum(m["documents_out"] for m in manifests) == 0
+    assert all(
+        len(m["examples"]["gopher_quality:gopher_enough_stop_words"]) <= 3 for m in manifests
+    )
+
+    filtered["data"]["quality"]["steps"][-1]["rules"]["gopher_quality"]["min_stop_words"] = 0
+    plan = snakemake(wd, write_config(wd / "threshold.yaml", filtered), "-n", "data")
+    assert plan.returncode == 0, plan.out[-3000:]
+    counts = job_counts(plan.out)
+    assert "compute_filter_signals" not in counts
+    assert counts["select_documents"] == 4 and counts["tokenize_shard"] == 4

@@ -14,6 +14,7 @@ shards) decides the copy kept: the first.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -26,10 +27,8 @@ BLEND_GROUP = "_blend"  # not a dataset name: those start with a letter or digit
 # bump when a step's output for the same settings changes (its key changes with it)
 VERSIONS = {"exact": 1, "minhash": 1, "filters": 1, "language": 1}
 # steps whose stage is not in this branch: refused at -n
-NOT_YET = {
-    "filters": "gptflow.data.quality.filters is not in this build",
-    "language": "the language-identification stage is not in this build",
-}
+NOT_YET = {"language": "the language-identification stage is not in this build"}
+FILTERS_MODULE = "gptflow.data.quality.filters"  # the filters step's signals and decisions
 
 
 def jaccard_threshold(bands: int, rows: int) -> float:
@@ -52,11 +51,20 @@ class Step:
     kind: str
     settings: dict
     key: str  # 12 hex digits
+    previous: str = ""  # the key of the step before ('' for the first)
+    where: str = ""  # its config key, e.g. data.quality.steps[1]
 
     @property
     def name(self) -> str:
         """The {step} wildcard: ``02-minhash-0123456789ab``."""
         return f"{self.index:02d}-{self.kind}-{self.key}"
+
+    @property
+    def signals_name(self) -> str:
+        """A filters step's {signals} wildcard: its per-document signals depend on its input
+        and word tokenizer only, so a threshold edit reuses them (``02-signals-KEY``)."""
+        key = _key(self.previous, "filters", {"signals": self.settings.get("tokenizer")})
+        return f"{self.index:02d}-signals-{key}"
 
     def group(self, dataset: str) -> str:
         """The deduplication group `dataset`'s shards join at this step."""
@@ -79,6 +87,7 @@ class Step:
 
 
 STEP_NAME = r"\d{2}-(?:exact|minhash|filters|language)-[0-9a-f]{12}"
+SIGNALS_NAME = r"\d{2}-signals-[0-9a-f]{12}"
 
 
 def step_pattern(kind: str) -> str:
@@ -93,13 +102,14 @@ def _key(previous: str, kind: str, settings: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def chain(steps: list[dict]) -> tuple[Step, ...]:
-    """The Steps of a recipe (a list of step mappings, schema defaults filled)."""
+def chain(steps: list[dict], where: str = "") -> tuple[Step, ...]:
+    """The Steps of a recipe (a list of step mappings, schema defaults filled; `where`: its
+    config key)."""
     out, key = [], ""
     for i, raw in enumerate(steps, start=1):
         settings = {k: v for k, v in raw.items() if k != "step"}
-        key = _key(key, raw["step"], settings)
-        out.append(Step(i, raw["step"], settings, key))
+        previous, key = key, _key(key, raw["step"], settings)
+        out.append(Step(i, raw["step"], settings, key, previous, f"{where}[{i - 1}]"))
     return tuple(out)
 
 
@@ -133,7 +143,7 @@ def recipes(
                 f"data.quality.datasets.{name}: [] or remove data.quality"
             )
         if steps:
-            out[name] = chain(steps)
+            out[name] = chain(steps, where)
     return out
 
 
@@ -145,6 +155,11 @@ def check_step(step: dict, where: str, source: str) -> None:
                 f"{source}: {where}.model '{step['model']}' does not exist; give the path of a "
                 f"fastText language model (e.g. lid.176.bin) or remove the language step"
             )
+    if step["step"] == "filters" and importlib.util.find_spec(FILTERS_MODULE) is None:
+        raise GptflowError(
+            f"{source}: {where}: filters: not yet available ({FILTERS_MODULE} is not in "
+            f"this build); remove the step from the recipe"
+        )
     if step["step"] in NOT_YET:
         raise GptflowError(
             f"{source}: {where}: {step['step']}: not yet available "
