@@ -1,7 +1,7 @@
-"""The data-quality stage through Snakemake (issue 39): data.quality's steps run as cached jobs
-between collection and tokenization, remove exactly the planted copies across datasets, count
-documents and bytes per step and shard, print the recipe at -n, and an edit reruns only the
-step it touches and what follows. Off, the plan is today's."""
+"""The data-quality stage (rules/quality.smk) through Snakemake (issue 39): data.quality's
+steps run as cached jobs between collection and tokenization, remove exactly the planted copies
+across datasets, count documents and bytes per step and shard, print the recipe at -n, and an
+edit reruns only the step it touches and what follows. Off, the plan is today's."""
 
 from __future__ import annotations
 
