@@ -25,7 +25,8 @@ from gptflow.progress import hms
 from gptflow.train.checkpoint import LOCK_WAIT_S
 
 
-def add_reader_args(s: argparse.ArgumentParser) -> None:
+def add_reader_args(s: argparse.ArgumentParser, on_bad_document: str | None = None) -> None:
+    """The reader's flags; with `on_bad_document` (its help), --on-bad-document too."""
     from gptflow.data.readers import FORMATS
 
     s.add_argument(
@@ -37,6 +38,10 @@ def add_reader_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--json-key", default="text", help="JSON key (or parquet column) of the text")
     s.add_argument("--member", default="*", help="glob of archive members to read (zip, tar)")
     s.add_argument("--member-format", choices=sorted(FORMATS), help="format of archive members")
+    if on_bad_document:
+        s.add_argument(
+            "--on-bad-document", choices=["error", "skip"], default="error", help=on_bad_document
+        )
 
 
 def add_train_tokenizer_arguments(s: argparse.ArgumentParser) -> None:
@@ -166,13 +171,7 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
 
 def add_count_documents_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
-    add_reader_args(s)
-    s.add_argument(
-        "--on-bad-document",
-        choices=["error", "skip"],
-        default="error",
-        help="as for tokenize: the count must skip what tokenization will skip",
-    )
+    add_reader_args(s, "as for tokenize: the count must skip what tokenization will skip")
     s.add_argument("--out", required=True, help="JSON file to write")
 
 
@@ -197,13 +196,7 @@ def cmd_count_documents(a: argparse.Namespace) -> int:
 
 def add_quality_reader_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input", required=True, metavar="FILE", help="the step's input shard")
-    add_reader_args(s)
-    s.add_argument(
-        "--on-bad-document",
-        choices=["error", "skip"],
-        default="error",
-        help="as for tokenize: every job reading the shard must skip alike",
-    )
+    add_reader_args(s, "as for tokenize: every job reading the shard must skip alike")
 
 
 def quality_reader(a: argparse.Namespace) -> dict:
@@ -235,14 +228,19 @@ def add_quality_group_arguments(s: argparse.ArgumentParser, what: str) -> None:
     s.add_argument("--stats", required=True, help="JSON counts to write")
 
 
-def cmd_quality_exact_repeats(a: argparse.Namespace) -> int:
-    from gptflow.data.quality.exact import find_repeats
+def write_group_stats(a: argparse.Namespace, stats: dict) -> int:
+    """A deduplication group's counts: to --stats, and to the log."""
     from gptflow.fsutil import write_json
 
-    stats = find_repeats(a.input, a.out)
     write_json(a.stats, stats)
     print(json.dumps(stats))
     return 0
+
+
+def cmd_quality_exact_repeats(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.exact import find_repeats
+
+    return write_group_stats(a, find_repeats(a.input, a.out))
 
 
 def add_minhash_settings(s: argparse.ArgumentParser) -> None:
@@ -284,12 +282,8 @@ def cmd_quality_minhash_buckets(a: argparse.Namespace) -> int:
 
 def cmd_quality_minhash_clusters(a: argparse.Namespace) -> int:
     from gptflow.data.quality.minhash import cluster
-    from gptflow.fsutil import write_json
 
-    stats = cluster(a.input, a.out)
-    write_json(a.stats, stats)
-    print(json.dumps(stats))
-    return 0
+    return write_group_stats(a, cluster(a.input, a.out))
 
 
 def add_quality_remove_arguments(s: argparse.ArgumentParser) -> None:
@@ -297,6 +291,11 @@ def add_quality_remove_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--removed", required=True, help="the group's removal list (.npy)")
     s.add_argument("--ordinal", type=int, required=True, help="this shard's place in the group")
     s.add_argument("--reason", required=True, help="what the manifest counts the removed as")
+    add_quality_output_args(s)
+
+
+def add_quality_output_args(s: argparse.ArgumentParser) -> None:
+    """A step's kept documents and its manifest, which names the step, dataset and shard."""
     s.add_argument("--step", required=True, help="the step's name (for the manifest)")
     s.add_argument("--dataset", required=True, help="the dataset (for the manifest)")
     s.add_argument("--shard", required=True, help="the shard (for the manifest)")
@@ -304,16 +303,19 @@ def add_quality_remove_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--manifest", required=True, help="JSON counts to write")
 
 
+def print_manifest(m: dict) -> int:
+    print(json.dumps({k: v for k, v in m.items() if k != "examples"}))
+    return 0
+
+
 def cmd_quality_remove(a: argparse.Namespace) -> int:
     from gptflow.data.quality.removal import remove_documents
 
     about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
-    m = remove_documents(
+    return print_manifest(remove_documents(
         a.input, quality_reader(a), a.removed, a.ordinal, a.out, a.manifest,
         reason=a.reason, about=about,
-    )  # fmt: skip
-    print(json.dumps(m))
-    return 0
+    ))  # fmt: skip
 
 
 def add_quality_filter_signals_arguments(s: argparse.ArgumentParser) -> None:
@@ -333,23 +335,17 @@ def add_quality_filter_select_arguments(s: argparse.ArgumentParser) -> None:
     add_quality_reader_args(s)
     s.add_argument("--signals", required=True, help="the shard's signals (JSONL)")
     s.add_argument("--rules", required=True, help="the recipe's rules and thresholds (JSON)")
-    s.add_argument("--step", required=True, help="the step's name (for the manifest)")
-    s.add_argument("--dataset", required=True, help="the dataset (for the manifest)")
-    s.add_argument("--shard", required=True, help="the shard (for the manifest)")
-    s.add_argument("--out", required=True, help="JSONL documents to write")
-    s.add_argument("--manifest", required=True, help="JSON counts to write")
+    add_quality_output_args(s)
 
 
 def cmd_quality_filter_select(a: argparse.Namespace) -> int:
     from gptflow.data.quality.selection import select_documents
 
     about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
-    m = select_documents(
+    return print_manifest(select_documents(
         a.input, quality_reader(a), a.signals, json.loads(a.rules), a.out, a.manifest,
         about=about,
-    )  # fmt: skip
-    print(json.dumps({k: v for k, v in m.items() if k != "examples"}))
-    return 0
+    ))  # fmt: skip
 
 
 def add_merge_arguments(s: argparse.ArgumentParser) -> None:

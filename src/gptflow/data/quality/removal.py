@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from gptflow.data.readers import batch_texts, iter_batches
 from gptflow.fsutil import atomic_write, write_json
+
+EXAMPLES = 3  # removed documents kept per reason in a manifest
+EXAMPLE_CHARS = 300
 
 
 def documents(path: str | os.PathLike, reader: dict, dropped: Counter | None = None):
@@ -62,6 +65,48 @@ def write_documents(out: str | os.PathLike, texts: Iterator[str]) -> tuple[int, 
     return n, size
 
 
+def filter_shard(
+    path: str | os.PathLike,
+    reader: dict,
+    drop: Callable[[int, str], str | None],
+    out: str | os.PathLike,
+    manifest: str | os.PathLike,
+    about: dict,
+) -> dict:
+    """Copy a shard's documents to `out` (JSONL) but those `drop(index, text)` gives a reason
+    for; the manifest (`about`: the step, dataset and shard it describes) counts documents
+    and bytes in and out, the removed by reason, and keeps the first few of each, shortened."""
+    counts = {"documents_in": 0, "bytes_in": 0}
+    removed: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    dropped: Counter[str] = Counter()
+
+    def kept() -> Iterator[str]:
+        for i, text in enumerate(documents(path, reader, dropped)):
+            counts["documents_in"] += 1
+            counts["bytes_in"] += len(text.encode("utf-8"))
+            reason = drop(i, text)
+            if reason is None:
+                yield text
+                continue
+            removed[reason] += 1
+            if len(shown := examples.setdefault(reason, [])) < EXAMPLES:
+                shown.append(text[:EXAMPLE_CHARS])
+
+    documents_out, bytes_out = write_documents(out, kept())
+    stats = {
+        **about,
+        **counts,
+        "documents_out": documents_out,
+        "bytes_out": bytes_out,
+        "removed": dict(sorted(removed.items())),
+        "unreadable": dict(sorted(dropped.items())),
+        "examples": examples,
+    }
+    write_json(manifest, stats)
+    return stats
+
+
 def remove_documents(
     path: str | os.PathLike,
     reader: dict,
@@ -73,28 +118,10 @@ def remove_documents(
     reason: str,
     about: dict,
 ) -> dict:
-    """Copy a shard's documents to `out` (JSONL) without those `removed` lists for shard
-    `ordinal`; the manifest counts documents and bytes in and out, and the removed by
-    `reason` (`about`: the step, dataset and shard it describes)."""
+    """A shard's documents without those the removal list `removed` lists for shard
+    `ordinal`, counted as `reason` (:func:`filter_shard`)."""
     gone = set(removed_in_shard(removed, ordinal).tolist())
-    counts = {"documents_in": 0, "bytes_in": 0}
-    dropped: Counter[str] = Counter()
-
-    def kept() -> Iterator[str]:
-        for i, text in enumerate(documents(path, reader, dropped)):
-            counts["documents_in"] += 1
-            counts["bytes_in"] += len(text.encode("utf-8"))
-            if i not in gone:
-                yield text
-
-    documents_out, bytes_out = write_documents(out, kept())
-    stats = {
-        **about,
-        **counts,
-        "documents_out": documents_out,
-        "bytes_out": bytes_out,
-        "removed": {reason: counts["documents_in"] - documents_out},
-        "unreadable": dict(sorted(dropped.items())),
-    }
-    write_json(manifest, stats)
+    stats = filter_shard(
+        path, reader, lambda i, _: reason if i in gone else None, out, manifest, about
+    )
     return stats

@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 
-from gptflow.data.quality.removal import documents, write_documents
+from gptflow.data.quality.removal import documents, filter_shard
 from gptflow.errors import GptflowError
-from gptflow.fsutil import atomic_write, write_json
-
-EXAMPLES = 3  # removed documents kept per reason in the manifest
-EXAMPLE_CHARS = 300
+from gptflow.fsutil import atomic_write
 
 
 def check_rules(rules: dict, where: str, source: str) -> None:
@@ -58,44 +54,21 @@ def select_documents(
     *,
     about: dict,
 ) -> dict:
-    """Copy a shard's documents to `out` (JSONL) but those the recipe's `rules` drop on their
-    signals; the manifest counts documents and bytes in and out, and the removed by reason."""
+    """A shard's documents but those the recipe's `rules` drop on their signals, counted by
+    the reason the rule gives (:func:`~gptflow.data.quality.removal.filter_shard`)."""
     from gptflow.data.quality import filters
 
     thresholds = filters.thresholds_for(rules)
-    counts = {"documents_in": 0, "bytes_in": 0}
-    removed: Counter[str] = Counter()
-    examples: dict[str, list[str]] = {}
-    dropped: Counter[str] = Counter()
+    with open(signals, encoding="utf-8") as side:
 
-    def kept():
-        with open(signals, encoding="utf-8") as side:
-            for i, text in enumerate(documents(path, reader, dropped)):
-                line = side.readline()
-                if not line:
-                    raise GptflowError(
-                        f"{signals}: {i} lines for more documents of {path}; delete it so "
-                        f"that the shard's signals are computed again"
-                    )
-                counts["documents_in"] += 1
-                counts["bytes_in"] += len(text.encode("utf-8"))
-                keep, reason = filters.select(json.loads(line), thresholds)
-                if keep:
-                    yield text
-                    continue
-                removed[reason] += 1
-                if len(shown := examples.setdefault(reason, [])) < EXAMPLES:
-                    shown.append(text[:EXAMPLE_CHARS])
+        def drop(index: int, _text: str) -> str | None:
+            line = side.readline()
+            if not line:
+                raise GptflowError(
+                    f"{signals}: {index} lines for more documents of {path}; delete it so "
+                    f"that the shard's signals are computed again"
+                )
+            keep, reason = filters.select(json.loads(line), thresholds)
+            return None if keep else reason
 
-    documents_out, bytes_out = write_documents(out, kept())
-    stats = {
-        **about,
-        **counts,
-        "documents_out": documents_out,
-        "bytes_out": bytes_out,
-        "removed": dict(sorted(removed.items())),
-        "unreadable": dict(sorted(dropped.items())),
-        "examples": examples,
-    }
-    write_json(manifest, stats)
-    return stats
+        return filter_shard(path, reader, drop, out, manifest, about)
