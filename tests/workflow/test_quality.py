@@ -103,9 +103,11 @@ def test_exactly_the_copies_are_removed_across_datasets(cleaned):
     removed = {}
     for (step, _, _), m in manifests.items():
         kind = step.split("-")[1]
-        assert m["documents_in"] - m["documents_out"] == m["removed"][kind]
+        assert set(m["removed"]) <= {kind}
+        assert m["documents_in"] - m["documents_out"] == m["removed"].get(kind, 0)
         assert m["bytes_out"] <= m["bytes_in"]
-        removed[kind] = removed.get(kind, 0) + m["removed"][kind]
+        assert len(m["examples"].get(kind, [])) == min(m["removed"].get(kind, 0), 3)
+        removed[kind] = removed.get(kind, 0) + m["removed"].get(kind, 0)
     assert removed == {"exact": 3, "minhash": 1}
     tokens = json.loads((wd / "results/tokens/tiny-bpe/b/00000.json").read_text())
     assert tokens["documents"] + json.loads(
