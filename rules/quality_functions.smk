@@ -125,9 +125,10 @@ def get_step_kind(wildcards):
     return quality_step(wildcards).kind
 
 
+@functools.cache
 def cleaned_shard(dataset, shard):
     """What tokenization reads of a shard of a dataset with quality steps: its last step's
-    documents (the shard's name and files kept)."""
+    documents (the shard's name and files kept); once per shard, not per input function."""
     last = QUALITY[dataset][-1]
     documents = paths.QUALITY_DOCUMENTS.format(step=last.name, dataset=dataset, shard=shard.name)
     return dataclasses.replace(
