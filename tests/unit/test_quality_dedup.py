@@ -37,7 +37,13 @@ def test_exact_removes_exactly_the_repeats_keeping_the_first_copy(tmp_path):
         assert exact.hash_shard(shard, READER, out) == len(a if out.stem == "a" else b)
         assert out.stat().st_size == 16 * (len(a) if out.stem == "a" else len(b))
     stats = exact.find_repeats(hashes, tmp_path / "group.remove.npy")
-    assert stats == {"shards": 2, "documents": 11, "repeats": 5}
+    assert stats == {"shards": 2, "documents": 11, "repeats": 5, "passes": 1}
+    # by hash range, a few digests per pass: the same list
+    stats = exact.find_repeats(hashes, tmp_path / "ranges.remove.npy", rows_per_pass=3)
+    assert stats["passes"] == 4 and stats["repeats"] == 5
+    assert np.array_equal(
+        np.load(tmp_path / "ranges.remove.npy"), np.load(tmp_path / "group.remove.npy")
+    )
     assert np.load(tmp_path / "group.remove.npy").tolist() == [
         [0, 2], [0, 4], [1, 0], [1, 2], [1, 4],
     ]  # fmt: skip
@@ -131,6 +137,20 @@ def test_minhash_finds_planted_near_duplicates_on_the_s_curve(tmp_path, capsys):
         p = np.mean([detection_probability(s, 14, 8) for s in jaccard[inbin]])
         se = max(np.sqrt(p * (1 - p) / inbin.sum()), 0.02)
         assert abs(found[inbin].mean() - p) <= 4 * se, (lo, found[inbin].mean(), p)
+
+
+def test_empty_shards_pass_through_every_stage(tmp_path):
+    empty = write_shard(tmp_path / "e.jsonl", [])
+    assert exact.hash_shard(empty, READER, tmp_path / "e.hashes") == 0
+    assert exact.find_repeats([tmp_path / "e.hashes"], tmp_path / "x.npy")["repeats"] == 0
+    assert minhash.signatures_of_shard(empty, READER, DEFAULTS, tmp_path / "e.npy") == 0
+    assert minhash.band_pairs([tmp_path / "e.npy"], 0, 8, tmp_path / "b.npy") == 0
+    assert minhash.cluster([tmp_path / "b.npy"], tmp_path / "r.npy")["removed"] == 0
+    m = removal.remove_documents(
+        empty, READER, tmp_path / "r.npy", 0, tmp_path / "o.jsonl", tmp_path / "m.json",
+        reason="minhash", about={},
+    )  # fmt: skip
+    assert m["documents_out"] == 0 and (tmp_path / "o.jsonl").read_text() == ""
 
 
 def test_minhash_documents_too_short_have_no_signature_and_stay(tmp_path):

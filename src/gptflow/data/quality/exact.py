@@ -42,23 +42,50 @@ def hash_shard(path: str | os.PathLike, reader: dict, out: str | os.PathLike) ->
     return n
 
 
-def find_repeats(hash_files: list[str | os.PathLike], out: str | os.PathLike) -> dict:
+def find_repeats(
+    hash_files: list[str | os.PathLike], out: str | os.PathLike, rows_per_pass: int = 1 << 26
+) -> dict:
     """The removal list of a group (its shards' hash files in the group's order): every
-    document whose digest an earlier (shard ordinal, index) has."""
-    parts = []
-    for ordinal, path in enumerate(hash_files):
-        raw = np.fromfile(path, dtype=">u8").reshape(-1, 2)  # big-endian halves: byte order
-        n = len(raw)
-        place = np.empty((n, 2), dtype=np.uint32)
-        place[:, 0], place[:, 1] = ordinal, np.arange(n, dtype=np.uint32)
-        parts.append((raw, place))
-    hashes = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, 2), ">u8")
-    places = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, 2), np.uint32)
+    document whose digest an earlier (shard ordinal, index) has.
+
+    By hash range: pass p of P takes the digests whose top 32 bits fall in the p-th of P equal
+    ranges (a digest's copies all fall in one), so at most about `rows_per_pass` digests (24
+    bytes each with their place: 1.5 GiB at the default) are held at once, whatever the group's
+    size; the files are read once per pass."""
+    hashes = [
+        np.memmap(p, dtype=">u8", mode="r") if os.path.getsize(p) else None for p in hash_files
+    ]
+    total = sum(len(h) // 2 for h in hashes if h is not None)
+    passes = max(1, -(-total // rows_per_pass))
+    removed, repeats = [], 0
+    for p in range(passes):
+        found = _repeats_in_range(hashes, p, passes)
+        removed.append(found)
+        repeats += len(found)
+    write_removed(out, np.concatenate(removed) if removed else np.zeros((0, 2), np.uint32))
+    return {"shards": len(hash_files), "documents": total, "repeats": repeats, "passes": passes}
+
+
+def _repeats_in_range(hashes: list, p: int, passes: int) -> np.ndarray:
+    """The (ordinal, index) of the repeats among the digests of range p of `passes`."""
+    parts, places = [], []
+    for ordinal, h in enumerate(hashes):
+        if h is None:
+            continue
+        digests = np.asarray(h).reshape(-1, 2)  # big-endian halves: byte order
+        index = np.flatnonzero(
+            ((digests[:, 0] >> np.uint64(32)) * np.uint64(passes)) >> np.uint64(32) == p
+        )
+        parts.append(digests[index])
+        place = np.empty((len(index), 2), dtype=np.uint32)
+        place[:, 0], place[:, 1] = ordinal, index
+        places.append(place)
+    if not parts:
+        return np.zeros((0, 2), np.uint32)
+    digests, place = np.concatenate(parts), np.concatenate(places)
     # sorted by digest, then place: each digest's first row is its kept copy
-    order = np.lexsort((places[:, 1], places[:, 0], hashes[:, 1], hashes[:, 0]))
-    h = hashes[order]
-    repeat = np.zeros(len(h), dtype=bool)
-    repeat[1:] = (h[1:] == h[:-1]).all(axis=1)
-    removed = places[order][repeat]
-    write_removed(out, removed)
-    return {"shards": len(hash_files), "documents": len(h), "repeats": int(repeat.sum())}
+    order = np.lexsort((place[:, 1], place[:, 0], digests[:, 1], digests[:, 0]))
+    d = digests[order]
+    repeat = np.zeros(len(d), dtype=bool)
+    repeat[1:] = (d[1:] == d[:-1]).all(axis=1)
+    return place[order][repeat]
