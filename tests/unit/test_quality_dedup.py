@@ -111,6 +111,11 @@ def test_minhash_finds_planted_near_duplicates_on_the_s_curve(tmp_path, capsys):
         minhash.band_pairs(sigs, b, DEFAULTS["rows"], out)
     stats = minhash.cluster(bands, tmp_path / "remove.npy")
     removed = np.load(tmp_path / "remove.npy")
+    # by hash range, a few hundred documents per pass: the same pairs
+    minhash.band_pairs(sigs, 3, DEFAULTS["rows"], tmp_path / "ranges.npy", rows_per_pass=300)
+    assert len(np.load(bands[3])) and np.array_equal(
+        np.load(tmp_path / "ranges.npy"), np.load(bands[3])
+    )
     assert set(removed[:, 0].tolist()) <= {1}, "a pair's original (shard 0) is always kept"
     found = np.zeros(len(pairs), dtype=bool)
     found[removed[:, 1]] = True

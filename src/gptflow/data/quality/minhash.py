@@ -120,30 +120,49 @@ def signatures_of_shard(
     return len(rows)
 
 
-def band_pairs(signature_files: list, band: int, rows: int, out: str | os.PathLike) -> int:
+def band_pairs(
+    signature_files: list,
+    band: int,
+    rows: int,
+    out: str | os.PathLike,
+    rows_per_pass: int = 1 << 24,
+) -> int:
     """The candidate pairs of one band over a group's shards (in the group's order): the
-    documents whose `rows` values in this band agree, each paired with its bucket's first."""
+    documents whose `rows` values in this band agree, each paired with its bucket's first.
+
+    By hash range, as exact deduplication: pass p of P takes the documents whose band starts
+    with a value in the p-th of P ranges (a bucket's documents all fall in one), so at most
+    about `rows_per_pass` documents' band values (8 * rows + 8 bytes each) are held at once."""
+    sigs = [np.load(path, mmap_mode="r") for path in signature_files]
+    total = sum(len(s) for s in sigs)
+    passes = max(1, -(-total // rows_per_pass))
+    pairs = [_band_pairs_in_range(sigs, band, rows, p, passes) for p in range(passes)]
+    pairs = np.concatenate(pairs) if pairs else np.zeros((0, 4), dtype=np.uint32)
+    with atomic_write(out, "wb") as f:
+        np.save(f, pairs)
+    return len(pairs)
+
+
+def _band_pairs_in_range(sigs: list, band: int, rows: int, p: int, passes: int) -> np.ndarray:
     values, places = [], []
-    for ordinal, path in enumerate(signature_files):
-        sig = np.load(path, mmap_mode="r")
-        part = np.array(sig[:, band * rows : (band + 1) * rows])
-        valid = np.flatnonzero(part[:, 0] != NO_SIGNATURE) if len(part) else np.zeros(0, int)
+    for ordinal, sig in enumerate(sigs):
+        part = np.asarray(sig[:, band * rows : (band + 1) * rows])
+        first = part[:, 0] if len(part) else np.zeros(0, dtype=np.uint64)
+        in_range = ((first >> np.uint64(32)) * np.uint64(passes)) >> np.uint64(32) == p
+        valid = np.flatnonzero((first != NO_SIGNATURE) & in_range)
         values.append(part[valid])
         place = np.empty((len(valid), 2), dtype=np.uint32)
         place[:, 0], place[:, 1] = ordinal, valid
         places.append(place)
     v = np.concatenate(values) if values else np.zeros((0, rows), dtype=np.uint64)
-    p = np.concatenate(places) if places else np.zeros((0, 2), dtype=np.uint32)
+    pl = np.concatenate(places) if places else np.zeros((0, 2), dtype=np.uint32)
     # by the band's values, then place: each bucket's first row is its earliest document
-    order = np.lexsort((p[:, 1], p[:, 0], *v.T[::-1]))
-    v, p = v[order], p[order]
+    order = np.lexsort((pl[:, 1], pl[:, 0], *v.T[::-1]))
+    v, pl = v[order], pl[order]
     same = np.zeros(len(v), dtype=bool)
     same[1:] = (v[1:] == v[:-1]).all(axis=1)
     first = np.maximum.accumulate(np.where(~same, np.arange(len(v)), 0))
-    pairs = np.concatenate([p[first[same]], p[same]], axis=1).astype(np.uint32)
-    with atomic_write(out, "wb") as f:
-        np.save(f, pairs.reshape(-1, 4))
-    return len(pairs)
+    return np.concatenate([pl[first[same]], pl[same]], axis=1).astype(np.uint32).reshape(-1, 4)
 
 
 def cluster(pair_files: list, out: str | os.PathLike) -> dict:
