@@ -3,7 +3,9 @@ against the profile (the preflight), and the functions of the Snakefile's onstar
 and onerror. A mistake found here stops the workflow while it is planned. The imports here
 serve every rule file (Snakemake gives the included files one namespace)."""
 
+import dataclasses
 import functools
+import json
 import os
 import re
 from pathlib import Path
@@ -23,6 +25,7 @@ from gptflow.container.image import (
     squash_options_arg,
 )
 from gptflow.data import hf as hf_datasets, sources
+from gptflow.data.quality import recipe as quality_recipe, selection as quality_selection
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 from gptflow.hardware import gpu_memory_mib, visible_gpus
@@ -146,6 +149,25 @@ IMPORTED = [name for name, d in DATASETS.items() if d.kind == "megatron"]
 TOKENIZED = [name for name in DATASETS if name not in IMPORTED]
 COLLECTED = [name for name, d in DATASETS.items() if d.kind == "collect"]
 HF_COLLECTED = [name for name, d in DATASETS.items() if d.kind == "hf"]
+# data.quality (gptflow.data.quality.recipe): each blended dataset's cleaning steps ({} when
+# off); a dataset with steps is tokenized from its last step's documents (shard_of)
+try:
+    QUALITY = quality_recipe.recipes(CFG, BLENDED, CONFIG_SOURCE, imported=IMPORTED)
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config: {e}") from None
+QUALITY_STEP = {(name, step.name): step for name, steps in QUALITY.items() for step in steps}
+# a filters step's signals, shared by the recipes that differ only in thresholds
+SIGNALS_STEP = {
+    (name, step.signals_name): step
+    for name, steps in QUALITY.items()
+    for step in steps
+    if step.kind == "filters"
+}
+try:
+    for step in SIGNALS_STEP.values():
+        quality_selection.check_rules(step.settings["rules"], step.where, CONFIG_SOURCE)
+except GptflowError as e:
+    raise WorkflowError(f"gptflow config: {e}") from None
 # Where each blended dataset comes from, for the data card
 REPORT_DATASETS = {name: CFG["datasets"][name] for name in BLENDED}
 
@@ -172,6 +194,10 @@ wildcard_constraints:
     file=sources.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
     hash=r"[0-9a-f]{12}",
     format="sqsh|sif",
+    step=quality_recipe.STEP_NAME,
+    signals=quality_recipe.SIGNALS_NAME,
+    group=dataset_choice([quality_recipe.BLEND_GROUP, *BLENDED]),
+    band=r"\d{3}",
 
 
 # model.init_from's tokenizer against the run's at -n, when the run's exists already

@@ -4,9 +4,13 @@ tokenizer's source."""
 
 
 def shard_of(wildcards):
-    """The job's shard; of a whole dataset (sample_documents) the first: they read alike."""
+    """The job's shard; of a whole dataset (sample_documents) the first: they read alike. A
+    dataset with data.quality steps is tokenized from their last step's documents."""
     dataset = DATASETS[wildcards.dataset]
-    return dataset.shard(wildcards.shard) if "shard" in wildcards.keys() else dataset.shards[0]
+    if "shard" not in wildcards.keys():
+        return dataset.shards[0]
+    shard = dataset.shard(wildcards.shard)
+    return cleaned_shard(wildcards.dataset, shard) if wildcards.dataset in QUALITY else shard
 
 
 def get_shard_input(wildcards):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import logging
 import sys
@@ -24,7 +25,8 @@ from gptflow.progress import hms
 from gptflow.train.checkpoint import LOCK_WAIT_S
 
 
-def add_reader_args(s: argparse.ArgumentParser) -> None:
+def add_reader_args(s: argparse.ArgumentParser, on_bad_document: str | None = None) -> None:
+    """The reader's flags; with `on_bad_document` (its help), --on-bad-document too."""
     from gptflow.data.readers import FORMATS
 
     s.add_argument(
@@ -36,6 +38,10 @@ def add_reader_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--json-key", default="text", help="JSON key (or parquet column) of the text")
     s.add_argument("--member", default="*", help="glob of archive members to read (zip, tar)")
     s.add_argument("--member-format", choices=sorted(FORMATS), help="format of archive members")
+    if on_bad_document:
+        s.add_argument(
+            "--on-bad-document", choices=["error", "skip"], default="error", help=on_bad_document
+        )
 
 
 def add_train_tokenizer_arguments(s: argparse.ArgumentParser) -> None:
@@ -165,13 +171,7 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
 
 def add_count_documents_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
-    add_reader_args(s)
-    s.add_argument(
-        "--on-bad-document",
-        choices=["error", "skip"],
-        default="error",
-        help="as for tokenize: the count must skip what tokenization will skip",
-    )
+    add_reader_args(s, "as for tokenize: the count must skip what tokenization will skip")
     s.add_argument("--out", required=True, help="JSON file to write")
 
 
@@ -192,6 +192,160 @@ def cmd_count_documents(a: argparse.Namespace) -> int:
         f"dropped {m['dropped'] or 'none'}"
     )
     return 0
+
+
+def add_quality_reader_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input", required=True, metavar="FILE", help="the step's input shard")
+    add_reader_args(s, "as for tokenize: every job reading the shard must skip alike")
+
+
+def quality_reader(a: argparse.Namespace) -> dict:
+    """The keywords gptflow.data.quality.removal.documents reads a step's input with."""
+    return {
+        "fmt": None if a.format == "auto" else a.format,
+        "json_key": a.json_key,
+        "member": a.member,
+        "member_format": a.member_format,
+        "on_bad": a.on_bad_document,
+    }
+
+
+def add_quality_exact_hashes_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--out", required=True, help="hash file to write (16 bytes per document)")
+
+
+def cmd_quality_exact_hashes(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.exact import hash_shard
+
+    print(f"{a.out}: {hash_shard(a.input, quality_reader(a), a.out)} documents hashed")
+    return 0
+
+
+def add_quality_group_arguments(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--input", nargs="*", default=[], metavar="FILE", help=f"{what}, in order")
+    s.add_argument("--out", required=True, help="removal list to write (.npy)")
+    s.add_argument("--stats", required=True, help="JSON counts to write")
+
+
+def write_group_stats(a: argparse.Namespace, stats: dict) -> int:
+    """A deduplication group's counts: to --stats, and to the log."""
+    from gptflow.fsutil import write_json
+
+    write_json(a.stats, stats)
+    print(json.dumps(stats))
+    return 0
+
+
+def cmd_quality_exact_repeats(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.exact import find_repeats
+
+    return write_group_stats(a, find_repeats(a.input, a.out))
+
+
+def add_minhash_settings(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--ngram", type=int, required=True, help="words per shingle")
+    s.add_argument("--bands", type=int, required=True, help="LSH bands")
+    s.add_argument("--rows", type=int, required=True, help="hashes per band")
+    s.add_argument("--seed", type=int, required=True, help="seed of the hash functions")
+    s.add_argument("--tokenizer", choices=["regex"], required=True, help="word tokenizer")
+
+
+def add_quality_minhash_signatures_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    add_minhash_settings(s)
+    s.add_argument("--out", required=True, help="signatures to write (.npy)")
+
+
+def cmd_quality_minhash_signatures(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.minhash import signatures_of_shard
+
+    settings = {k: getattr(a, k) for k in ("ngram", "bands", "rows", "seed", "tokenizer")}
+    n = signatures_of_shard(a.input, quality_reader(a), settings, a.out)
+    print(f"{a.out}: {n} documents signed")
+    return 0
+
+
+def add_quality_minhash_buckets_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input", nargs="*", default=[], metavar="FILE", help="signatures, in order")
+    s.add_argument("--band", type=int, required=True, help="the band (0-based)")
+    s.add_argument("--rows", type=int, required=True, help="hashes per band")
+    s.add_argument("--out", required=True, help="pairs to write (.npy)")
+
+
+def cmd_quality_minhash_buckets(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.minhash import band_pairs
+
+    print(f"{a.out}: {band_pairs(a.input, a.band, a.rows, a.out)} candidate pairs")
+    return 0
+
+
+def cmd_quality_minhash_clusters(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.minhash import cluster
+
+    return write_group_stats(a, cluster(a.input, a.out))
+
+
+def add_quality_remove_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--removed", required=True, help="the group's removal list (.npy)")
+    s.add_argument("--ordinal", type=int, required=True, help="this shard's place in the group")
+    s.add_argument("--reason", required=True, help="what the manifest counts the removed as")
+    add_quality_output_args(s)
+
+
+def add_quality_output_args(s: argparse.ArgumentParser) -> None:
+    """A step's kept documents and its manifest, which names the step, dataset and shard."""
+    s.add_argument("--step", required=True, help="the step's name (for the manifest)")
+    s.add_argument("--dataset", required=True, help="the dataset (for the manifest)")
+    s.add_argument("--shard", required=True, help="the shard (for the manifest)")
+    s.add_argument("--out", required=True, help="JSONL documents to write")
+    s.add_argument("--manifest", required=True, help="JSON counts to write")
+
+
+def print_manifest(m: dict) -> int:
+    print(json.dumps({k: v for k, v in m.items() if k != "examples"}))
+    return 0
+
+
+def cmd_quality_remove(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.removal import remove_documents
+
+    about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
+    return print_manifest(remove_documents(
+        a.input, quality_reader(a), a.removed, a.ordinal, a.out, a.manifest,
+        reason=a.reason, about=about,
+    ))  # fmt: skip
+
+
+def add_quality_filter_signals_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--tokenizer", required=True, help="word tokenizer (regex, spacy)")
+    s.add_argument("--out", required=True, help="signals to write (JSONL, one line a document)")
+
+
+def cmd_quality_filter_signals(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.selection import write_signals
+
+    print(json.dumps(write_signals(a.input, quality_reader(a), a.tokenizer, a.out)))
+    return 0
+
+
+def add_quality_filter_select_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--signals", required=True, help="the shard's signals (JSONL)")
+    s.add_argument("--rules", required=True, help="the recipe's rules and thresholds (JSON)")
+    add_quality_output_args(s)
+
+
+def cmd_quality_filter_select(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.selection import select_documents
+
+    about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
+    return print_manifest(select_documents(
+        a.input, quality_reader(a), a.signals, json.loads(a.rules), a.out, a.manifest,
+        about=about,
+    ))  # fmt: skip
 
 
 def add_merge_arguments(s: argparse.ArgumentParser) -> None:
@@ -866,6 +1020,30 @@ COMMANDS = (
             "tokenize documents into a Megatron .bin/.idx shard + manifest"),
     Command("count-documents", add_count_documents_arguments, cmd_count_documents,
             "count the documents of inputs (to split them into tokenize jobs by --documents)"),
+    Command("quality-exact-hashes", add_quality_exact_hashes_arguments, cmd_quality_exact_hashes,
+            "data.quality exact: the 128-bit hashes of a shard's normalized documents"),
+    Command("quality-exact-repeats",
+            functools.partial(add_quality_group_arguments, what="hash files"),
+            cmd_quality_exact_repeats,
+            "data.quality exact: a group's repeated documents (all copies but the first)"),
+    Command("quality-minhash-signatures", add_quality_minhash_signatures_arguments,
+            cmd_quality_minhash_signatures,
+            "data.quality minhash: the MinHash signatures of a shard's documents"),
+    Command("quality-minhash-buckets", add_quality_minhash_buckets_arguments,
+            cmd_quality_minhash_buckets,
+            "data.quality minhash: one band's candidate duplicate pairs over a group"),
+    Command("quality-minhash-clusters",
+            functools.partial(add_quality_group_arguments, what="band pair files"),
+            cmd_quality_minhash_clusters,
+            "data.quality minhash: connected components of the pairs; all but the first removed"),
+    Command("quality-filter-signals", add_quality_filter_signals_arguments,
+            cmd_quality_filter_signals,
+            "data.quality filters: every document's quality signals, one JSON line each"),
+    Command("quality-filter-select", add_quality_filter_select_arguments,
+            cmd_quality_filter_select,
+            "data.quality filters: a shard's documents that the recipe's thresholds keep"),
+    Command("quality-remove", add_quality_remove_arguments, cmd_quality_remove,
+            "data.quality: a shard's documents without those its group's step removes"),
     Command("merge", add_merge_arguments, cmd_merge,
             "concatenate shards into one prefix, document boundaries kept"),
     Command("import-megatron", add_import_megatron_arguments, cmd_import_megatron,

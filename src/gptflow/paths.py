@@ -24,6 +24,17 @@ DOCUMENTS = "results/documents/{dataset}/{shard}.jsonl"
 DOCUMENTS_MANIFEST = "results/documents/{dataset}/{shard}.manifest.json"
 DOCUMENT_COUNT = "results/documents/{dataset}/{shard}.count.json"
 
+# data.quality: each step's outputs under its name NN-KIND-KEY (gptflow.data.quality.recipe);
+# a deduplication group ({group}: _blend or a dataset) shares one removal list
+QUALITY_DOCUMENTS = "results/quality/{step}/{dataset}/{shard}.jsonl"
+QUALITY_MANIFEST = "results/quality/{step}/{dataset}/{shard}.manifest.json"
+EXACT_HASHES = "results/quality/{step}/{dataset}/{shard}.hashes"
+MINHASH_SIGNATURES = "results/quality/{step}/{dataset}/{shard}.minhash.npy"
+MINHASH_PAIRS = "results/quality/{step}/groups/{group}/band{band}.pairs.npy"
+FILTER_SIGNALS = "results/quality/{signals}/{dataset}/{shard}.signals.jsonl"  # one line a document
+QUALITY_REMOVED = "results/quality/{step}/groups/{group}.remove.npy"
+QUALITY_GROUP_STATS = "results/quality/{step}/groups/{group}.json"
+
 TOKENIZER_SAMPLE = "results/tokenizers/{tokenizer}/samples/{dataset}.jsonl"
 TOKENIZER_JSON = "results/tokenizers/{tokenizer}/tokenizer.json"
 

@@ -103,6 +103,15 @@ def kitchen_sink() -> dict:
     cfg["tokenize"].update(
         engine="auto", on_bad_document="error", max_rss_mb=1024, documents_per_shard=0, merge=False
     )
+    steps = [
+        {"step": "exact", "scope": "dataset"},
+        {"step": "minhash", "ngram": 5, "bands": 14, "rows": 8, "seed": 1, "tokenizer": "regex",
+         "scope": "blend"},
+        {"step": "filters", "tokenizer": "regex", "rules": {"gopher_quality": {"min_words": 50}}},
+        {"step": "language", "model": "files/lid.176.bin", "sha256": "0" * 64,
+         "languages": ["en"], "threshold": 0.65},
+    ]  # fmt: skip
+    cfg["data"]["quality"] = {"steps": steps, "datasets": {"stdlib": copy.deepcopy(steps)}}
     cfg["model"] = {
         "preset": "tiny",
         "description": "the tiny preset, every key spelled out",
@@ -284,9 +293,11 @@ def config_leaves(schema: dict, inst: dict, path=(), general=()) -> list[Leaf]:
         if isinstance(value, dict) and is_node(r):
             out += config_leaves(r, value, (*path, key), (*general, g))
         elif isinstance(value, list) and value and isinstance(value[0], dict):
-            out += config_leaves(
-                resolve(r["items"]), value[0], (*path, key, 0), (*general, g, "[]")
-            )
+            # every item: items of one list may take different branches (data.quality's steps)
+            for i, item in enumerate(value):
+                out += config_leaves(
+                    resolve(r["items"], item), item, (*path, key, i), (*general, g, "[]")
+                )
         else:
             out.append(Leaf((*path, key), (*general, g), r, open_))
     return out
@@ -428,6 +439,8 @@ ALLOWED = {
     ("neighbour", "datasets.*<url>.vars.*"): "vars is a map of template variables",
     ("neighbour", "datasets.*<catalog>.vars.*"): "vars is a map of template variables",
     ("neighbour", "eval.extra.*"): "eval.extra is a map: any (strict) name is a key",
+    ("neighbour", "data.quality.steps[].rules.*.*"): "a rule's thresholds are a map of its keys",
+    ("neighbour", "data.quality.datasets.*[].rules.*.*"): "a rule's thresholds are a map",
 }
 
 KITCHEN = kitchen_sink()

@@ -1,0 +1,179 @@
+"""Data-quality stage (config data.quality; README, Data quality): between collection and
+tokenization, each step of a dataset's recipe reads the previous step's documents (the first,
+the collected shard) and writes its own, results/quality/{step}/{dataset}/{shard}.jsonl with a
+manifest. Deduplication is per shard, then per group, then per shard again: exact (hashes,
+repeats, removal) and minhash (signatures, pairs per band, clusters, removal). Nothing here
+runs without data.quality."""
+
+
+include: "quality_functions.smk"
+
+
+if QUALITY and workflow.is_main_process:
+    for line in quality_plan_lines():
+        logger.info(line)
+
+
+rule hash_documents:
+    input:
+        get_step_input,
+    output:
+        paths.EXACT_HASHES,
+    log:
+        paths.log("hash_documents", "{step}/{dataset}/{shard}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("exact"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_step_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+    shell:
+        "gptflow quality-exact-hashes --input {input:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule find_exact_repeats:
+    input:
+        get_group_hashes,
+    output:
+        removed=paths.QUALITY_REMOVED,
+        stats=paths.QUALITY_GROUP_STATS,
+    log:
+        paths.log("find_exact_repeats", "{step}/{group}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("exact"),
+    conda:
+        "../envs/gptflow.yaml"
+    shell:
+        "gptflow quality-exact-repeats --input {input:q} --out {output.removed:q}"
+        " --stats {output.stats:q} > {log:q} 2>&1"
+
+
+rule minhash_signatures:
+    input:
+        get_step_input,
+    output:
+        paths.MINHASH_SIGNATURES,
+    log:
+        paths.log("minhash_signatures", "{step}/{dataset}/{shard}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("minhash"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_step_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        settings=get_minhash_settings,
+    shell:
+        "gptflow quality-minhash-signatures --input {input:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} {params.settings:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule minhash_buckets:
+    input:
+        get_group_signatures,
+    output:
+        paths.MINHASH_PAIRS,
+    log:
+        paths.log("minhash_buckets", "{step}/{group}/{band}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("minhash"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        band=get_band,
+        rows=get_minhash_rows,
+    shell:
+        "gptflow quality-minhash-buckets --input {input:q} --band {params.band:q}"
+        " --rows {params.rows:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule cluster_minhash_pairs:
+    input:
+        get_group_pairs,
+    output:
+        removed=paths.QUALITY_REMOVED,
+        stats=paths.QUALITY_GROUP_STATS,
+    log:
+        paths.log("cluster_minhash_pairs", "{step}/{group}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("minhash"),
+    conda:
+        "../envs/gptflow.yaml"
+    shell:
+        "gptflow quality-minhash-clusters --input {input:q} --out {output.removed:q}"
+        " --stats {output.stats:q} > {log:q} 2>&1"
+
+
+# A deduplication step's last job per shard: its documents without the group's removed ones
+rule remove_duplicates:
+    input:
+        documents=get_step_input,
+        removed=get_removed,
+    output:
+        jsonl=paths.QUALITY_DOCUMENTS,
+        manifest=paths.QUALITY_MANIFEST,
+    log:
+        paths.log("remove_duplicates", "{step}/{dataset}/{shard}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("(?:exact|minhash)"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_step_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        ordinal=get_ordinal,
+        reason=get_step_kind,
+    shell:
+        "gptflow quality-remove --input {input.documents:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --removed {input.removed:q}"
+        " --ordinal {params.ordinal:q} --reason {params.reason:q} --step {wildcards.step:q}"
+        " --dataset {wildcards.dataset:q} --shard {wildcards.shard:q} --out {output.jsonl:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+# The filters step (gptflow.data.quality.filters): every document's signals once per input
+# and word tokenizer, then the recipe's thresholds applied to them per shard
+rule compute_filter_signals:
+    input:
+        get_signals_input,
+    output:
+        paths.FILTER_SIGNALS,
+    log:
+        paths.log("compute_filter_signals", "{signals}/{dataset}/{shard}"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_signals_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        tokenizer=get_signals_tokenizer,
+    shell:
+        "gptflow quality-filter-signals --input {input:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --tokenizer {params.tokenizer:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+rule select_documents:
+    input:
+        documents=get_step_input,
+        signals=get_filter_signals,
+    output:
+        jsonl=paths.QUALITY_DOCUMENTS,
+        manifest=paths.QUALITY_MANIFEST,
+    log:
+        paths.log("select_documents", "{step}/{dataset}/{shard}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("filters"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_step_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        rules=get_filter_rules,
+    shell:
+        "gptflow quality-filter-select --input {input.documents:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --signals {input.signals:q}"
+        " --rules {params.rules:q} --step {wildcards.step:q} --dataset {wildcards.dataset:q}"
+        " --shard {wildcards.shard:q} --out {output.jsonl:q} --manifest {output.manifest:q}"
+        " > {log:q} 2>&1"

@@ -1,0 +1,151 @@
+"""Input functions of the data-quality stage's rules (rules/quality.smk, which includes this
+file): a step's input (the shard, or the previous step's documents) and how to read it, a
+deduplication group's shards in order, a shard's place in its group. The recipe and its
+groups are gptflow.data.quality.recipe's (QUALITY, setup.smk)."""
+
+
+def quality_step(wildcards):
+    """The job's recipe step (its {dataset} and {step}, or its group's first dataset)."""
+    dataset = wildcards.dataset if "dataset" in wildcards.keys() else group_datasets(wildcards)[0]
+    return QUALITY_STEP[(dataset, wildcards.step)]
+
+
+def step_source(dataset, shard, step):
+    """(the file step `step` reads for a shard, its reader options): the collected shard
+    first, then the previous step's JSONL documents."""
+    if step.index == 1:
+        raw = DATASETS[dataset].shard(shard)
+        return raw.input, raw.reader_args()
+    before = QUALITY[dataset][step.index - 2]
+    documents = paths.QUALITY_DOCUMENTS.format(step=before.name, dataset=dataset, shard=shard)
+    return documents, ["--format", "jsonl", "--json-key", "text"]
+
+
+def signals_step(wildcards):
+    """The filters step whose signals the job computes ({dataset}, {signals})."""
+    return SIGNALS_STEP[(wildcards.dataset, wildcards.signals)]
+
+
+def get_signals_input(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, signals_step(wildcards))[0]
+
+
+def get_signals_reader(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, signals_step(wildcards))[1]
+
+
+def get_signals_tokenizer(wildcards):
+    return signals_step(wildcards).settings["tokenizer"]
+
+
+def get_filter_signals(wildcards):
+    """A filters step's signals file for the job's shard."""
+    name = quality_step(wildcards).signals_name
+    return paths.FILTER_SIGNALS.format(
+        signals=name, dataset=wildcards.dataset, shard=wildcards.shard
+    )
+
+
+def get_filter_rules(wildcards):
+    """The recipe's rules and thresholds, as JSON (one shell word, quoted)."""
+    return json.dumps(quality_step(wildcards).settings["rules"], sort_keys=False)
+
+
+def get_step_input(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, quality_step(wildcards))[0]
+
+
+def get_step_reader(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, quality_step(wildcards))[1]
+
+
+@functools.cache
+def group_shards(step, group):
+    """A group's shards in order, {(dataset, shard): ordinal}: datasets in blend order, then
+    shards; the first copy in this order is kept."""
+    datasets = quality_recipe.group_members(QUALITY, BLENDED, step, group)
+    places = [(d, s.name) for d in datasets for s in DATASETS[d].shards]
+    return {place: i for i, place in enumerate(places)}
+
+
+def group_datasets(wildcards):
+    return quality_recipe.group_members(QUALITY, BLENDED, wildcards.step, wildcards.group)
+
+
+def group_files(pattern, wildcards):
+    return [
+        pattern.format(step=wildcards.step, dataset=d, shard=s)
+        for d, s in group_shards(wildcards.step, wildcards.group)
+    ]
+
+
+def get_group_hashes(wildcards):
+    return group_files(paths.EXACT_HASHES, wildcards)
+
+
+def get_group_signatures(wildcards):
+    return group_files(paths.MINHASH_SIGNATURES, wildcards)
+
+
+def get_group_pairs(wildcards):
+    bands = range(quality_step(wildcards).settings["bands"])
+    return [
+        paths.MINHASH_PAIRS.format(step=wildcards.step, group=wildcards.group, band=f"{b:03d}")
+        for b in bands
+    ]
+
+
+def get_minhash_settings(wildcards):
+    """The signature settings as flags: --ngram N --bands B --rows R --seed S --tokenizer T."""
+    s = quality_step(wildcards).settings
+    return [f"--{k}={s[k]}" for k in ("ngram", "bands", "rows", "seed", "tokenizer")]
+
+
+def get_minhash_rows(wildcards):
+    return quality_step(wildcards).settings["rows"]
+
+
+def get_band(wildcards):
+    return int(wildcards.band)
+
+
+def get_removed(wildcards):
+    group = quality_step(wildcards).group(wildcards.dataset)
+    return paths.QUALITY_REMOVED.format(step=wildcards.step, group=group)
+
+
+def get_ordinal(wildcards):
+    step = quality_step(wildcards)
+    return group_shards(wildcards.step, step.group(wildcards.dataset))[
+        (wildcards.dataset, wildcards.shard)
+    ]
+
+
+def get_step_kind(wildcards):
+    return quality_step(wildcards).kind
+
+
+@functools.cache
+def cleaned_shard(dataset, shard):
+    """What tokenization reads of a shard of a dataset with quality steps: its last step's
+    documents (the shard's name and files kept); once per shard, not per input function."""
+    last = QUALITY[dataset][-1]
+    documents = paths.QUALITY_DOCUMENTS.format(step=last.name, dataset=dataset, shard=shard.name)
+    return dataclasses.replace(
+        shard, input=documents, fmt="jsonl", json_key="text", member="*", member_format=None
+    )
+
+
+def quality_plan_lines():
+    """-n's lines: each recipe's steps and whether each will run (its manifests present)."""
+    done = {
+        (step.name, name): all(
+            Path(
+                paths.QUALITY_MANIFEST.format(step=step.name, dataset=name, shard=s.name)
+            ).is_file()
+            for s in DATASETS[name].shards
+        )
+        for name, steps in QUALITY.items()
+        for step in steps
+    }
+    return quality_recipe.plan_lines(QUALITY, done)

@@ -1,0 +1,198 @@
+"""Near-duplicate deduplication by MinHash LSH, in DataTrove's four stages: signatures per
+shard, candidate pairs per band, one clustering job, removal per shard
+(:mod:`gptflow.data.quality.removal`).
+
+Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (lowercase, numbers
+as ``0``, punctuation as space, accents stripped), words split on whitespace (the recipe's
+``tokenizer: regex``). Each word is hashed once (BLAKE2b-64), an n-gram's hash mixes its words'
+(:func:`shingle_hashes`), and signature column k is min over the shingles of
+splitmix64(shingle ^ seed_k): bands x rows 64-bit values. A document with fewer than n words
+has no signature (all ones, :data:`NO_SIGNATURE`) and is never a duplicate, as in DataTrove.
+
+Files: a shard's signatures ``.npy`` (documents, bands*rows) uint64; a band's pairs ``.npy``
+(pairs, 4) uint32 (ordinal, index, ordinal, index), each pair's first document the earliest of
+its bucket; the clustering reads only the pairs, so its memory grows with them, not with the
+documents.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import sys
+import unicodedata
+
+import numpy as np
+
+from gptflow.data.quality.removal import documents, write_removed
+from gptflow.fsutil import atomic_write
+
+NO_SIGNATURE = np.uint64(0xFFFFFFFFFFFFFFFF)
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
+_CHUNK = 2048  # shingles hashed at once: (2048, bands*rows) uint64 temporaries
+
+
+@functools.cache
+def _punctuation_table() -> dict[int, str]:
+    """Every Unicode punctuation and symbol character -> space."""
+    return {c: " " for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] in "PS"}
+
+
+def simplify(text: str) -> str:
+    """DataTrove's simplify_text (default TextNormConfig), on the standard library."""
+    text = _NUMBER.sub("0", text.lower())
+    text = text.translate(_punctuation_table())
+    if not text.isascii():
+        text = unicodedata.normalize("NFD", text)
+        text = "".join(c for c in text if not unicodedata.combining(c))
+    return " ".join(text.split())
+
+
+def words(text: str, tokenizer: str = "regex") -> list[str]:
+    """The words shingles are made of (the recipe's `tokenizer`; only 'regex' today)."""
+    if tokenizer != "regex":
+        raise ValueError(f"unknown word tokenizer {tokenizer!r}")
+    return simplify(text).split()
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def shingle_hashes(tokens: list[str], ngram: int) -> np.ndarray:
+    """The distinct 64-bit hashes of the word n-grams of `tokens` (none below n words)."""
+    if len(tokens) < ngram:
+        return np.zeros(0, dtype=np.uint64)
+    vocab: dict[str, int] = {}
+    ids = [vocab.setdefault(t, len(vocab)) for t in tokens]
+    word_hash = np.frombuffer(
+        b"".join(hashlib.blake2b(w.encode(), digest_size=8).digest() for w in vocab),
+        dtype="<u8",
+    )[np.asarray(ids)]
+    count = len(tokens) - ngram + 1
+    h = word_hash[:count].copy()
+    for j in range(1, ngram):
+        h = _mix(h) ^ word_hash[j : j + count]
+    return np.unique(_mix(h))
+
+
+def seeds(seed: int, hashes: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2**64 - 1, hashes, dtype=np.uint64)
+
+
+def signature(shingles: np.ndarray, seed_values: np.ndarray) -> np.ndarray:
+    """Column k: min over the shingles of splitmix64(shingle ^ seed_k)."""
+    if not len(shingles):
+        return np.full(len(seed_values), NO_SIGNATURE, dtype=np.uint64)
+    out = np.full(len(seed_values), NO_SIGNATURE, dtype=np.uint64)
+    for start in range(0, len(shingles), _CHUNK):
+        block = shingles[start : start + _CHUNK, None] ^ seed_values[None, :]
+        out = np.minimum(out, _mix(block).min(axis=0))
+    return out
+
+
+def text_signature(text: str, settings: dict) -> np.ndarray:
+    """A document's signature under a minhash step's settings (ngram, bands, rows, seed,
+    tokenizer)."""
+    s = settings
+    shingles = shingle_hashes(words(text, s["tokenizer"]), s["ngram"])
+    return signature(shingles, seeds(s["seed"], s["bands"] * s["rows"]))
+
+
+def signatures_of_shard(
+    path: str | os.PathLike, reader: dict, settings: dict, out: str | os.PathLike
+) -> int:
+    """Write the signatures of a shard's documents; returns the document count."""
+    seed_values = seeds(settings["seed"], settings["bands"] * settings["rows"])
+    rows = [
+        signature(shingle_hashes(words(t, settings["tokenizer"]), settings["ngram"]), seed_values)
+        for t in documents(path, reader)
+    ]
+    sigs = np.stack(rows) if rows else np.zeros((0, len(seed_values)), dtype=np.uint64)
+    with atomic_write(out, "wb") as f:
+        np.save(f, sigs)
+    return len(rows)
+
+
+def band_pairs(
+    signature_files: list,
+    band: int,
+    rows: int,
+    out: str | os.PathLike,
+    rows_per_pass: int = 1 << 24,
+) -> int:
+    """The candidate pairs of one band over a group's shards (in the group's order): the
+    documents whose `rows` values in this band agree, each paired with its bucket's first.
+
+    By hash range, as exact deduplication: pass p of P takes the documents whose band starts
+    with a value in the p-th of P ranges (a bucket's documents all fall in one), so at most
+    about `rows_per_pass` documents' band values (8 * rows + 8 bytes each) are held at once."""
+    sigs = [np.load(path, mmap_mode="r") for path in signature_files]
+    total = sum(len(s) for s in sigs)
+    passes = max(1, -(-total // rows_per_pass))
+    pairs = [_band_pairs_in_range(sigs, band, rows, p, passes) for p in range(passes)]
+    pairs = np.concatenate(pairs) if pairs else np.zeros((0, 4), dtype=np.uint32)
+    with atomic_write(out, "wb") as f:
+        np.save(f, pairs)
+    return len(pairs)
+
+
+def _band_pairs_in_range(sigs: list, band: int, rows: int, p: int, passes: int) -> np.ndarray:
+    values, places = [], []
+    for ordinal, sig in enumerate(sigs):
+        part = np.asarray(sig[:, band * rows : (band + 1) * rows])
+        first = part[:, 0] if len(part) else np.zeros(0, dtype=np.uint64)
+        in_range = ((first >> np.uint64(32)) * np.uint64(passes)) >> np.uint64(32) == p
+        valid = np.flatnonzero((first != NO_SIGNATURE) & in_range)
+        values.append(part[valid])
+        place = np.empty((len(valid), 2), dtype=np.uint32)
+        place[:, 0], place[:, 1] = ordinal, valid
+        places.append(place)
+    v = np.concatenate(values) if values else np.zeros((0, rows), dtype=np.uint64)
+    pl = np.concatenate(places) if places else np.zeros((0, 2), dtype=np.uint32)
+    # by the band's values, then place: each bucket's first row is its earliest document
+    order = np.lexsort((pl[:, 1], pl[:, 0], *v.T[::-1]))
+    v, pl = v[order], pl[order]
+    same = np.zeros(len(v), dtype=bool)
+    same[1:] = (v[1:] == v[:-1]).all(axis=1)
+    first = np.maximum.accumulate(np.where(~same, np.arange(len(v)), 0))
+    return np.concatenate([pl[first[same]], pl[same]], axis=1).astype(np.uint32).reshape(-1, 4)
+
+
+def cluster(pair_files: list, out: str | os.PathLike) -> dict:
+    """Connected components of the duplicate pairs (scipy); every document of a component
+    but its earliest is removed. Memory grows with the pairs: documents in no pair are never
+    seen."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    pairs = [np.load(path) for path in pair_files]
+    pairs = np.concatenate(pairs) if pairs else np.zeros((0, 4), dtype=np.uint32)
+    a = (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | pairs[:, 1]
+    b = (pairs[:, 2].astype(np.uint64) << np.uint64(32)) | pairs[:, 3]
+    nodes, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    n = len(nodes)
+    edges = coo_matrix(
+        (np.ones(len(a), dtype=np.int8), (inverse[: len(a)], inverse[len(a) :])), shape=(n, n)
+    )
+    components, labels = connected_components(edges, directed=False)
+    # nodes are sorted by (ordinal, index): a component's first node is its kept document
+    _, kept = np.unique(labels, return_index=True)
+    drop = np.ones(n, dtype=bool)
+    drop[kept] = False
+    removed = np.stack([nodes[drop] >> np.uint64(32), nodes[drop] & np.uint64(0xFFFFFFFF)], 1)
+    write_removed(out, removed.astype(np.uint32))
+    sizes = np.bincount(np.bincount(labels)) if n else np.zeros(0, dtype=int)
+    return {
+        "pairs": len(pairs),
+        "documents_in_clusters": n,
+        "clusters": int(components),
+        "removed": int(drop.sum()),
+        "cluster_sizes": {str(s): int(c) for s, c in enumerate(sizes) if c},
+    }

@@ -1,0 +1,127 @@
+"""What a deduplication step removes, and the job that removes it from one shard.
+
+A group's removal list (``results/quality/{step}/groups/{group}.remove.npy``) is a numpy
+array of shape (n, 2), uint32: (shard ordinal in the group's order, document index in that
+shard), sorted. A document's index is its position among the texts the shard's reader yields
+(:func:`documents`), the same in every job that reads the shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from gptflow.data.readers import batch_texts, iter_batches
+from gptflow.fsutil import atomic_write, write_json
+
+EXAMPLES = 3  # removed documents kept per reason in a manifest
+EXAMPLE_CHARS = 300
+
+
+def documents(path: str | os.PathLike, reader: dict, dropped: Counter | None = None):
+    """The texts of a step's input, in order: `reader` holds iter_batches' keywords (fmt,
+    member, member_format, json_key) and ``on_bad``; what the reader drops is counted in
+    `dropped`."""
+    reader = dict(reader)
+    on_bad = reader.pop("on_bad", "error")
+    for batch in iter_batches(path, **reader):
+        texts, drops = batch_texts(batch, reader.get("json_key", "text"), on_bad)
+        if dropped is not None:
+            dropped.update(drops)
+        yield from texts
+
+
+def write_removed(path: str | os.PathLike, pairs: np.ndarray) -> None:
+    """Save a removal list ((n, 2) uint32 pairs, sorted here)."""
+    pairs = np.asarray(pairs, dtype=np.uint32).reshape(-1, 2)
+    if len(pairs):
+        pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+    with atomic_write(path, "wb") as f:
+        np.save(f, pairs)
+
+
+def removed_in_shard(path: str | os.PathLike, ordinal: int) -> np.ndarray:
+    """The sorted document indices a removal list removes from shard `ordinal`."""
+    pairs = np.load(path, mmap_mode="r")
+    if not len(pairs):
+        return np.zeros(0, dtype=np.uint32)
+    lo, hi = np.searchsorted(pairs[:, 0], [ordinal, ordinal + 1])
+    return np.array(pairs[lo:hi, 1])
+
+
+def write_documents(out: str | os.PathLike, texts: Iterator[str]) -> tuple[int, int]:
+    """Write texts as JSONL ``{"text": ...}``; returns (documents, UTF-8 bytes)."""
+    n = size = 0
+    with atomic_write(out, "w") as f:
+        for text in texts:
+            f.write(json.dumps({"text": text}, ensure_ascii=False))
+            f.write("\n")
+            n += 1
+            size += len(text.encode("utf-8"))
+    return n, size
+
+
+def filter_shard(
+    path: str | os.PathLike,
+    reader: dict,
+    drop: Callable[[int, str], str | None],
+    out: str | os.PathLike,
+    manifest: str | os.PathLike,
+    about: dict,
+) -> dict:
+    """Copy a shard's documents to `out` (JSONL) but those `drop(index, text)` gives a reason
+    for; the manifest (`about`: the step, dataset and shard it describes) counts documents
+    and bytes in and out, the removed by reason, and keeps the first few of each, shortened."""
+    counts = {"documents_in": 0, "bytes_in": 0}
+    removed: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    dropped: Counter[str] = Counter()
+
+    def kept() -> Iterator[str]:
+        for i, text in enumerate(documents(path, reader, dropped)):
+            counts["documents_in"] += 1
+            counts["bytes_in"] += len(text.encode("utf-8"))
+            reason = drop(i, text)
+            if reason is None:
+                yield text
+                continue
+            removed[reason] += 1
+            if len(shown := examples.setdefault(reason, [])) < EXAMPLES:
+                shown.append(text[:EXAMPLE_CHARS])
+
+    documents_out, bytes_out = write_documents(out, kept())
+    stats = {
+        **about,
+        **counts,
+        "documents_out": documents_out,
+        "bytes_out": bytes_out,
+        "removed": dict(sorted(removed.items())),
+        "unreadable": dict(sorted(dropped.items())),
+        "examples": examples,
+    }
+    write_json(manifest, stats)
+    return stats
+
+
+def remove_documents(
+    path: str | os.PathLike,
+    reader: dict,
+    removed: str | os.PathLike,
+    ordinal: int,
+    out: str | os.PathLike,
+    manifest: str | os.PathLike,
+    *,
+    reason: str,
+    about: dict,
+) -> dict:
+    """A shard's documents without those the removal list `removed` lists for shard
+    `ordinal`, counted as `reason` (:func:`filter_shard`)."""
+    gone = set(removed_in_shard(removed, ordinal).tolist())
+    stats = filter_shard(
+        path, reader, lambda i, _: reason if i in gone else None, out, manifest, about
+    )
+    return stats

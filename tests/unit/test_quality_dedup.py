@@ -1,0 +1,188 @@
+"""Deduplication measured, not assumed (issue 39): exact deduplication removes exactly the
+repeats, across shards and datasets, keeping the first copy; MinHash LSH with the recipe's
+defaults finds planted near-duplicates on the S-curve 1 - (1 - s^r)^b. The package's stage
+functions run on files in tmp_path, as the rules run them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gptflow.data.quality import exact, minhash, removal
+from gptflow.data.quality.recipe import detection_probability, jaccard_threshold
+
+READER = {"json_key": "text"}
+DEFAULTS = {"ngram": 5, "bands": 14, "rows": 8, "seed": 1, "tokenizer": "regex"}
+
+
+def write_shard(path, texts):
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def kept_texts(path):
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+
+
+def test_exact_removes_exactly_the_repeats_keeping_the_first_copy(tmp_path):
+    # two shards; repeats within a shard, across shards, and after normalization (case,
+    # whitespace); near-copies (one character apart) are not repeats
+    a = ["alpha beta", "gamma", "Alpha  Beta\n", "delta", "gamma", "epsilon."]
+    b = ["epsilon.", "zeta", "alpha beta", "epsilon", "ZETA "]
+    shards = [write_shard(tmp_path / "a.jsonl", a), write_shard(tmp_path / "b.jsonl", b)]
+    hashes = [tmp_path / "a.hashes", tmp_path / "b.hashes"]
+    for shard, out in zip(shards, hashes, strict=True):
+        assert exact.hash_shard(shard, READER, out) == len(a if out.stem == "a" else b)
+        assert out.stat().st_size == 16 * (len(a) if out.stem == "a" else len(b))
+    stats = exact.find_repeats(hashes, tmp_path / "group.remove.npy")
+    assert stats == {"shards": 2, "documents": 11, "repeats": 5, "passes": 1}
+    # by hash range, a few digests per pass: the same list
+    stats = exact.find_repeats(hashes, tmp_path / "ranges.remove.npy", rows_per_pass=3)
+    assert stats["passes"] == 4 and stats["repeats"] == 5
+    assert np.array_equal(
+        np.load(tmp_path / "ranges.remove.npy"), np.load(tmp_path / "group.remove.npy")
+    )
+    assert np.load(tmp_path / "group.remove.npy").tolist() == [
+        [0, 2], [0, 4], [1, 0], [1, 2], [1, 4],
+    ]  # fmt: skip
+    kept = []
+    for ordinal, shard in enumerate(shards):
+        out = tmp_path / f"{shard.stem}.kept.jsonl"
+        m = removal.remove_documents(
+            shard, READER, tmp_path / "group.remove.npy", ordinal, out,
+            tmp_path / f"{shard.stem}.manifest.json", reason="exact", about={"shard": shard.stem},
+        )  # fmt: skip
+        assert m["documents_in"] - m["documents_out"] == m["removed"]["exact"]
+        assert m["bytes_in"] - m["bytes_out"] == sum(
+            len(t.encode()) for t in (a if ordinal == 0 else b)
+        ) - sum(len(t.encode()) for t in kept_texts(out))
+        kept += kept_texts(out)
+    assert kept == ["alpha beta", "gamma", "delta", "epsilon.", "zeta", "epsilon"]
+
+
+def test_exact_scope_order_decides_which_copy_is_kept(tmp_path):
+    """The group's order (datasets in blend order, then shards) decides: the same repeat is
+    kept in the shard listed first."""
+    first = write_shard(tmp_path / "x.jsonl", ["same text", "x only"])
+    second = write_shard(tmp_path / "y.jsonl", ["y only", "same text"])
+    for s in (first, second):
+        exact.hash_shard(s, READER, tmp_path / f"{s.stem}.hashes")
+    exact.find_repeats([tmp_path / "y.hashes", tmp_path / "x.hashes"], tmp_path / "r.npy")
+    assert np.load(tmp_path / "r.npy").tolist() == [[1, 0]]  # x's copy, listed second, goes
+
+
+def shingle_set(text, n=5):
+    w = minhash.words(text)
+    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
+
+
+def planted_pairs(count, rng, length=300):
+    """`count` (original, copy, true Jaccard) with Jaccard targets spread over [0, 1]: a
+    copy replaces a share of the original's words so that 2J/(1+J) of its 5-grams survive."""
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = np.array(["".join(w) for w in letters[rng.integers(0, 26, (20000, 7))]])
+    pairs = []
+    for target in rng.uniform(0, 1, count):
+        words = rng.integers(0, len(vocab), length)
+        share = 1 - (2 * target / (1 + target)) ** (1 / 5)
+        edited = np.where(rng.random(length) < share, rng.integers(0, len(vocab), length), words)
+        original, copy = " ".join(vocab[words]), " ".join(vocab[edited])
+        a, b = shingle_set(original), shingle_set(copy)
+        pairs.append((original, copy, len(a & b) / len(a | b)))
+    return pairs
+
+
+def test_minhash_finds_planted_near_duplicates_on_the_s_curve(tmp_path, capsys):
+    rng = np.random.default_rng(39)
+    pairs = planted_pairs(2000, rng)
+    # originals in shard 0, copies in shard 1 (documents i and i): the stages as the rules
+    # run them -- signatures per shard, pairs per band, one clustering, removal per shard
+    shards = [
+        write_shard(tmp_path / "orig.jsonl", [p[0] for p in pairs]),
+        write_shard(tmp_path / "copy.jsonl", [p[1] for p in pairs]),
+    ]
+    sigs = [tmp_path / f"{s.stem}.npy" for s in shards]
+    for shard, out in zip(shards, sigs, strict=True):
+        minhash.signatures_of_shard(shard, READER, DEFAULTS, out)
+    bands = [tmp_path / f"band{b:03d}.npy" for b in range(DEFAULTS["bands"])]
+    for b, out in enumerate(bands):
+        minhash.band_pairs(sigs, b, DEFAULTS["rows"], out)
+    stats = minhash.cluster(bands, tmp_path / "remove.npy")
+    removed = np.load(tmp_path / "remove.npy")
+    # by hash range, a few hundred documents per pass: the same pairs
+    minhash.band_pairs(sigs, 3, DEFAULTS["rows"], tmp_path / "ranges.npy", rows_per_pass=300)
+    assert len(np.load(bands[3])) and np.array_equal(
+        np.load(tmp_path / "ranges.npy"), np.load(bands[3])
+    )
+    assert set(removed[:, 0].tolist()) <= {1}, "a pair's original (shard 0) is always kept"
+    found = np.zeros(len(pairs), dtype=bool)
+    found[removed[:, 1]] = True
+    jaccard = np.array([p[2] for p in pairs])
+
+    print(f"\nMinHash {DEFAULTS['bands']}x{DEFAULTS['rows']}: threshold "
+          f"{jaccard_threshold(14, 8):.3f}; {stats['clusters']} clusters")  # fmt: skip
+    print(" Jaccard    pairs  found  theory 1-(1-s^8)^14")
+    for lo in np.arange(0, 1, 0.1):
+        inbin = (jaccard >= lo) & (jaccard < lo + 0.1 + (lo >= 0.9))
+        if inbin.any():
+            theory = np.mean([detection_probability(s, 14, 8) for s in jaccard[inbin]])
+            print(f" {lo:.1f}-{lo + 0.1:.1f}  {inbin.sum():5d}  {found[inbin].mean():5.3f}"
+                  f"  {theory:5.3f}")  # fmt: skip
+    high, low = jaccard >= 0.85, jaccard <= 0.5
+    print(f" recall at J >= 0.85: {found[high].mean():.3f} ({high.sum()} pairs); false "
+          f"positives at J <= 0.5: {found[low].mean():.3f} ({low.sum()} pairs)")  # fmt: skip
+    assert high.sum() >= 50 and low.sum() >= 200
+    assert found[high].mean() >= 0.95
+    assert found[low].mean() <= 0.01
+    # and between them on the S-curve: within 4 standard errors per 0.1 bin
+    for lo in np.arange(0.5, 0.9, 0.1):
+        inbin = (jaccard >= lo) & (jaccard < lo + 0.1)
+        p = np.mean([detection_probability(s, 14, 8) for s in jaccard[inbin]])
+        se = max(np.sqrt(p * (1 - p) / inbin.sum()), 0.02)
+        assert abs(found[inbin].mean() - p) <= 4 * se, (lo, found[inbin].mean(), p)
+
+
+def test_empty_shards_pass_through_every_stage(tmp_path):
+    empty = write_shard(tmp_path / "e.jsonl", [])
+    assert exact.hash_shard(empty, READER, tmp_path / "e.hashes") == 0
+    assert exact.find_repeats([tmp_path / "e.hashes"], tmp_path / "x.npy")["repeats"] == 0
+    assert minhash.signatures_of_shard(empty, READER, DEFAULTS, tmp_path / "e.npy") == 0
+    assert minhash.band_pairs([tmp_path / "e.npy"], 0, 8, tmp_path / "b.npy") == 0
+    assert minhash.cluster([tmp_path / "b.npy"], tmp_path / "r.npy")["removed"] == 0
+    m = removal.remove_documents(
+        empty, READER, tmp_path / "r.npy", 0, tmp_path / "o.jsonl", tmp_path / "m.json",
+        reason="minhash", about={},
+    )  # fmt: skip
+    assert m["documents_out"] == 0 and (tmp_path / "o.jsonl").read_text() == ""
+
+
+def test_minhash_documents_too_short_have_no_signature_and_stay(tmp_path):
+    shard = write_shard(tmp_path / "s.jsonl", ["one two three", "one two three", "a b c d e f"])
+    minhash.signatures_of_shard(shard, READER, DEFAULTS, tmp_path / "s.npy")
+    sig = np.load(tmp_path / "s.npy")
+    assert (sig[:2] == minhash.NO_SIGNATURE).all() and (sig[2] != minhash.NO_SIGNATURE).all()
+    minhash.band_pairs([tmp_path / "s.npy"], 0, 8, tmp_path / "b.npy")
+    assert np.load(tmp_path / "b.npy").shape == (0, 4)
+
+
+def test_clustering_removes_all_but_the_earliest_of_each_component(tmp_path):
+    # chains across bands: (0,5)-(1,2) in one band, (1,2)-(0,9) and (2,0)-(2,1) in another
+    np.save(tmp_path / "b0.npy", np.array([[0, 5, 1, 2]], dtype=np.uint32))
+    np.save(tmp_path / "b1.npy", np.array([[0, 9, 1, 2], [2, 0, 2, 1]], dtype=np.uint32))
+    stats = minhash.cluster([tmp_path / "b0.npy", tmp_path / "b1.npy"], tmp_path / "r.npy")
+    assert np.load(tmp_path / "r.npy").tolist() == [[0, 9], [1, 2], [2, 1]]
+    assert stats["clusters"] == 2 and stats["cluster_sizes"] == {"2": 1, "3": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "simplified"),
+    [
+        ("Hello, World!", "hello world"),
+        ("Café costs 1,200 or 3.5 €", "cafe costs 0 or 0"),
+        ("tab\tand\n\nnewline", "tab and newline"),
+    ],
+)
+def test_simplify_follows_datatroves_normalization(text, simplified):
+    assert minhash.simplify(text) == simplified
