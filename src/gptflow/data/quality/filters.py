@@ -1,0 +1,615 @@
+"""Quality filters: every signal of a document computed once, decided per recipe.
+
+The rules are Gopher repetition and Gopher quality (Rae et al. 2021, Table A1), C4 (Raffel et
+al. 2020, TFDS ``c4_utils``) and FineWeb's line filters, as DataTrove 0.10.1 defines them
+(``GopherRepetitionFilter``, ``GopherQualityFilter``, ``C4QualityFilter``,
+``FineWebQualityFilter``): their thresholds, their names and their reasons are DataTrove's.
+
+Tag once, threshold many (as Dolma's attributes and RedPajama-V2's quality signals):
+`signals(text, tokenizer)` computes every number those rules compare, one flat JSON-able dict
+per document (`write_signals` writes a shard's side file of them); `select(signals,
+thresholds)` applies a recipe's thresholds, rule by rule in the recipe's order, and returns
+``(keep, reason)`` with the reason DataTrove's filter gives, so an ablation over thresholds
+recomputes nothing. Each rule's own `decide` stops at the first failing check in DataTrove's
+order, so the reason is the one DataTrove names, not merely a failing one.
+
+The word tokenizer is named (`TOKENIZERS`): ``spacy`` is DataTrove's own (spaCy's blank
+English tokenizer plus its sentencizer, DataTrove >= 0.4), with which every decision and reason
+is DataTrove's (tests/unit/test_quality_filters.py checks it document by document);
+``regex`` is ~10x faster and decides differently on some documents (bench/quality.py prints
+the per-rule agreement).
+
+A document no rule can evaluate (not a string; a ratio whose denominator is zero, where
+DataTrove's filter raises ZeroDivisionError, e.g. GopherRepetition on an empty text) is
+dropped with the reason `UNPARSABLE` and counted like any other reason: never a crash.
+
+Signal-time settings (they decide which lines C4 keeps and what FineWeb calls a short line, so
+changing them means new signals, not new thresholds) are the module's constants below, at
+DataTrove's defaults; C4's terminal-punctuation rule is the exception: its line choices are
+computed both ways (``c4_*`` with it, ``c4_any_end_*`` without, as FineWeb runs C4).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from gptflow.errors import GptflowError
+
+UNPARSABLE = "unparsable"
+RULES = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
+
+# One table: each rule's thresholds at the reference's values, under DataTrove 0.10.1's
+# parameter names. A falsy value turns that check off, as in DataTrove (`if self.x and ...`).
+THRESHOLDS: dict[str, dict[str, Any]] = {
+    "gopher_repetition": {
+        "dup_line_frac": 0.3,  # duplicate lines / lines
+        "dup_para_frac": 0.3,  # duplicate paragraphs / paragraphs
+        "dup_line_char_frac": 0.2,  # characters in duplicate lines / characters
+        "dup_para_char_frac": 0.2,  # characters in duplicate paragraphs / characters
+        "top_n_grams": {2: 0.2, 3: 0.18, 4: 0.16},  # n: top n-gram's characters / characters
+        # n: characters in repeated n-grams / characters
+        "dup_n_grams": {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
+    },
+    "gopher_quality": {
+        "min_doc_words": 50,  # words with a non-punctuation character
+        "max_doc_words": 100_000,
+        "min_avg_word_length": 3,  # characters, over those words
+        "max_avg_word_length": 10,
+        "max_symbol_word_ratio": 0.1,  # '#' per word; '...' and '…' per word
+        "max_bullet_lines_ratio": 0.9,  # lines starting with '•' or '-'
+        "max_ellipsis_lines_ratio": 0.3,  # lines ending with '...' or '…'
+        "max_non_alpha_words_ratio": 0.8,  # a MINIMUM: words with a letter / words
+        "min_stop_words": 2,  # distinct words of GOPHER_STOP_WORDS
+    },
+    "c4": {
+        "filter_no_terminal_punct": True,  # keep only lines ending . ? ! " ' (FineWeb: False)
+        "min_num_sentences": 5,  # in the kept lines; -1: off
+        "filter_lorem_ipsum": True,  # drop the document on a kept line with "lorem ipsum"
+        "filter_curly_bracket": True,  # drop the document on a kept line with '{'
+    },
+    "fineweb": {
+        "line_punct_thr": 0.12,  # a MINIMUM: lines ending in terminal punctuation / lines
+        "line_punct_exclude_zero": False,  # True: no such line at all passes
+        "short_line_thr": 0.67,  # lines of <= FINEWEB_SHORT_LINE characters / lines
+        "char_duplicates_ratio": 0.01,  # characters in duplicate lines / characters
+        "new_line_ratio": 0.3,  # newlines / words
+    },
+}
+
+# Signal-time settings, at DataTrove 0.10.1's defaults.
+GOPHER_STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
+TOP_N = (2, 3, 4)  # the n of the top n-gram signals
+DUP_N = (5, 6, 7, 8, 9, 10)  # the n of the repeated n-gram signals
+C4_MAX_WORD_LENGTH = 1000  # a line with a longer (whitespace) word is dropped
+C4_MIN_WORDS_PER_LINE = 3  # a line with fewer (whitespace) words is dropped
+C4_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")  # removed from each line
+C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
+C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies",
+             "use of cookies", "use cookies")  # fmt: skip
+FINEWEB_SHORT_LINE = 30  # characters
+
+# DataTrove 0.10.1's datatrove.utils.text.PUNCTUATION and TERMINAL_PUNCTUATION, verbatim
+# (tests/unit/test_quality_filters.py holds them to the installed DataTrove): Gopher quality's
+# symbol words are made of PUNCTUATION_SET only; FineWeb's stop characters are
+# TERMINAL_PUNCTUATION.
+PUNCTUATION = (
+    "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»"
+    + "".join(chr(x) for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for x in range(a, b))
+)
+TERMINAL_PUNCTUATION = frozenset(
+    "!.?։؝؞؟۔܀܁܂߹࠷࠹࠽࠾।॥၊။።፧፨᙮᜵᜶។៕៖៙៚᠃᠉᥄᥅᪨᪩᪪᪫᭚᭛᭞᭟᭽᭾᰻᰼᱾᱿‼‽⁇⁈⁉⸮⸼⹓⹔。꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗"
+    "！．？｡𐩖𐩗𐽕𐽖𐽗𐽘𐽙𐾆𐾇𐾈𐾉𑁇𑁈𑂾𑂿𑃀𑃁𑅁𑅂𑅃𑇅𑇆𑇍𑇞𑇟𑈸𑈹𑈻𑈼𑊩𑑋𑑌𑗂𑗃𑗉𑗊𑗋𑗌𑗍𑗎𑗏𑗐𑗑𑗒𑗓𑗔𑗕𑗖𑗗𑙁𑙂𑜼𑜽𑜾𑥄𑥆𑩂𑩃𑪛𑪜𑱁𑱂𑻷𑻸\U00011f43"
+    "\U00011f44𖩮𖩯𖫵𖬷𖬸𖭄𖺘𛲟𝪈"
+)
+PUNCTUATION_SET = frozenset(PUNCTUATION) | TERMINAL_PUNCTUATION
+_PUNCTUATION_CHARS = "".join(sorted(PUNCTUATION_SET))
+_STOP_CHARS = tuple(sorted(TERMINAL_PUNCTUATION))
+
+
+class Tokenizer(NamedTuple):
+    """A named word tokenizer: words of a text, and the number of sentences of one line."""
+
+    words: Callable[[str], list[str]]
+    sentences: Callable[[str], int]
+
+
+# The fast tokenizer: a run of word characters (with inner apostrophes, periods between
+# letters or digits, as in "e.g" or "3.14"), or one other visible character.
+_REGEX_WORD = re.compile(r"\w+(?:['.]\w+)*|\S")
+_REGEX_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+(?=\S)")
+
+
+def _regex_words(text: str) -> list[str]:
+    return _REGEX_WORD.findall(text)
+
+
+def _regex_sentences(line: str) -> int:
+    return 1 + len(_REGEX_SENTENCE_END.findall(line))
+
+
+@lru_cache(1)
+def _spacy_nlp():
+    try:
+        import spacy
+    except ImportError:
+        raise GptflowError(
+            "the quality filters' word tokenizer 'spacy' needs spaCy, which is not installed; "
+            "install it (pip install 'gptflow[quality]') or name the tokenizer 'regex'"
+        ) from None
+    nlp = spacy.blank("en")  # rule-based: no model download
+    nlp.add_pipe("sentencizer")
+    return nlp
+
+
+def _spacy_docs(text: str):
+    # As DataTrove's SpaCyTokenizer: one string breaks spaCy's tokenizer; it is dropped
+    nlp = _spacy_nlp()
+    nlp.max_length = len(text) + 10
+    try:
+        return nlp(text, disable=["parser", "tagger", "ner"])
+    except Exception:
+        if "IS_ALPHA" not in text:
+            raise
+        return nlp(text.replace("IS_ALPHA", ""), disable=["parser", "tagger", "ner"])
+
+
+def _spacy_words(text: str) -> list[str]:
+    with _spacy_nlp().memory_zone():
+        return [s for s in (t.text.strip() for t in _spacy_docs(text)) if s]
+
+
+def _spacy_sentences(line: str) -> int:
+    # DataTrove's split_into_sentences cuts at each sentence's end: one part at least
+    with _spacy_nlp().memory_zone():
+        return max(1, len(list(_spacy_docs(line).sents)))
+
+
+TOKENIZERS = {
+    "regex": Tokenizer(_regex_words, _regex_sentences),
+    "spacy": Tokenizer(_spacy_words, _spacy_sentences),
+}
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    if name not in TOKENIZERS:
+        raise GptflowError(
+            f"the quality filters' word tokenizer is {name!r}; expected one of "
+            f"{sorted(TOKENIZERS)} (regex: fast; spacy: DataTrove's own, for its exact decisions)"
+        )
+    return TOKENIZERS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(duplicate elements, their characters): each element after its first occurrence."""
+    seen: set[str] = set()
+    count = chars = 0
+    for item in items:
+        if item in seen:
+            count += 1
+            chars += len(item)
+        else:
+            seen.add(item)
+    return count, chars
+
+
+class _Words(NamedTuple):
+    """A document's words as ids into its vocabulary, with what the rules ask of each
+    distinct word (computed once per distinct word, not per occurrence)."""
+
+    words: list[str]
+    ids: np.ndarray  # (W,) int64: the word's index in `vocab`
+    lengths: np.ndarray  # (W,) int64: characters
+    ends: np.ndarray  # (W,) int64: where each word ends in `joined`
+    joined: str  # the words concatenated
+    vocab: list[str]  # distinct words, in order of first appearance
+    non_symbol: np.ndarray  # (V,) bool: has a character outside PUNCTUATION_SET
+    alpha: np.ndarray  # (V,) bool: has a letter (str.isalpha)
+
+
+def _index_words(words: list[str]) -> _Words:
+    index: dict[str, int] = {}
+    ids = np.fromiter((index.setdefault(w, len(index)) for w in words), np.int64, len(words))
+    vocab = list(index)
+    lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
+    non_symbol = np.fromiter((bool(w.strip(_PUNCTUATION_CHARS)) for w in vocab), bool, len(vocab))
+    alpha = np.fromiter((any(map(str.isalpha, w)) for w in vocab), bool, len(vocab))
+    joined = "".join(words)
+    return _Words(words, ids, lengths, np.cumsum(lengths), joined, vocab, non_symbol, alpha)
+
+
+def _top_ngram_chars(w: _Words, n: int) -> int | None:
+    """Characters of the most frequent n-gram (words joined by a space) times its count; of
+    equally frequent ones the first to appear (Counter.most_common's choice); None with
+    fewer than n words. N-grams are equal exactly when their word ids are, so an n-gram is
+    its ids as one integer in base len(vocab) (a Counter of tuples if that overflows)."""
+    count = len(w.ids) - n + 1
+    if count <= 0:
+        return None
+    base = len(w.vocab)
+    if base**n >= 2**63:
+        grams = Counter(zip(*(w.words[i:] for i in range(n)), strict=False))
+        gram, times = grams.most_common(1)[0]
+        return (sum(map(len, gram)) + n - 1) * times
+    keys = w.ids[:count].copy()
+    for i in range(1, n):
+        keys = keys * base + w.ids[i : i + count]
+    _, first, times = np.unique(keys, return_index=True, return_counts=True)
+    most = times.max()
+    at = first[times == most].min()
+    return int(w.lengths[at : at + n].sum() + n - 1) * int(most)
+
+
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
+_HASH_BASE_INVERSE = np.uint64(pow(int(_HASH_BASE), -1, 2**64))
+
+
+def _repeated_ngram_chars(w: _Words, n: int, prefix: np.ndarray, unscale: np.ndarray) -> int:
+    """DataTrove's find_all_duplicate: walking the n-grams (words concatenated WITHOUT a
+    separator, so ("ab", "c") repeats ("a", "bc")), a repeat of one already seen counts its
+    characters and jumps n words. Only positions whose n-gram occurs more than once can change
+    the walk, so only they are walked: they are found by a polynomial hash of the n-gram's
+    characters (equal strings hash equal; a collision only adds a position to walk), and the
+    walk compares the strings themselves."""
+    count = len(w.ids) - n + 1
+    if count <= 1:
+        return 0
+    starts = w.ends[:count] - w.lengths[:count]
+    stops = w.ends[n - 1 :]
+    with np.errstate(over="ignore"):
+        keys = (prefix[stops] - prefix[starts]) * unscale[starts]
+    _, inverse, times = np.unique(keys, return_inverse=True, return_counts=True)
+    walk = np.flatnonzero(times[inverse] > 1)
+    if not len(walk):
+        return 0
+    seen: set[str] = set()
+    chars = resume = 0
+    for i, a, b in zip(walk.tolist(), starts[walk].tolist(), stops[walk].tolist(), strict=True):
+        if i < resume:
+            continue
+        gram = w.joined[a:b]
+        if gram in seen:
+            chars += b - a
+            resume = i + n
+        else:
+            seen.add(gram)
+    return chars
+
+
+def _gopher_repetition(text: str, w: _Words) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    size = len(text)
+    paragraphs = re.split(r"\n{2,}", text.strip())
+    dups, chars = _duplicates(paragraphs)
+    out["dup_para_frac"] = dups / len(paragraphs)
+    out["dup_para_char_frac"] = _ratio(chars, size)
+    lines = re.split(r"\n+", text)
+    dups, chars = _duplicates(lines)
+    out["dup_line_frac"] = dups / len(lines)
+    out["dup_line_char_frac"] = _ratio(chars, size)
+    for n in TOP_N:
+        top = _top_ngram_chars(w, n)
+        out[f"top_{n}_gram"] = None if top is None else _ratio(top, size)
+    prefix, unscale = _char_hashes(w.joined)
+    for n in DUP_N:
+        out[f"duplicated_{n}_n_grams"] = _ratio(_repeated_ngram_chars(w, n, prefix, unscale), size)
+    return out
+
+
+def _char_hashes(joined: str) -> tuple[np.ndarray, np.ndarray]:
+    """Over the words' characters concatenated: prefix[k] = sum of code[i] * B**i for i < k,
+    and unscale[k] = B**-k (mod 2**64), so that (prefix[b] - prefix[a]) * unscale[a] is a
+    hash of joined[a:b] that does not depend on a."""
+    codes = np.frombuffer(joined.encode("utf-32-le"), np.uint32).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        powers = np.ones(len(codes) + 1, np.uint64)  # B**0, B**1, ...
+        np.cumprod(np.full(len(codes), _HASH_BASE, np.uint64), out=powers[1:])
+        prefix = np.zeros(len(codes) + 1, np.uint64)
+        np.cumsum(codes * powers[:-1], out=prefix[1:])
+        unscale = np.ones(len(codes) + 1, np.uint64)
+        np.cumprod(np.full(len(codes), _HASH_BASE_INVERSE, np.uint64), out=unscale[1:])
+    return prefix, unscale
+
+
+def _gopher_quality(text: str, w: _Words) -> dict[str, Any]:
+    n_words = len(w.ids)
+    non_symbol = w.non_symbol[w.ids]
+    n_non_symbol = int(non_symbol.sum())
+    lines = text.splitlines()
+    return {
+        "gopher_words": n_words,
+        "gopher_non_symbol_words": n_non_symbol,
+        "gopher_avg_word_length": (
+            int(w.lengths[non_symbol].sum()) / n_non_symbol if n_non_symbol else None
+        ),
+        "gopher_hash_ratio": _ratio(text.count("#"), n_words),
+        "gopher_ellipsis_ratio": _ratio(text.count("...") + text.count("…"), n_words),
+        "gopher_bullet_lines_ratio": _ratio(
+            sum(s.lstrip().startswith(("•", "-")) for s in lines), len(lines)
+        ),
+        "gopher_end_ellipsis_lines_ratio": _ratio(
+            sum(s.rstrip().endswith(("...", "…")) for s in lines), len(lines)
+        ),
+        "gopher_alpha_words_ratio": _ratio(int(w.alpha[w.ids].sum()), n_words),
+        "gopher_stop_words": len(GOPHER_STOP_WORDS.intersection(w.vocab)),
+    }
+
+
+def _c4(text: str, sentences: Callable[[str], int]) -> dict[str, Any]:
+    """C4's line pass, both with and without the terminal-punctuation rule: the first kept
+    line (index) with "lorem ipsum", the first with '{' (after the javascript line rule), and
+    the sentences of the lines kept when neither drops the document."""
+    first: dict[str, int | None] = dict.fromkeys(
+        ("c4_lorem_ipsum_line", "c4_curly_bracket_line",
+         "c4_any_end_lorem_ipsum_line", "c4_any_end_curly_bracket_line"))  # fmt: skip
+    total = {"c4_sentences": 0, "c4_any_end_sentences": 0}
+    for index, raw in enumerate(text.splitlines()):
+        line = raw.strip()
+        words = line.split()
+        if len(words) < C4_MIN_WORDS_PER_LINE or any(len(w) > C4_MAX_WORD_LENGTH for w in words):
+            continue
+        line = C4_CITATION.sub("", line)
+        prefixes = ["c4_any_end_"]
+        if line.endswith(C4_END_PUNCTUATION) and not line.endswith("..."):
+            prefixes.append("c4_")
+        lower = line.lower()
+        for p in prefixes:
+            if "lorem ipsum" in lower and first[p + "lorem_ipsum_line"] is None:
+                first[p + "lorem_ipsum_line"] = index
+        if "javascript" in lower:
+            continue
+        for p in prefixes:
+            if "{" in line and first[p + "curly_bracket_line"] is None:
+                first[p + "curly_bracket_line"] = index
+        if any(p in lower for p in C4_POLICY):
+            continue
+        count = sentences(line)
+        for p in prefixes:
+            total[p + "sentences"] += count
+    return {**first, **total}
+
+
+def _fineweb(text: str, n_words: int) -> dict[str, Any]:
+    lines = [line for line in text.split("\n") if line.strip() != ""]
+    if not lines:
+        return {"fineweb_lines": 0}
+    n = len(lines)
+    return {
+        "fineweb_lines": n,
+        "fineweb_punct_lines_ratio": sum(line.endswith(_STOP_CHARS) for line in lines) / n,
+        "fineweb_short_lines_ratio": sum(len(line) <= FINEWEB_SHORT_LINE for line in lines) / n,
+        "fineweb_char_dup_ratio": _ratio(_duplicates(lines)[1], len(text.replace("\n", ""))),
+        "fineweb_list_ratio": _ratio(text.count("\n"), n_words),
+    }
+
+
+def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
+    """Every number the four rules compare, for one document (JSON-able: floats, ints, None
+    where DataTrove would divide by zero). ``{"unparsable": why}`` for a text that is not a
+    string; a tokenizer that fails on it (spaCy) gives the same."""
+    tok = get_tokenizer(tokenizer)
+    if not isinstance(text, str):
+        return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
+    try:
+        words = _index_words(tok.words(text))
+        return {
+            "chars": len(text),
+            **_gopher_repetition(text, words),
+            **_gopher_quality(text, words),
+            **_c4(text, tok.sentences),
+            **_fineweb(text, len(words.ids)),
+        }
+    except GptflowError:
+        raise
+    except Exception as e:  # spaCy on a text it cannot take: counted, never a crash
+        return {UNPARSABLE: f"{tokenizer} tokenizer: {type(e).__name__}: {e}"[:200]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions
+
+
+def _gopher_repetition_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    if not s["chars"]:
+        return False, "empty"
+    for key in ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac"):
+        if t[key] and _over(s[key], t[key]):
+            return False, key
+    for n, frac in t["top_n_grams"].items():
+        if s[f"top_{n}_gram"] is not None and _over(s[f"top_{n}_gram"], frac):
+            return False, f"top_{n}_gram"
+    for n, frac in t["dup_n_grams"].items():
+        if _over(s[f"duplicated_{n}_n_grams"], frac):
+            return False, f"duplicated_{n}_n_grams"
+    return True, ""
+
+
+def _gopher_quality_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    words = s["gopher_non_symbol_words"]
+    avg = s["gopher_avg_word_length"]  # None (DataTrove: nan, which passes both checks)
+    checks = (
+        ("min_doc_words", "gopher_short_doc", lambda v: words < v),
+        ("max_doc_words", "gopher_long_doc", lambda v: words > v),
+        ("min_avg_word_length", "gopher_below_avg_threshold", lambda v: avg is not None and avg < v),
+        ("max_avg_word_length", "gopher_above_avg_threshold", lambda v: avg is not None and avg > v),
+        ("max_symbol_word_ratio", "gopher_too_many_hashes", lambda v: _over(s["gopher_hash_ratio"], v)),
+        ("max_symbol_word_ratio", "gopher_too_many_ellipsis",
+         lambda v: _over(s["gopher_ellipsis_ratio"], v)),
+        ("max_bullet_lines_ratio", "gopher_too_many_bullets",
+         lambda v: _over(s["gopher_bullet_lines_ratio"], v)),
+        ("max_ellipsis_lines_ratio", "gopher_too_many_end_ellipsis",
+         lambda v: _over(s["gopher_end_ellipsis_lines_ratio"], v)),
+        ("max_non_alpha_words_ratio", "gopher_below_alpha_threshold",
+         lambda v: _under(s["gopher_alpha_words_ratio"], v)),
+        ("min_stop_words", "gopher_enough_stop_words", lambda v: s["gopher_stop_words"] < v),
+    )  # fmt: skip
+    for key, reason, fails in checks:
+        if t[key] and fails(t[key]):
+            return False, reason
+    return True, ""
+
+
+def _c4_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    p = "c4_" if t["filter_no_terminal_punct"] else "c4_any_end_"
+    lorem = s[p + "lorem_ipsum_line"] if t["filter_lorem_ipsum"] else None
+    curly = s[p + "curly_bracket_line"] if t["filter_curly_bracket"] else None
+    if lorem is not None and (curly is None or lorem <= curly):
+        return False, "lorem_ipsum"
+    if curly is not None:
+        return False, "curly_bracket"
+    if s[p + "sentences"] < t["min_num_sentences"]:
+        return False, "too_few_sentences"
+    return True, ""
+
+
+def _fineweb_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    if not s["fineweb_lines"]:
+        return False, "empty"
+    ratio = s["fineweb_punct_lines_ratio"]
+    if ratio < t["line_punct_thr"] and not (ratio == 0 and t["line_punct_exclude_zero"]):
+        return False, "line_punct_ratio"
+    if s["fineweb_short_lines_ratio"] > t["short_line_thr"]:
+        return False, "short_line_ratio"
+    if _over(s["fineweb_char_dup_ratio"], t["char_duplicates_ratio"]):
+        return False, "char_dup_ratio"
+    if _over(s["fineweb_list_ratio"], t["new_line_ratio"]):
+        return False, "list_ratio"
+    return True, ""
+
+
+class _Unparsable(Exception):
+    """A ratio DataTrove would divide by zero for: the rule cannot evaluate the document."""
+
+
+def _over(value: float | None, limit: float) -> bool:
+    if value is None:
+        raise _Unparsable
+    return value > limit
+
+
+def _under(value: float | None, limit: float) -> bool:
+    if value is None:
+        raise _Unparsable
+    return value < limit
+
+
+_DECIDE = {
+    "gopher_repetition": _gopher_repetition_decide,
+    "gopher_quality": _gopher_quality_decide,
+    "c4": _c4_decide,
+    "fineweb": _fineweb_decide,
+}
+
+
+def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+    """A recipe's rules (in its order) with its thresholds over `THRESHOLDS`' defaults;
+    one line naming the rule, the key and the fix for an unknown one, or an n-gram size whose
+    signal is not computed."""
+    out: dict[str, dict[str, Any]] = {}
+    for rule, given in recipe.items():
+        if rule not in THRESHOLDS:
+            raise GptflowError(
+                f"quality filter {rule!r} is unknown; expected one of {list(THRESHOLDS)}"
+            )
+        merged = dict(THRESHOLDS[rule])
+        for key, value in (given or {}).items():
+            if key not in merged:
+                raise GptflowError(
+                    f"quality filter {rule}: threshold {key!r} is unknown; "
+                    f"expected one of {sorted(merged)}"
+                )
+            merged[key] = value
+        for key, sizes in (("top_n_grams", TOP_N), ("dup_n_grams", DUP_N)):
+            if key in merged:
+                merged[key] = {int(n): f for n, f in merged[key].items()}
+                if not set(merged[key]) <= set(sizes):
+                    raise GptflowError(
+                        f"quality filter {rule}: {key} has n = {sorted(merged[key])}; "
+                        f"signals are computed for n in {list(sizes)} only"
+                    )
+        out[rule] = merged
+    return out
+
+
+def decide(rule: str, sig: dict[str, Any], thresholds: dict[str, Any]) -> tuple[bool, str]:
+    """One rule's (keep, reason) on a document's signals, with DataTrove's reason; the
+    thresholds are a full set for that rule (`thresholds_for`)."""
+    if UNPARSABLE in sig:
+        return False, UNPARSABLE
+    try:
+        return _DECIDE[rule](sig, thresholds)
+    except _Unparsable:
+        return False, UNPARSABLE
+
+
+def select(sig: dict[str, Any], thresholds: dict[str, dict[str, Any]]) -> tuple[bool, str]:
+    """A recipe's decision: its rules in order (`thresholds_for`), the first that drops the
+    document gives the reason (``"<rule>:<DataTrove's reason>"``); ``(True, "")`` kept."""
+    for rule, rule_thresholds in thresholds.items():
+        keep, reason = decide(rule, sig, rule_thresholds)
+        if not keep:
+            return False, f"{rule}:{reason}"
+    return True, ""
+
+
+# ---------------------------------------------------------------------------------------------
+# A shard's side file
+
+
+def write_signals(texts: Iterable[object], path: Path, tokenizer: str = "regex") -> dict:
+    """One JSON line of signals per document, in order (``{"doc": index, ...}``), written
+    through a temporary file; returns the counts (documents, unparsable)."""
+    get_tokenizer(tokenizer)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    docs = unparsable = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for index, text in enumerate(texts):
+            row = signals(text, tokenizer)
+            unparsable += UNPARSABLE in row
+            docs += 1
+            f.write(json.dumps({"doc": index, "tokenizer": tokenizer, **row}) + "\n")
+    tmp.replace(path)
+    return {"documents": docs, "unparsable": unparsable, "tokenizer": tokenizer}
+
+
+def read_signals(path: Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise GptflowError(
+                    f"{path}:{number}: not a signals line ({e.msg}); delete the file so that "
+                    "its shard's signals are computed again"
+                ) from None
+
+
+def select_rows(
+    rows: Iterable[dict[str, Any]], thresholds: dict[str, dict[str, Any]]
+) -> tuple[list[int], Counter]:
+    """The kept documents' indices and the dropped ones counted by reason."""
+    kept: list[int] = []
+    dropped: Counter = Counter()
+    for row in rows:
+        keep, reason = select(row, thresholds)
+        if keep:
+            kept.append(row["doc"])
+        else:
+            dropped[reason] += 1
+    return kept, dropped
