@@ -121,10 +121,20 @@ class Tokenizer(NamedTuple):
     sentences: Callable[[str], int]
 
 
-# The fast tokenizer: a run of word characters (with inner apostrophes, periods between
-# letters or digits, as in "e.g" or "3.14"), or one other visible character.
-_REGEX_WORD = re.compile(r"\w+(?:['.]\w+)*|\S")
-_REGEX_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+(?=\S)")
+# The fast tokenizer, shaped after spaCy's English rules (which DataTrove uses) at regex
+# speed: whitespace-separated chunks keep their inner punctuation ("foo(self", "x==y",
+# "3.14", URLs); the punctuation spaCy splits off a chunk's edges (EDGE, and a final '.') is one
+# token per character; "..." is one token; a hyphen between letters is a token of its own.
+_EDGE = r"""[,:;!?()\[\]{}<>_#*&"'=%§]"""
+_REGEX_WORD = re.compile(
+    r"\.\.\."
+    rf"|(?<![^\s{_EDGE[1:-1]}]){_EDGE}"  # at a chunk's start, or after another such
+    r"|[^\W\d_]+(?=-[^\W\d_])|(?<=[^\W\d_])-(?=[^\W\d_])"  # well - known
+    rf"|[^\s{_EDGE[1:-1]}.](?:\S*[^\s{_EDGE[1:-1]}.])?"  # the chunk's inside
+    r"|\S"  # its trailing punctuation, one character each
+)
+# A sentence ends at '.', '!' or '?' (not in "..."), closing quotes or brackets, then space
+_REGEX_SENTENCE_END = re.compile(r"""(?:(?<!\.)\.(?!\.)|[!?])["')\]]*\s+(?=\S)""")
 
 
 def _regex_words(text: str) -> list[str]:
@@ -223,71 +233,99 @@ class _Words(NamedTuple):
 
 
 def _index_words(words: list[str]) -> _Words:
-    index: dict[str, int] = {}
-    ids = np.fromiter((index.setdefault(w, len(index)) for w in words), np.int64, len(words))
+    index = dict.fromkeys(words, 0)  # distinct words in order of first appearance
+    for i, word in enumerate(index):
+        index[word] = i
+    ids = np.fromiter(map(index.__getitem__, words), np.int64, len(words))
     vocab = list(index)
     lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
     non_symbol = np.fromiter((bool(w.strip(_PUNCTUATION_CHARS)) for w in vocab), bool, len(vocab))
-    alpha = np.fromiter((any(map(str.isalpha, w)) for w in vocab), bool, len(vocab))
+    alpha = np.fromiter((w.isalpha() or any(map(str.isalpha, w)) for w in vocab), bool, len(vocab))
     joined = "".join(words)
     return _Words(words, ids, lengths, np.cumsum(lengths), joined, vocab, non_symbol, alpha)
 
 
-def _top_ngram_chars(w: _Words, n: int) -> int | None:
-    """Characters of the most frequent n-gram (words joined by a space) times its count; of
-    equally frequent ones the first to appear (Counter.most_common's choice); None with
-    fewer than n words. N-grams are equal exactly when their word ids are, so an n-gram is
-    its ids as one integer in base len(vocab) (a Counter of tuples if that overflows)."""
-    count = len(w.ids) - n + 1
-    if count <= 0:
-        return None
+def _top_ngram_chars(w: _Words) -> dict[int, int | None]:
+    """For each n of TOP_N: characters of the most frequent n-gram (words joined by a space)
+    times its count; of equally frequent ones the first to appear (Counter.most_common's
+    choice); None with fewer than n words. N-grams are equal exactly when their word ids are,
+    so an n-gram is its ids as one integer in base len(vocab), offset per n so that all n are
+    counted in one pass (a Counter of tuples where that would overflow)."""
+    out: dict[int, int | None] = dict.fromkeys(TOP_N)
     base = len(w.vocab)
-    if base**n >= 2**63:
-        grams = Counter(zip(*(w.words[i:] for i in range(n)), strict=False))
-        gram, times = grams.most_common(1)[0]
-        return (sum(map(len, gram)) + n - 1) * times
-    keys = w.ids[:count].copy()
-    for i in range(1, n):
-        keys = keys * base + w.ids[i : i + count]
-    _, first, times = np.unique(keys, return_index=True, return_counts=True)
-    most = times.max()
-    at = first[times == most].min()
-    return int(w.lengths[at : at + n].sum() + n - 1) * int(most)
+    sizes = {n: len(w.ids) - n + 1 for n in TOP_N if len(w.ids) >= n}
+    if not sizes:
+        return out
+    if sum(base**n for n in TOP_N) >= 2**63:
+        for n in sizes:
+            grams = Counter(zip(*(w.words[i:] for i in range(n)), strict=False))
+            gram, times = grams.most_common(1)[0]
+            out[n] = (sum(map(len, gram)) + n - 1) * times
+        return out
+    parts, offset = [], 0
+    for n, size in sizes.items():
+        keys = w.ids[:size].copy()
+        for i in range(1, n):
+            keys = keys * base + w.ids[i : i + size]
+        parts.append(keys + offset)
+        offset += base**n
+    uniques, first, times = np.unique(np.concatenate(parts), return_index=True, return_counts=True)
+    offset = start = 0
+    for n, size in sizes.items():
+        lo, hi = np.searchsorted(uniques, [offset, offset + base**n])
+        most = times[lo:hi].max()
+        at = first[lo:hi][times[lo:hi] == most].min() - start
+        out[n] = int(w.lengths[at : at + n].sum() + n - 1) * int(most)
+        offset += base**n
+        start += size
+    return out
 
 
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
 _HASH_BASE_INVERSE = np.uint64(pow(int(_HASH_BASE), -1, 2**64))
 
 
-def _repeated_ngram_chars(w: _Words, n: int, prefix: np.ndarray, unscale: np.ndarray) -> int:
-    """DataTrove's find_all_duplicate: walking the n-grams (words concatenated WITHOUT a
-    separator, so ("ab", "c") repeats ("a", "bc")), a repeat of one already seen counts its
-    characters and jumps n words. Only positions whose n-gram occurs more than once can change
-    the walk, so only they are walked: they are found by a polynomial hash of the n-gram's
-    characters (equal strings hash equal; a collision only adds a position to walk), and the
-    walk compares the strings themselves."""
-    count = len(w.ids) - n + 1
-    if count <= 1:
-        return 0
-    starts = w.ends[:count] - w.lengths[:count]
-    stops = w.ends[n - 1 :]
+def _repeated_ngram_chars(w: _Words) -> dict[int, int]:
+    """For each n of DUP_N, DataTrove's find_all_duplicate: walking the n-grams (words
+    concatenated WITHOUT a separator, so ("ab", "c") repeats ("a", "bc")), a repeat of one
+    already seen counts its characters and jumps n words. Only positions whose n-gram occurs
+    more than once can change the walk, so only they are walked: they are found, for all n
+    at once, by a polynomial hash of the n-gram's characters (equal strings hash equal; a
+    collision only adds a position to walk), and the walk compares the strings themselves."""
+    chars = dict.fromkeys(DUP_N, 0)
+    sizes = [max(0, len(w.ids) - n + 1) for n in DUP_N]
+    if sum(sizes) <= 1:
+        return chars
+    prefix, unscale = _char_hashes(w.joined)
+    starts = w.ends - w.lengths
+    spans = [(starts[:size], w.ends[n - 1 :]) for n, size in zip(DUP_N, sizes, strict=True)]
     with np.errstate(over="ignore"):
-        keys = (prefix[stops] - prefix[starts]) * unscale[starts]
-    _, inverse, times = np.unique(keys, return_inverse=True, return_counts=True)
-    walk = np.flatnonzero(times[inverse] > 1)
-    if not len(walk):
-        return 0
-    seen: set[str] = set()
-    chars = resume = 0
-    for i, a, b in zip(walk.tolist(), starts[walk].tolist(), stops[walk].tolist(), strict=True):
-        if i < resume:
-            continue
-        gram = w.joined[a:b]
-        if gram in seen:
-            chars += b - a
-            resume = i + n
-        else:
-            seen.add(gram)
+        keys = np.concatenate(
+            [(prefix[b] - prefix[a]) * unscale[a] * _HASH_BASE + np.uint64(n)
+             for n, (a, b) in zip(DUP_N, spans, strict=True)]
+        )  # fmt: skip
+    order = np.argsort(keys)
+    ranked = keys[order]
+    same = np.flatnonzero(ranked[1:] == ranked[:-1])
+    if not len(same):
+        return chars
+    repeated = np.zeros(len(keys), bool)
+    repeated[order[same]] = repeated[order[same + 1]] = True
+    offset = 0
+    for n, size, (a, b) in zip(DUP_N, sizes, spans, strict=True):
+        walk = np.flatnonzero(repeated[offset : offset + size])
+        offset += size
+        seen: set[str] = set()
+        resume = 0
+        for i, start, stop in zip(walk.tolist(), a[walk].tolist(), b[walk].tolist(), strict=True):
+            if i < resume:
+                continue
+            gram = w.joined[start:stop]
+            if gram in seen:
+                chars[n] += stop - start
+                resume = i + n
+            else:
+                seen.add(gram)
     return chars
 
 
@@ -302,12 +340,10 @@ def _gopher_repetition(text: str, w: _Words) -> dict[str, Any]:
     dups, chars = _duplicates(lines)
     out["dup_line_frac"] = dups / len(lines)
     out["dup_line_char_frac"] = _ratio(chars, size)
-    for n in TOP_N:
-        top = _top_ngram_chars(w, n)
+    for n, top in _top_ngram_chars(w).items():
         out[f"top_{n}_gram"] = None if top is None else _ratio(top, size)
-    prefix, unscale = _char_hashes(w.joined)
-    for n in DUP_N:
-        out[f"duplicated_{n}_n_grams"] = _ratio(_repeated_ngram_chars(w, n, prefix, unscale), size)
+    for n, chars in _repeated_ngram_chars(w).items():
+        out[f"duplicated_{n}_n_grams"] = _ratio(chars, size)
     return out
 
 
@@ -354,34 +390,42 @@ def _c4(text: str, sentences: Callable[[str], int]) -> dict[str, Any]:
     """C4's line pass, both with and without the terminal-punctuation rule: the first kept
     line (index) with "lorem ipsum", the first with '{' (after the javascript line rule), and
     the sentences of the lines kept when neither drops the document."""
-    first: dict[str, int | None] = dict.fromkeys(
-        ("c4_lorem_ipsum_line", "c4_curly_bracket_line",
-         "c4_any_end_lorem_ipsum_line", "c4_any_end_curly_bracket_line"))  # fmt: skip
-    total = {"c4_sentences": 0, "c4_any_end_sentences": 0}
+    lorem = curly = lorem_any = curly_any = None
+    sents = sents_any = 0
     for index, raw in enumerate(text.splitlines()):
-        line = raw.strip()
-        words = line.split()
-        if len(words) < C4_MIN_WORDS_PER_LINE or any(len(w) > C4_MAX_WORD_LENGTH for w in words):
+        words = raw.split()  # the stripped line's words
+        if len(words) < C4_MIN_WORDS_PER_LINE or (
+            len(raw) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in words)
+        ):
             continue
-        line = C4_CITATION.sub("", line)
-        prefixes = ["c4_any_end_"]
-        if line.endswith(C4_END_PUNCTUATION) and not line.endswith("..."):
-            prefixes.append("c4_")
+        line = raw.strip()
+        if "[" in line:
+            line = C4_CITATION.sub("", line)
+        ends = line.endswith(C4_END_PUNCTUATION) and not line.endswith("...")
         lower = line.lower()
-        for p in prefixes:
-            if "lorem ipsum" in lower and first[p + "lorem_ipsum_line"] is None:
-                first[p + "lorem_ipsum_line"] = index
+        if "lorem ipsum" in lower:
+            lorem_any = index if lorem_any is None else lorem_any
+            lorem = index if ends and lorem is None else lorem
         if "javascript" in lower:
             continue
-        for p in prefixes:
-            if "{" in line and first[p + "curly_bracket_line"] is None:
-                first[p + "curly_bracket_line"] = index
-        if any(p in lower for p in C4_POLICY):
+        if "{" in line:
+            curly_any = index if curly_any is None else curly_any
+            curly = index if ends and curly is None else curly
+        if ("cookie" in lower or "terms of use" in lower or "privacy policy" in lower) and any(
+            p in lower for p in C4_POLICY
+        ):
             continue
         count = sentences(line)
-        for p in prefixes:
-            total[p + "sentences"] += count
-    return {**first, **total}
+        sents_any += count
+        sents += count if ends else 0
+    return {
+        "c4_lorem_ipsum_line": lorem,
+        "c4_curly_bracket_line": curly,
+        "c4_sentences": sents,
+        "c4_any_end_lorem_ipsum_line": lorem_any,
+        "c4_any_end_curly_bracket_line": curly_any,
+        "c4_any_end_sentences": sents_any,
+    }
 
 
 def _fineweb(text: str, n_words: int) -> dict[str, Any]:
