@@ -88,6 +88,7 @@ def _sweeps() -> list[str]:
     docs += ["\n".join(["Short line."] * k + [body[:80] + "."] * (12 - k)) for k in (7, 8, 9)]
     sentence = "The stone lies in the river."
     docs += ["\n".join([sentence] * k + ["word word word"]) for k in (4, 5, 6)]
+    docs += ["\n".join([sentence] * 4 + [end]) for end in ("And so it went...", "So it went.")]
     docs += [f"{sentence} [1] [edit]\n{sentence}\nA line with {{ in it here.\n" * 2,
              f"{sentence}\nSome lorem ipsum text here.\n{sentence} {{}} again.\n" * 3,
              f"{sentence} Uses javascript {{ here.\nWe use cookies on this site.\n" * 4,
