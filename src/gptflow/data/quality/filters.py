@@ -36,6 +36,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
+from operator import methodcaller
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -138,10 +139,18 @@ _REGEX_SENTENCE_END = re.compile(r"""(?:(?<!\.)\.(?!\.)|[!?])["')\]]*\s+(?=\S)""
 
 
 def _regex_words(text: str) -> list[str]:
-    return _REGEX_WORD.findall(text)
+    words: list[str] = []
+    for chunk in text.split():  # the same whitespace as the pattern's \s
+        if chunk.isalnum():  # most chunks: the pattern would give them whole
+            words.append(chunk)
+        else:
+            words += _REGEX_WORD.findall(chunk)
+    return words
 
 
 def _regex_sentences(line: str) -> int:
+    if "." not in line and "!" not in line and "?" not in line:
+        return 1
     return 1 + len(_REGEX_SENTENCE_END.findall(line))
 
 
@@ -206,16 +215,10 @@ def _ratio(num: float, den: float) -> float | None:
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
-    """(duplicate elements, their characters): each element after its first occurrence."""
-    seen: set[str] = set()
-    count = chars = 0
-    for item in items:
-        if item in seen:
-            count += 1
-            chars += len(item)
-        else:
-            seen.add(item)
-    return count, chars
+    """(duplicate elements, their characters): each element after its first occurrence,
+    i.e. all of them less one of each distinct element."""
+    distinct = set(items)
+    return len(items) - len(distinct), sum(map(len, items)) - sum(map(len, distinct))
 
 
 class _Words(NamedTuple):
@@ -239,8 +242,11 @@ def _index_words(words: list[str]) -> _Words:
     ids = np.fromiter(map(index.__getitem__, words), np.int64, len(words))
     vocab = list(index)
     lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
-    non_symbol = np.fromiter((bool(w.strip(_PUNCTUATION_CHARS)) for w in vocab), bool, len(vocab))
-    alpha = np.fromiter((w.isalpha() or any(map(str.isalpha, w)) for w in vocab), bool, len(vocab))
+    strip = methodcaller("strip", _PUNCTUATION_CHARS)
+    non_symbol = np.fromiter(map(bool, map(strip, vocab)), bool, len(vocab))
+    alpha = np.fromiter(map(str.isalpha, vocab), bool, len(vocab))  # all letters, or:
+    for i in np.flatnonzero(~alpha).tolist():
+        alpha[i] = any(map(str.isalpha, vocab[i]))  # some letter
     joined = "".join(words)
     return _Words(words, ids, lengths, np.cumsum(lengths), joined, vocab, non_symbol, alpha)
 
@@ -376,10 +382,10 @@ def _gopher_quality(text: str, w: _Words) -> dict[str, Any]:
         "gopher_hash_ratio": _ratio(text.count("#"), n_words),
         "gopher_ellipsis_ratio": _ratio(text.count("...") + text.count("…"), n_words),
         "gopher_bullet_lines_ratio": _ratio(
-            sum(s.lstrip().startswith(("•", "-")) for s in lines), len(lines)
+            sum(map(methodcaller("startswith", ("•", "-")), map(str.lstrip, lines))), len(lines)
         ),
         "gopher_end_ellipsis_lines_ratio": _ratio(
-            sum(s.rstrip().endswith(("...", "…")) for s in lines), len(lines)
+            sum(map(methodcaller("endswith", ("...", "…")), map(str.rstrip, lines))), len(lines)
         ),
         "gopher_alpha_words_ratio": _ratio(int(w.alpha[w.ids].sum()), n_words),
         "gopher_stop_words": len(GOPHER_STOP_WORDS.intersection(w.vocab)),
@@ -429,14 +435,15 @@ def _c4(text: str, sentences: Callable[[str], int]) -> dict[str, Any]:
 
 
 def _fineweb(text: str, n_words: int) -> dict[str, Any]:
-    lines = [line for line in text.split("\n") if line.strip() != ""]
+    lines = list(filter(str.strip, text.split("\n")))  # not blank
     if not lines:
         return {"fineweb_lines": 0}
     n = len(lines)
+    lengths = np.fromiter(map(len, lines), np.int64, n)
     return {
         "fineweb_lines": n,
-        "fineweb_punct_lines_ratio": sum(line.endswith(_STOP_CHARS) for line in lines) / n,
-        "fineweb_short_lines_ratio": sum(len(line) <= FINEWEB_SHORT_LINE for line in lines) / n,
+        "fineweb_punct_lines_ratio": sum(map(methodcaller("endswith", _STOP_CHARS), lines)) / n,
+        "fineweb_short_lines_ratio": int((lengths <= FINEWEB_SHORT_LINE).sum()) / n,
         "fineweb_char_dup_ratio": _ratio(_duplicates(lines)[1], len(text.replace("\n", ""))),
         "fineweb_list_ratio": _ratio(text.count("\n"), n_words),
     }
