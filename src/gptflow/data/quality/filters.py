@@ -130,7 +130,7 @@ _EDGE = r"""[,:;!?()\[\]{}<>_#*&"'=%§]"""
 _REGEX_WORD = re.compile(
     r"\.\.\."
     rf"|(?<![^\s{_EDGE[1:-1]}]){_EDGE}"  # at a chunk's start, or after another such
-    r"|[^\W\d_]+(?=-[^\W\d_])|(?<=[^\W\d_])-(?=[^\W\d_])"  # well - known
+    r"|[^\W\d_]++(?=-[^\W\d_])|(?<=[^\W\d_])-(?=[^\W\d_])"  # well - known
     rf"|[^\s{_EDGE[1:-1]}.](?:\S*[^\s{_EDGE[1:-1]}.])?"  # the chunk's inside
     r"|\S"  # its trailing punctuation, one character each
 )
