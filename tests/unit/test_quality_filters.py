@@ -138,6 +138,39 @@ def test_every_document_is_decided_as_datatrove_decides_it(corpus, spacy_signals
     assert _disagreements(corpus, spacy_signals, reference["other"][rule], rule, OTHER[rule]) == []
 
 
+FINEWEB_CHAIN = {
+    "gopher_repetition": {}, "gopher_quality": {},
+    "c4": {"filter_no_terminal_punct": False}, "fineweb": {},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [FINEWEB_CHAIN, {"c4": {"filter_no_terminal_punct": False}, "fineweb": {}}],
+    ids=["fineweb-chain", "c4-then-fineweb"],
+)
+def test_a_recipe_decides_as_datatrove_s_pipeline_of_its_filters(corpus, spacy_signals, recipe):
+    """In a pipeline, FineWeb's filter after C4's judges the text C4 left of the document;
+    a recipe's selection does the same from the one set of signals."""
+    filters = [_reference(rule, thresholds) for rule, thresholds in recipe.items()]
+    thresholds = F.thresholds_for(recipe)
+    wrong, reasons = [], Counter()
+    for i, (text, sig) in enumerate(zip(corpus, spacy_signals, strict=True)):
+        doc, expected = Document(text=text, id="0"), (True, "")
+        for rule, filter_ in zip(recipe, filters, strict=True):
+            result = filter_.filter(doc)  # C4 leaves its lines in doc.text
+            if result is not True:
+                expected = (False, f"{rule}:{result[1]}")
+                break
+        reasons[expected[1]] += 1
+        if F.select(sig, thresholds) != expected:
+            wrong.append((i, text[:60], expected, F.select(sig, thresholds)))
+    assert wrong == []
+    assert reasons[""] > 0 and len(reasons) >= 4, reasons
+    if "gopher_quality" not in recipe:  # (it drops most of this sample before FineWeb's turn)
+        assert any(r.startswith("fineweb:") for r in reasons), reasons
+
+
 def test_the_sample_exercises_every_rule_both_ways(reference):
     """Agreement means something only where documents are both kept and dropped, for many
     reasons: the sample holds them."""
@@ -187,7 +220,7 @@ def test_a_document_no_rule_can_evaluate_is_counted_never_a_crash(tmp_path):
 def test_signals_read_back_from_the_side_file_decide_the_same(tmp_path, corpus, spacy_signals):
     path = tmp_path / "shard.signals.jsonl"
     F.write_signals(corpus[:40], path, "spacy")
-    thresholds = F.thresholds_for(dict.fromkeys(F.RULES))
+    thresholds = F.thresholds_for(FINEWEB_CHAIN)
     assert [F.select(r, thresholds) for r in F.read_signals(path)] == [
         F.select(s, thresholds) for s in spacy_signals[:40]]  # fmt: skip
     path.write_text(path.read_text()[:-20])
@@ -206,7 +239,8 @@ def test_the_constants_are_datatrove_0_10_1s():
     assert c4_filters.END_PUNCTUATION == F.C4_END_PUNCTUATION
     assert tuple(c4_filters.POLICY_SUBSTRINGS) == F.C4_POLICY
     for rule, thresholds in F.THRESHOLDS.items():
-        defaults = inspect.signature(type(_reference(rule, {})).__init__).parameters
+        cls = datatrove_filters.LanguageFilter if rule == "language" else type(_reference(rule, {}))
+        defaults = inspect.signature(cls.__init__).parameters
         for key, value in thresholds.items():
             expected = defaults[key].default
             if key in ("top_n_grams", "dup_n_grams"):
@@ -234,6 +268,12 @@ def test_a_bad_recipe_is_one_line_naming_the_key(recipe, message):
     assert "\n" not in str(e.value)
     with pytest.raises(GptflowError, match=r"tokenizer is 'nltk'; expected one of"):
         F.signals("text", "nltk")
+
+
+def test_fineweb_after_c4_needs_c4_as_fineweb_runs_it():
+    with pytest.raises(GptflowError, match=r"set c4.filter_no_terminal_punct: false, or put"):
+        F.thresholds_for({"c4": None, "fineweb": None})
+    assert list(F.thresholds_for({"fineweb": None, "c4": None})) == ["fineweb", "c4"]
 
 
 def test_a_recipe_applies_its_rules_in_its_order():

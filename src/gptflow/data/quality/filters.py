@@ -45,6 +45,7 @@ import numpy as np
 from gptflow.errors import GptflowError
 
 UNPARSABLE = "unparsable"
+AFTER_C4 = "fineweb_after_c4_"  # FineWeb's signals of the text C4 leaves
 RULES = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
 
 # One table: each rule's thresholds at the reference's values, under DataTrove 0.10.1's
@@ -396,12 +397,14 @@ def _gopher_quality(text: str, w: _Words) -> dict[str, Any]:
     }
 
 
-def _c4(text: str, sentences: Callable[[str], int]) -> dict[str, Any]:
+def _c4(text: str, sentences: Callable[[str], int]) -> tuple[dict[str, Any], str]:
     """C4's line pass, both with and without the terminal-punctuation rule: the first kept
     line (index) with "lorem ipsum", the first with '{' (after the javascript line rule), and
-    the sentences of the lines kept when neither drops the document."""
+    the sentences of the lines kept when neither drops the document; and the text C4 leaves
+    of a document it keeps, without that rule (as FineWeb runs it)."""
     lorem = curly = lorem_any = curly_any = None
     sents = sents_any = 0
+    kept: list[str] = []
     for index, raw in enumerate(text.splitlines()):
         words = raw.split()  # the stripped line's words
         if len(words) < C4_MIN_WORDS_PER_LINE or (
@@ -428,6 +431,7 @@ def _c4(text: str, sentences: Callable[[str], int]) -> dict[str, Any]:
         count = sentences(line)
         sents_any += count
         sents += count if ends else 0
+        kept.append(line)
     return {
         "c4_lorem_ipsum_line": lorem,
         "c4_curly_bracket_line": curly,
@@ -435,7 +439,7 @@ def _c4(text: str, sentences: Callable[[str], int]) -> dict[str, Any]:
         "c4_any_end_lorem_ipsum_line": lorem_any,
         "c4_any_end_curly_bracket_line": curly_any,
         "c4_any_end_sentences": sents_any,
-    }
+    }, "\n".join(kept).strip()
 
 
 def _fineweb(text: str, n_words: int) -> dict[str, Any]:
@@ -462,12 +466,15 @@ def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
         return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
     try:
         words = _index_words(tok.words(text))
+        c4, after_c4 = _c4(text, tok.sentences)
+        fineweb_after_c4 = _fineweb(after_c4, len(tok.words(after_c4)) if after_c4 else 0)
         return {
             "chars": len(text),
             **_gopher_repetition(text, words),
             **_gopher_quality(text, words),
-            **_c4(text, tok.sentences),
+            **c4,
             **_fineweb(text, len(words.ids)),
+            **{k.replace("fineweb_", AFTER_C4, 1): v for k, v in fineweb_after_c4.items()},
         }
     except GptflowError:
         raise
@@ -674,6 +681,17 @@ def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[s
                     "kept, so the threshold must be at least that"
                 )
         out[rule] = merged
+    rules = list(out)
+    if (
+        "c4" in out
+        and "fineweb" in rules[rules.index("c4") :]
+        and out["c4"]["filter_no_terminal_punct"]
+    ):
+        raise GptflowError(
+            "quality filters: fineweb after c4 judges the text C4 leaves, whose signals are "
+            "computed for C4 without its terminal-punctuation rule (FineWeb's setting); set "
+            "c4.filter_no_terminal_punct: false, or put fineweb before c4"
+        )
     return out
 
 
@@ -690,11 +708,19 @@ def decide(rule: str, sig: dict[str, Any], thresholds: dict[str, Any]) -> tuple[
 
 def select(sig: dict[str, Any], thresholds: dict[str, dict[str, Any]]) -> tuple[bool, str]:
     """A recipe's decision: its rules in order (`thresholds_for`), the first that drops the
-    document gives the reason (``"<rule>:<DataTrove's reason>"``); ``(True, "")`` kept."""
+    document gives the reason (``"<rule>:<DataTrove's reason>"``); ``(True, "")`` kept. As in
+    a DataTrove pipeline, FineWeb's rule after C4's judges the text C4 left."""
+    after_c4 = False
     for rule, rule_thresholds in thresholds.items():
-        keep, reason = decide(rule, sig, rule_thresholds)
+        if rule == "fineweb" and after_c4 and UNPARSABLE not in sig:
+            view = {k.replace(AFTER_C4, "fineweb_", 1): v for k, v in sig.items()
+                    if k.startswith(AFTER_C4)}  # fmt: skip
+            keep, reason = decide(rule, view, rule_thresholds)
+        else:
+            keep, reason = decide(rule, sig, rule_thresholds)
         if not keep:
             return False, f"{rule}:{reason}"
+        after_c4 = after_c4 or rule == "c4"
     return True, ""
 
 
