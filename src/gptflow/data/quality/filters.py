@@ -125,6 +125,7 @@ class Tokenizer(NamedTuple):
 
     words: Callable[[str], list[str]]
     sentences: Callable[[str], int]
+    by_line: bool  # a text's words are its lines' (str.splitlines) words, in order
 
 
 # The fast tokenizer, shaped after spaCy's English rules (which DataTrove uses) at regex
@@ -197,8 +198,8 @@ def _spacy_sentences(line: str) -> int:
 
 
 TOKENIZERS = {
-    "regex": Tokenizer(_regex_words, _regex_sentences),
-    "spacy": Tokenizer(_spacy_words, _spacy_sentences),
+    "regex": Tokenizer(_regex_words, _regex_sentences, by_line=True),  # no token spans space
+    "spacy": Tokenizer(_spacy_words, _spacy_sentences, by_line=False),
 }
 
 
@@ -397,14 +398,16 @@ def _gopher_quality(text: str, w: _Words) -> dict[str, Any]:
     }
 
 
-def _c4(text: str, sentences: Callable[[str], int]) -> tuple[dict[str, Any], str]:
+def _c4(text: str, tok: Tokenizer, line_words: list[int] | None) -> tuple[dict[str, Any], str, int]:
     """C4's line pass, both with and without the terminal-punctuation rule: the first kept
     line (index) with "lorem ipsum", the first with '{' (after the javascript line rule), and
     the sentences of the lines kept when neither drops the document; and the text C4 leaves
-    of a document it keeps, without that rule (as FineWeb runs it)."""
+    of a document it keeps, without that rule (as FineWeb runs it), with its number of words
+    (from `line_words`, each line's, where the tokenizer's words are the lines' together)."""
     lorem = curly = lorem_any = curly_any = None
     sents = sents_any = 0
     kept: list[str] = []
+    kept_words = 0
     for index, raw in enumerate(text.splitlines()):
         words = raw.split()  # the stripped line's words
         if len(words) < C4_MIN_WORDS_PER_LINE or (
@@ -428,18 +431,24 @@ def _c4(text: str, sentences: Callable[[str], int]) -> tuple[dict[str, Any], str
             p in lower for p in C4_POLICY
         ):
             continue
-        count = sentences(line)
+        count = tok.sentences(line)
         sents_any += count
         sents += count if ends else 0
         kept.append(line)
-    return {
+        if line_words is not None:  # the line as tokenized, unless a citation went
+            kept_words += line_words[index] if "[" not in raw else len(tok.words(line))
+    first_and_sentences = {
         "c4_lorem_ipsum_line": lorem,
         "c4_curly_bracket_line": curly,
         "c4_sentences": sents,
         "c4_any_end_lorem_ipsum_line": lorem_any,
         "c4_any_end_curly_bracket_line": curly_any,
         "c4_any_end_sentences": sents_any,
-    }, "\n".join(kept).strip()
+    }
+    after = "\n".join(kept).strip()
+    if line_words is None:
+        kept_words = len(tok.words(after)) if after else 0
+    return first_and_sentences, after, kept_words
 
 
 def _fineweb(text: str, n_words: int) -> dict[str, Any]:
@@ -465,9 +474,14 @@ def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
     if not isinstance(text, str):
         return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
     try:
-        words = _index_words(tok.words(text))
-        c4, after_c4 = _c4(text, tok.sentences)
-        fineweb_after_c4 = _fineweb(after_c4, len(tok.words(after_c4)) if after_c4 else 0)
+        if tok.by_line:  # the same words, counted per line for C4's leftover text
+            per_line = list(map(tok.words, text.splitlines()))
+            words = _index_words([w for line in per_line for w in line])
+            line_words: list[int] | None = list(map(len, per_line))
+        else:
+            words, line_words = _index_words(tok.words(text)), None
+        c4, after_c4, after_c4_words = _c4(text, tok, line_words)
+        fineweb_after_c4 = _fineweb(after_c4, after_c4_words)
         return {
             "chars": len(text),
             **_gopher_repetition(text, words),
