@@ -362,11 +362,13 @@ def test_language_signals_ride_in_the_side_file_and_a_bad_model_is_one_line(tmp_
 
 
 def test_a_by_line_tokenizer_s_words_are_its_lines_words(corpus):
-    """C4's leftover text is counted from each line's words (`Tokenizer.by_line`): that holds
-    only if the tokenizer's words of a text are its lines' words, in order."""
+    """C4's leftover text is counted from each line's words (`Tokenizer.line_words`): that
+    holds only if the tokenizer's words of a text are its lines' words, in order."""
     lines = "\f\x0b\x1c\x1d\x1e\x85\u2028\u2029\r\n".join(["a-b", "c.", "(d)", "e"])
     for name, tok in F.TOKENIZERS.items():
-        if tok.by_line:
+        if tok.line_words:
             for text in [*corpus, lines]:
-                by_line = [w for line in text.splitlines() for w in tok.words(line)]
-                assert tok.words(text) == by_line, name
+                per_line = [tok.words(line) for line in text.splitlines()]
+                words = [w for line in per_line for w in line]
+                assert tok.words(text) == words, name
+                assert tok.line_words(text) == (words, [len(w) for w in per_line]), name

@@ -125,7 +125,9 @@ class Tokenizer(NamedTuple):
 
     words: Callable[[str], list[str]]
     sentences: Callable[[str], int]
-    by_line: bool  # a text's words are its lines' (str.splitlines) words, in order
+    # None, or a text's words with each line's (str.splitlines) number of them, where the
+    # text's words are its lines' words in order (C4's leftover text is then counted from them)
+    line_words: Callable[[str], tuple[list[str], list[int]]] | None
 
 
 # The fast tokenizer, shaped after spaCy's English rules (which DataTrove uses) at regex
@@ -152,6 +154,22 @@ def _regex_words(text: str) -> list[str]:
         else:
             words += _REGEX_WORD.findall(chunk)
     return words
+
+
+def _regex_line_words(text: str) -> tuple[list[str], list[int]]:
+    """No regex token spans whitespace, so a text's tokens are its lines' tokens."""
+    words: list[str] = []
+    counts: list[int] = []
+    findall = _REGEX_WORD.findall
+    for line in text.splitlines():
+        before = len(words)
+        for chunk in line.split():
+            if chunk.isalnum():
+                words.append(chunk)
+            else:
+                words += findall(chunk)
+        counts.append(len(words) - before)
+    return words, counts
 
 
 def _regex_sentences(line: str) -> int:
@@ -198,8 +216,8 @@ def _spacy_sentences(line: str) -> int:
 
 
 TOKENIZERS = {
-    "regex": Tokenizer(_regex_words, _regex_sentences, by_line=True),  # no token spans space
-    "spacy": Tokenizer(_spacy_words, _spacy_sentences, by_line=False),
+    "regex": Tokenizer(_regex_words, _regex_sentences, _regex_line_words),
+    "spacy": Tokenizer(_spacy_words, _spacy_sentences, None),
 }
 
 
@@ -474,10 +492,9 @@ def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
     if not isinstance(text, str):
         return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
     try:
-        if tok.by_line:  # the same words, counted per line for C4's leftover text
-            per_line = list(map(tok.words, text.splitlines()))
-            words = _index_words([w for line in per_line for w in line])
-            line_words: list[int] | None = list(map(len, per_line))
+        if tok.line_words:  # the same words, counted per line for C4's leftover text
+            all_words, line_words = tok.line_words(text)
+            words = _index_words(all_words)
         else:
             words, line_words = _index_words(tok.words(text)), None
         c4, after_c4, after_c4_words = _c4(text, tok, line_words)
