@@ -11,7 +11,10 @@ per document (`write_signals` writes a shard's side file of them); `select(signa
 thresholds)` applies a recipe's thresholds, rule by rule in the recipe's order, and returns
 ``(keep, reason)`` with the reason DataTrove's filter gives, so an ablation over thresholds
 recomputes nothing. Each rule's own `decide` stops at the first failing check in DataTrove's
-order, so the reason is the one DataTrove names, not merely a failing one.
+order, so the reason is the one DataTrove names, not merely a failing one. As in a DataTrove
+pipeline, FineWeb's rule after C4's judges the text C4 left (``fineweb_after_c4_*``, for C4
+as FineWeb runs it). Language identification (`language_signals`: fastText LID-176, DataTrove's
+LanguageFilter decision) needs a model file, so its signals are asked for separately.
 
 The word tokenizer is named (`TOKENIZERS`): ``spacy`` is DataTrove's own (spaCy's blank
 English tokenizer plus its sentencizer, DataTrove >= 0.4), with which every decision and reason
@@ -20,8 +23,9 @@ is DataTrove's (tests/unit/test_quality_filters.py checks it document by documen
 the per-rule agreement).
 
 A document no rule can evaluate (not a string; a ratio whose denominator is zero, where
-DataTrove's filter raises ZeroDivisionError, e.g. GopherRepetition on an empty text) is
-dropped with the reason `UNPARSABLE` and counted like any other reason: never a crash.
+DataTrove's filter raises ZeroDivisionError, e.g. GopherQuality on an empty text with its
+word minimum off) is dropped with the reason `UNPARSABLE` and counted like any other reason:
+never a crash.
 
 Signal-time settings (they decide which lines C4 keeps and what FineWeb calls a short line, so
 changing them means new signals, not new thresholds) are the module's constants below, at
