@@ -264,9 +264,8 @@ class _Words(NamedTuple):
 
 
 def _index_words(words: list[str]) -> _Words:
-    index = dict.fromkeys(words, 0)  # distinct words in order of first appearance
-    for i, word in enumerate(index):
-        index[word] = i
+    # distinct words in order of first appearance
+    index = {word: i for i, word in enumerate(dict.fromkeys(words))}
     ids = np.fromiter(map(index.__getitem__, words), np.int64, len(words))
     vocab = list(index)
     lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
@@ -333,10 +332,11 @@ def _repeated_ngram_chars(w: _Words) -> dict[int, int]:
     prefix, unscale = _char_hashes(w.joined)
     starts = w.ends - w.lengths
     spans = [(starts[:size], w.ends[n - 1 :]) for n, size in zip(DUP_N, sizes, strict=True)]
-    with np.errstate(over="ignore"):
+    at_start, at_end, scale = prefix[starts], prefix[w.ends], unscale[starts]
+    with np.errstate(over="ignore"):  # (equal keys of two n only add positions to walk)
         keys = np.concatenate(
-            [(prefix[b] - prefix[a]) * unscale[a] * _HASH_BASE + np.uint64(n)
-             for n, (a, b) in zip(DUP_N, spans, strict=True)]
+            [(at_end[n - 1 :] - at_start[:size]) * scale[:size]
+             for n, size in zip(DUP_N, sizes, strict=True)]
         )  # fmt: skip
     order = np.argsort(keys)
     ranked = keys[order]
