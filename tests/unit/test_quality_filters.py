@@ -260,6 +260,15 @@ def test_the_constants_are_datatrove_0_10_1s():
         ({"c4": {"min_sentences": 3}}, r"quality filter c4: threshold 'min_sentences' is unknown"),
         ({"gopher_repetition": {"top_n_grams": {5: 0.1}}},
          r"top_n_grams has n = \[5\]; signals are computed for n in \[2, 3, 4\] only"),
+        ({"gopher_repetition": {"dup_line_frac": 1.5}},
+         r"dup_line_frac is 1.5; expected a fraction from 0 to 1"),
+        ({"gopher_repetition": {"dup_n_grams": {5: None}}},
+         r"dup_n_grams.5 is None; expected a number \(this check has no off switch\)"),
+        ({"c4": {"filter_lorem_ipsum": "yes"}}, r"filter_lorem_ipsum is 'yes'; expected true"),
+        ({"gopher_quality": {"min_doc_words": 2.5}}, r"min_doc_words is 2.5; expected a whole"),
+        ({"gopher_quality": {"max_avg_word_length": -1}}, r"expected a number >= 0"),
+        ({"fineweb": {"new_line_ratio": "x"}}, r"new_line_ratio is 'x'; expected a number"),
+        ({"language": {"languages": 5}}, r"languages is 5; expected a language code"),
     ],
 )  # fmt: skip
 def test_a_bad_recipe_is_one_line_naming_the_key(recipe, message):

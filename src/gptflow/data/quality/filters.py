@@ -680,6 +680,46 @@ _DECIDE = {
 }
 
 
+_COUNTS = ("min_doc_words", "max_doc_words", "min_stop_words", "min_num_sentences")
+# DataTrove tests these with `if self.x and ...`: null (or 0) turns them off. An n-gram check
+# is off when its n is left out.
+_NULLABLE = (*THRESHOLDS["gopher_quality"], "dup_line_frac", "dup_para_frac",
+             "dup_line_char_frac", "dup_para_char_frac")  # fmt: skip
+
+
+def _check_threshold(rule: str, key: str, value: Any) -> None:
+    """A switch is a bool; a fraction (a key ending in _frac, _ratio, _thr, _threshold, or an
+    n-gram's) lies in [0, 1]; a count of words or sentences is a whole number; a length is a
+    number >= 0; None turns off the checks DataTrove lets be turned off (`_NULLABLE`)."""
+    name = key.split(".")[0]
+    default = THRESHOLDS[rule][name]
+    where = f"quality filter {rule}: {key} is {value!r}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise GptflowError(f"{where}; expected true or false")
+    elif name == "languages":
+        if value is not None and not (
+            isinstance(value, str | list) and all(isinstance(v, str) for v in value)
+        ):
+            raise GptflowError(f"{where}; expected a language code or a list of them ('en')")
+    elif isinstance(default, dict) and "." not in key:
+        if not isinstance(value, dict):
+            raise GptflowError(f"{where}; expected {{n: fraction}}, e.g. {default}")
+    elif value is None:
+        if "." in key or name not in _NULLABLE:
+            raise GptflowError(f"{where}; expected a number (this check has no off switch)")
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise GptflowError(f"{where}; expected a number (or null: off)")
+    elif "." in key or name.endswith(("_frac", "_ratio", "_thr", "_threshold")):
+        if not 0 <= value <= 1:
+            raise GptflowError(f"{where}; expected a fraction from 0 to 1 (or null: off)")
+    elif name in _COUNTS:
+        if value != int(value) or value < -1:
+            raise GptflowError(f"{where}; expected a whole number")
+    elif value < 0:
+        raise GptflowError(f"{where}; expected a number >= 0 (or null: off)")
+
+
 def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
     """A recipe's rules (in its order) with its thresholds over `THRESHOLDS`' defaults;
     one line naming the rule, the key and the fix for an unknown one, or an n-gram size whose
@@ -697,6 +737,7 @@ def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[s
                     f"quality filter {rule}: threshold {key!r} is unknown; "
                     f"expected one of {sorted(merged)}"
                 )
+            _check_threshold(rule, key, value)
             merged[key] = value
         for key, sizes in (("top_n_grams", TOP_N), ("dup_n_grams", DUP_N)):
             if key in merged:
@@ -706,6 +747,8 @@ def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[s
                         f"quality filter {rule}: {key} has n = {sorted(merged[key])}; "
                         f"signals are computed for n in {list(sizes)} only"
                     )
+                for n, fraction in merged[key].items():
+                    _check_threshold(rule, f"{key}.{n}", fraction)
         if rule == "language":
             if isinstance(merged["languages"], str):
                 merged["languages"] = [merged["languages"]]
