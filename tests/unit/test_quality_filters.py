@@ -381,3 +381,30 @@ def test_a_by_line_tokenizer_s_words_are_its_lines_words(corpus):
                 words = [w for line in per_line for w in line]
                 assert tok.words(text) == words, name
                 assert tok.line_words(text) == (words, [len(w) for w in per_line]), name
+
+
+def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists():
+    """Words from a tiny alphabet repeat n-grams everywhere, and different words concatenate
+    alike (("ab", "a") and ("a", "ba") both make "aba", which DataTrove's repeated n-grams
+    count as one); a vocabulary too large for one integer key per n-gram takes the other
+    path. Both against DataTrove's own functions."""
+    import random
+
+    from datatrove.pipeline.filters.gopher_repetition_filter import (
+        find_all_duplicate,
+        find_top_duplicate,
+        get_n_grams,
+    )
+
+    rng = random.Random(0)
+    lists = [
+        [rng.choice(["a", "b", "ab", "ba", "aa", "b."]) for _ in range(rng.randint(1, 90))]
+        for _ in range(300)
+    ]
+    lists.append([f"w{i % 60_000}" for i in range(70_000)])  # 60,000 distinct words
+    for words in lists:
+        w = F._index_words(words)
+        top = {n: find_top_duplicate(get_n_grams(words, n)) if len(words) >= n else None
+               for n in F.TOP_N}  # fmt: skip
+        assert F._top_ngram_chars(w) == top, words[:20]
+        assert F._repeated_ngram_chars(w) == {n: find_all_duplicate(words, n) for n in F.DUP_N}
