@@ -14,7 +14,6 @@ shards) decides the copy kept: the first.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ BLEND_GROUP = "_blend"  # not a dataset name: those start with a letter or digit
 VERSIONS = {"exact": 1, "minhash": 1, "filters": 1, "language": 1}
 # steps whose stage is not in this branch: refused at -n
 NOT_YET = {"language": "the language-identification stage is not in this build"}
-FILTERS_MODULE = "gptflow.data.quality.filters"  # the filters step's signals and decisions
 
 
 def jaccard_threshold(bands: int, rows: int) -> float:
@@ -155,11 +153,6 @@ def check_step(step: dict, where: str, source: str) -> None:
                 f"{source}: {where}.model '{step['model']}' does not exist; give the path of a "
                 f"fastText language model (e.g. lid.176.bin) or remove the language step"
             )
-    if step["step"] == "filters" and importlib.util.find_spec(FILTERS_MODULE) is None:
-        raise GptflowError(
-            f"{source}: {where}: filters: not yet available ({FILTERS_MODULE} is not in "
-            f"this build); remove the step from the recipe"
-        )
     if step["step"] in NOT_YET:
         raise GptflowError(
             f"{source}: {where}: {step['step']}: not yet available "
