@@ -6,17 +6,12 @@ edit reruns only the step it touches and what follows. Off, the plan is today's.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import random
 
 import pytest
 
 from .conftest import job_counts
-
-FILTERS = (
-    importlib.util.find_spec("gptflow.data.quality.filters") is not None
-)  # issue 39's other half
 
 
 def prose(rng: random.Random, words: int = 120) -> str:
@@ -150,9 +145,7 @@ def test_an_edit_reruns_its_step_and_what_follows_and_off_adds_no_job(cleaned, s
         ),
         (
             {"steps": [{"step": "exact"}, {"step": "filters", "rules": {"gopher_quality": {"min_words": 50}}}]},
-            "data.quality.steps[1].rules: quality filter gopher_quality: threshold 'min_words' is unknown"
-            if FILTERS
-            else "data.quality.steps[1]: filters: not yet available",
+            "data.quality.steps[1].rules: quality filter gopher_quality: threshold 'min_words' is unknown",
         ),
     ],
 )  # fmt: skip
@@ -168,8 +161,8 @@ def test_a_bad_recipe_stops_the_plan_with_one_line(
 
 
 def test_filters_thresholds_rerun_the_selection_not_the_signals(cleaned, snakemake):
-    """The filters slot (gptflow.data.quality.filters, built beside this stage): its signals
-    are computed once per shard; an edited threshold reruns only the selection."""
+    """The filters step (gptflow.data.quality.filters): its signals are computed once per
+    shard; an edited threshold reruns only the selection."""
     wd, cfg, _, _, _, write_config = cleaned
     filtered = copy.deepcopy(cfg)
     filtered["data"]["quality"]["steps"].append(
