@@ -121,6 +121,7 @@ def engine_runner(cfg, train, rows, gas: int, stage: int, kfac=None) -> tuple[Ru
         cfg=SimpleNamespace(train=t), dev=dev, rank=0, launcher="single", engine=engine,
         series=None, train_data=rows, valid_data=None, gas=gas, flops_per_token=0.0,
         peak_tflops=None, exit_interval=None, resume_from=None, resume_mode="native",
+        saves=None,  # the bench never saves: train_step does not touch them
         kfac=Kfac(engine.module, kfac, dev.device) if kfac else None,
     )  # fmt: skip
     progress = Progress(step=0, interval=Interval(dev))
