@@ -38,7 +38,8 @@ profiles gptflow's plan of the largest N.
 Usage: python bench/plan.py [--sizes 250 1000] [--repeats 3] [--repo DIR] [--profile]
        python bench/plan.py --study 25 100 [--vary seed] [--repeats 3] [--profile]
 (--repo: plan another checkout, e.g. a scratch copy with edited rules; its src/ goes first
-on PYTHONPATH.)
+on PYTHONPATH. --smoke: N=10 once, both configs: seconds, the test suite's run,
+tests/unit/test_bench.py, whose figures mean nothing.)
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+# --smoke: the smallest run that still prints every line (explicit options still win)
+SMOKE = dict(sizes=[10], repeats=1)
 
 
 def gptflow_config(kind: str, n: int, corpus: Path) -> dict:
@@ -499,7 +502,11 @@ def main() -> int:
     p.add_argument("--repo", type=Path, default=REPO, help="checkout whose Snakefile to plan")
     p.add_argument("--profile", action="store_true", help="cProfile one run per kind")
     p.add_argument("--keep-scontrol", action="store_true", help="do not stub scontrol")
+    p.add_argument("--smoke", action="store_true", help=f"seconds: {SMOKE}")
     a = p.parse_args()
+    if a.smoke:  # its values as the defaults: an option given on the command line still wins
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     repo = a.repo.resolve()
     with tempfile.TemporaryDirectory(prefix="gptflow-plan-") as tmp:
         tmp = Path(tmp)
