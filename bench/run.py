@@ -106,7 +106,9 @@ def bench_tokenize(out: Path, config: str, vocab: int) -> None:
             f"  x{base / dt:.2f} vs baseline  identical bytes: {same}"
         )
         if not same:
-            raise SystemExit(f"bench/run.py: gptflow tokenize --workers {workers} wrote other bytes")
+            raise SystemExit(
+                f"bench/run.py: gptflow tokenize --workers {workers} wrote other bytes"
+            )
 
 
 def main() -> int:
