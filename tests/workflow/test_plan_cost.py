@@ -34,11 +34,11 @@ def test_a_plan_reads_each_function_signature_once(tmp_path, write_config, tiny_
         **tiny_config,
         "datasets": {
             "corpus": {"type": "local", "root": str(corpus), "include": ["*.txt"], "shards": 300}
-        },  # fmt: skip
+        },
         "tokenizer": {
             **tiny_config["tokenizer"],
             "train": {**tiny_config["tokenizer"]["train"], "datasets": ["corpus"]},
-        },  # fmt: skip
+        },
         "data": {**tiny_config["data"], "blend": [{"dataset": "corpus", "weight": 1.0}]},
     }
     config = write_config(tmp_path / "config.yaml", cfg)
