@@ -38,11 +38,10 @@ from gptflow.train.distributed import rank_options, train_launcher
 from gptflow.train.run_config import data_index_name, data_index_settings
 
 
-
 def read_signatures_once():
     """Snakemake reads the signature of every input, params and resources function
     (inspect.signature, tens of microseconds) twice each time it calls one, and it calls several
-    per job: at 10,000 parts a third of what a plan pays beyond plain rules' (bench/plan.py
+X
     --profile). A function's signature does not change, so each is read once: every binding of
     snakemake.common.get_function_params gets a cached one (the same mapping it returns)."""
     import sys
