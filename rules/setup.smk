@@ -42,8 +42,9 @@ def read_signatures_once():
     """Snakemake reads the signature of every input, params and resources function
     (inspect.signature, tens of microseconds) twice each time it calls one, and it calls several
     per job: a third of what a plan of 1,000 parts paid beyond plain rules' CPU time
-    (bench/plan.py, --profile). A function's signature does not change, so each is read once: every binding of
-    snakemake.common.get_function_params gets a cached one (the same mapping it returns)."""
+    (bench/plan.py, --profile). A function's signature does not change, so each is read once:
+    every binding of snakemake.common.get_function_params gets a cached one (the same mapping
+    it returns)."""
     import sys
 
     import snakemake.common
