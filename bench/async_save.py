@@ -39,7 +39,9 @@
 Usage: python bench/async_save.py [--preset pythia-160m] [--vocab 8192] [--steps 12]
        [--save-interval 3] [--seq-length 64] [--micro-batch 1] [--precision bf16]
        [--threads 1] [--host-gib 1] [--repeat 2] [--paper-preset pythia-12b] [--paper-ranks 8]
-       [--sync-rate 0.73] [--d2h-rate 20] [--out DIR] [--keep]
+       [--sync-rate 0.73] [--d2h-rate 20] [--matmul-s 2] [--out DIR] [--keep] [--smoke]
+(--smoke: the tiny preset in fp32, 4 steps, 10 MiB of host bytes: seconds rather than minutes,
+the test suite's run (tests/unit/test_bench.py), whose figures mean nothing.)
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: gptflow
 GB, GIB = 1e9, 2**30
 PYTHIA_VOCAB = 50277  # the Pythia / GPT-NeoX-20B tokenizer's ids
+# --smoke: the smallest run that still prints every table (explicit options still win)
+SMOKE = dict(preset="tiny", vocab=512, steps=4, save_interval=2, precision="fp32",
+             host_gib=0.01, repeat=1, matmul_s=0.2)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the two runs
@@ -198,7 +203,7 @@ def best(f, repeat: int) -> float:
     return min(times)
 
 
-def host_rates(out: Path, gib: float, repeat: int) -> dict:
+def host_rates(out: Path, gib: float, repeat: int, matmul_s: float) -> dict:
     """Seconds per byte of a clone, torch.save + fsync, snapshot take and write (best of)."""
     import torch
 
@@ -236,15 +241,15 @@ def host_rates(out: Path, gib: float, repeat: int) -> dict:
 
     write_s = best(write_synced, repeat)
     same = written[-1].read_bytes() == plain.read_bytes()
-    compute = compute_during(write_synced)
+    compute = compute_during(write_synced, matmul_s)
     return {"compute": compute, "bytes": n, "clone": clone_s, "save": save_s,
             "take_first": takes[0], "take": min(takes[1:]), "write": write_s,
             "same": same}  # fmt: skip
 
 
-def compute_during(work) -> tuple[float, float]:
+def compute_during(work, alone_s: float) -> tuple[float, float]:
     """A one-thread matmul loop's rate while `work` runs in a thread, as a share of its rate
-    alone (2 s): what a background write leaves a training step of this bench. Returns
+    alone (`alone_s` seconds): what a background write leaves a training step of this bench. Returns
     (share, the work's seconds)."""
     import threading
 
@@ -261,7 +266,7 @@ def compute_during(work) -> tuple[float, float]:
             n += 1
         return n / (time.perf_counter() - started)
 
-    end = time.perf_counter() + 2.0
+    end = time.perf_counter() + alone_s
     alone = rate(lambda: time.perf_counter() > end)
     took = []
     thread = threading.Thread(target=lambda: took.append(best(work, 1)))
@@ -341,7 +346,13 @@ def main() -> int:
     p.add_argument("--d2h-rate", type=float, default=20.0, help="GB/s, assumed (20)")
     p.add_argument("--out", help="make the scratch directory in DIR (default: the system's)")
     p.add_argument("--keep", action="store_true", help="keep it (run dirs, train.log)")
+    p.add_argument("--matmul-s", type=float, default=2.0,
+                   help="seconds of the matmul loop's rate alone (2)")  # fmt: skip
+    p.add_argument("--smoke", action="store_true", help=f"seconds, not minutes: {SMOKE}")
     a = p.parse_args()
+    if a.smoke:  # its values as the defaults: an option given on the command line still wins
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"host: {os.cpu_count()} cores, load average {load} (a shared host: compare ratios)")
@@ -365,7 +376,7 @@ def main() -> int:
             summary[mode] = summarize(run_dir, train(run_dir, a.threads))
             print(f"  {mode}: gptflow train done in {summary[mode]['wall_s']:.1f} s")
         print_runs(summary, params)
-        rates = host_rates(out, a.host_gib, a.repeat)
+        rates = host_rates(out, a.host_gib, a.repeat, a.matmul_s)
         print_rates(rates, a.repeat)
         x = summary["async"]
         expected = x["bytes"] / rates["bytes"] * rates["take"]

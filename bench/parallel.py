@@ -18,7 +18,12 @@ this machine). On a 2-core machine the 4-rank table runs two ranks per core: it 
 the layouts run and what they cost relative to each other, not their speed.
 
 Usage: python bench/parallel.py [--preset small] [--seq-length 256] [--global-batch 8]
-       [--micro-batch 2] [--steps 10] [--warmup 2] [--threads 1] [--ranks 2,4]
+       [--micro-batch 2] [--steps 10] [--warmup 2] [--threads 1] [--ranks 2,4] [--first K]
+       [--smoke]
+(--first K: the first K layouts of each table, its baseline first. --smoke: the tiny preset,
+one timed step, the 2-rank table's baseline and tensor parallel 2: seconds rather than minutes,
+the test suite's run (tests/unit/test_bench.py), whose figures mean nothing. A layout that
+fails prints one line and makes the exit status 1.)
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# --smoke: the smallest run that still prints a ratio (explicit options still win)
+SMOKE = dict(preset="tiny", vocab=512, seq_length=32, global_batch=4, micro_batch=1, steps=1,
+             warmup=1, ranks="2", first=2)  # fmt: skip
 
 
 def worker(a) -> None:
@@ -75,6 +83,7 @@ def worker(a) -> None:
         engine=engine, series=None, train_data=rows, valid_data=None,
         gas=t.grad_accum_steps(env.world_size), flops_per_token=0.0, peak_tflops=None,
         exit_interval=None, resume_from=None, resume_mode="native",
+        saves=None,  # the bench never saves: train_step does not touch them
     )  # fmt: skip
     prog = Progress(step=0, interval=Interval(dev))
     times = []
@@ -99,9 +108,11 @@ LAYOUTS = {  # ranks -> (tensor, pipeline, name); the first is the table's basel
 }  # fmt: skip
 
 
-def layout_tables(a, ranks: list[int]) -> None:
-    """Run and print the table of each number of ranks in `ranks` (options as main's)."""
+def layout_tables(a, ranks: list[int], first: int | None = None) -> bool:
+    """Run and print the table of each number of ranks in `ranks` (options as main's), the
+    first `first` layouts of each (all: None); False when a layout failed."""
     tokens = a.global_batch * a.seq_length
+    ok = True
     for n in ranks:
         print(
             f"layouts on {n} ranks (torchrun, gloo, CPU, {a.threads} thread(s) each): preset "
@@ -110,7 +121,7 @@ def layout_tables(a, ranks: list[int]) -> None:
             f"{a.steps} timed steps, median"
         )
         base = None
-        for tp, pp, name in LAYOUTS[n]:
+        for tp, pp, name in LAYOUTS[n][:first]:
             cmd = [
                 str(Path(sys.executable).parent / "torchrun"), "--standalone",
                 f"--nproc_per_node={n}", __file__, "--tp", str(tp), "--pp", str(pp),
@@ -122,8 +133,12 @@ def layout_tables(a, ranks: list[int]) -> None:
             env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONWARNINGS": "ignore"}
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-            if out.returncode != 0 or not lines:
-                print(f"  {name:28s} failed (exit {out.returncode}): {out.stderr[-1500:]}")
+            if out.returncode != 0 or not lines:  # one line: the worker's last error line
+                why = [line for line in out.stderr.splitlines() if "Error" in line] or [
+                    out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "no output"
+                ]
+                print(f"  {name:28s} cannot run here (exit {out.returncode}): {why[-1].strip()}")
+                ok = False
                 continue
             ms = json.loads(lines[-1])["ms_per_step"]
             base = base or ms
@@ -131,6 +146,7 @@ def layout_tables(a, ranks: list[int]) -> None:
                 f"  {name:28s} {ms:9.1f} ms/step {tokens / ms * 1000:10.0f} tokens/s  "
                 f"{base / ms:5.2f}x the baseline's tokens/s"
             )
+    return ok
 
 
 def main() -> int:
@@ -144,15 +160,19 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--ranks", default="2,4", help="the tables to run: 2 and/or 4 ranks")
+    p.add_argument("--first", type=int, help="the first K layouts of each table (default all)")
+    p.add_argument("--smoke", action="store_true", help=f"seconds, not minutes: {SMOKE}")
     p.add_argument("--tp", type=int, default=0, help=argparse.SUPPRESS)  # worker mode
     p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.smoke:  # its values as the defaults: an option given on the command line still wins
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     if a.tp:
         worker(a)
         return 0
 
-    layout_tables(a, [int(n) for n in a.ranks.split(",")])
-    return 0
+    return 0 if layout_tables(a, [int(n) for n in a.ranks.split(",")], a.first) else 1
 
 
 if __name__ == "__main__":

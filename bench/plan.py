@@ -38,7 +38,8 @@ profiles gptflow's plan of the largest N.
 Usage: python bench/plan.py [--sizes 250 1000] [--repeats 3] [--repo DIR] [--profile]
        python bench/plan.py --study 25 100 [--vary seed] [--repeats 3] [--profile]
 (--repo: plan another checkout, e.g. a scratch copy with edited rules; its src/ goes first
-on PYTHONPATH.)
+on PYTHONPATH. --smoke: N=10 once, both configs: seconds, the test suite's run,
+tests/unit/test_bench.py, whose figures mean nothing.)
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import math
 import os
 import pstats
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -60,6 +62,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+# --smoke: the smallest run that still prints every line (explicit options still win)
+SMOKE = dict(sizes=[10], repeats=1)
 
 
 def gptflow_config(kind: str, n: int, corpus: Path) -> dict:
@@ -141,24 +145,26 @@ STATS = re.compile(r"^Job stats:\n.*?\n-+\s+-+\n(.*?)^total\s+(\d+)\s*$", re.M |
 
 
 def plan(snakefile: Path, workdir: Path, env: dict, configfile: Path | None = None,
-         profile: Path | None = None) -> tuple[float, dict[str, int]]:  # fmt: skip
-    """Seconds of `snakemake -n` and its job stats: jobs per rule, and `total`."""
+         profile: Path | None = None) -> tuple[float, dict[str, int], float]:  # fmt: skip
+    """Seconds of `snakemake -n`, its job stats (jobs per rule, and `total`) and its CPU
+    seconds (user + system: steadier than the wall time on a shared host)."""
     cmd = [str(SNAKEMAKE)]
     if profile is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), str(SNAKEMAKE)]
     cmd += ["--snakefile", str(snakefile), "--directory", str(workdir), "-n", "--cores", "1"]
     if configfile is not None:
         cmd += ["--configfile", str(configfile)]
-    t = time.perf_counter()
+    t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t
+    seconds, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     m = STATS.search(proc.stdout + proc.stderr)
     if not m:
         sys.exit(f"no job count in the output of {' '.join(cmd)}")
     stats = {rule: int(count) for rule, count in re.findall(r"^(\S+)\s+(\d+)\s*$", m[1], re.M)}
-    return seconds, {**stats, "total": int(m[2])}
+    return seconds, {**stats, "total": int(m[2])}, cpu
 
 
 def plan_env(tmp: Path, repo: Path, keep_scontrol: bool) -> dict:
@@ -176,17 +182,18 @@ def plan_env(tmp: Path, repo: Path, keep_scontrol: bool) -> dict:
     return env
 
 
-def timed(cases: list[tuple], env: dict, repeats: int) -> list[float]:
-    """Median seconds of each case (snakefile, workdir, configfile or None, the job stats it
-    must plan: a subset of rule -> count), the cases interleaved within each repeat."""
-    seconds: list[list[float]] = [[] for _ in cases]
+def timed(cases: list[tuple], env: dict, repeats: int) -> list[tuple[float, float]]:
+    """(median seconds, median CPU seconds) of each case (snakefile, workdir, configfile or
+    None, the job stats it must plan: a subset of rule -> count), the cases interleaved within
+    each repeat."""
+    seconds: list[list[tuple[float, float]]] = [[] for _ in cases]
     for _ in range(repeats):
         for times, (snakefile, workdir, configfile, expected) in zip(seconds, cases, strict=True):
-            s, stats = plan(snakefile, workdir, env, configfile)
+            s, stats, cpu = plan(snakefile, workdir, env, configfile)
             got = {rule: stats.get(rule) for rule in expected}
             assert got == expected, (snakefile, got, expected)
-            times.append(s)
-    return [median(times) for times in seconds]
+            times.append((s, cpu))
+    return [(median(t[0] for t in times), median(t[1] for t in times)) for times in seconds]
 
 
 def profile_plan(label: str, snakefile: Path, workdir: Path, env: dict, configfile: Path) -> None:
@@ -231,21 +238,24 @@ def sizes_mode(a: argparse.Namespace, repo: Path, env: dict, tmp: Path) -> None:
             rows.append((kind, n, jobs, ours, theirs, shape))
             if a.profile and n == max(a.sizes):
                 profile_plan(f"{kind} N={n} ({jobs} jobs)", repo / "Snakefile", work, env, cfg)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"snakemake -n, median of {a.repeats} (whole command; the box may be shared: rerun). "
-        "plain: trivial 2-step chains; shaped: plain rules with gptflow's DAG shape"
+        f"snakemake -n, median of {a.repeats} (whole command; the box may be shared: rerun; load "
+        f"average now {load}). plain: trivial 2-step chains; shaped: plain rules with gptflow's "
+        "DAG shape; CPU: the ratio of the processes' CPU seconds (user + system)"
     )
     print(
         f"  {'config':6} {'N':>5} {'jobs':>5} {'gptflow':>8} {'plain':>7} {'shaped':>7}"
-        f" {'vs plain':>9} {'vs shaped':>10} {'ms/job':>7}"
+        f" {'vs plain':>9} {'vs shaped':>10} {'CPU vs plain':>13} {'ms/job':>7}"
     )
     for kind, n, jobs, ours, theirs, shape in rows:
         print(
-            f"  {kind:6} {n:5d} {jobs:5d} {ours:7.2f}s {theirs:6.2f}s {shape:6.2f}s"
-            f" {ours / theirs:8.2f}x {ours / shape:9.2f}x {1000 * ours / jobs:7.2f}"
+            f"  {kind:6} {n:5d} {jobs:5d} {ours[0]:7.2f}s {theirs[0]:6.2f}s {shape[0]:6.2f}s"
+            f" {ours[0] / theirs[0]:8.2f}x {ours[0] / shape[0]:9.2f}x"
+            f" {ours[1] / theirs[1]:12.2f}x {1000 * ours[0] / jobs:7.2f}"
         )
     for kind in a.kinds:
-        mine = [r for r in rows if r[0] == kind]
+        mine = [(k, n, j, o[0], p[0], s[0]) for k, n, j, o, p, s in rows if k == kind]
         if len(mine) < 2:
             continue
         (_, n1, j1, o1, p1, s1), (_, n2, j2, o2, p2, s2) = mine[0], mine[-1]
@@ -461,7 +471,7 @@ def study_mode(a: argparse.Namespace, repo: Path, env: dict, tmp: Path) -> None:
             env,
             a.repeats,
         )
-        rows.append((n, stats["total"], stats["build_data_index"], ours, theirs))
+        rows.append((n, stats["total"], stats["build_data_index"], ours[0], theirs[0]))
         if a.profile and n == max(a.study):
             label = f"study of {n} runs ({stats['total']} jobs)"
             profile_plan(label, repo / "Snakefile", work, env, work / "config.yaml")
@@ -499,7 +509,11 @@ def main() -> int:
     p.add_argument("--repo", type=Path, default=REPO, help="checkout whose Snakefile to plan")
     p.add_argument("--profile", action="store_true", help="cProfile one run per kind")
     p.add_argument("--keep-scontrol", action="store_true", help="do not stub scontrol")
+    p.add_argument("--smoke", action="store_true", help=f"seconds: {SMOKE}")
     a = p.parse_args()
+    if a.smoke:  # its values as the defaults: an option given on the command line still wins
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     repo = a.repo.resolve()
     with tempfile.TemporaryDirectory(prefix="gptflow-plan-") as tmp:
         tmp = Path(tmp)

@@ -8,7 +8,11 @@
 Training throughput (ZeRO 0-3 against a plain PyTorch loop) is bench/train.py.
 Checkpoint saves (train.async_save against synchronous ones) are bench/async_save.py.
 
-Usage: python bench/run.py [--only tokenize] [--out DIR]
+Usage: python bench/run.py [--only tokenize] [--out DIR] [--config config/config.yaml]
+       [--vocab 8192] [--smoke]
+(--smoke: the tests' corpus (tests/config/config.yaml's stdlib slice, under 1 MB) and a
+512-token BPE: seconds rather than a minute, the test suite's run (tests/unit/test_bench.py),
+whose figures mean little.)
 """
 
 from __future__ import annotations
@@ -23,15 +27,17 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+# --smoke: the smallest run that still prints every line (explicit options still win)
+SMOKE = dict(config="tests/config/config.yaml", vocab=512)
 
 
-def corpus(out: Path) -> list[str]:
+def corpus(out: Path, config: str) -> list[str]:
     import yaml
 
     from gptflow.data.readers import collect_local_documents
     from gptflow.data.sources import expand_root, local_shards
 
-    spec = yaml.safe_load((REPO / "config/config.yaml").read_text())["datasets"]["stdlib"]
+    spec = yaml.safe_load((REPO / config).read_text())["datasets"]["stdlib"]
     files = [f for shard in local_shards("stdlib", spec) for f in shard]
     path = out / "stdlib.jsonl"
     stats = collect_local_documents(files, expand_root(spec["root"]), path)
@@ -39,7 +45,7 @@ def corpus(out: Path) -> list[str]:
     return [str(path)]
 
 
-def tokenizer(out: Path, inputs: list[str]) -> str:
+def tokenizer(out: Path, inputs: list[str], vocab: int) -> str:
     from gptflow.data.tokenizer import sample_texts, train_bpe
 
     path = out / "tokenizer.json"
@@ -47,10 +53,10 @@ def tokenizer(out: Path, inputs: list[str]) -> str:
     train_bpe(
         sample_texts(inputs, "text", 64_000_000),
         path,
-        vocab_size=8192,
+        vocab_size=vocab,
         special_tokens=["<|endoftext|>", "<|padding|>"],
     )
-    print(f"tokenizer: 8192-token ByteLevel BPE trained in {time.perf_counter() - t:.1f} s")
+    print(f"tokenizer: {vocab}-token ByteLevel BPE trained in {time.perf_counter() - t:.1f} s")
     return str(path)
 
 
@@ -77,11 +83,11 @@ def baseline_megatron_loop(inputs: list[str], tok_path: str, prefix: str) -> flo
     return time.perf_counter() - t
 
 
-def bench_tokenize(out: Path) -> None:
+def bench_tokenize(out: Path, config: str, vocab: int) -> None:
     from gptflow.data.tokenize import tokenize_to_shard
 
-    inputs = corpus(out)
-    tok = tokenizer(out, inputs)
+    inputs = corpus(out, config)
+    tok = tokenizer(out, inputs, vocab)
     mb = sum(os.path.getsize(p) for p in inputs) / 1e6
     base = baseline_megatron_loop(inputs, tok, str(out / "baseline"))
     print(
@@ -99,18 +105,28 @@ def bench_tokenize(out: Path) -> None:
             f"  gptflow tokenize --engine hf --workers {workers}:            {dt:6.2f} s  {mb / dt:6.2f} MB/s"
             f"  x{base / dt:.2f} vs baseline  identical bytes: {same}"
         )
+        if not same:
+            raise SystemExit(
+                f"bench/run.py: gptflow tokenize --workers {workers} wrote other bytes"
+            )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=["tokenize"])
     p.add_argument("--out", help="scratch directory (default: a temporary one)")
+    p.add_argument("--config", default="config/config.yaml", help="whose stdlib dataset to read")
+    p.add_argument("--vocab", type=int, default=8192, help="the BPE's vocabulary (8192)")
+    p.add_argument("--smoke", action="store_true", help=f"seconds, not a minute: {SMOKE}")
     a = p.parse_args()
+    if a.smoke:  # its values as the defaults: an option given on the command line still wins
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out or tmp)
         out.mkdir(parents=True, exist_ok=True)
         if a.only in (None, "tokenize"):
-            bench_tokenize(out)
+            bench_tokenize(out, a.config, a.vocab)
     return 0
 
 

@@ -13,6 +13,9 @@ Then, each as its own process:
 Usage: python bench/tokenization.py [--mb 220] [--work DIR] [--skip-hf] [--repeat 3]
 
 The gigatoken figures are the best of --repeat runs; hf runs once (minutes each).
+--smoke: a 1 MB corpus, once each: seconds rather than many minutes, the test suite's run
+(tests/unit/test_bench.py; give it --work), whose figures mean nothing. The tokenizer is
+cached in --work per corpus size, beside the corpus.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+# --smoke: the smallest run that still prints every line (explicit options still win)
+SMOKE = dict(mb=1, repeat=1)
 SOURCES = [
     (Path(sysconfig.get_paths()["stdlib"]), "*.py"),
     (Path(sysconfig.get_paths()["purelib"]), "*.py"),
@@ -182,7 +187,11 @@ def main() -> int:
         default=3,
         help="best of N for the gigatoken runs (a shared host is noisy)",
     )
+    ap.add_argument("--smoke", action="store_true", help=f"seconds, not minutes: {SMOKE}")
     a = ap.parse_args()
+    if a.smoke:  # its values as the defaults: an option given on the command line still wins
+        ap.set_defaults(**SMOKE)
+        a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / f"corpus-{a.mb}mb.jsonl"
@@ -192,7 +201,7 @@ def main() -> int:
         f"corpus: {c['documents']} documents, {c['bytes'] / 1e6:.1f} MB "
         f"({'reused' if c['reused'] else f'built in {time.perf_counter() - t:.1f} s'}) -> {corpus}"
     )
-    tok = work / "tokenizer-50k.json"
+    tok = work / f"tokenizer-50k-{a.mb}mb.json"  # trained on that corpus
     secs = build_tokenizer(corpus, tok)
     how = f"trained in {secs:.1f} s" if secs else "reused"
     print(f"tokenizer: 50257-token ByteLevel BPE {how}")

@@ -26,12 +26,20 @@ Then, as a check that all did the same work, the max |parameter difference| of e
 model from the plain loop's after the same steps; last, what the ZeRO-0 step adds to the plain
 one (gradient all-reduce, DeepSpeed's clipping, the trainer's grad norm), each timed alone.
 
+With --kfac-steps > 0 (the default) every stage runs a second time with ``train.kfac``'s
+preconditioner (kfac-pytorch's defaults: factors every 5 steps, eigendecomposition every 50), as
+the trainer builds it; a stage train.kfac is refused at (ZeRO 3: ``check_kfac``, the
+preflight's own check) prints that refusal as its row. Then the K-FAC loss table: AdamW against
+K-FAC at two settings over --kfac-steps steps of byte-level text.
+
 Then, in the same run, bench/parallel.py's tables: tokens/s of tensor parallel 2, pipeline
 parallel 2 and both together against data parallel on the same ranks (2 and 4 torchrun ranks).
 
 Usage: python bench/train.py [--preset small] [--seq-length 256] [--micro-batch 8]
        [--grad-accum 1] [--steps 2] [--warmup 2] [--repeat 20] [--threads 1] [--zero 0,1,2,3]
-       [--layouts 2,4]
+       [--layouts 2,4] [--kfac-steps 300] [--smoke]
+(--smoke: the tiny preset and a few steps, seconds rather than minutes: the test suite's run,
+tests/unit/test_bench.py; its figures mean nothing. A stage that fails makes the exit status 1.)
 """
 
 from __future__ import annotations
@@ -46,20 +54,25 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+# --smoke: the smallest run that still prints every table (explicit options still win)
+SMOKE = dict(preset="tiny", vocab=512, seq_length=32, micro_batch=2, steps=1, warmup=1, repeat=2,
+             layouts="none", kfac_steps=10)  # fmt: skip
 
 
 class Runner:
     """One configuration under test: `step(i)` does optimizer step i; `model` is its module."""
 
     def __init__(
-        self, name: str, step=None, model=None, gathered=None, engine=None, error: str = ""
-    ) -> None:
+        self, name: str, step=None, model=None, gathered=None, engine=None, error: str = "",
+        refused: str = "",
+    ) -> None:  # fmt: skip
         self.name = name
+        self.refused = refused  # gptflow refuses this layout (check_kfac's line): not a failure
         self.step: Callable[[int], None] | None = step
         self.model = model
         self.engine = engine
         self.gathered = gathered  # () -> context manager exposing ZeRO-3's partitioned parameters
-        self.error = error
+        self.error = error or refused
         self.wall: list[float] = []  # s/step of each timed block
         self.cpu: list[float] = []
 
@@ -121,6 +134,7 @@ def engine_runner(cfg, train, rows, gas: int, stage: int, kfac=None) -> tuple[Ru
         cfg=SimpleNamespace(train=t), dev=dev, rank=0, launcher="single", engine=engine,
         series=None, train_data=rows, valid_data=None, gas=gas, flops_per_token=0.0,
         peak_tflops=None, exit_interval=None, resume_from=None, resume_mode="native",
+        saves=None,  # the bench never saves: train_step does not touch them
         kfac=Kfac(engine.module, kfac, dev.device) if kfac else None,
     )  # fmt: skip
     progress = Progress(step=0, interval=Interval(dev))
@@ -202,6 +216,8 @@ def zero0_extras(r: Runner, batch, plain_ms: float) -> str:
 
 
 def main() -> int:
+    import dataclasses
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="small", help="config/models/<preset>.yaml (default small)")
     p.add_argument("--vocab", type=int, default=8192, help="tokenizer vocabulary (default 8192)")
@@ -225,7 +241,11 @@ def main() -> int:
         "byte-level text (default 300; 0 to skip)",
     )  # fmt: skip
     p.add_argument("--kfac-lr", type=float, default=1e-3, help="its peak lr (default 1e-3)")
+    p.add_argument("--smoke", action="store_true", help=f"seconds, not minutes: {SMOKE}")
     a = p.parse_args()
+    if a.smoke:  # its values as the defaults: an option given on the command line still wins
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
 
     import warnings
 
@@ -235,7 +255,14 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")
 
     from gptflow.config.schema import load_yaml
-    from gptflow.config.settings import KfacConfig, ModelConfig, TrainConfig, padded_vocab_size
+    from gptflow.config.settings import (
+        KfacConfig,
+        ModelConfig,
+        TrainConfig,
+        check_kfac,
+        padded_vocab_size,
+    )
+    from gptflow.errors import GptflowError
     from gptflow.train import distributed
 
     torch.set_num_threads(a.threads)
@@ -288,17 +315,22 @@ def main() -> int:
     runners = [plain_runner(cfg, train, batches, gas)]
     init = {n: p.detach().clone() for n, p in runners[0].model.named_parameters()}
     setup = [f"deepspeed import + init_distributed {init_s:.2f} s"]
-    for stage in (int(s) for s in a.zero.split(",") if s.strip()):
-        try:
-            r, built = engine_runner(cfg, train, samples, gas, stage)
-            setup.append(f"ZeRO-{stage} engine {built:.2f} s")
-        except Exception as e:  # report, do not crash: the other stages still run
-            r = Runner(f"trainer, DeepSpeed ZeRO-{stage}", error=f"build: {e!r}")
-        runners.append(r)
-    if a.kfac_steps:  # the ZeRO-0 step with train.kfac (llm-pytorch's 5 / 50 steps)
-        r, built = engine_runner(cfg, train, samples, gas, 0, KfacConfig())
-        setup.append(f"ZeRO-0 + K-FAC engine {built:.2f} s")
-        runners.append(r)
+    stages = [int(s) for s in a.zero.split(",") if s.strip()]
+    # every stage without, then with train.kfac (llm-pytorch's 5 / 50 steps)
+    for kfac in [None] + ([KfacConfig()] if a.kfac_steps else []):
+        for stage in stages:
+            name = f"trainer, DeepSpeed ZeRO-{stage}" + (" + K-FAC" if kfac else "")
+            try:  # the layouts gptflow refuses train.kfac with, refused as the preflight does
+                check_kfac(cfg, dataclasses.replace(train, zero_stage=stage, kfac=kfac))
+            except GptflowError as e:
+                runners.append(Runner(name, refused=str(e)))
+                continue
+            try:
+                r, built = engine_runner(cfg, train, samples, gas, stage, kfac)
+                setup.append(f"{name.split(', ')[1]} engine {built:.2f} s")
+            except Exception as e:  # report, do not crash: the other stages still run
+                r = Runner(name, error=f"build: {e!r}")
+            runners.append(r)
     print("setup: " + ", ".join(setup))
 
     def guarded(r: Runner, start: int, n: int) -> tuple[float, float] | None:
@@ -321,12 +353,15 @@ def main() -> int:
 
     base = runners[0]
     print(
-        f"\n  {'configuration':<34} {'ms/step':>8} {'tokens/s':>9} {'median ms':>10} "
+        f"\n  {'configuration':<42} {'ms/step':>8} {'tokens/s':>9} {'median ms':>10} "
         f"{'CPU ms':>7} {'vs plain':>9} {'paired':>7}"
     )
     for r in runners:
+        if r.refused:
+            print(f"  {r.name:<42} refused by gptflow: {r.refused}")
+            continue
         if r.error or not r.wall:
-            print(f"  {r.name:<34} cannot run here: {r.error}")
+            print(f"  {r.name:<42} cannot run here: {r.error}")
             continue
         w = min(r.wall)
         ratio = paired = ""
@@ -336,7 +371,7 @@ def main() -> int:
             pairs = zip(base.wall, r.wall, strict=False)
             paired = f"{statistics.median(b / o for b, o in pairs):.3f}x"
         print(
-            f"  {r.name:<34} {1000 * w:8.1f} {tokens / w:9.0f} "
+            f"  {r.name:<42} {1000 * w:8.1f} {tokens / w:9.0f} "
             f"{1000 * statistics.median(r.wall):10.1f} {1000 * min(r.cpu):7.1f} {ratio:>9} "
             f"{paired:>7}"
         )
@@ -365,16 +400,17 @@ def main() -> int:
         print(zero0_extras(z0, batches[0], 1000 * min(base.wall)))
     if a.kfac_steps:
         kfac_loss_table(a, cfg)
+    failed = any(r.error and not r.refused for r in runners)
     if a.layouts != "none":  # tensor and pipeline parallel, on 2 and 4 torchrun ranks
         layouts = _bench_module("parallel")
-        layouts.layout_tables(
+        failed |= not layouts.layout_tables(
             argparse.Namespace(
                 preset=a.preset, vocab=a.vocab, seq_length=a.seq_length, global_batch=8,
                 micro_batch=2, steps=10, warmup=2, threads=a.threads,
             ),
             [int(n) for n in a.layouts.split(",")],
         )  # fmt: skip
-    return 0
+    return 1 if failed else 0
 
 
 def byte_rows(seq_length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

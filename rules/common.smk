@@ -6,9 +6,14 @@ setup.smk)."""
 
 
 def verbatim(value):
-    """`value` as a params (or input) function: Snakemake reads "{...}" in a params string as
-    a wildcard, and config text (a special token, a prompt, a path) may hold braces."""
-    return lambda wildcards: value
+    """`value` as a params (or input) item that Snakemake does not format: it reads "{...}" in
+    a string (or a list's strings) as a wildcard, and config text (a special token, a prompt,
+    a path) may hold braces; such a value is given as a function. A value without braces is
+    given as it is: the same value, without a function call per job at every plan."""
+    words = value if isinstance(value, list) else [value]
+    if any(isinstance(w, str) and ("{" in w or "}" in w) for w in words):
+        return lambda wildcards: value
+    return value
 
 
 def dataset_shards(dataset):

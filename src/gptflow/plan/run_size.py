@@ -83,6 +83,24 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
     }
 
 
+def made_bins(tokenizer: str, dataset) -> dict[str, list[Path]]:
+    """The .bin files made already of each shard of `dataset` with `tokenizer`, by shard name:
+    the whole shard's (gptflow.paths.SHARD) and its parts' (PART, in order). One listing of the
+    dataset's token directory, not a glob per shard: a plan of 10,000 shards (each with a
+    .bin, .idx and .json there) would list the directory 10,000 times."""
+    directory = Path(paths.shard_prefix(tokenizer, dataset.name, "-")).parent
+    names = {s.name for s in dataset.shards}
+    made: dict[str, list[Path]] = {}
+    for path in sorted(directory.glob("*.bin")) if directory.is_dir() else ():
+        stem = path.name[: -len(".bin")]
+        whole, dash, part = stem.rpartition("-")
+        if stem in names:
+            made.setdefault(stem, []).insert(0, path)  # the whole shard first
+        elif dash and whole in names and part.isdigit():  # {shard}-{part}
+            made.setdefault(whole, []).append(path)
+    return made
+
+
 def token_bytes(datasets, vocab: int, tokenizer: str | None = None) -> tuple[int, int]:
     """Bytes the token shards take: the .bin files of shards made already (with `tokenizer`,
     gptflow.paths.SHARD or its PARTs; an imported Megatron shard's), an estimate from the
@@ -93,12 +111,9 @@ def token_bytes(datasets, vocab: int, tokenizer: str | None = None) -> tuple[int
 
     total, missing = 0, 0
     for d in datasets.values():
+        made_of = made_bins(tokenizer, d) if tokenizer is not None else {}
         for s in d.shards:
-            made = []
-            if tokenizer is not None:
-                whole = paths.shard_prefix(tokenizer, d.name, s.name)
-                parts = Path().glob(f"{paths.part_prefix(tokenizer, d.name, s.name, '*')}.bin")
-                made = [Path(f"{whole}.bin"), *sorted(parts)]
+            made = made_of.get(s.name, [])
             if s.fmt == "megatron":
                 made = [Path(f"{s.input}.bin")]
             if any(f.is_file() for f in made):
