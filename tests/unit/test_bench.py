@@ -195,3 +195,24 @@ def test_blend_index(tmp_path):
     )
     assert [r[0] for r in got] == ["3 random", "5 random", "Pile (22)"]
     assert rows(out, rf"trainer, cached 1,000-sample index: memory-mapped in {NUM} ms")
+
+
+def test_quality(tmp_path):
+    """The spaCy signals decide as DataTrove does on every document of the smoke corpus; the
+    rates are positive and the ratio is theirs."""
+    import json
+
+    from gptflow.data.quality.filters import RULES
+
+    out = run_bench("quality", tmp_path, "--json")
+    assert "per-document agreement with DataTrove" in out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["documents"] == 40 and figures["mib"] > 0.05
+    rate = figures["mib_per_s"]
+    assert all(value > 0 for value in rate.values())
+    assert figures["ratio_regex_to_datatrove"] == pytest.approx(
+        rate["signals_regex"] / rate["datatrove_four_filters"]
+    )
+    assert figures["agreement"]["spacy"] == dict.fromkeys(RULES, 1.0)
+    assert set(figures["agreement"]["regex"]) == set(RULES)
+    assert all(0.8 <= a <= 1 for a in figures["agreement"]["regex"].values())
