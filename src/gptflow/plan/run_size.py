@@ -10,7 +10,13 @@ import json
 from pathlib import Path
 
 from gptflow import paths
-from gptflow.config.settings import ModelConfig, TrainConfig, check_kfac, padded_vocab_size
+from gptflow.config.settings import (
+    ModelConfig,
+    TrainConfig,
+    check_kfac,
+    padded_vocab_size,
+    training_flops_per_token,
+)
 from gptflow.errors import GptflowError
 from gptflow.results import sizing
 
@@ -64,7 +70,7 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
     t = cfg["train"]
     n = m.num_parameters()
     tokens = t["train_iters"] * t["global_batch_size"] * t["seq_length"]
-    flops = m.flops_per_token(t["seq_length"]) * tokens
+    flops = training_flops_per_token(m, TrainConfig(**t)) * tokens
     keys = ("train_iters", "save_interval", "keep_last", "keep_every")  # what it depends on
     checkpoints = TrainConfig(**{k: t[k] for k in keys if k in t}).checkpoints_on_disk()
     return {
