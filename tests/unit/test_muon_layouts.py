@@ -198,7 +198,9 @@ def test_one_muon_step_is_newton_schulz_of_the_momentum_and_adamw_on_the_rest(ma
         # bf16: the micro-batches' gradients are bf16 (rounded 2^-8 each), and Newton-Schulz,
         # whose first steps stretch small singular values ~3.4x each, spreads that to ~3e-2
         # of an update's elements (measured; its direction agrees to a cosine of 0.9999)
-        tol = 6e-2 if t.precision == "bf16" else 2e-2 if rec["ns_dtype"] != "torch.float32" else 2e-3
+        tol = (
+            6e-2 if t.precision == "bf16" else 2e-2 if rec["ns_dtype"] != "torch.float32" else 2e-3
+        )
         for k, (w, g) in enumerate(zip(want, got, strict=True)):
             for p in w:
                 delta = (g[p] - w[p]).abs().max().item()

@@ -307,9 +307,7 @@ class TrainConfig:
         ]  # fmt: skip
         for bad, what, why in refused:
             if bad:
-                raise GptflowError(
-                    f"train.optimizer muon is not supported with {what}: {why}"
-                )
+                raise GptflowError(f"train.optimizer muon is not supported with {what}: {why}")
 
     def kept_for_good(self, step: int) -> bool:
         """Whether checkpoint `step` outlives keep_last (a multiple of train.keep_every): the
@@ -484,8 +482,15 @@ def muon_matrix_shapes(model: ModelConfig, tensor_parallel: int = 1) -> list[tup
     rows, dense and dense_4h_to_h by columns): per layer the weights of :data:`MUON_LAYER`.
     DeepSpeed runs Newton-Schulz on the matrix a rank holds, so at tensor_parallel > 1 each
     rank's block is orthogonalized on its own (Megatron-Core's ``blockwise`` Muon)."""
+    return list(muon_layer_shapes(model, tensor_parallel).values()) * model.num_layers
+
+
+def muon_layer_shapes(model: ModelConfig, tensor_parallel: int = 1) -> dict[str, tuple[int, int]]:
+    """(rows, columns) of one layer's Muon matrices by :data:`MUON_LAYER` name, as a
+    tensor-parallel rank holds them (:func:`muon_matrix_shapes`)."""
     h, f, t = model.hidden_size, model.ffn_size, tensor_parallel
-    return [(3 * h // t, h), (h, h // t), (f // t, h), (h, f // t)] * model.num_layers
+    shapes = [(3 * h // t, h), (h, h // t), (f // t, h), (h, f // t)]
+    return dict(zip(MUON_LAYER, shapes, strict=True))
 
 
 def muon_lr_scale(rows: int, cols: int) -> float:
@@ -529,8 +534,7 @@ def optimizer_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
         return 0.0
     t = train.tensor_parallel
     return t * sum(
-        newton_schulz_flops(r, c, train.muon.ns_method)
-        for r, c in muon_matrix_shapes(model, t)
+        newton_schulz_flops(r, c, train.muon.ns_method) for r, c in muon_matrix_shapes(model, t)
     )
 
 

@@ -21,7 +21,7 @@ from functools import partial
 
 import torch
 
-from gptflow.config.settings import MUON_LAYER, TrainConfig, muon_lr_scale, muon_matrix_shapes
+from gptflow.config.settings import MUON_LAYER, TrainConfig, muon_layer_shapes, muon_lr_scale
 from gptflow.errors import GptflowError
 
 # How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
@@ -216,7 +216,7 @@ def optimizer_groups(
         return groups
     names = {id(p): model_name(n, train.pipeline_parallel, model_cfg.num_layers)
              for n, p in module.named_parameters()}  # fmt: skip
-    m, shapes = train.muon, dict(zip(MUON_LAYER, muon_matrix_shapes(model_cfg, train.tensor_parallel)))
+    m, shapes = train.muon, muon_layer_shapes(model_cfg, train.tensor_parallel)
     by_lr: dict[float, list] = {}
     for g in groups:
         for p in g["params"]:
