@@ -139,7 +139,7 @@ def build(
     if resume_from is not None:
         saved = series.saved_layout(resume_from)
         now = layout_of(t, dev.world_size)
-        mode = resume_mode(saved, now, series.dir / tag_for(resume_from))
+        mode = resume_mode(saved, now, series.dir / tag_for(resume_from), t.optimizer)
     # The indices are normally built by the build_data_index rule before this job; rank 0
     # builds any that are missing (a direct `gptflow train`), the others then load them.
     data = run_split_datasets(cfg) if rank == 0 else None
