@@ -14,6 +14,7 @@ from gptflow.config.settings import (
     ModelConfig,
     TrainConfig,
     check_kfac,
+    muon_state_floats,
     padded_vocab_size,
     training_flops_per_token,
 )
@@ -73,6 +74,8 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
     flops = training_flops_per_token(m, TrainConfig(**t)) * tokens
     keys = ("train_iters", "save_interval", "keep_last", "keep_every")  # what it depends on
     checkpoints = TrainConfig(**{k: t[k] for k in keys if k in t}).checkpoints_on_disk()
+    # Muon's matrices keep one moment, not Adam's two (4 bytes a parameter less)
+    muon = muon_state_floats(m)[0] if t.get("optimizer") == "muon" else 0
     return {
         "parameters": n,
         "training_tokens": tokens,
@@ -83,7 +86,7 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
         # a checkpoint: fp32 weights + Adam's two moments (+ the half-precision copy, counted
         # as fp32): 16 bytes a parameter, for keep_last steps, the one being written and
         # those kept for good (train.keep_every)
-        "checkpoint_bytes": n * 16 * checkpoints,
+        "checkpoint_bytes": (n * 16 - 4 * muon) * checkpoints,
         "shard_bytes": shards,
         "free_bytes": free,
     }
