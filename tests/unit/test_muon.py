@@ -135,7 +135,9 @@ def test_muon_keeps_one_moment_and_counts_newton_schulz(repo):
     [({"clip_grad": 1.0}, "train.clip_grad 1.0"),
      ({"kfac": {}}, "train.kfac"),
      ({"zero_stage": 1, "offload": "optimizer"}, "train.offload optimizer"),
-     ({"zero_stage": 1, "precision": "fp16"}, "train.precision fp16")],
+     ({"zero_stage": 1, "precision": "fp16"}, "train.precision fp16"),
+     ({"zero_stage": 1, "precision": "bf16", "tensor_parallel": 2},
+      "train.precision bf16 at train.zero_stage 1 with 2-way tensor x pipeline parallel")],
 )  # fmt: skip
 def test_what_cannot_be_right_is_refused_at_planning(repo, tiny_config, train, refused):
     """The workflow config's check (what snakemake -n runs, schema included) refuses each in

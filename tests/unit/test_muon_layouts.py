@@ -94,7 +94,7 @@ SETTINGS = dict(train_iters=3, lr=2e-3, min_lr=2e-4, lr_warmup_iters=0, log_inte
 # (precision, ZeRO stage, tensor parallel) per rank count
 LAYOUTS = {
     1: [("fp32", 0, 1), ("fp32", 1, 1), ("fp32", 2, 1), ("bf16", 1, 1)],
-    2: [("fp32", 0, 1), ("fp32", 1, 1), ("fp32", 2, 1), ("fp32", 1, 2)],
+    2: [("fp32", 0, 1), ("fp32", 1, 1), ("fp32", 2, 1), ("fp32", 3, 1), ("fp32", 1, 2)],
 }
 # the tiny model's hidden matrices: 4 a layer, 2 layers
 MUON = {f"gpt_neox.layers.{i}.{m}.weight" for i in range(2)
@@ -171,7 +171,7 @@ def run_layouts(make_run, tmp_path: Path, ranks: int) -> dict:
 
 
 def test_one_muon_step_is_newton_schulz_of_the_momentum_and_adamw_on_the_rest(make_run, tmp_path):
-    """In each layout (ZeRO 0, 1, 2 on one rank and on two; bf16 at ZeRO 1; tensor parallel 2
+    """In each layout (ZeRO 0, 1, 2 on one rank and on two, ZeRO 3 on two; bf16 at ZeRO 1; tensor parallel 2
     at ZeRO 1), every step's change of every fp32 master weight is the update computed here
     from the recorded raw gradients, to 2e-3 of the learning rate per weight (fp32 Newton-
     Schulz, DeepSpeed's Gram form, against the float64 standard one; 2e-2 where DeepSpeed's

@@ -300,6 +300,12 @@ class TrainConfig:
              "and AdamW's gradients together (every update shrinks by ~that norm, ~sqrt of the "
              "matrices' summed widths), at ZeRO 0 by the raw gradients' -- another trajectory "
              "per stage; set train.clip_grad 0"),
+            (self.precision == "bf16" and self.zero_stage == 1 and self.model_parallel > 1,
+             f"train.precision bf16 at train.zero_stage 1 with {self.model_parallel}-way "
+             "tensor x pipeline parallel",
+             "DeepSpeed's BF16_Optimizer (bf16 at ZeRO 1) refuses Muon under a model-parallel "
+             "grid (\"BF16 Muon currently requires FP32 accumulation, dense DP\"); use "
+             "train.zero_stage 2 (tensor parallel) or train.precision fp32"),
             (self.precision == "fp16", "train.precision fp16",
              "DeepSpeed's fp16 Muon (its loss-scale handling of the orthogonalized updates, "
              "Newton-Schulz in fp16 on GPUs) has not been verified here (no fp16 on this "

@@ -71,7 +71,11 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
     t = cfg["train"]
     n = m.num_parameters()
     tokens = t["train_iters"] * t["global_batch_size"] * t["seq_length"]
-    flops = training_flops_per_token(m, TrainConfig(**t)) * tokens
+    # what the FLOPs depend on: the step's tokens, the optimizer, the tensor-parallel blocks
+    counted = ("train_iters", "seq_length", "global_batch_size", "optimizer", "muon",
+               "tensor_parallel")  # fmt: skip
+    step = TrainConfig(**{k: t[k] for k in counted if k in t}, micro_batch_size=1)
+    flops = training_flops_per_token(m, step) * tokens
     keys = ("train_iters", "save_interval", "keep_last", "keep_every")  # what it depends on
     checkpoints = TrainConfig(**{k: t[k] for k in keys if k in t}).checkpoints_on_disk()
     # Muon's matrices keep one moment, not Adam's two (4 bytes a parameter less)
