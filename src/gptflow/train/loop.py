@@ -198,13 +198,14 @@ def log_optimizer(t, groups: list[dict]) -> None:
     muon = [g for g in groups if g.get("use_muon")]
     log.info(
         "Muon on %d matrices, AdamW on %d tensors (rank 0's); Muon lr %s (%s), momentum %g, "
-        "Newton-Schulz %s x %d, weight decay %g (of train.lr)",
+        "Newton-Schulz %s x %d, weight decay %g (x %s)",
         sum(len(g["params"]) for g in muon),
         sum(len(g["params"]) for g in groups if not g.get("use_muon")),
         "/".join(f"{g['lr']:.4g}" for g in muon),
         "RMS-matched to train.lr" if t.muon.lr is None else "train.muon.lr",
         t.muon.momentum, t.muon.ns_method, MUON_NS_STEPS,
         t.weight_decay if t.muon.weight_decay is None else t.muon.weight_decay,
+        "train.lr" if t.muon.lr is None else "train.muon.lr",
     )  # fmt: skip
 
 
