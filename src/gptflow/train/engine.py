@@ -189,26 +189,15 @@ def muon_kind(name: str) -> str | None:
     return next((k for k, pat in MUON_PATTERNS.items() if re.fullmatch(pat, name)), None)
 
 
-def muon_parameters(module: torch.nn.Module, train: TrainConfig, num_layers: int) -> list:
-    """The one decision of which parameters Muon steps: those of `module` (this rank's model,
-    pipeline stage or tensor-parallel slices) whose GPTNeoX name is a hidden matrix
-    (:data:`MUON_PATTERNS`); AdamW steps the rest. Decided by name, not by shape: under ZeRO 3
-    every parameter is a flat partition."""
-    return [
-        p
-        for name, p in module.named_parameters()
-        if muon_kind(model_name(name, train.pipeline_parallel, num_layers)) is not None
-    ]
-
-
-def optimizer_groups(
-    module: torch.nn.Module, model_cfg, train: TrainConfig, device: torch.device | None = None
-) -> list[dict]:
-    """The optimizer's parameter groups for `module`: AdamW's decay and no-decay groups
-    (gptflow.train.model.decay_groups; first, so the logged lr is train.lr), and with
-    train.optimizer muon the Muon matrices taken out of them into Muon groups, one per learning
-    rate (:func:`muon_lr`), each parameter tagged ``use_muon`` as DeepSpeed's ZeRO optimizers
-    read it."""
+def optimizer_groups(module: torch.nn.Module, model_cfg, train: TrainConfig) -> list[dict]:
+    """The optimizer's parameter groups for `module` (this rank's model, pipeline stage or
+    tensor-parallel slices): AdamW's decay and no-decay groups (gptflow.train.model.decay_groups;
+    first, so the logged lr is train.lr), and with train.optimizer muon the one decision of
+    which parameters Muon steps: those whose GPTNeoX name is a hidden matrix
+    (:data:`MUON_PATTERNS`; by name, not by shape: under ZeRO 3 every parameter is a flat
+    partition), taken out of AdamW's groups into Muon groups, one per learning rate
+    (:func:`muon_lr`), each parameter tagged ``use_muon`` as DeepSpeed's ZeRO optimizers read
+    it."""
     from gptflow.train.model import decay_groups
 
     groups = decay_groups(module, train.weight_decay)
