@@ -56,7 +56,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 # --smoke: the smallest run that still prints every table (explicit options still win)
 SMOKE = dict(preset="tiny", vocab=512, seq_length=32, micro_batch=2, steps=1, warmup=1, repeat=2,
-             layouts="none", kfac_steps=10)  # fmt: skip
+             layouts="none", kfac_steps=10, muon_steps=4)  # fmt: skip
 
 
 class Runner:
@@ -241,6 +241,11 @@ def main() -> int:
         "byte-level text (default 300; 0 to skip)",
     )  # fmt: skip
     p.add_argument("--kfac-lr", type=float, default=1e-3, help="its peak lr (default 1e-3)")
+    p.add_argument(
+        "--muon-steps", type=int, default=300,
+        help="then the Muon table: AdamW, train.optimizer muon and a plain torch.optim.Muon loop "
+        "over this many steps of the K-FAC table's text, at --kfac-lr (default 300; 0 to skip)",
+    )  # fmt: skip
     p.add_argument("--smoke", action="store_true", help=f"seconds, not minutes: {SMOKE}")
     a = p.parse_args()
     if a.smoke:  # its values as the defaults: an option given on the command line still wins
@@ -400,6 +405,8 @@ def main() -> int:
         print(zero0_extras(z0, batches[0], 1000 * min(base.wall)))
     if a.kfac_steps:
         kfac_loss_table(a, cfg)
+    if a.muon_steps:
+        muon_loss_table(a, cfg)
     failed = any(r.error and not r.refused for r in runners)
     if a.layouts != "none":  # tensor and pipeline parallel, on 2 and 4 torchrun ranks
         layouts = _bench_module("parallel")
@@ -479,6 +486,118 @@ def kfac_loss_table(a, preset_cfg) -> None:
                 len(x) // 8
             )
         print(f"  {name:<12} {ms:8.1f}  {' '.join(f'{v:.3f}' for v in curve):<62} {val:.4f}")
+
+
+def muon_loss_table(a, preset_cfg) -> None:
+    """AdamW against train.optimizer muon (the trainer's ZeRO-0 step, DeepSpeed's Muon, RMS-
+    matched lr, clip 0 as Muon requires, AdamW likewise) and a plain loop of torch.optim.Muon
+    (adjust_lr_fn match_rms_adamw, its bf16 Newton-Schulz) + torch AdamW: ms/step, training
+    loss per tenth, held-out loss, on the K-FAC table's byte-level text and schedule."""
+    import dataclasses
+
+    import torch
+
+    from gptflow.config.settings import TrainConfig
+    from gptflow.train import engine as ds
+    from gptflow.train.model import GPTNeoX
+
+    cfg = dataclasses.replace(preset_cfg, vocab_size=256)  # bytes
+    steps, tenth = a.muon_steps, max(1, a.muon_steps // 10)
+    train = TrainConfig(
+        train_iters=steps, seed=a.seed, seq_length=a.seq_length, micro_batch_size=a.micro_batch,
+        global_batch_size=a.micro_batch, lr=a.kfac_lr, min_lr=a.kfac_lr / 10,
+        lr_warmup_iters=max(1, steps // 20), clip_grad=0.0,
+    )  # fmt: skip
+    rows, held = byte_rows(a.seq_length, a.seed)
+    x_held = torch.from_numpy(held[:, :-1].copy())
+    y_held = torch.from_numpy(held[:, 1:].copy())
+
+    def batch(i: int):
+        part = rows[i * a.micro_batch : (i + 1) * a.micro_batch]
+        return torch.from_numpy(part[:, :-1].copy()), torch.from_numpy(part[:, 1:].copy())
+
+    def deepspeed(t) -> Runner:
+        """build_engine's ZeRO-0 engine (the trainer's), stepped as the loop steps it."""
+        torch.manual_seed(t.seed)
+        model = GPTNeoX(cfg)
+        engine = ds.build_engine(model, ds.optimizer_groups(model, cfg, t), t, 1)
+        losses = []
+
+        def step(i: int) -> None:
+            loss = engine(*batch(i))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach())
+
+        r = Runner(t.optimizer, step, engine.module)
+        r.losses = losses
+        return r
+
+    def torch_muon() -> Runner:
+        torch.manual_seed(train.seed)
+        model = GPTNeoX(cfg)
+        groups = ds.optimizer_groups(model, cfg, dataclasses.replace(train, optimizer="muon"))
+        muon = [p for g in groups if g["use_muon"] for p in g["params"]]
+        opts = [
+            torch.optim.Muon(
+                muon, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw"
+            ),
+            torch.optim.AdamW(
+                [
+                    {"params": g["params"], "weight_decay": g["weight_decay"]}
+                    for g in groups
+                    if not g["use_muon"]
+                ],
+                lr=train.lr,
+                betas=(train.adam_beta1, train.adam_beta2),
+                eps=train.adam_eps,
+            ),
+        ]
+        scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: train.lr_at(s) / train.lr)
+                  for o in opts]  # fmt: skip
+        losses = []
+
+        def step(i: int) -> None:
+            loss = model(*batch(i))
+            loss.backward()
+            for o, sc in zip(opts, scheds, strict=True):
+                o.step()
+                sc.step()
+                o.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+
+        r = Runner("torch.optim.Muon", step, model)
+        r.losses = losses
+        return r
+
+    print(
+        f"\nMuon against AdamW: preset {a.preset} with a byte vocabulary ({cfg.num_parameters():,}"
+        f" parameters), {steps} steps of {a.micro_batch} x {a.seq_length} bytes, lr "
+        f"{a.kfac_lr:g} cosine (Muon RMS-matched to it), clip 0, weight decay "
+        f"{train.weight_decay:g}"
+    )
+    print(f"  {'setting':<18} {'ms/step':>8}  train loss per tenth of the run{'':<32} held-out")
+    for name in ("AdamW", "Muon (DeepSpeed)", "torch.optim.Muon"):
+        if name == "torch.optim.Muon":
+            r = torch_muon()
+        else:
+            r = deepspeed(
+                dataclasses.replace(train, optimizer="muon" if "Muon" in name else "adamw")
+            )
+        curve, started = [], time.perf_counter()
+        for i in range(steps):
+            r.step(i)
+            if i == 0:  # untimed: DeepSpeed torch.compiles its Muon update in the first
+                started = time.perf_counter()
+            if (i + 1) % tenth == 0:
+                curve.append(float(torch.stack(r.losses).mean()))
+                r.losses.clear()
+        ms = 1000 * (time.perf_counter() - started) / (steps - 1)
+        r.model.eval()
+        with torch.no_grad():
+            val = sum(float(r.model(x_held[i : i + 8], y_held[i : i + 8]))
+                      for i in range(0, len(x_held), 8)) / (len(x_held) // 8)  # fmt: skip
+        print(f"  {name:<18} {ms:8.1f}  {' '.join(f'{v:.3f}' for v in curve):<62} {val:.4f}")
 
 
 def _bench_module(name: str):

@@ -40,6 +40,12 @@ rule study_report:
             category="Study",
             labels={"study": "{study}", "figure": "scaling law"},
         ),
+        optimizers=report(
+            f"{paths.STUDY_DIR}/optimizers.svg",
+            caption="../workflow/report/study_optimizers.rst",
+            category="Study",
+            labels={"study": "{study}", "figure": "optimizers"},
+        ),
         fit_json=f"{paths.STUDY_DIR}/fit.json",
         page=report(
             STUDY_PAGE,

@@ -138,3 +138,8 @@ def test_which_layout_changes_load_how(tmp_path):
     ]:
         with pytest.raises(GptflowError, match=message):
             resume_mode(saved, now, tmp_path)
+    # Muon's momentum is not in a universal checkpoint: its runs stay in their layout
+    assert resume_mode(layout(2, 1), layout(2, 1), tmp_path, "muon") == "native"
+    assert resume_mode(layout(4, 0), layout(1, 0), tmp_path, "muon") == "native"
+    with pytest.raises(GptflowError, match=r"not Muon's momentum .* Continue at ZeRO stage 1 on 2"):
+        resume_mode(layout(2, 1), layout(1, 1), tmp_path, "muon")

@@ -40,15 +40,24 @@ def loss(preset: str, lr: float, step: int, penalty=None) -> float:
 
 
 def write_run(root: Path, name: str, preset: str, lr: float, *, steps: int = 1000,
-              null_final: bool = False, penalty=None) -> dict[str, str]:  # fmt: skip
+              null_final: bool = False, penalty=None, optimizer: str | None = None,
+              speedup: float = 1.0) -> dict[str, str]:  # fmt: skip
     """run.yaml, metrics.jsonl (an evaluation every EVAL_INTERVAL steps from 0 of series "s1",
-    after the records of a stale series "old" whose losses are 0.5) and DONE.json."""
-    loss = functools.partial(globals()["loss"], penalty=penalty)
+    after the records of a stale series "old" whose losses are 0.5) and DONE.json. `optimizer`:
+    train.optimizer (absent by default, as in runs from before it); `speedup`: its loss after
+    s steps is the law's after speedup x s."""
+
+    plain = functools.partial(globals()["loss"], penalty=penalty)
+
+    def loss(preset, lr, step):
+        return plain(preset, lr, step * speedup)
+
     n, tokens = SIZES[preset], steps * PER_STEP
     d = root / f"{len(list(root.glob('*'))) if root.is_dir() else 0}"
     d.mkdir(parents=True)
     run = {
-        "run": name, "model": {"num_layers": 2}, "train": {"lr": lr, "train_iters": steps},
+        "run": name, "model": {"num_layers": 2},
+        "train": {"lr": lr, "train_iters": steps, **({"optimizer": optimizer} if optimizer else {})},
         "derived": {"preset": preset, "parameters": n, "tokens_per_step": PER_STEP,
                     "total_tokens": tokens,
                     "training_flops": FLOPS_PER_PARAMETER_TOKEN * n * tokens},
@@ -105,8 +114,9 @@ def test_every_file_parses_and_the_runs_table_holds_the_inputs(sweep):
     inputs; the medium size's 3e-3 run (final_val_loss null) takes its series' last
     evaluation, not the stale series' 0.5; the curves are each run's evaluations after step 0."""
     paths = sweep
-    assert set(paths) == {"loss_tokens", "loss_flops", "loss_lr", "fit", "fit_json", "study"}
-    for name in ("loss_tokens", "loss_flops", "loss_lr", "fit"):
+    assert set(paths) == {"loss_tokens", "loss_flops", "loss_lr", "fit", "optimizers", "fit_json",
+                          "study"}  # fmt: skip
+    for name in ("loss_tokens", "loss_flops", "loss_lr", "fit", "optimizers"):
         assert ET.parse(paths[name]).getroot().tag.endswith("svg")
     fit = json.loads(Path(paths["fit_json"]).read_text())
     page = Path(paths["study"]).read_text()
@@ -124,7 +134,8 @@ def test_every_file_parses_and_the_runs_table_holds_the_inputs(sweep):
         assert math.isclose(r["training_flops"], FLOPS_PER_PARAMETER_TOKEN * SIZES[p] * TOKENS)
     assert fit["study"] == "sweep"
     assert "same tokens" in fit["two_term"]["error"]  # one token budget: L(N, D) not attempted
-    assert page.count("<svg") == 4 and "<?xml" not in page
+    assert page.count("<svg") == 5 and "<?xml" not in page
+    assert fit["optimizers"] == [] and "<h2>Optimizers</h2>" not in page  # AdamW alone
     steps = range(EVAL_INTERVAL, 1001, EVAL_INTERVAL)
     curves = [[(math.log10(s * PER_STEP), loss(p, lr, s)) for s in steps] for p, lr in ORDER]
     assert_plot_shows(paths["loss_tokens"], curves)
@@ -168,7 +179,7 @@ def test_two_sizes_render_with_no_fit_and_its_reason(tmp_path):
     assert reason
     page = Path(paths["study"]).read_text()
     assert f"<p>{html.escape(f'no fit: {reason}')}</p>" in page  # in the text, not only fit.svg
-    assert len(table_rows(page)) == 4 and page.count("<svg") == 4
+    assert len(table_rows(page)) == 4 and page.count("<svg") == 5
     assert any(t.startswith("no fit:") for t in texts(paths["fit"]))
 
 
@@ -287,3 +298,32 @@ def test_each_runs_harness_metrics_are_tabled_and_in_fit_json(tmp_path):
     assert "Downstream evaluation" not in Path(study_report(
         "none", grid(tmp_path / "b", presets=("s", "m"), lrs=(1e-3,)), tmp_path / "o2"
     )["study"]).read_text()  # fmt: skip
+
+
+def test_each_optimizers_tuned_run_and_the_tokens_to_adamws_final_loss(tmp_path):
+    """AdamW and Muon x 2 sizes x 2 lrs, Muon's loss after s steps AdamW's after 1.6 s: per size
+    each optimizer's best lr is taken, and Muon reaches AdamW's final loss at 1000 / 1.6 = 625
+    steps (0.625 x AdamW's tokens; between evaluations linear, so to ~1 %); the page tables it
+    and the figure draws each size's two tuned curves."""
+    runs = {
+        f"{p}-{o}-lr{lr:g}": write_run(tmp_path / "runs", f"{p}-{o}-lr{lr:g}", p, lr,
+                                       optimizer=o, speedup=1.6 if o == "muon" else 1.0)
+        for p in ("s", "m") for o in ("adamw", "muon") for lr in (1e-3, 3e-3)
+    }  # fmt: skip
+    paths = study_report("opt", runs, tmp_path / "out")
+    rows = json.loads(Path(paths["fit_json"]).read_text())["optimizers"]
+    assert [(r["preset"], r["optimizer"], r["lr"]) for r in rows] == [
+        ("s", "adamw", 1e-3),
+        ("s", "muon", 1e-3),
+        ("m", "adamw", 1e-3),
+        ("m", "muon", 1e-3),
+    ]
+    for r in rows:
+        want = 1.0 if r["optimizer"] == "adamw" else 1 / 1.6
+        assert r["ratio"] == pytest.approx(want, rel=0.02), r
+    page = Path(paths["study"]).read_text()
+    assert "<h2>Optimizers</h2>" in page and page.count("<svg") == 5
+    steps = range(EVAL_INTERVAL, 1001, EVAL_INTERVAL)
+    curves = [[(math.log10(s * PER_STEP), loss(p, 1e-3, s * k)) for s in steps]
+              for p in ("s", "m") for k in (1.0, 1.6)]  # fmt: skip
+    assert_plot_shows(paths["optimizers"], curves)

@@ -142,6 +142,26 @@ class KfacConfig:
 
 
 @dataclass(frozen=True)
+class MuonConfig:
+    """Muon's settings (keys of ``train.muon:``, read when ``train.optimizer`` is muon); see the
+    schema and :func:`gptflow.train.engine.build_engine`."""
+
+    lr: float | None = None  # None: RMS-matched to AdamW's train.lr (muon_lr_scale)
+    momentum: float = 0.95  # Nesterov momentum of the orthogonalized matrices
+    ns_method: str = "gram"  # DeepSpeed's Newton-Schulz: gram | standard
+    weight_decay: float | None = None  # decoupled, on Muon's matrices; None: train.weight_decay
+
+
+# Newton-Schulz iterations per Muon update: DeepSpeed 0.19.8 calls its muon_update without
+# ns_steps wherever it runs it (ZeRO 0-3), so its default, 5, is what every layout computes.
+MUON_NS_STEPS = 5
+# Moonlight's RMS matching ("Muon is Scalable for LLM Training", 2025): an update of RMS
+# 0.2 x lr, AdamW's typical update RMS, so AdamW's learning rate and schedule carry over.
+MUON_MATCHED_RMS = 0.2
+OPTIMIZERS = ("adamw", "muon")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and schedule (keys of ``train:``); see the schema for units."""
 
@@ -179,12 +199,16 @@ class TrainConfig:
     # snapshot to host memory, write in the background (gptflow.train.snapshot); auto: with GPUs
     async_save: bool | str = "auto"
     kfac: KfacConfig | None = None  # K-FAC preconditioning; None = off
+    optimizer: str = "adamw"  # adamw | muon (Muon on the hidden matrices, AdamW on the rest)
+    muon: MuonConfig = field(default_factory=MuonConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.wandb, dict):  # from the config or run.yaml
             object.__setattr__(self, "wandb", WandbConfig(**self.wandb))
         if isinstance(self.kfac, dict):
             object.__setattr__(self, "kfac", KfacConfig(**self.kfac))
+        if isinstance(self.muon, dict):
+            object.__setattr__(self, "muon", MuonConfig(**self.muon))
         if self.global_batch_size % self.micro_batch_size:
             raise GptflowError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of "
@@ -249,6 +273,7 @@ class TrainConfig:
                 "stage would partition gradients it accumulates over micro-batches), and "
                 "gptflow exports pipeline checkpoints from ZeRO 1's fp32 partitions"
             )
+        self.check_muon()
         if self.tensor_parallel > 1 and self.zero_stage == 3:
             raise GptflowError(
                 f"train.tensor_parallel {self.tensor_parallel} with train.zero_stage 3 is not "
@@ -257,6 +282,38 @@ class TrainConfig:
                 "have not been verified here. Use train.zero_stage 1 or 2 with tensor parallel "
                 "(stage 1 is Megatron's distributed optimizer)"
             )
+
+    def check_muon(self) -> None:
+        """The combinations train.optimizer muon is refused with, one line each (part of
+        :meth:`check_trainable`: at ``snakemake -n`` and when training starts)."""
+        if self.optimizer != "muon":
+            return
+        refused = [
+            (self.kfac is not None, "train.kfac",
+             "K-FAC preconditions the gradients AdamW steps on, and Muon orthogonalizes them "
+             "again, undoing it; set train.kfac null or train.optimizer adamw"),
+            (self.offload != "none", f"train.offload {self.offload}",
+             "DeepSpeed orthogonalizes offloaded Muon gradients on a path of its own that has "
+             "not been verified here; set train.offload none"),
+            (self.clip_grad > 0, f"train.clip_grad {self.clip_grad}",
+             "at ZeRO 1-3 DeepSpeed 0.19.8 clips by the norm of the orthogonalized Muon updates "
+             "and AdamW's gradients together (every update shrinks by ~that norm, ~sqrt of the "
+             "matrices' summed widths), at ZeRO 0 by the raw gradients' -- another trajectory "
+             "per stage; set train.clip_grad 0"),
+            (self.precision == "bf16" and self.zero_stage == 1 and self.model_parallel > 1,
+             f"train.precision bf16 at train.zero_stage 1 with {self.model_parallel}-way "
+             "tensor x pipeline parallel",
+             "DeepSpeed's BF16_Optimizer (bf16 at ZeRO 1) refuses Muon under a model-parallel "
+             "grid (\"BF16 Muon currently requires FP32 accumulation, dense DP\"); use "
+             "train.zero_stage 2 (tensor parallel) or train.precision fp32"),
+            (self.precision == "fp16", "train.precision fp16",
+             "DeepSpeed's fp16 Muon (its loss-scale handling of the orthogonalized updates, "
+             "Newton-Schulz in fp16 on GPUs) has not been verified here (no fp16 on this "
+             "project's CPUs); use train.precision bf16 or fp32"),
+        ]  # fmt: skip
+        for bad, what, why in refused:
+            if bad:
+                raise GptflowError(f"train.optimizer muon is not supported with {what}: {why}")
 
     def kept_for_good(self, step: int) -> bool:
         """Whether checkpoint `step` outlives keep_last (a multiple of train.keep_every): the
@@ -419,6 +476,93 @@ def kfac_floats(model: ModelConfig) -> int:
     statistics being gathered (each as large as the factors), and the eigenvalues. The one
     home of this count: the preflight's memory check and the trainer's start-up line."""
     return sum(3 * (a * a + g * g) + a + g for a, g in kfac_layer_shapes(model))
+
+
+MUON_LAYER = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h",
+              "mlp.dense_4h_to_h")  # fmt: skip
+
+
+def muon_matrix_shapes(model: ModelConfig, tensor_parallel: int = 1) -> list[tuple[int, int]]:
+    """(rows, columns) of each matrix Muon orthogonalizes, as a tensor-parallel rank holds it
+    (gptflow.train.engine.TENSOR_PARALLEL_PLAN: query_key_value and dense_h_to_4h split by
+    rows, dense and dense_4h_to_h by columns): per layer the weights of :data:`MUON_LAYER`.
+    DeepSpeed runs Newton-Schulz on the matrix a rank holds, so at tensor_parallel > 1 each
+    rank's block is orthogonalized on its own (Megatron-Core's ``blockwise`` Muon)."""
+    return list(muon_layer_shapes(model, tensor_parallel).values()) * model.num_layers
+
+
+def muon_layer_shapes(model: ModelConfig, tensor_parallel: int = 1) -> dict[str, tuple[int, int]]:
+    """(rows, columns) of one layer's Muon matrices by :data:`MUON_LAYER` name, as a
+    tensor-parallel rank holds them (:func:`muon_matrix_shapes`)."""
+    h, f, t = model.hidden_size, model.ffn_size, tensor_parallel
+    shapes = [(3 * h // t, h), (h, h // t), (f // t, h), (h, f // t)]
+    return dict(zip(MUON_LAYER, shapes, strict=True))
+
+
+def muon_lr_scale(rows: int, cols: int) -> float:
+    """What train.lr is multiplied by to give the lr DeepSpeed's Muon applies to a (rows x cols)
+    matrix under RMS matching: Moonlight's update is lr x 0.2 x sqrt(max(rows, cols)) x the
+    orthogonalized matrix, DeepSpeed's lr x sqrt(max(1, rows / cols)) x the same; the ratio is
+    0.2 x sqrt(cols) (either way round)."""
+    return MUON_MATCHED_RMS * math.sqrt(max(rows, cols)) / math.sqrt(max(1.0, rows / cols))
+
+
+def newton_schulz_flops(rows: int, cols: int, method: str, steps: int = MUON_NS_STEPS) -> float:
+    """Matrix-multiply FLOPs (2 per multiply-add) of DeepSpeed's Newton-Schulz on one (rows x
+    cols) matrix, n = min, m = max of the two. ``standard`` (zeropower_via_newtonschulz5): per
+    step X Xᵀ (2n²m), A² (2n³), B X (2n²m). ``gram`` (zeropower_via_gram_newtonschulz) on a
+    non-square matrix iterates on the n x n Gram matrix, step by step as its loop does: R = X Xᵀ
+    first; per step Z = b R + c R² (2n³) and Q = a Q + Z Q (2n³, not where Q starts: the
+    first step and the restart); R's update (two products) but after the last step and before
+    the restart at step 2; the restart's Q X and X Xᵀ and the final Q X (2n²m each). Square
+    matrices run the standard iteration."""
+    n, m = min(rows, cols), max(rows, cols)
+    if method == "standard" or n == m:
+        return steps * (4.0 * n * n * m + 2.0 * n**3)
+    restart = 2  # DeepSpeed's restart_at
+    wide, square, fresh_q = 2, 0, True  # X Xᵀ and the final Q X
+    for i in range(steps):
+        if i == restart:
+            wide, fresh_q = wide + 2, True
+        square += 1 if fresh_q else 2
+        fresh_q = False
+        if i < steps - 1 and i + 1 != restart:
+            square += 2
+    return wide * 2.0 * n * n * m + square * 2.0 * n**3
+
+
+def optimizer_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
+    """FLOPs of an optimizer step beyond elementwise work: 0 for AdamW; for Muon, Newton-
+    Schulz on every matrix (:func:`muon_matrix_shapes`: each rank's blocks at tensor
+    parallel), counted once per step as a model replica's work (ranks that repeat it, data-
+    parallel ranks at ZeRO 0, add time, not useful FLOPs)."""
+    if train.optimizer != "muon":
+        return 0.0
+    t = train.tensor_parallel
+    return t * sum(
+        newton_schulz_flops(r, c, train.muon.ns_method) for r, c in muon_matrix_shapes(model, t)
+    )
+
+
+def training_flops_per_token(model: ModelConfig, train: TrainConfig) -> float:
+    """The FLOPs per trained token that MFU and the run's compute count: the model's forward
+    and backward (:meth:`ModelConfig.flops_per_token`) and the optimizer's step spread over the
+    step's tokens (:func:`optimizer_flops_per_step`). The one home for the trainer's log line,
+    the preflight's GPU-hours and the run's derived numbers."""
+    extra = optimizer_flops_per_step(model, train) / train.tokens_per_step
+    return model.flops_per_token(train.seq_length) + extra
+
+
+def muon_state_floats(model: ModelConfig, tensor_parallel: int = 1) -> tuple[int, int]:
+    """(fp32 numbers of Muon's momentum, of its largest Newton-Schulz working set) on a rank
+    before ZeRO partitioning: one moment per matrix element where AdamW keeps two; the
+    working set of one matrix (n = min, m = max side) the fp32 gradient view (nm), the
+    normalized copy (nm), and the n x n Gram terms the iteration keeps at once (R, Z, Q and
+    R Z or A, A², B: 4n²) -- an estimate from the code's tensors, not measured."""
+    shapes = muon_matrix_shapes(model, tensor_parallel)
+    moment = sum(r * c for r, c in shapes)
+    work = max(2 * r * c + 4 * min(r, c) ** 2 for r, c in shapes)
+    return moment, work
 
 
 def check_model_parallel(model: ModelConfig, train: TrainConfig) -> None:

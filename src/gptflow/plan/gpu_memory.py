@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats
+from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats, muon_state_floats
 from gptflow.errors import GptflowError
 from gptflow.hardware import planned_gpu, training_precision
 from gptflow.plan.placement import Placement
@@ -39,11 +39,17 @@ def stage_parameters(
 
 
 # the terms that exist only between a backward pass and the update (not kept across steps)
-TRANSIENT = ("gradients", "fp32 gradient partition")
+TRANSIENT = ("gradients", "fp32 gradient partition", "Newton-Schulz")
 
 
 def model_state_bytes(
-    params: int, dp: int, zero: int, precision: str, offload: str = "none", largest: int = 0
+    params: int,
+    dp: int,
+    zero: int,
+    precision: str,
+    offload: str = "none",
+    largest: int = 0,
+    muon: int = 0,
 ) -> dict[str, int]:
     """GPU bytes of a rank's weights, gradients and optimizer state (Adam) for the `params`
     parameters it holds, over `dp` data-parallel ranks, as DeepSpeed allocates them:
@@ -56,7 +62,9 @@ def model_state_bytes(
       (4/N), ZeRO 2 also partitions the 16-bit gradients -- DeepSpeed's own
       estimate_zero2_model_states_mem_needs (2 + 18/N bytes a parameter) and estimate_zero3_...
       (18/N, plus the largest layer gathered: `largest` parameters, 4 bytes each, 8 in fp32);
-    - ZeRO 3 partitions the weights too; offloaded optimizer state lives in host memory.
+    - ZeRO 3 partitions the weights too; offloaded optimizer state lives in host memory;
+    - `muon` of the parameters stepped by Muon (train.optimizer muon) keep one moment (its
+      momentum, fp32) where Adam keeps two: 4 bytes less each, partitioned alike.
 
     Measured on CPU after a step (tests/unit/test_preflight.py): the kept terms (not
     TRANSIENT) are exactly the tensors DeepSpeed holds, on one rank and on every rank of
@@ -67,7 +75,7 @@ def model_state_bytes(
     parts = {
         "weights": width * params // (dp if zero >= 3 else 1),
         "gradients": width * params // (dp if zero >= 2 and not half else 1),
-        "optimizer states": (12 if half or zero >= 1 else 8) * params // shard,
+        "optimizer states": ((12 if half or zero >= 1 else 8) * params - 4 * muon) // shard,
     }
     if half and zero >= 2:
         parts["gradients"] = 2 * params // dp if zero == 2 else 0  # ZeRO 3: straight into fp32
@@ -217,11 +225,24 @@ def stage_memory(
     h, f = m.hidden_size, m.ffn_size
     largest = max(m.vocab_size * h, 4 * h * h + 2 * h * f)  # the embedding, or a layer
     params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)
+    muon, newton_schulz = muon_floats(m, t)
     return {
-        **model_state_bytes(params, dp, t.zero_stage, precision, t.offload, largest),
+        **model_state_bytes(params, dp, t.zero_stage, precision, t.offload, largest, muon),
         **activation_bytes(m, t, precision, stage, gas),
         **({"K-FAC factors": 4 * kfac_floats(m)} if t.kfac else {}),  # fp32, every rank
+        **({"Newton-Schulz": 4 * newton_schulz} if newton_schulz else {}),
     }
+
+
+def muon_floats(m: ModelConfig, t: TrainConfig) -> tuple[int, int]:
+    """(parameters Muon steps on a rank of the most loaded pipeline stage, fp32 numbers of its
+    largest Newton-Schulz working set), (0, 0) for AdamW (gptflow.config.settings.muon_state_floats
+    for the whole model's, per layer here)."""
+    if t.optimizer != "muon":
+        return 0, 0
+    moment, work = muon_state_floats(m, t.tensor_parallel)
+    layers = -(-m.num_layers // t.pipeline_parallel)
+    return moment // m.num_layers * layers, work
 
 
 def memory_per_gpu(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> MemoryFit:
@@ -253,6 +274,8 @@ FIXES = {
     "logits": "lower train.micro_batch_size (or train.seq_length), or raise "
     "train.tensor_parallel: each tensor-parallel rank holds its share of the vocabulary's logits",
     "pipeline buffers": "lower train.micro_batch_size",
+    "Newton-Schulz": "raise train.tensor_parallel: each rank orthogonalizes its block of the "
+    "largest matrix",
     "K-FAC factors": "set train.kfac null: its factors grow with the square of each layer's "
     "width (model.intermediate_size above all) and are not partitioned",
 }

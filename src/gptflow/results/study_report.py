@@ -29,7 +29,8 @@ FINAL_LOSS_RULE = (
     "evaluation record of the finished series; else the last train loss (the 'from' column)."
 )
 LINESTYLES = ("-", "--", ":", "-.")
-FIGURES = ("loss_tokens", "loss_flops", "loss_lr", "fit")
+FIGURES = ("loss_tokens", "loss_flops", "loss_lr", "fit", "optimizers")
+ONE_OPTIMIZER = "every run has the same train.optimizer: nothing to compare"
 
 
 def _load_run(name: str, paths: dict[str, str]) -> dict:
@@ -43,6 +44,7 @@ def _load_run(name: str, paths: dict[str, str]) -> dict:
         per_token = derived["training_flops"] / derived["total_tokens"]
         per_step = derived["tokens_per_step"]
         lr, tokens = run["train"]["lr"], done["tokens"]
+        optimizer = run["train"].get("optimizer", "adamw")  # runs from before the key
     except KeyError as e:
         raise GptflowError(
             f"study run {name!r}: {paths['config']} or {paths['done']} has no key {e}; "
@@ -61,7 +63,7 @@ def _load_run(name: str, paths: dict[str, str]) -> dict:
     return {
         "harness": harness["tasks"] if harness else None,
         "name": name, "preset": derived.get("preset"), "parameters": derived["parameters"],
-        "lr": lr, "tokens": tokens, "training_flops": tokens * per_token,
+        "lr": lr, "optimizer": optimizer, "tokens": tokens, "training_flops": tokens * per_token,
         "final_val_loss": final, "final_from": source, "series": series,
         "curve": {"tokens": [t for t, _ in curve], "flops": [t * per_token for t, _ in curve],
                   "loss": [v for _, v in curve]},
@@ -182,6 +184,81 @@ def _say(ax, text: str) -> None:
     ax.set_yticks([])
 
 
+def optimizer_comparison(runs: list[dict]) -> list[dict]:
+    """Per size and optimizer, its best run (the lowest final loss over the learning rates at
+    the largest token budget every run of the size trained for: each optimizer at its tuned
+    lr), and, against AdamW's best, the tokens it needed to reach AdamW's final loss (the first
+    crossing of its validation curve, linear between evaluations; None if it never did) and
+    their ratio to AdamW's tokens. Empty unless AdamW and another optimizer both ran."""
+    if len({r["optimizer"] for r in runs}) < 2 or "adamw" not in {r["optimizer"] for r in runs}:
+        return []
+    rows = []
+    for n in sorted({r["parameters"] for r in runs}):
+        size = [r for r in runs if r["parameters"] == n]
+        budget = min(max(r["tokens"] for r in size if r["optimizer"] == o)
+                     for o in {r["optimizer"] for r in size})  # fmt: skip
+        best: dict[str, dict] = {}
+        for r in size:
+            if r["tokens"] == budget and (
+                r["optimizer"] not in best
+                or r["final_val_loss"] < best[r["optimizer"]]["final_val_loss"]
+            ):
+                best[r["optimizer"]] = r
+        if "adamw" not in best:
+            continue
+        target = best["adamw"]["final_val_loss"]
+        for opt, r in sorted(best.items(), key=lambda kv: kv[0] != "adamw"):
+            reached = tokens_to_reach(r["curve"]["tokens"], r["curve"]["loss"], target)
+            rows.append({"preset": r["preset"], "parameters": n, "optimizer": opt,
+                         "run": r["name"], "lr": r["lr"], "final_val_loss": r["final_val_loss"],
+                         "tokens": r["tokens"], "tokens_to_adamw_final": reached,
+                         "ratio": None if reached is None else reached / best["adamw"]["tokens"]})  # fmt: skip
+    return rows
+
+
+def tokens_to_reach(tokens: list[float], losses: list[float], target: float) -> float | None:
+    """The first token count at which a validation curve is at or below `target`, linear
+    between its evaluations (the curve starts after step 0); None if it never is."""
+    for i, (t, v) in enumerate(zip(tokens, losses, strict=True)):
+        if v <= target:
+            if i == 0 or losses[i - 1] == v:
+                return float(t)
+            t0, v0 = tokens[i - 1], losses[i - 1]
+            return t0 + (t - t0) * (v0 - target) / (v0 - v)
+    return None
+
+
+def _optimizers(runs: list[dict], rows: list[dict]) -> Callable:
+    def draw(ax) -> None:
+        if not rows:
+            _say(ax, ONE_OPTIMIZER)
+            return
+        sizes = sorted({r["parameters"] for r in rows})
+        optimizers = sorted({r["optimizer"] for r in rows})
+        named = {r["name"]: r for r in runs}
+        for row in rows:
+            c = named[row["run"]]["curve"]
+            ax.plot(c["tokens"], c["loss"], color=f"C{sizes.index(row['parameters']) % 10}",
+                    linestyle=LINESTYLES[optimizers.index(row["optimizer"]) % len(LINESTYLES)],
+                    marker="o" if len(c["tokens"]) < 30 else None, markersize=3,
+                    label=f"{row['preset']} {row['optimizer']} lr {row['lr']:g}")  # fmt: skip
+        ax.set_xscale("log")
+
+    return draw
+
+
+def _optimizers_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    head = ["preset", "parameters", "optimizer", "tuned lr", "final loss",
+            "tokens to AdamW's final loss", "x AdamW's tokens"]  # fmt: skip
+    body = [[r["preset"], f"{r['parameters']:,}", r["optimizer"], f"{r['lr']:g}",
+             f"{r['final_val_loss']:.4f}", _g(r["tokens_to_adamw_final"]), _g(r["ratio"])]
+            for r in rows]  # fmt: skip
+    return ["<h2>Optimizers</h2>", f"<p>{html.escape(optimizer_comparison.__doc__.split('.')[0])}."
+            "</p>", _table(head, body)]  # fmt: skip
+
+
 def _styles(runs: list[dict]) -> dict[str, dict]:
     """Colour by size, line style by lr, so a run's line reads the same in every figure."""
     sizes = sorted({r["parameters"] for r in runs})
@@ -283,11 +360,14 @@ def _figures(runs: list[dict], fits: dict, out: Path) -> dict[str, str]:
         "fit": _plot(out / "fit.svg", _power_law_fit(runs, fits),
                      title="final loss against parameters", xlabel="parameters N",
                      ylabel="final loss"),
+        "optimizers": _plot(out / "optimizers.svg", _optimizers(runs, fits["optimizers"]),
+                            title="validation loss against tokens, each size's tuned run per "
+                            "optimizer", xlabel="tokens", ylabel=loss),
     }  # fmt: skip
 
 
 # "harness": the tasks of its harness.json (eval.harness), else null
-RUN_KEYS = ("name", "preset", "parameters", "lr", "tokens", "training_flops", "final_val_loss",
+RUN_KEYS = ("name", "preset", "parameters", "lr", "optimizer", "tokens", "training_flops", "final_val_loss",
             "final_from", "series", "harness")  # fmt: skip
 
 
@@ -307,6 +387,7 @@ def _fit_json(study: str, runs: list[dict], fits: dict) -> dict:
         "frontier": result("frontier"),
         "flops_per_parameter_token": fits["flops_per_parameter_token"],
         "compute_optimal": fits["compute_optimal"],
+        "optimizers": fits["optimizers"],
     }
 
 
@@ -417,6 +498,7 @@ def _page(study: str, runs: list[dict], fits: dict, figures: dict[str, str]) -> 
         *_harness_table(runs),
         *_fit_tables(fits),
         *_optimal_table(fits),
+        *_optimizers_table(fits["optimizers"]),
         "<h2>Figures</h2>",
         *(f"<div>{_inline(path)}</div>" for path in figures.values()),
     ]
@@ -434,7 +516,7 @@ def study_report(
     *,
     budgets: list[float] | None = None,
 ) -> dict[str, str]:
-    """loss_tokens.svg, loss_flops.svg, loss_lr.svg, fit.svg, fit.json and study.html of a
+    """loss_tokens.svg, loss_flops.svg, loss_lr.svg, fit.svg, optimizers.svg, fit.json and study.html of a
     study's finished runs; `runs` maps a run name to its "config" (run.yaml), "metrics"
     (metrics.jsonl) and "done" (DONE.json) paths, and "harness" (harness.json) when the study
     runs lm-evaluation-harness. Returns file name (no suffix) -> path."""
@@ -444,6 +526,7 @@ def study_report(
                     key=lambda r: (r["parameters"], r["lr"], r["tokens"], r["name"]))  # fmt: skip
     total = sum(r["training_flops"] for r in loaded)
     fits = _fits(loaded, list(budgets) if budgets is not None else [*DEFAULT_BUDGETS, total])
+    fits["optimizers"] = optimizer_comparison(loaded)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = _figures(loaded, fits, out)

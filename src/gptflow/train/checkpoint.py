@@ -659,7 +659,7 @@ class RunLock:
         self.release()
 
 
-def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
+def resume_mode(saved: dict | None, now: dict, path: Path, optimizer: str = "adamw") -> str:
     """How a step saved in layout `saved` loads into layout `now` ({world_size, zero_stage,
     precision, tensor_parallel, pipeline_parallel}): "native" (DeepSpeed's own files, as
     saved) or "universal" (converted, for a change of the number of ranks, of the tensor- or
@@ -691,5 +691,12 @@ def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
             f"optimizer state exactly (measured with DeepSpeed 0.19: the losses leave the "
             f"unmoved run's from the second step after the move). Continue at ZeRO stage "
             f"{was_zero} on {was_world} ranks; layouts move freely among ZeRO stages 1 and 2"
+        )
+    if optimizer == "muon":
+        raise GptflowError(
+            f"{path}: {where}: DeepSpeed's universal checkpoint carries Adam's moments, not "
+            f"Muon's momentum (ds_to_universal knows fp32, exp_avg and exp_avg_sq), so this "
+            f"train.optimizer muon run cannot move layouts. Continue at ZeRO stage {was_zero} "
+            f"on {was_world} ranks (tensor parallel {was_tp}, pipeline parallel {was_pp})"
         )
     return "universal"

@@ -13,6 +13,7 @@ here: the config, the engine, tensor and pipeline parallel, the dropout RNG of s
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ from functools import partial
 
 import torch
 
-from gptflow.config.settings import TrainConfig
+from gptflow.config.settings import MUON_LAYER, TrainConfig, muon_layer_shapes, muon_lr_scale
 from gptflow.errors import GptflowError
 
 # How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
@@ -71,6 +72,10 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
         "wall_clock_breakdown": False,
         "checkpoint": {"tag_validation": "FAIL", "load_universal": load_universal},
     }
+    if train.optimizer == "muon" and train.zero_stage == 3:
+        # DeepSpeed's ZeRO-3 Muon needs the whole gradients it orthogonalizes (it refuses
+        # reduce-scatter: "Muon and reduce scatter cannot be used together")
+        cfg["zero_optimization"]["reduce_scatter"] = False
     if train.tensor_parallel == 1 or train.pipeline_parallel > 1:
         # checked by DeepSpeed against micro x accumulation x data-parallel ranks; under
         # AutoTP's own groups it counts the ranks of a tensor-parallel group as data-parallel
@@ -153,19 +158,117 @@ class SkippingAdamW(torch.optim.AdamW):
         self.device = device
 
     def step(self, closure=None):
-        if not self.decides:
-            return super().step(closure)
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        bad = torch.zeros((), device=self.device)
-        if grads:
-            norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-            bad.copy_(~torch.isfinite(norm))  # on the device, no host sync
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        self.overflow = bool(bad)  # what DeepSpeed's engine reads, as a bool (see above)
-        if self.overflow:
+        if self.decides and skip_verdict(self):
             return None
         return super().step(closure)
+
+
+def skip_verdict(optimizer) -> bool:
+    """Whether `optimizer` (deciding at ZeRO 0 fp32, :class:`SkippingAdamW`) skips this step:
+    any gradient of any group NaN or infinite on any rank. One flag on ``optimizer.device``,
+    OR-ed over all ranks in one all-reduce, read on the host once; sets ``overflow``."""
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    bad = torch.zeros((), device=optimizer.device)
+    if grads:
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        bad.copy_(~torch.isfinite(norm))  # on the device, no host sync
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+    optimizer.overflow = bool(bad)  # what DeepSpeed's engine reads, as a bool (see above)
+    return optimizer.overflow
+
+
+# The matrices Muon orthogonalizes (gptflow.config.settings.MUON_LAYER), by their
+# GPTNeoX names: the hidden 2-D weights of every layer; never the embedding, embed_out, the
+# LayerNorms or a bias.
+MUON_PATTERNS = {kind: rf".*\.{re.escape(kind)}\.weight" for kind in MUON_LAYER}
+
+
+def muon_kind(name: str) -> str | None:
+    """Which of :data:`MUON_LAYER` the GPTNeoX parameter `name` is, or None (AdamW's)."""
+    return next((k for k, pat in MUON_PATTERNS.items() if re.fullmatch(pat, name)), None)
+
+
+def optimizer_groups(module: torch.nn.Module, model_cfg, train: TrainConfig) -> list[dict]:
+    """The optimizer's parameter groups for `module` (this rank's model, pipeline stage or
+    tensor-parallel slices): AdamW's decay and no-decay groups (gptflow.train.model.decay_groups;
+    first, so the logged lr is train.lr), and with train.optimizer muon the one decision of
+    which parameters Muon steps: those whose GPTNeoX name is a hidden matrix
+    (:data:`MUON_PATTERNS`; by name, not by shape: under ZeRO 3 every parameter is a flat
+    partition), taken out of AdamW's groups into Muon groups, one per learning rate
+    (:func:`muon_lr`), each parameter tagged ``use_muon`` as DeepSpeed's ZeRO optimizers read
+    it."""
+    from gptflow.train.model import decay_groups
+
+    groups = decay_groups(module, train.weight_decay)
+    if train.optimizer != "muon":
+        return groups
+    names = {id(p): model_name(n, train.pipeline_parallel, model_cfg.num_layers)
+             for n, p in module.named_parameters()}  # fmt: skip
+    m, shapes = train.muon, muon_layer_shapes(model_cfg, train.tensor_parallel)
+    by_lr: dict[float, list] = {}
+    for g in groups:
+        for p in g["params"]:
+            kind = muon_kind(names[id(p)])
+            p.use_muon = kind is not None
+            if kind is not None:
+                by_lr.setdefault(muon_lr(train, *shapes[kind]), []).append(p)
+        g["params"] = [p for p in g["params"] if not p.use_muon]
+        g.update(use_muon=False, lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
+                 eps=train.adam_eps)  # fmt: skip
+    return [g for g in groups if g["params"]] + [
+        {"params": ps, "use_muon": True, "lr": lr, "momentum": m.momentum,
+         "weight_decay": muon_weight_decay(train, lr), "ns_method": m.ns_method}
+        for lr, ps in sorted(by_lr.items())
+    ]  # fmt: skip
+
+
+def muon_weight_decay(train: TrainConfig, lr: float) -> float:
+    """The weight decay of a Muon group stepped at peak `lr`: DeepSpeed decays by the group's
+    lr x its weight_decay. Under RMS matching that is Moonlight's train.lr x weight decay (the
+    group's lr is train.lr scaled, so its decay is divided by the same scale); with
+    train.muon.lr DeepSpeed's own, train.muon.lr x weight decay."""
+    decay = train.weight_decay if train.muon.weight_decay is None else train.muon.weight_decay
+    return decay if train.muon.lr is not None else decay * train.lr / lr
+
+
+def muon_lr(train: TrainConfig, rows: int, cols: int) -> float:
+    """The peak lr of a (rows x cols) Muon matrix (as the rank holds it): train.muon.lr, or
+    under RMS matching train.lr x :func:`gptflow.config.settings.muon_lr_scale`."""
+    if train.muon.lr is not None:
+        return train.muon.lr
+    return train.lr * muon_lr_scale(rows, cols)
+
+
+@functools.cache
+def skipping_muon():
+    """DeepSpeed's ``MuonWithAuxAdam`` (Muon on the groups tagged ``use_muon``, torch AdamW on
+    the others) that skips a step as :class:`SkippingAdamW` does where it decides (ZeRO 0
+    fp32). A class made on first use: importing DeepSpeed's Muon compiles its kernels.
+
+    Where it runs Newton-Schulz depends on the wrapper, as DeepSpeed wires it: at ZeRO 0 in
+    this ``step`` on the whole gradient (after the engine's clipping; gptflow refuses clipping
+    with Muon: :meth:`gptflow.config.settings.TrainConfig.check_muon`); at ZeRO 1/2 (and
+    BF16_Optimizer) while the gradient partitions are filled, gathering each matrix's slices,
+    so the partition holds the update and ``step`` only applies lr and decay; at ZeRO 3 per
+    sub-group on the gathered gradients. Its momentum is optimizer state: in DeepSpeed's
+    checkpoints with Adam's moments."""
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+
+    class SkippingMuon(MuonWithAuxAdam):
+        overflow = False
+        decides = True  # as SkippingAdamW's (build_engine sets it)
+
+        def __init__(self, param_groups, *, device: torch.device, fused) -> None:
+            super().__init__(param_groups, torch.optim.AdamW, {"fused": fused})
+            self.device = device
+
+        def step(self, closure=None, step_id=None):
+            if self.decides and skip_verdict(self):
+                return None
+            return super().step(closure, step_id)
+
+    return SkippingMuon
 
 
 def build_model(model_cfg, train: TrainConfig, world_size: int, device: torch.device, init=None):
@@ -471,15 +574,20 @@ def build_engine(
     is made at ZeRO 0."""
     import deepspeed
 
-    optimizer = SkippingAdamW(
-        param_groups,
-        device=device or next(p.device for g in param_groups for p in g["params"]),
-        lr=train.lr,
-        betas=(train.adam_beta1, train.adam_beta2),
-        eps=train.adam_eps,
-        fused=fused_adamw(param_groups),
-    )
-    # LambdaLR multiplies the base lr; our schedule is absolute, so divide it back out.
+    device = device or next(p.device for g in param_groups for p in g["params"])
+    if train.optimizer == "muon":
+        optimizer = skipping_muon()(param_groups, device=device, fused=fused_adamw(param_groups))
+    else:
+        optimizer = SkippingAdamW(
+            param_groups,
+            device=device,
+            lr=train.lr,
+            betas=(train.adam_beta1, train.adam_beta2),
+            eps=train.adam_eps,
+            fused=fused_adamw(param_groups),
+        )
+    # LambdaLR multiplies each group's base lr (Muon's groups their own); our schedule is
+    # absolute, so divide train.lr back out: every group follows its shape.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: train.lr_at(step) / train.lr
     )

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gptflow.config.settings import check_kfac
+from gptflow.config.settings import MUON_NS_STEPS, check_kfac, training_flops_per_token
 from gptflow.data.dataset import run_split_datasets
 from gptflow.environment import versions
 from gptflow.errors import GptflowError
@@ -49,7 +49,6 @@ from gptflow.train.checkpoint import (
 from gptflow.train.device import Device
 from gptflow.train.kfac import Kfac
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
-from gptflow.train.model import decay_groups
 from gptflow.train.run_config import RunConfig
 
 log = logging.getLogger("gptflow.train")
@@ -140,7 +139,7 @@ def build(
     if resume_from is not None:
         saved = series.saved_layout(resume_from)
         now = layout_of(t, dev.world_size)
-        mode = resume_mode(saved, now, series.dir / tag_for(resume_from))
+        mode = resume_mode(saved, now, series.dir / tag_for(resume_from), t.optimizer)
     # The indices are normally built by the build_data_index rule before this job; rank 0
     # builds any that are missing (a direct `gptflow train`), the others then load them.
     data = run_split_datasets(cfg) if rank == 0 else None
@@ -151,7 +150,9 @@ def build(
     with initial_weights(cfg, rank, resume_from) as init:
         model = ds.build_model(cfg.model, t, dev.world_size, dev.device, init)
     ds.use_split_region_rng(model, t, dev.device)  # attention dropout per tensor-parallel rank
-    groups = decay_groups(model, t.weight_decay)
+    groups = ds.optimizer_groups(model, cfg.model, t)
+    if rank == 0:
+        log_optimizer(t, groups)
     engine = ds.build_engine(model, groups, t, dev.world_size, mode == "universal", dev.device)
     if t.pipeline_parallel > 1 and engine.grid.get_data_parallel_rank() != t.data_parallel_rank(
         rank, dev.world_size
@@ -180,7 +181,7 @@ def build(
         train_data=data["train"],
         valid_data=data["valid"],
         gas=gas,
-        flops_per_token=cfg.model.flops_per_token(t.seq_length),
+        flops_per_token=training_flops_per_token(cfg.model, t),  # Newton-Schulz's too
         peak_tflops=peak,
         exit_interval=exit_interval,
         resume_from=resume_from,
@@ -188,6 +189,24 @@ def build(
         saves=Saves(series, rank, in_background, dev.any_rank, dev.barrier),
         kfac=kfac,
     )
+
+
+def log_optimizer(t, groups: list[dict]) -> None:
+    """With train.optimizer muon: which tensors each half steps (this rank's), and Muon's lrs."""
+    if t.optimizer != "muon":
+        return
+    muon = [g for g in groups if g.get("use_muon")]
+    log.info(
+        "Muon on %d matrices, AdamW on %d tensors (rank 0's); Muon lr %s (%s), momentum %g, "
+        "Newton-Schulz %s x %d, weight decay %g (x %s)",
+        sum(len(g["params"]) for g in muon),
+        sum(len(g["params"]) for g in groups if not g.get("use_muon")),
+        "/".join(f"{g['lr']:.4g}" for g in muon),
+        "RMS-matched to train.lr" if t.muon.lr is None else "train.muon.lr",
+        t.muon.momentum, t.muon.ns_method, MUON_NS_STEPS,
+        t.weight_decay if t.muon.weight_decay is None else t.muon.weight_decay,
+        "train.lr" if t.muon.lr is None else "train.muon.lr",
+    )  # fmt: skip
 
 
 def build_kfac(cfg: RunConfig, engine, dev: Device, rank: int) -> Kfac | None:

@@ -18,7 +18,13 @@ import yaml
 
 from gptflow import paths
 from gptflow.config.schema import load_yaml
-from gptflow.config.settings import ModelConfig, TrainConfig, architecture, padded_vocab_size
+from gptflow.config.settings import (
+    ModelConfig,
+    TrainConfig,
+    architecture,
+    padded_vocab_size,
+    training_flops_per_token,
+)
 from gptflow.data.tokenizer import TokenizerInfo
 from gptflow.errors import GptflowError
 from gptflow.train.init_from import InitFromInfo
@@ -137,9 +143,12 @@ class RunConfig:
         init = {"init_from": self.init_from.sha256} if self.init_from else {}
         # K-FAC changes every update; absent when off, so earlier series keep their names
         kfac = {"kfac": dataclasses.asdict(t.kfac)} if t.kfac else {}
+        # the optimizer, and Muon's settings; absent for AdamW, so earlier series keep names
+        muon = {"muon": dataclasses.asdict(t.muon)} if t.optimizer == "muon" else {}
         return {
             **init,
             **kfac,
+            **muon,
             "model": model,
             "tokenizer_sha256": self.tokenizer.sha256,
             "eod_id": self.tokenizer.eod_id,
@@ -346,7 +355,7 @@ def render_run_config(
         "total_tokens": total,
         "data_tokens": data_tokens,
         "epochs": round(total / data_tokens, 4) if data_tokens else None,
-        "training_flops": model.flops_per_token(train.seq_length) * total,
+        "training_flops": training_flops_per_token(model, train) * total,
         "token_dtype": dtype_for_vocab(tok.vocab_size).name,
     }
     return RunConfig(
