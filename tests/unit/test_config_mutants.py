@@ -153,6 +153,8 @@ def kitchen_sink() -> dict:
         async_save=False,
         kfac={"factor_update_steps": 5, "inv_update_steps": 50, "damping": 0.003,
               "factor_decay": 0.95},
+        optimizer="adamw",  # muon with kfac is refused; its keys are read only with muon
+        muon={"lr": 0.02, "momentum": 0.95, "ns_method": "gram", "weight_decay": 0.1},
     )  # fmt: skip
     cfg["eval"] = {
         "prompts": ["def ", "The "],

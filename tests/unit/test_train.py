@@ -702,7 +702,7 @@ def test_the_loop_reads_the_device_once_per_log_interval(sync_runs, zero_stage):
     save; the per-step stop check (which also carries the background write's state) reads
     only a CPU tensor (gloo; no GPU stream to wait for).
 
-    The optimizer's skip verdict (gptflow.train.engine.SkippingAdamW): at ZeRO 2 DeepSpeed's optimizer
+    The optimizer's skip verdict (gptflow.train.engine.skip_verdict, SkippingAdamW's): at ZeRO 2 DeepSpeed's optimizer
     decides it for the whole step and ours reads nothing (it read once per parameter group);
     at ZeRO 0 ours decides and DeepSpeed's engine takes it as a bool, once per step.
 
@@ -718,7 +718,7 @@ def test_the_loop_reads_the_device_once_per_log_interval(sync_runs, zero_stage):
             # the stop check of each step, the lock's verdict, and each wait for the background
             # write (train.async_save): before the saves at 6 and 12, and before the end
             "Device.any_rank": 12 + 1 + 3,
-            **({"SkippingAdamW.step": 12} if zero_stage == 0 else {}),
+            **({"skip_verdict": 12} if zero_stage == 0 else {}),
         }, calls
     assert [r["step"] for r in records(run_dir, "train")] == [4, 8, 12]
 
