@@ -95,3 +95,35 @@ def test_decay_groups_by_role_equal_the_groups_by_shape():
     by_shape = [p for p in model.parameters() if p.dim() >= 2]
     assert [id(p) for p in decay["params"]] == [id(p) for p in by_shape]
     assert [id(p) for p in plain["params"]] == [id(p) for p in model.parameters() if p.dim() < 2]
+
+
+def test_building_on_the_meta_device_neither_draws_nor_imports_dynamo():
+    """The trainer, the evaluation and the export build the model on the meta device first.
+    nn.Embedding's own N(0, 1) draw there runs normal_'s Python reference, whose wrapper
+    imports torch._dynamo (sympy, FSDP, DTensor: ~1.3 s of CPU in every evaluation process);
+    the model's Embedding skips that draw on meta only. Off meta it draws as nn.Embedding does:
+    the same values and the same global random stream after it (fresh interpreter: the import
+    is per process)."""
+    import json
+    import subprocess
+    import sys
+
+    script = """
+import json, sys, torch
+from gptflow.config.settings import ModelConfig
+from gptflow.train.model import Embedding
+with torch.device("meta"):
+    Embedding(64, 16)
+meta_imported = "torch._dynamo" in sys.modules
+torch.manual_seed(3); ours = Embedding(64, 16).weight; after_ours = torch.rand(2)
+torch.manual_seed(3); theirs = torch.nn.Embedding(64, 16).weight; after_theirs = torch.rand(2)
+print(json.dumps({"dynamo": meta_imported, "same": bool(torch.equal(ours, theirs)),
+                  "stream": bool(torch.equal(after_ours, after_theirs))}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {
+        "dynamo": False,
+        "same": True,
+        "stream": True,
+    }

@@ -109,12 +109,24 @@ class Layer(nn.Module):
         return h + self.drop(self.mlp(self.post_attention_layernorm(h)))
 
 
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` that draws nothing on the meta device, where the model is built first
+    (:func:`gptflow.train.engine.build_module`): its N(0, 1) draw there runs ``normal_``'s Python
+    reference, whose wrapper imports ``torch._dynamo`` (~1.3 s of CPU a process), for values
+    :meth:`GPTNeoX.init_module` replaces anyway. Elsewhere it draws as ``nn.Embedding`` does, so
+    the global random stream is unchanged."""
+
+    def reset_parameters(self) -> None:
+        if self.weight.device.type != "meta":
+            super().reset_parameters()
+
+
 class Backbone(nn.Module):
     """``gpt_neox.*`` of the Hugging Face layout."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_in = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_in = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.emb_dropout = nn.Dropout(cfg.hidden_dropout)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
         self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
