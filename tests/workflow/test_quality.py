@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
-from .conftest import job_counts
+from .conftest import job_counts, snakemake_cmd
 
 
 def prose(rng: random.Random, words: int = 120) -> str:
@@ -296,3 +302,82 @@ def test_the_data_quality_page_shows_the_manifests_figures(cleaned, snakemake, t
     made = snakemake(wd, config, "--report", str(report), page)
     assert made.returncode == 0, made.out[-3000:]
     assert "Data quality" in report.read_text() and "data-quality.html" in report.read_text()
+
+
+# Loaded first by every Python process given this directory on PYTHONPATH: in the clustering
+# CLI only, the process stops itself (SIGSTOP) once the removal list is written under its
+# temporary name and before the rename that publishes it -- the worst place for a kill.
+STOP_BEFORE_PUBLISH = """
+import os, signal, sys
+if "quality-minhash-clusters" in sys.argv:
+    from gptflow import fsutil
+    _publish = fsutil.publish
+    def publish(tmp, final):
+        if str(final).endswith(".remove.npy"):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        _publish(tmp, final)
+    fsutil.publish = publish
+"""
+
+
+def stopped_process(marker: str, cwd: Path, run: subprocess.Popen, timeout: float = 120) -> int:
+    """The pid of the stopped (state T) process whose command line holds `marker`, working in
+    `cwd` (this test's, not another's running beside it), while Snakemake `run` lives."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.poll() is None:
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                here = os.readlink(proc / "cwd") == str(cwd)
+            except (OSError, IndexError, ValueError):
+                continue
+            if marker in cmdline and here and state == "T":
+                return int(proc.name)
+        time.sleep(0.05)
+    raise AssertionError(f"no stopped {marker} process (Snakemake exited: {run.poll()})")
+
+
+def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, snakemake, tmp_path):
+    """SIGKILL of cluster_minhash_pairs's CLI mid-run, then Snakemake again: it finishes with
+    the uninterrupted run's removal list and counts, and the kill left no file under a final
+    name. The kill is made deterministic by a sitecustomize on PYTHONPATH (STOP_BEFORE_PUBLISH:
+    the job stops itself after writing the removal list's temporary, before the rename), so
+    the test kills it at the one point where a complete temporary exists; on the module's
+    tiny group the job would otherwise end before a poll could find it. On a copy of the
+    module's run, its removal list and counts deleted (the other tests read them)."""
+    wd, _, _, _, _, _ = cleaned
+    work = tmp_path / "work"
+    shutil.copytree(wd, work, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    (minhash,) = [d for d in step_dirs(work) if d.startswith("02-minhash-")]
+    groups = work / "results/quality" / minhash / "groups"
+    uninterrupted = {n: (groups / n).read_bytes() for n in ("_blend.remove.npy", "_blend.json")}
+    for name in uninterrupted:
+        (groups / name).unlink()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(STOP_BEFORE_PUBLISH)
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])
+    }
+    target = f"results/quality/{minhash}/groups/_blend.json"
+    cmd = snakemake_cmd(work, work / "config.yaml", target)
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as run:
+        try:
+            pid = stopped_process("quality-minhash-clusters", work, run)
+            temporaries = [p.name for p in groups.iterdir() if p.name not in ("_blend",)]
+            assert len(temporaries) == 1 and "_blend.remove.npy" in temporaries[0], temporaries
+            os.kill(pid, signal.SIGKILL)
+            out = run.communicate(timeout=300)[0]
+        finally:
+            run.kill()
+    assert run.returncode != 0, out[-3000:]
+    assert "Error in rule cluster_minhash_pairs" in out, out[-3000:]
+    assert not (groups / "_blend.remove.npy").exists() and not (groups / "_blend.json").exists()
+
+    again = snakemake(work, work / "config.yaml", target)
+    assert again.returncode == 0, again.out[-3000:]
+    assert job_counts(again.out) == {"cluster_minhash_pairs": 1}, again.out[-3000:]
+    assert {n: (groups / n).read_bytes() for n in uninterrupted} == uninterrupted
