@@ -345,7 +345,8 @@ def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, sna
     the job stops itself after writing the removal list's temporary, before the rename), so
     the test kills it at the one point where a complete temporary exists; on the module's
     tiny group the job would otherwise end before a poll could find it. On a copy of the
-    module's run, its removal list and counts deleted (the other tests read them)."""
+    module's run, its removal list and counts deleted (the other tests read them); the rerun
+    also removes the killed job's temporary."""
     wd, _, _, _, _, _ = cleaned
     work = tmp_path / "work"
     shutil.copytree(wd, work, symlinks=True, ignore=shutil.ignore_patterns("locks"))
@@ -381,3 +382,5 @@ def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, sna
     assert again.returncode == 0, again.out[-3000:]
     assert job_counts(again.out) == {"cluster_minhash_pairs": 1}, again.out[-3000:]
     assert {n: (groups / n).read_bytes() for n in uninterrupted} == uninterrupted
+    # the killed job's temporary is gone (fsutil removes a dead process's on the next write)
+    assert sorted(p.name for p in groups.iterdir()) == ["_blend", *sorted(uninterrupted)]
