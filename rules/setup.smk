@@ -206,6 +206,9 @@ SCORES_STEP = {
 try:
     for step in SIGNALS_STEP.values():
         quality_selection.check_rules(step.settings["rules"], step.where, CONFIG_SOURCE)
+    for step in QUALITY_STEP.values():
+        if step.kind == "language":
+            quality_selection.check_language(step.settings, step.where, CONFIG_SOURCE)
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 # Where each blended dataset comes from, for the data card

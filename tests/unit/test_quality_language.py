@@ -78,3 +78,12 @@ def test_a_filters_steps_language_rule_is_refused_for_a_language_step():
     with pytest.raises(GptflowError, match=r"^my\.yaml: data\.quality\.steps\[0\]\.rules: rule 'language' needs language scores.*use a step of its own"):  # fmt: skip
         selection.check_rules({"language": {}}, "data.quality.steps[0]", "my.yaml")
     selection.check_rules({"c4": {}}, "data.quality.steps[0]", "my.yaml")
+
+
+def test_a_threshold_below_the_least_score_kept_is_refused_at_the_plan():
+    """Scores below filters.LID_MIN_SCORE are not kept in the side file; the schema's minimum
+    is 0, so the plan asks the filters module."""
+    settings = {"languages": ["en"], "threshold": 0.001}
+    with pytest.raises(GptflowError, match=r"^my\.yaml: data\.quality\.steps\[0\]\.threshold: .*language_threshold is 0\.001; scores below 0\.01"):  # fmt: skip
+        selection.check_language(settings, "data.quality.steps[0]", "my.yaml")
+    selection.check_language(settings | {"threshold": 0.65}, "data.quality.steps[0]", "my.yaml")

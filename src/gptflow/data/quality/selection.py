@@ -36,6 +36,22 @@ def check_rules(rules: dict, where: str, source: str) -> None:
         raise GptflowError(f"{source}: {where}.rules: {e}; fix {source}") from None
 
 
+def language_rule(settings: dict) -> dict:
+    """A language step's decision as the filters module's language rule (its thresholds)."""
+    from gptflow.data.quality import filters
+
+    rule = {"languages": list(settings["languages"]), "language_threshold": settings["threshold"]}
+    return filters.thresholds_for({"language": rule})
+
+
+def check_language(settings: dict, where: str, source: str) -> None:
+    """A language step's languages and threshold as the filters module takes them (at -n)."""
+    try:
+        language_rule(settings)
+    except GptflowError as e:
+        raise GptflowError(f"{source}: {where}.threshold: {e}; fix {source}") from None
+
+
 def write_signals(
     path: str | os.PathLike, reader: dict, tokenizer: str, out: str | os.PathLike
 ) -> dict:
@@ -131,8 +147,7 @@ def select_language(
     removed one counted as ``language:<its top language>``."""
     from gptflow.data.quality import filters
 
-    rule = {"language": {"languages": list(languages), "language_threshold": threshold}}
-    thresholds = filters.thresholds_for(rule)
+    thresholds = language_rule({"languages": languages, "threshold": threshold})
 
     def reason(row: dict) -> str | None:
         keep, why = filters.select(row, thresholds)
