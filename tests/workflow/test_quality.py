@@ -366,14 +366,17 @@ def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, sna
     with subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     ) as run:
+        pid = None
         try:
             pid = stopped_process("quality-minhash-clusters", work, run)
             temporaries = [p.name for p in groups.iterdir() if p.name not in ("_blend",)]
             assert len(temporaries) == 1 and "_blend.remove.npy" in temporaries[0], temporaries
-            os.kill(pid, signal.SIGKILL)
-            out = run.communicate(timeout=300)[0]
-        finally:
-            run.kill()
+        finally:  # the kill, and on a failure above no stopped process left behind
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+            else:
+                run.kill()
+        out = run.communicate(timeout=300)[0]
     assert run.returncode != 0, out[-3000:]
     assert "Error in rule cluster_minhash_pairs" in out, out[-3000:]
     assert not (groups / "_blend.remove.npy").exists() and not (groups / "_blend.json").exists()
