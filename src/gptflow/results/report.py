@@ -404,3 +404,111 @@ def harness_report(
             f"{html.escape(run)}</title><style>{STYLE}</style></head><body>{''.join(parts)}"
             f"</body></html>\n"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The data-quality page (data.quality): from the manifests and group counts the stages write
+
+
+def quality_summary(
+    recipes: dict[str, list[dict]],
+    manifests: list[str | os.PathLike],
+    groups: list[str | os.PathLike] = (),
+) -> list[dict]:
+    """Per recipe (the datasets sharing one list of steps) and step: documents and bytes in
+    and out per dataset (summed over its shards), the removed by reason with a few examples
+    each, and for minhash the duplicate-cluster sizes (size -> clusters, over its groups).
+    `recipes`: dataset -> its steps ({"name", "describe"}); `manifests`: every step's shard
+    manifests; `groups`: the group counts (``results/quality/{step}/groups/{group}.json``)."""
+    by_step: dict[tuple[str, str], list[dict]] = {}
+    for path in manifests:
+        m = json.loads(Path(path).read_text())
+        by_step.setdefault((m["step"], m["dataset"]), []).append(m)
+    clusters: dict[str, dict[int, int]] = {}
+    for path in groups:
+        stats = json.loads(Path(path).read_text())
+        sizes = clusters.setdefault(Path(path).parent.parent.name, {})
+        for size, count in stats.get("cluster_sizes", {}).items():
+            sizes[int(size)] = sizes.get(int(size), 0) + count
+    shared: dict[tuple[str, ...], list[str]] = {}
+    for name, steps in recipes.items():
+        shared.setdefault(tuple(s["name"] for s in steps), []).append(name)
+    out = []
+    for names in shared.values():
+        steps = []
+        for step in recipes[names[0]]:
+            rows, removed, examples = {}, {}, {}
+            for name in names:
+                shards = sorted(by_step.get((step["name"], name), []), key=lambda m: m["shard"])
+                rows[name] = {"shards": len(shards)} | {
+                    k: sum(m[k] for m in shards)
+                    for k in ("documents_in", "documents_out", "bytes_in", "bytes_out")
+                }
+                for m in shards:
+                    for reason, n in m["removed"].items():
+                        removed[reason] = removed.get(reason, 0) + n
+                    for reason, texts in m["examples"].items():
+                        shown = examples.setdefault(reason, [])
+                        shown += texts[: QUALITY_EXAMPLES - len(shown)]
+            entry = {**step, "datasets": rows, "removed": dict(sorted(removed.items())),
+                     "examples": dict(sorted(examples.items()))}  # fmt: skip
+            if step["name"] in clusters:
+                entry["cluster_sizes"] = dict(sorted(clusters[step["name"]].items()))
+            steps.append(entry)
+        out.append({"datasets": names, "steps": steps})
+    return out
+
+
+QUALITY_EXAMPLES = 3  # removed documents shown per reason
+
+
+def _quality_step(index: int, step: dict) -> list[str]:
+    rows = [
+        [name, r["shards"], f"{r['documents_in']:,}", f"{r['documents_out']:,}",
+         f"{r['bytes_in']:,}", f"{r['bytes_out']:,}",
+         f"{1 - r['documents_out'] / r['documents_in']:.1%}" if r["documents_in"] else "-"]
+        for name, r in step["datasets"].items()
+    ]  # fmt: skip
+    parts = [
+        f"<h3>{index}. {html.escape(step['describe'])}</h3>",
+        f"<p>results/quality/{html.escape(step['name'])}</p>",
+        _table(
+            [
+                "dataset",
+                "shards",
+                "documents in",
+                "documents out",
+                "bytes in",
+                "bytes out",
+                "documents removed",
+            ],
+            rows,
+        ),
+    ]
+    if step["removed"]:
+        reasons = [
+            [reason, f"{n:,}", " | ".join(t.replace("\n", " ") for t in step["examples"].get(reason, []))]
+            for reason, n in step["removed"].items()
+        ]  # fmt: skip
+        parts.append(_table(["removed because", "documents", "examples (shortened)"], reasons))
+    if "cluster_sizes" in step:
+        sizes = step["cluster_sizes"]
+        most = max(sizes.values(), default=1)
+        bars = [[size, f"{n:,}", "#" * max(1, round(40 * n / most))] for size, n in sizes.items()]
+        parts.append("<p>duplicate clusters by size (documents in the cluster):</p>")
+        parts.append(_table(["cluster size", "clusters", ""], bars))
+    return parts
+
+
+def quality_page(summary: list[dict], out: str | os.PathLike) -> None:
+    """data-quality.html: :func:`quality_summary` as tables (document text escaped)."""
+    parts = ["<h1>Data quality</h1>"]
+    for recipe in summary:
+        parts.append(f"<h2>datasets {html.escape(', '.join(recipe['datasets']))}</h2>")
+        for i, step in enumerate(recipe["steps"], start=1):
+            parts += _quality_step(i, step)
+    with atomic_write(out) as f:
+        f.write(
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>data quality</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
+        )

