@@ -185,9 +185,13 @@ HF_COLLECTED = [name for name, d in DATASETS.items() if d.kind == "hf"]
 try:
     QUALITY = quality_recipe.recipes(CFG, BLENDED, CONFIG_SOURCE, imported=IMPORTED)
     RUN_QUALITY = {
-        name: QUALITY
-        if run["data"] is CFG["data"]
-        else quality_recipe.recipes(run, BLENDED, f"{CONFIG_SOURCE} (study run '{name}')", imported=IMPORTED)
+        name: (
+            QUALITY
+            if run["data"] is CFG["data"]
+            else quality_recipe.recipes(
+                run, BLENDED, f"{CONFIG_SOURCE} (study run '{name}')", imported=IMPORTED
+            )
+        )
         for name, run in RUNS.items()
     }
     quality_recipe.check_groups({"the base config": QUALITY, **RUN_QUALITY}, BLENDED, CONFIG_SOURCE)

@@ -217,5 +217,5 @@ def test_a_data_ablation_run_has_its_own_recipe_and_index_and_the_base_held_out(
 
     cfg = study(runs={"exact": exact})
     cfg["tokenize"] = {**cfg["tokenize"], "documents_per_shard": 100}
-    with pytest.raises(GptflowError, match="set tokenize.documents_per_shard 0"):
+    with pytest.raises(GptflowError, match=r"set tokenize\.documents_per_shard 0"):
         load(repo, cfg)

@@ -212,7 +212,9 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     cfg, write_config = cleaned[1], cleaned[5]
     study = copy.deepcopy(cfg)
     study["run"] = "ablation"
-    filters = {"steps": [{"step": "exact"}, {"step": "filters", "rules": {"gopher_repetition": {}}}]}
+    filters = {
+        "steps": [{"step": "exact"}, {"step": "filters", "rules": {"gopher_repetition": {}}}]
+    }
     study["study"] = {"runs": {
         "base": {},  # the base config's recipe: exact + minhash
         "filtered": {"data": {"quality": filters}},
