@@ -327,3 +327,36 @@ def test_each_optimizers_tuned_run_and_the_tokens_to_adamws_final_loss(tmp_path)
     curves = [[(math.log10(s * PER_STEP), loss(p, 1e-3, s * k)) for s in steps]
               for p in ("s", "m") for k in (1.0, 1.6)]  # fmt: skip
     assert_plot_shows(paths["optimizers"], curves)
+
+
+def test_a_data_ablation_is_tabled_per_recipe(tmp_path):
+    """Runs whose run.yaml derived.data_quality differ (a data ablation): a 'Data ablation'
+    table, best final loss first, with each recipe, its training data's tokens, the tokens
+    trained, the loss and the harness scores; in fit.json too. Alike recipes: no table."""
+    runs = grid(tmp_path, presets=("s", "m"), lrs=(1e-3,))
+    recipes = {"s-lr0.001": None, "m-lr0.001": {"web": "exact + minhash", "books": "exact"}}
+    for i, (name, files) in enumerate(runs.items()):
+        run = yaml.safe_load(Path(files["config"]).read_text())
+        run["derived"]["data_tokens"] = 1000 * (i + 1)
+        if recipes[name]:
+            run["derived"]["data_quality"] = recipes[name]
+        Path(files["config"]).write_text(yaml.safe_dump(run))
+        path = Path(files["done"]).with_name("harness.json")
+        path.write_text(json.dumps({"tasks": {"mc": {"version": 1.0, "num_fewshot": 0,
+                                                     "metrics": {"acc": 0.5 - i / 4}}}}))  # fmt: skip
+        files["harness"] = str(path)
+    paths = study_report("ablation", runs, tmp_path / "out")
+    section = Path(paths["study"]).read_text().split("<h2>Data ablation</h2>", 1)[1]
+    rows = table_rows(section)
+    m, s = law(SIZES["m"]) + B / TOKENS**BETA, law(SIZES["s"]) + B / TOKENS**BETA
+    assert rows == [
+        ["m-lr0.001", "books: exact; web: exact + minhash", "1000", f"{TOKENS:,}", f"{m:.4f}",
+         "final_val_loss", "0.5"],
+        ["s-lr0.001", "raw", "2000", f"{TOKENS:,}", f"{s:.4f}", "final_val_loss", "0.25"],
+    ], rows  # fmt: skip
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    assert {r["name"]: r["recipe"] for r in fit["runs"]} == recipes
+    alike = grid(tmp_path / "b", presets=("s", "m"), lrs=(1e-3,))
+    assert (
+        "Data ablation" not in Path(study_report("b", alike, tmp_path / "o2")["study"]).read_text()
+    )

@@ -62,10 +62,8 @@ def _load_run(name: str, paths: dict[str, str]) -> dict:
     harness = json.loads(Path(paths["harness"]).read_text()) if paths.get("harness") else None
     return {
         "harness": harness["tasks"] if harness else None,
-        # a data ablation: each dataset's recipe, the tokens of its training shards, and
-        # whether its validation text is the base's (run.yaml data.heldout)
+        # a data ablation: each dataset's recipe and the tokens of its training shards
         "recipe": derived.get("data_quality"), "data_tokens": derived.get("data_tokens"),
-        "heldout": bool(run["data"].get("heldout")),
         "name": name, "preset": derived.get("preset"), "parameters": derived["parameters"],
         "lr": lr, "optimizer": optimizer, "tokens": tokens, "training_flops": tokens * per_token,
         "final_val_loss": final, "final_from": source, "series": series,
