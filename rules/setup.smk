@@ -178,10 +178,10 @@ TOKENIZED = [name for name in DATASETS if name not in IMPORTED]
 COLLECTED = [name for name, d in DATASETS.items() if d.kind == "collect"]
 HF_COLLECTED = [name for name, d in DATASETS.items() if d.kind == "hf"]
 # data.quality (gptflow.data.quality.recipe): each blended dataset's cleaning steps ({} when
-# off); a dataset with steps is tokenized from its last step's documents (shard_of)
-# A study's data ablation: a run's own data.quality (RUN_QUALITY; the base's otherwise) cleans
-# into its own steps and shards (RUN_VARIANTS: a dataset's last step, or raw); equal recipes
-# share them. Every run's held-out text is the base's shards (gptflow.data.dataset).
+# off); a dataset with steps is tokenized from its last step's documents (shard_of). A data
+# ablation: a study run's own data.quality (RUN_QUALITY; the base's otherwise) cleans into its
+# own steps and shards (RUN_VARIANTS: each dataset's last step, or raw); equal recipes share
+# them. Every run's held-out text is the base's shards (gptflow.data.dataset).
 try:
     QUALITY = quality_recipe.recipes(CFG, BLENDED, CONFIG_SOURCE, imported=IMPORTED)
     RUN_QUALITY = {
