@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # make test runs the suite on this many pytest-xdist workers (README, Development); 0: serially
 TEST_WORKERS ?= 2
 
-.PHONY: setup run study test test-changed lint format bench clean
+.PHONY: setup run study ablation test test-changed lint format bench clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,12 @@ run: setup
 # results/studies/stdlib-sweep/study.html (README, Studies)
 study: setup
 	snakemake study --profile $(PROFILE) $(SNAKEMAKE_ARGS) --configfile config/config.yaml config/examples/studies/cpu-sweep.yaml
+	gptflow summary
+
+# A data ablation: raw vs exact dedup vs exact + minhash + filters on Debian's copyright files,
+# compared on the same held-out text in results/studies/copyright-ablation/ (README, Data quality)
+ablation: setup
+	snakemake study --profile $(PROFILE) $(SNAKEMAKE_ARGS) --configfile config/config.yaml config/examples/studies/data-ablation.yaml
 	gptflow summary
 
 test: setup

@@ -16,12 +16,15 @@ def verbatim(value):
     return value
 
 
-def dataset_shards(dataset):
+def dataset_shards(dataset, variant=None):
     """(token prefixes of a dataset in order, count files still to be made): one per input
     (or imported shard); with tokenize.documents_per_shard one per part of each input, known
     once checkpoint count_documents has counted it. An input not counted yet is returned as its
-    count file, not raised: all counts are planned at once, not one per DAG update."""
+    count file, not raised: all counts are planned at once, not one per DAG update. A
+    `variant` other than the base config's (a data ablation's run) has its own shards."""
     shards = DATASETS[dataset].shards
+    if variant is not None and variant != BASE_VARIANTS[dataset]:
+        return [paths.variant_prefix(TOKENIZER, dataset, variant, s.name) for s in shards], []
     if not DOCUMENTS_PER_SHARD or dataset in IMPORTED:
         return [paths.shard_prefix(TOKENIZER, dataset, s.name) for s in shards], []
     prefixes, pending = [], []
@@ -36,14 +39,25 @@ def dataset_shards(dataset):
     return prefixes, pending
 
 
-def dataset_files(dataset):
+def dataset_files(dataset, variant=None):
     """What a job reading a dataset's shards takes as input (pending count files included)."""
-    prefixes, pending = dataset_shards(dataset)
+    prefixes, pending = dataset_shards(dataset, variant)
     return [f for p in prefixes for f in paths.shard_files(p)] + pending
 
 
+def job_run(wildcards):
+    """The run a job serves: its {run}, or a run reading its data index {index}."""
+    return wildcards.run if "run" in wildcards.keys() else INDEX_RUN[wildcards.index]
+
+
 def get_blend_shard_files(wildcards):
-    return [f for name in BLENDED for f in dataset_files(name)]
+    """The shards a run trains on (its recipe's) and, in a data ablation, the base's it is
+    evaluated on."""
+    run = job_run(wildcards)
+    files = [f for name in BLENDED for f in dataset_files(name, RUN_VARIANTS[run][name])]
+    if RUN_VARIANTS[run] != BASE_VARIANTS:
+        files += [f for name in BLENDED for f in dataset_files(name)]
+    return files
 
 
 def get_local_gpus(wildcards):

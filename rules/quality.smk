@@ -10,7 +10,7 @@ runs without data.quality."""
 include: "quality_functions.smk"
 
 
-if QUALITY and workflow.is_main_process:
+if QUALITY_STEP and workflow.is_main_process:
     for line in quality_plan_lines():
         logger.info(line)
 

@@ -16,7 +16,7 @@ def step_source(dataset, shard, step):
     if step.index == 1:
         raw = DATASETS[dataset].shard(shard)
         return raw.input, raw.reader_args()
-    before = QUALITY[dataset][step.index - 2]
+    before = QUALITY_KEY[(dataset, step.previous)]
     documents = paths.QUALITY_DOCUMENTS.format(step=before.name, dataset=dataset, shard=shard)
     return documents, ["--format", "jsonl", "--json-key", "text"]
 
@@ -105,13 +105,23 @@ def get_step_reader(wildcards):
 def group_shards(step, group):
     """A group's shards in order, {(dataset, shard): ordinal}: datasets in blend order, then
     shards; the first copy in this order is kept."""
-    datasets = quality_recipe.group_members(QUALITY, BLENDED, step, group)
+    datasets = step_group_members(step, group)
     places = [(d, s.name) for d in datasets for s in DATASETS[d].shards]
     return {place: i for i, place in enumerate(places)}
 
 
+def step_group_members(step, group):
+    """A group's datasets, from the recipe (the base's or a study run's) that has the step:
+    the recipes having it agree (quality_recipe.check_groups, setup.smk)."""
+    for recipe in (QUALITY, *RUN_QUALITY.values()):
+        members = quality_recipe.group_members(recipe, BLENDED, step, group)
+        if members:
+            return members
+    return []
+
+
 def group_datasets(wildcards):
-    return quality_recipe.group_members(QUALITY, BLENDED, wildcards.step, wildcards.group)
+    return step_group_members(wildcards.step, wildcards.group)
 
 
 def group_files(pattern, wildcards):
@@ -168,18 +178,19 @@ def get_step_kind(wildcards):
 
 
 @functools.cache
-def cleaned_shard(dataset, shard):
-    """What tokenization reads of a shard of a dataset with quality steps: its last step's
-    documents (the shard's name and files kept); once per shard, not per input function."""
-    last = QUALITY[dataset][-1]
-    documents = paths.QUALITY_DOCUMENTS.format(step=last.name, dataset=dataset, shard=shard.name)
+def cleaned_shard(dataset, shard, last):
+    """What tokenization reads of a shard of a dataset with quality steps: its recipe's last
+    step's documents (`last`: its name; the shard's name and files kept); once per shard, not
+    per input function."""
+    documents = paths.QUALITY_DOCUMENTS.format(step=last, dataset=dataset, shard=shard.name)
     return dataclasses.replace(
         shard, input=documents, fmt="jsonl", json_key="text", member="*", member_format=None
     )
 
 
 def quality_plan_lines():
-    """-n's lines: each recipe's steps and whether each will run (its manifests present)."""
+    """-n's lines: each recipe's steps and whether each will run (its manifests present); a
+    data ablation's recipes each once, after the runs that clean with it."""
     done = {
         (step.name, name): all(
             Path(
@@ -187,10 +198,19 @@ def quality_plan_lines():
             ).is_file()
             for s in DATASETS[name].shards
         )
-        for name, steps in QUALITY.items()
-        for step in steps
+        for (name, _), step in QUALITY_STEP.items()
     }
-    return quality_recipe.plan_lines(QUALITY, done)
+    if all(recipe is QUALITY for recipe in RUN_QUALITY.values()):
+        return quality_recipe.plan_lines(QUALITY, done)
+    runs = {}  # recipe (its datasets' variants) -> the runs cleaning with it
+    for name, variants in RUN_VARIANTS.items():
+        runs.setdefault(tuple(variants.values()), []).append(name)
+    lines = []
+    for names in runs.values():
+        lines.append(f"gptflow: study runs {', '.join(names)}:")
+        recipe = RUN_QUALITY[names[0]]
+        lines += quality_recipe.plan_lines(recipe, done) if recipe else ["  no data quality steps"]
+    return lines
 
 
 def get_quality_manifests(wildcards):

@@ -105,11 +105,6 @@ BLENDED = [item["dataset"] for item in CFG["data"]["blend"]]
 DOCUMENTS_PER_SHARD = CFG["tokenize"]["documents_per_shard"]
 CONTAINER = CFG["container"]
 HARNESS = CFG["eval"]["harness"]  # lm-evaluation-harness on each run's export (rule harness)
-# The data index each run reads (gptflow.paths.DATA_INDEX): runs reading the same samples of
-# the same shards share one, built once
-INDEX_SETTINGS = {name: data_index_settings(run) for name, run in RUNS.items()}
-INDEX_OF = {name: data_index_name(settings) for name, settings in INDEX_SETTINGS.items()}
-INDEXES = {INDEX_OF[name]: settings for name, settings in INDEX_SETTINGS.items()}
 
 
 def harness_steps():
@@ -147,7 +142,7 @@ def get_run_settings(wildcards):
         "run": run["run"],
         **({"study": STUDY} if STUDY else {}),
         "tokenizer": {"eod_token": CFG["tokenizer"]["eod_token"]},
-        "data": CFG["data"],
+        "data": run["data"],  # a data ablation's run: its own data.quality
         "model": run["model"],
         "train": run["train"],
     }
@@ -156,7 +151,7 @@ def get_run_settings(wildcards):
 def get_train_settings(wildcards):
     """Model and optimisation settings: Snakemake reruns training when one changes."""
     run = RUNS[wildcards.run]
-    return {"model": run["model"], "train": run["train"], "data": CFG["data"]}
+    return {"model": run["model"], "train": run["train"], "data": run["data"]}
 
 
 APPEND_EOD = ["--append-eod"] if CFG["tokenize"]["append_eod"] else []
@@ -183,17 +178,38 @@ TOKENIZED = [name for name in DATASETS if name not in IMPORTED]
 COLLECTED = [name for name, d in DATASETS.items() if d.kind == "collect"]
 HF_COLLECTED = [name for name, d in DATASETS.items() if d.kind == "hf"]
 # data.quality (gptflow.data.quality.recipe): each blended dataset's cleaning steps ({} when
-# off); a dataset with steps is tokenized from its last step's documents (shard_of)
+# off); a dataset with steps is tokenized from its last step's documents (shard_of). A data
+# ablation: a study run's own data.quality (RUN_QUALITY; the base's otherwise) cleans into its
+# own steps and shards (RUN_VARIANTS: each dataset's last step, or raw); equal recipes share
+# them. Every run's held-out text is the base's shards (gptflow.data.dataset).
 try:
     QUALITY = quality_recipe.recipes(CFG, BLENDED, CONFIG_SOURCE, imported=IMPORTED)
+    RUN_QUALITY = {
+        name: (
+            QUALITY
+            if run["data"] is CFG["data"]
+            else quality_recipe.recipes(
+                run, BLENDED, f"{CONFIG_SOURCE} (study run '{name}')", imported=IMPORTED
+            )
+        )
+        for name, run in RUNS.items()
+    }
+    quality_recipe.check_groups({"the base config": QUALITY, **RUN_QUALITY}, BLENDED, CONFIG_SOURCE)
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
-QUALITY_STEP = {(name, step.name): step for name, steps in QUALITY.items() for step in steps}
+BASE_VARIANTS = quality_recipe.variants(QUALITY, BLENDED)
+RUN_VARIANTS = {name: quality_recipe.variants(r, BLENDED) for name, r in RUN_QUALITY.items()}
+QUALITY_STEP = {
+    (name, step.name): step
+    for recipe in (QUALITY, *RUN_QUALITY.values())
+    for name, steps in recipe.items()
+    for step in steps
+}
+QUALITY_KEY = {(name, step.key): step for (name, _), step in QUALITY_STEP.items()}
 # a filters step's signals, shared by the recipes that differ only in thresholds
 SIGNALS_STEP = {
     (name, step.signals_name): step
-    for name, steps in QUALITY.items()
-    for step in steps
+    for (name, _), step in QUALITY_STEP.items()
     if step.kind == "filters"
 }
 # a language step's scores, shared by the recipes that differ only in languages or threshold
@@ -211,6 +227,14 @@ try:
             quality_selection.check_language(step.settings, step.where, CONFIG_SOURCE)
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
+# The data index each run reads (gptflow.paths.DATA_INDEX): runs reading the same samples of
+# the same shards share one, built once; a run of a data ablation trains on its recipe's shards
+INDEX_SETTINGS = {
+    name: data_index_settings(run, RUN_VARIANTS[name], BASE_VARIANTS) for name, run in RUNS.items()
+}
+INDEX_OF = {name: data_index_name(settings) for name, settings in INDEX_SETTINGS.items()}
+INDEXES = {INDEX_OF[name]: settings for name, settings in INDEX_SETTINGS.items()}
+INDEX_RUN = {index: name for name, index in reversed(INDEX_OF.items())}  # a run reading it
 # Where each blended dataset comes from, for the data card
 REPORT_DATASETS = {name: CFG["datasets"][name] for name in BLENDED}
 

@@ -10,7 +10,7 @@ include: "tokenize_functions.smk"
 rule data:
     input:
         paths.tokenizer_json(TOKENIZER),
-        get_blend_shard_files,
+        get_data_shard_files,
         get_merged_files,
 
 
@@ -205,6 +205,21 @@ use rule tokenize_shard as tokenize_part with:
     params:
         prefix=paths.PART,
         document_range=get_document_range,
+
+
+# A data ablation's run whose data.quality differs from the base config's (a study): its
+# datasets' shards tokenized from its own recipe's documents, or the collected ones ('raw'),
+# under results/tokens/{tokenizer}/{dataset}/{variant}/ (the base's stay where they are).
+use rule tokenize_shard as tokenize_variant_shard with:
+    output:
+        multiext(paths.VARIANT_SHARD, ".bin", ".idx", ".json"),
+    log:
+        paths.log("tokenize_variant_shard", "{tokenizer}/{dataset}/{variant}/{shard}"),
+    wildcard_constraints:
+        dataset=dataset_choice(TOKENIZED),
+        variant=f"{quality_recipe.STEP_NAME}|{quality_recipe.RAW}",
+    params:
+        prefix=paths.VARIANT_SHARD,
 
 
 # Existing Megatron shards: checked against the run's tokenizer (structure, every id in its

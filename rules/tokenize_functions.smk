@@ -5,12 +5,27 @@ tokenizer's source."""
 
 def shard_of(wildcards):
     """The job's shard; of a whole dataset (sample_documents) the first: they read alike. A
-    dataset with data.quality steps is tokenized from their last step's documents."""
+    dataset with data.quality steps is tokenized from their last step's documents: the base
+    config's recipe's, or those of the job's {variant} (tokenize_variant_shard)."""
     dataset = DATASETS[wildcards.dataset]
     if "shard" not in wildcards.keys():
         return dataset.shards[0]
     shard = dataset.shard(wildcards.shard)
-    return cleaned_shard(wildcards.dataset, shard) if wildcards.dataset in QUALITY else shard
+    if "variant" in wildcards.keys():
+        variant = wildcards.variant
+    else:
+        variant = BASE_VARIANTS.get(wildcards.dataset, quality_recipe.RAW)
+    if variant == quality_recipe.RAW:
+        return shard
+    return cleaned_shard(wildcards.dataset, shard, variant)
+
+
+def get_data_shard_files(wildcards):
+    """Every shard a run trains or is evaluated on: the base config's, then those of each
+    other recipe of a data ablation (each once)."""
+    wanted = dict.fromkeys([(name, BASE_VARIANTS[name]) for name in BLENDED])
+    wanted.update(dict.fromkeys(item for r in RUN_VARIANTS.values() for item in r.items()))
+    return [f for name, variant in wanted for f in dataset_files(name, variant)]
 
 
 def get_shard_input(wildcards):

@@ -34,6 +34,7 @@ rule render_run_config:
         shards=get_blend_prefixes,
         run_dir=paths.RUN_DIR,
         data_index=get_data_index,
+        heldout=get_heldout_prefixes,
     script:
         "../workflow/scripts/render_run_config.py"
 
@@ -55,6 +56,7 @@ rule build_data_index:
     params:
         settings=get_index_settings,
         shards=get_blend_prefixes,
+        heldout=get_heldout_prefixes,
     script:
         "../workflow/scripts/build_data_index.py"
 

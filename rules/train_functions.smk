@@ -4,6 +4,15 @@ training runs in."""
 
 
 def get_blend_prefixes(wildcards):
+    """The run's training shards by dataset: its recipe's (gptflow.data.quality.recipe.variant)."""
+    run = job_run(wildcards)
+    return {name: dataset_shards(name, RUN_VARIANTS[run][name])[0] for name in BLENDED}
+
+
+def get_heldout_prefixes(wildcards):
+    """A data ablation's run: the base's shards, its validation and test text; else {}."""
+    if RUN_VARIANTS[job_run(wildcards)] == BASE_VARIANTS:
+        return {}
     return {name: dataset_shards(name)[0] for name in BLENDED}
 
 

@@ -45,6 +45,9 @@ SHARD_FILES = (".bin", ".idx", ".json")
 SHARD = "results/tokens/{tokenizer}/{dataset}/{shard}"
 PART = "results/tokens/{tokenizer}/{dataset}/{shard}-{part}"  # tokenize.documents_per_shard
 MERGED = "results/tokens/{tokenizer}/{dataset}/merged"  # tokenize.merge
+# a study run's own data.quality recipe (a data ablation): a dataset's shards tokenized from
+# that recipe's documents; {variant} is its last step's name, or 'raw' (the collected ones)
+VARIANT_SHARD = "results/tokens/{tokenizer}/{dataset}/{variant}/{shard}"
 
 # the training image, named by its recipe hash (gptflow.container.image.recipe_hash)
 IMAGE_RECORD = "results/containers/gptflow-{hash}.json"
@@ -106,6 +109,10 @@ def tokenizer_json(tokenizer: str) -> str:
 
 def shard_prefix(tokenizer: str, dataset: str, shard: str) -> str:
     return SHARD.format(tokenizer=tokenizer, dataset=dataset, shard=shard)
+
+
+def variant_prefix(tokenizer: str, dataset: str, variant: str, shard: str) -> str:
+    return VARIANT_SHARD.format(tokenizer=tokenizer, dataset=dataset, variant=variant, shard=shard)
 
 
 def merged_prefix(tokenizer: str, dataset: str) -> str:

@@ -158,3 +158,22 @@ def test_indices_are_cached_on_disk(tmp_path):
         [("d", 1.0, [prefix], ["s"])], "90,9,1", SIZES, 16, 1, cache, build_allowed=False
     )
     assert np.array_equal(first["train"][5], again["train"][5])
+
+
+def test_a_data_ablation_run_is_validated_and_tested_on_the_held_out_shards(tmp_path):
+    """A study run with its own data.quality trains on its recipe's shards and reads the
+    validation and test splits of the base's (`heldout`): every run the same held-out text."""
+    cleaned, _ = make_prefix(tmp_path / "cleaned", 150, seed=8)
+    base, _ = make_prefix(tmp_path / "base", 200, seed=9)
+    alone = build_split_datasets([("d", 1.0, [cleaned], ["c"])], "90,9,1", SIZES, 16, 1)
+    data = build_split_datasets(
+        [("d", 1.0, [cleaned], ["c"])], "90,9,1", SIZES, 16, 1, heldout=[("d", 1.0, [base], ["b"])]
+    )
+    assert str(data["train"].shards.parts[0].prefix) == cleaned
+    assert np.array_equal(data["train"][3], alone["train"][3])  # training as without it
+    # the base's own validation and test samples, exactly (its documents 180..199 of 200)
+    own = build_split_datasets([("d", 1.0, [base], ["b"])], "90,9,1", SIZES, 16, 1)
+    for split in ("valid", "test"):
+        assert str(data[split].shards.parts[0].prefix) == base
+        assert all(np.array_equal(data[split][i], own[split][i]) for i in range(0, 40, 7))
+        assert not np.array_equal(data[split][0], alone[split][0])

@@ -110,6 +110,11 @@ def test_a_config_without_a_study_is_one_run(repo, tiny_config):
         ({"grid": {"model.preset": ["-x"]}}, "makes the run name '-x'"),
         ({}, "study has no runs: give study.runs or study.grid"),
         ({"runs": {"x": {"train": {"tensor_parallel": 3}}}}, "study run 'x'"),
+        ({"runs": {"x": {"data": {"split": "80,19,1"}}}},
+         "study run 'x' sets data.split; a study run may set only data.quality (its cleaning "
+         "recipe): the blend, split and datasets are the study's"),
+        ({"runs": {"x": {"data": {"quality": {"steps": [{"step": "exact", "scop": "blend"}]}}}}},
+         "study run 'x': unknown key 'steps[0].scop'"),
     ],
 )  # fmt: skip
 def test_what_a_study_refuses(repo, study, section, message):
@@ -187,3 +192,30 @@ def test_the_plan_lists_every_run_and_names_the_one_that_does_not_fit(repo, stud
                                                           "micro_batch_size": 3}}}  # fmt: skip
     with pytest.raises(GptflowError, match=r"\Astudy run 'small': .*global_batch_size"):
         preflight.study(tight, SLURM, tokenizer_json=Path("none"), indexes=1, trained=set())
+
+
+def test_a_data_ablation_run_has_its_own_recipe_and_index_and_the_base_held_out(repo, study):
+    """study.runs.NAME.data.quality (schema defaults filled) is the run's recipe; the rest of
+    data is the study's. Its data index is named by its recipe's shards (the variants) and the
+    base's held-out ones: equal recipes share one, another recipe has its own, and a run
+    cleaning as the base does keeps the index name it had before data ablations."""
+    exact = {"data": {"quality": {"steps": [{"step": "exact"}]}}}
+    cfg = load(repo, study(runs={"raw": {}, "exact": exact, "again": copy.deepcopy(exact)}))
+    runs = run_configs(cfg)
+    assert runs["raw"]["data"] is cfg["data"] and "quality" not in cfg["data"]
+    assert runs["exact"]["data"]["quality"] == {"steps": [{"step": "exact", "scope": "blend"}]}
+    assert runs["exact"]["data"]["blend"] == cfg["data"]["blend"]
+    base = {"stdlib": "raw"}
+    cleaned = {"stdlib": "01-exact-0123456789ab"}
+    names = {
+        "raw": data_index_name(data_index_settings(runs["raw"], base, base)),
+        "exact": data_index_name(data_index_settings(runs["exact"], cleaned, base)),
+        "again": data_index_name(data_index_settings(runs["again"], cleaned, base)),
+    }
+    assert names["raw"] == data_index_name(data_index_settings(runs["raw"]))
+    assert names["exact"] == names["again"] != names["raw"]
+
+    cfg = study(runs={"exact": exact})
+    cfg["tokenize"] = {**cfg["tokenize"], "documents_per_shard": 100}
+    with pytest.raises(GptflowError, match=r"set tokenize\.documents_per_shard 0"):
+        load(repo, cfg)

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptflow.results.study_report import _fits, _load_run, study_report
+from gptflow.results.study_report import (
+    RUN_KEYS,
+    _ablation_table,
+    _fits,
+    _load_run,
+    study_report,
+)
 from tests.unit.test_report import assert_plot_shows, plotted_points, texts
 
 E, A, ALPHA = 1.8, 60.0, 0.3
@@ -327,3 +333,35 @@ def test_each_optimizers_tuned_run_and_the_tokens_to_adamws_final_loss(tmp_path)
     curves = [[(math.log10(s * PER_STEP), loss(p, 1e-3, s * k)) for s in steps]
               for p in ("s", "m") for k in (1.0, 1.6)]  # fmt: skip
     assert_plot_shows(paths["optimizers"], curves)
+
+
+def test_a_data_ablation_is_tabled_per_recipe(tmp_path):
+    """Runs whose run.yaml derived.data_quality differ (a data ablation): a 'Data ablation'
+    table, best final loss first, with each recipe, its training data's tokens, the tokens
+    trained, the loss and the harness scores; the recipe in fit.json's runs. Alike recipes: no
+    table. (The page's assembly is the other tests'; this one reads the runs and tables them.)"""
+    runs = grid(tmp_path, presets=("s", "m"), lrs=(1e-3,))
+    recipes = {"s-lr0.001": None, "m-lr0.001": {"web": "exact + minhash", "books": "exact"}}
+    for i, (name, files) in enumerate(runs.items()):
+        run = yaml.safe_load(Path(files["config"]).read_text())
+        run["derived"]["data_tokens"] = 1000 * (i + 1)
+        if recipes[name]:
+            run["derived"]["data_quality"] = recipes[name]
+        Path(files["config"]).write_text(yaml.safe_dump(run))
+        path = Path(files["done"]).with_name("harness.json")
+        path.write_text(json.dumps({"tasks": {"mc": {"version": 1.0, "num_fewshot": 0,
+                                                     "metrics": {"acc": 0.5 - i / 4}}}}))  # fmt: skip
+        files["harness"] = str(path)
+    loaded = [_load_run(name, files) for name, files in runs.items()]
+    section = "".join(_ablation_table(loaded))
+    assert section.startswith("<h2>Data ablation</h2>")
+    m, s = law(SIZES["m"]) + B / TOKENS**BETA, law(SIZES["s"]) + B / TOKENS**BETA
+    assert table_rows(section) == [
+        ["m-lr0.001", "books: exact; web: exact + minhash", "1000", f"{TOKENS:,}", f"{m:.4f}",
+         "final_val_loss", "0.5"],
+        ["s-lr0.001", "raw", "2000", f"{TOKENS:,}", f"{s:.4f}", "final_val_loss", "0.25"],
+    ]  # fmt: skip
+    assert {"recipe", "data_tokens"} <= set(RUN_KEYS)  # fit.json's runs
+    for r in loaded:
+        r["recipe"] = None
+    assert _ablation_table(loaded) == []

@@ -387,3 +387,56 @@ def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, sna
     assert {n: (groups / n).read_bytes() for n in uninterrupted} == uninterrupted
     # the killed job's temporary is gone (fsutil removes a dead process's on the next write)
     assert sorted(p.name for p in groups.iterdir()) == ["_blend", *sorted(uninterrupted)]
+
+
+def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
+    cleaned, snakemake, tmp_path, monkeypatch
+):  # the held-out splits read from `heldout`: tests/unit/test_dataset.py
+    """A study whose runs differ in data.quality (issue 39): each distinct recipe gets its own
+    steps and shards, runs with equal recipes share them, the base's steps and shards are
+    reused as they are; every run is validated on the base's shards; editing one threshold in
+    one run's recipe replans that recipe's selection and shards and that run alone."""
+    from gptflow.train.run_config import RunConfig
+
+    wd = tmp_path / "wd"
+    shutil.copytree(cleaned[0], wd, symlinks=True)  # the module's data, tokenized once
+    cfg, write_config = cleaned[1], cleaned[5]
+    study = copy.deepcopy(cfg)
+    study["run"] = "ablation"
+    filters = {
+        "steps": [{"step": "exact"}, {"step": "filters", "rules": {"gopher_repetition": {}}}]
+    }
+    study["study"] = {"runs": {
+        "base": {},  # the base config's recipe: exact + minhash
+        "filtered": {"data": {"quality": filters}},
+        "filtered-lr": {"data": {"quality": copy.deepcopy(filters)}, "train": {"lr": 1e-3}},
+    }}  # fmt: skip
+    run_yamls = [f"results/runs/{r}/run.yaml" for r in study["study"]["runs"]]
+    run = snakemake(wd, write_config(wd / "study.yaml", study), "data", *run_yamls)
+    assert run.returncode == 0, run.out[-4000:]
+    counts = job_counts(run.out)
+    # exact is the base's first step (its outputs present); the filters step once for two runs
+    # (the base's shards may be retokenized: another test of this module edits its recipe)
+    assert not {"hash_documents", "minhash_signatures"} & set(counts)
+    assert counts["compute_filter_signals"] == counts["select_documents"] == 4  # 2 x 2 shards
+    assert counts["tokenize_variant_shard"] == 4 and counts["render_run_config"] == 3
+    assert "gptflow: study runs filtered, filtered-lr:" in run.out
+    monkeypatch.chdir(wd)
+    runs = {r: RunConfig.load(f"results/runs/{r}/run.yaml") for r in study["study"]["runs"]}
+    prefixes = {r: [s.prefix for d in c.datasets for s in d.shards] for r, c in runs.items()}
+    assert prefixes["base"][0] == "results/tokens/tiny-bpe/a/00000" and not runs["base"].heldout
+    assert prefixes["filtered"] == prefixes["filtered-lr"] != prefixes["base"]
+    assert prefixes["filtered"][0].startswith("results/tokens/tiny-bpe/a/02-filters-")
+    for name in ("filtered", "filtered-lr"):  # held out: the base's shards
+        assert [s.prefix for d in runs[name].heldout for s in d.shards] == prefixes["base"]
+    assert runs["filtered"].data_index == runs["filtered-lr"].data_index != runs["base"].data_index
+
+    study["study"]["runs"]["filtered"]["data"]["quality"]["steps"][1]["rules"] = {
+        "gopher_repetition": {"dup_line_frac": 0.5}
+    }
+    plan = snakemake(wd, write_config(wd / "edited.yaml", study), "-n", "data", *run_yamls)
+    assert plan.returncode == 0, plan.out[-3000:]
+    counts = job_counts(plan.out)
+    assert not {"compute_filter_signals", "hash_documents", "tokenize_shard"} & set(counts)
+    assert counts["select_documents"] == counts["tokenize_variant_shard"] == 4
+    assert counts["render_run_config"] == 1 and "results/runs/filtered/run.yaml" in plan.out

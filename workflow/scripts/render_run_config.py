@@ -13,6 +13,7 @@ with report_errors(sm.log[0]):
         shards=sm.params.shards,
         run_dir=sm.params.run_dir,
         data_index=sm.params.data_index,
+        heldout=sm.params.heldout,
     )
     write_run_config(run, sm.output[0])
     series = run.series if run.train.precision != "auto" else "named on the training device"

@@ -523,22 +523,27 @@ def build_split_datasets(
     seed: int,
     cache_dir: str | os.PathLike | None = None,
     build_allowed: bool = True,
+    heldout: list[tuple[str, float, list[str], list[str]]] | None = None,
 ) -> dict[str, GPTDataset | BlendedDataset | None]:
     """Datasets for each split that asks for samples.
 
     `datasets` is ``[(name, weight, shard prefixes, shard idx sha256s)]``; `num_samples` maps
-    ``train``/``valid``/``test`` to the samples needed (0 = not built).
+    ``train``/``valid``/``test`` to the samples needed (0 = not built). `heldout`, alike, gives
+    the validation and test splits their own shards (a data ablation's run: the base's, the
+    same held-out text for every recipe); the train split is always `datasets`'.
     """
     cache = Path(cache_dir) if cache_dir is not None else None
-    shard_sets = [(name, w, ShardSet(prefixes), shas) for name, w, prefixes, shas in datasets]
+    train_sets = [(name, w, ShardSet(prefixes), shas) for name, w, prefixes, shas in datasets]
+    held_sets = [(name, w, ShardSet(prefixes), shas) for name, w, prefixes, shas in heldout or []]
     out: dict[str, GPTDataset | BlendedDataset | None] = {}
-    weights = [w for _, w, _, _ in shard_sets]
+    weights = [w for _, w, _, _ in train_sets]
     total_w = sum(weights)
     for split_i, split_name in enumerate(SPLITS):
         wanted = num_samples.get(split_name, 0)
         if wanted <= 0:
             out[split_name] = None
             continue
+        shard_sets = held_sets if held_sets and split_name != "train" else train_sets
         parts = []
         for name, w, shards, shas in shard_sets:
             if len(shard_sets) == 1:
@@ -596,16 +601,20 @@ def run_split_datasets(cfg, build_allowed: bool = True) -> dict:
     """
     t = cfg.train
     samples = split_samples(t)
-    blend = [
-        (d.name, d.weight, [s.prefix for s in d.shards], [s.idx_sha256 for s in d.shards])
-        for d in cfg.datasets
-    ]
+
+    def blend(datasets) -> list[tuple]:
+        return [
+            (d.name, d.weight, [s.prefix for s in d.shards], [s.idx_sha256 for s in d.shards])
+            for d in datasets
+        ]
+
     return build_split_datasets(
-        blend,
+        blend(cfg.datasets),
         cfg.split,
         samples,
         t.seq_length,
         t.seed,
         cfg.index_cache_dir,
         build_allowed=build_allowed,
+        heldout=blend(cfg.heldout) if cfg.heldout else None,
     )

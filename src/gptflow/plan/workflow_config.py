@@ -189,7 +189,37 @@ def _study_run(
     validate(model, props["model"], source=where, root=schema)
     validate(train, props["train"], source=where, root=schema)
     fill_defaults(train, props["train"], schema)
-    return {"model": _check_run(model, train, cfg, schema, models, where), "train": train}
+    run = {"model": _check_run(model, train, cfg, schema, models, where), "train": train}
+    if "data" in overrides:
+        run["data"] = _run_data(overrides["data"], cfg, schema, where, source)
+    return run
+
+
+def _run_data(data: dict, cfg: dict, schema: dict, where: str, source: str) -> dict:
+    """A study run's data section: the base's with the run's own data.quality (a data
+    ablation; {} = no cleaning). Every other data key is the study's, shared by its runs."""
+    other = sorted(set(data) - {"quality"})
+    if other:
+        raise GptflowError(
+            f"{where} sets data.{other[0]}; a study run may set only data.quality (its "
+            f"cleaning recipe): the blend, split and datasets are the study's. Fix {source}."
+        )
+    if cfg["tokenize"]["documents_per_shard"]:
+        raise GptflowError(
+            f"{where} sets data.quality, but tokenize.documents_per_shard is "
+            f"{cfg['tokenize']['documents_per_shard']}: a run's own recipe is tokenized one "
+            f"shard per input only; set tokenize.documents_per_shard 0. Fix {source}."
+        )
+    quality = data.get("quality")
+    if quality is None:
+        raise GptflowError(
+            f"{where} sets data without data.quality; give data.quality (a recipe, or {{}} "
+            f"for none) or remove data. Fix {source}."
+        )
+    recipe = schema["properties"]["data"]["properties"]["quality"]
+    validate(quality, recipe, source=where, root=schema)
+    fill_defaults(quality, recipe, schema)
+    return {**cfg["data"], "quality": quality}
 
 
 def run_configs(cfg: dict) -> dict[str, dict]:

@@ -302,7 +302,7 @@ def evaluate(
         "dtype": dtype,
     }
     test = {}
-    for d in cfg.datasets:
+    for d in cfg.heldout or cfg.datasets:  # a data ablation's run: the base's test split
         tokens, sequences = token_stream([s.prefix for s in d.shards], cfg.split, 2, needed)
         r = perplexity(model, tokens, seq, max_windows)
         test[d.name] = r or {"note": f"test split '{cfg.split}' has no tokens"}

@@ -62,6 +62,8 @@ def _load_run(name: str, paths: dict[str, str]) -> dict:
     harness = json.loads(Path(paths["harness"]).read_text()) if paths.get("harness") else None
     return {
         "harness": harness["tasks"] if harness else None,
+        # a data ablation: each dataset's recipe and the tokens of its training shards
+        "recipe": derived.get("data_quality"), "data_tokens": derived.get("data_tokens"),
         "name": name, "preset": derived.get("preset"), "parameters": derived["parameters"],
         "lr": lr, "optimizer": optimizer, "tokens": tokens, "training_flops": tokens * per_token,
         "final_val_loss": final, "final_from": source, "series": series,
@@ -368,7 +370,7 @@ def _figures(runs: list[dict], fits: dict, out: Path) -> dict[str, str]:
 
 # "harness": the tasks of its harness.json (eval.harness), else null
 RUN_KEYS = ("name", "preset", "parameters", "lr", "optimizer", "tokens", "training_flops", "final_val_loss",
-            "final_from", "series", "harness")  # fmt: skip
+            "final_from", "series", "harness", "recipe", "data_tokens")  # fmt: skip
 
 
 def _fit_json(study: str, runs: list[dict], fits: dict) -> dict:
@@ -460,6 +462,43 @@ def _optimal_table(fits: dict) -> list[str]:
     ]
 
 
+def recipe_text(recipe: dict[str, str] | None) -> str:
+    """A run's data.quality in a few words: one recipe for every dataset, else per dataset."""
+    if not recipe:
+        return "raw"
+    labels = set(recipe.values())
+    if len(labels) == 1:
+        return labels.pop()
+    return "; ".join(f"{name}: {text}" for name, text in recipe.items())
+
+
+def _ablation_table(runs: list[dict]) -> list[str]:
+    """A data ablation (runs whose data.quality differs): per run its recipe, the tokens of
+    its training shards and trained, the final validation loss on the shared held-out text,
+    and its harness metrics; nothing when every run cleans alike."""
+    if len({recipe_text(r["recipe"]) for r in runs}) < 2:
+        return []
+    columns = list(dict.fromkeys(
+        (task, metric) for r in runs for task, record in (r["harness"] or {}).items()
+        for metric in harness_metric_names(record)
+    ))  # fmt: skip
+    rows = []
+    for r in sorted(runs, key=lambda r: r["final_val_loss"]):
+        row = [r["name"], recipe_text(r["recipe"]), _g(r["data_tokens"]), f"{r['tokens']:,}",
+               f"{r['final_val_loss']:.4f}", r["final_from"]]  # fmt: skip
+        row += [metric_text((r["harness"] or {}).get(task, {}), metric) for task, metric in columns]
+        rows.append(row)
+    head = ["run", "recipe", "training data tokens", "tokens trained", "final loss", "from",
+            *(f"{task} {metric}" for task, metric in columns)]  # fmt: skip
+    return [
+        "<h2>Data ablation</h2>",
+        "<p>Each run trained on the shards of its own data.quality recipe; every run's "
+        "validation loss is on the same held-out text, the validation split of the base "
+        "config's shards, and its harness scores on the same tasks.</p>",
+        _table(head, rows),
+    ]
+
+
 def _harness_table(runs: list[dict]) -> list[str]:
     """Each run's lm-evaluation-harness metrics on its export (± stderr), one column per task
     metric; nothing when the study ran no harness."""
@@ -495,6 +534,7 @@ def _page(study: str, runs: list[dict], fits: dict, figures: dict[str, str]) -> 
         "<h2>Runs</h2>",
         f"<p>{html.escape(FINAL_LOSS_RULE)}</p>",
         _runs_table(runs),
+        *_ablation_table(runs),
         *_harness_table(runs),
         *_fit_tables(fits),
         *_optimal_table(fits),

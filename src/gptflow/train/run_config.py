@@ -67,6 +67,9 @@ class RunConfig:
     data_index: str = ""
     study: str = ""  # the study (workflow config `study`) the run is one of, else ""
     extra: dict = field(default_factory=dict, compare=False)
+    # a data ablation's run: the base's shards, whose validation and test splits it is
+    # evaluated on (the same text for every run of the study); () = its own datasets'
+    heldout: tuple[DatasetBlend, ...] = ()
 
     def __post_init__(self) -> None:
         if self.train.seq_length > self.model.max_position_embeddings:
@@ -187,14 +190,8 @@ class RunConfig:
             "tokenizer": dataclasses.asdict(self.tokenizer),
             "data": {
                 "split": self.split,
-                "datasets": [
-                    {
-                        "name": d.name,
-                        "weight": d.weight,
-                        "shards": [dataclasses.asdict(s) for s in d.shards],
-                    }
-                    for d in self.datasets
-                ],
+                "datasets": [_blend_dict(d) for d in self.datasets],
+                **({"heldout": [_blend_dict(d) for d in self.heldout]} if self.heldout else {}),
             },
             "model": dataclasses.asdict(self.model),
             **({"init_from": dataclasses.asdict(self.init_from)} if self.init_from else {}),
@@ -211,14 +208,8 @@ class RunConfig:
                 run=d["run"],
                 run_dir=d["run_dir"],
                 tokenizer=TokenizerInfo(**d["tokenizer"]),
-                datasets=tuple(
-                    DatasetBlend(
-                        name=b["name"],
-                        weight=float(b["weight"]),
-                        shards=tuple(ShardInfo(**s) for s in b["shards"]),
-                    )
-                    for b in d["data"]["datasets"]
-                ),
+                datasets=tuple(_read_blend(b) for b in d["data"]["datasets"]),
+                heldout=tuple(_read_blend(b) for b in d["data"].get("heldout", [])),
                 split=d["data"]["split"],
                 model=ModelConfig(**d["model"]),
                 train=TrainConfig(**d["train"]),
@@ -241,15 +232,21 @@ class RunConfig:
         return cls.from_dict(data, source=str(path))
 
 
-def data_index_settings(cfg: dict) -> dict:
+def data_index_settings(
+    cfg: dict, variants: dict[str, str] | None = None, heldout: dict[str, str] | None = None
+) -> dict:
     """What a run's data index depends on, from its validated workflow config: the tokenizer,
     the blend, the split, the sequence length, the seed and the samples each split gives
     (gptflow.data.dataset.split_samples). Runs with the same settings read the same samples of
     the same shards (the shards' content is the index job's input files), so a study's runs
-    that differ in model or learning rate share one index."""
+    that differ in model or learning rate share one index. A data ablation's run trains on
+    the shards of its own recipe (`variants`, dataset -> gptflow.data.quality.recipe.variant)
+    and is validated on the base's (`heldout`): where the two differ they are part of the
+    settings (and so of the index's name); where they agree, the settings are as before."""
     from gptflow.data.dataset import split_samples
 
     train = TrainConfig(**cfg["train"])
+    ablation = {"variants": variants, "heldout": heldout} if variants != heldout else {}
     return {
         "tokenizer": cfg["tokenizer"]["name"],
         "blend": [{"dataset": b["dataset"], "weight": b["weight"]} for b in cfg["data"]["blend"]],
@@ -257,6 +254,7 @@ def data_index_settings(cfg: dict) -> dict:
         "seq_length": train.seq_length,
         "seed": train.seed,
         "samples": split_samples(train),
+        **ablation,
     }
 
 
@@ -265,9 +263,12 @@ def data_index_name(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_data_index(settings: dict, shards: dict[str, list[str]], out: str) -> dict:
+def build_data_index(
+    settings: dict, shards: dict[str, list[str]], out: str, heldout: dict | None = None
+) -> dict:
     """Build every index of `settings` (:func:`data_index_settings`) over the shard prefixes
-    `shards` (dataset -> prefixes) into out's directory (out without ``.json``), as the
+    `shards` (dataset -> prefixes; the validation and test splits over `heldout`'s when given:
+    a data ablation's base shards) into out's directory (out without ``.json``), as the
     trainer reads them (gptflow.data.dataset.build_split_datasets, keyed by content); returns
     the summary the build_data_index rule writes to `out`."""
     import time
@@ -275,16 +276,19 @@ def build_data_index(settings: dict, shards: dict[str, list[str]], out: str) -> 
     from gptflow.data.dataset import build_split_datasets
     from gptflow.data.tokenize import read_manifest
 
-    blend = []
-    for item in settings["blend"]:
-        prefixes = shards[item["dataset"]]
-        shas = [read_manifest(p)["idx_sha256"] for p in prefixes]
-        blend.append((item["dataset"], float(item["weight"]), prefixes, shas))
+    def blend_of(prefixes_of: dict[str, list[str]]) -> list[tuple]:
+        blend = []
+        for item in settings["blend"]:
+            prefixes = prefixes_of[item["dataset"]]
+            shas = [read_manifest(p)["idx_sha256"] for p in prefixes]
+            blend.append((item["dataset"], float(item["weight"]), prefixes, shas))
+        return blend
+
     cache = Path(out).with_suffix("")
     t0 = time.perf_counter()
     data = build_split_datasets(
-        blend, settings["split"], settings["samples"], settings["seq_length"],
-        settings["seed"], cache,
+        blend_of(shards), settings["split"], settings["samples"], settings["seq_length"],
+        settings["seed"], cache, heldout=blend_of(heldout) if heldout else None,
     )  # fmt: skip
     return {
         "settings": settings,
@@ -295,6 +299,16 @@ def build_data_index(settings: dict, shards: dict[str, list[str]], out: str) -> 
     }
 
 
+def _blend_dict(d: DatasetBlend) -> dict:
+    return {"name": d.name, "weight": d.weight, "shards": [dataclasses.asdict(s) for s in d.shards]}
+
+
+def _read_blend(b: dict) -> DatasetBlend:
+    return DatasetBlend(
+        name=b["name"], weight=float(b["weight"]), shards=tuple(ShardInfo(**s) for s in b["shards"])
+    )
+
+
 def render_run_config(
     cfg: dict,
     *,
@@ -302,39 +316,19 @@ def render_run_config(
     shards: dict[str, list[str]],
     run_dir: str,
     data_index: str = "",
+    heldout: dict[str, list[str]] | None = None,
 ) -> RunConfig:
     """The run config of a validated workflow config: model resolved, tokenizer and shards checked.
 
-    `shards` maps each blended dataset to its shard prefixes. Shards tokenized with another
-    tokenizer than the run's are refused (their manifests record the tokenizer's sha256).
+    `shards` maps each blended dataset to its shard prefixes; `heldout` (a data ablation's
+    run) to the base's, whose validation and test splits evaluate it. Shards tokenized with
+    another tokenizer than the run's are refused (their manifests record the tokenizer's sha256).
     """
     from gptflow.data.indexed import dtype_for_vocab
-    from gptflow.data.tokenize import read_manifest
     from gptflow.data.tokenizer import tokenizer_info
 
     tok = tokenizer_info(tokenizer_path, cfg["tokenizer"]["eod_token"])
-    blends = []
-    for item in cfg["data"]["blend"]:
-        name = item["dataset"]
-        infos = []
-        for prefix in shards[name]:
-            m = read_manifest(prefix)
-            if m["tokenizer"]["sha256"] != tok.sha256:
-                raise GptflowError(
-                    f"{prefix}.json: shard was tokenized with tokenizer {m['tokenizer']['path']} "
-                    f"(sha256 {m['tokenizer']['sha256'][:12]}), but the run uses {tokenizer_path} "
-                    f"(sha256 {tok.sha256[:12]}); delete the shard so the workflow re-tokenizes it"
-                )
-            infos.append(
-                ShardInfo(
-                    prefix=prefix,
-                    idx_sha256=m["idx_sha256"],
-                    bin_sha256=m["bin_sha256"],
-                    documents=m["documents"],
-                    tokens=m["tokens"],
-                )
-            )
-        blends.append(DatasetBlend(name=name, weight=float(item["weight"]), shards=tuple(infos)))
+    blends = _blends(cfg, shards, tok, tokenizer_path)
     model_keys = architecture(cfg["model"])
     model_keys["vocab_size"] = padded_vocab_size(
         tok.vocab_size, model_keys["make_vocab_size_divisible_by"]
@@ -357,12 +351,13 @@ def render_run_config(
         "epochs": round(total / data_tokens, 4) if data_tokens else None,
         "training_flops": training_flops_per_token(model, train) * total,
         "token_dtype": dtype_for_vocab(tok.vocab_size).name,
+        **_quality_labels(cfg),
     }
     return RunConfig(
         run=cfg["run"],
         run_dir=run_dir,
         tokenizer=tok,
-        datasets=tuple(blends),
+        datasets=blends,
         split=cfg["data"]["split"],
         model=model,
         train=train,
@@ -370,7 +365,51 @@ def render_run_config(
         data_index=data_index,
         study=cfg.get("study") or "",
         extra=derived,
+        heldout=_blends(cfg, heldout, tok, tokenizer_path) if heldout else (),
     )
+
+
+def _quality_labels(cfg: dict) -> dict:
+    """derived.data_quality: each blended dataset's recipe in a few words (the study report's
+    data-ablation table), only with data.quality."""
+    from gptflow.data.quality.recipe import label, recipes
+
+    if not cfg["data"].get("quality"):
+        return {}
+    blended = [b["dataset"] for b in cfg["data"]["blend"]]
+    steps = recipes(cfg, blended, "run config")
+    return {"data_quality": {name: label(steps.get(name, ())) for name in blended}}
+
+
+def _blends(
+    cfg: dict, shards: dict[str, list[str]], tok: TokenizerInfo, tokenizer_path: str
+) -> tuple[DatasetBlend, ...]:
+    """The blend's datasets over `shards` (dataset -> prefixes), their manifests read."""
+    from gptflow.data.tokenize import read_manifest
+
+    blends = []
+    for item in cfg["data"]["blend"]:
+        name = item["dataset"]
+        infos = []
+        for prefix in shards[name]:
+            m = read_manifest(prefix)
+            if m["tokenizer"]["sha256"] != tok.sha256:
+                raise GptflowError(
+                    f"{prefix}.json: shard was tokenized with tokenizer {m['tokenizer']['path']} "
+                    f"(sha256 {m['tokenizer']['sha256'][:12]}), but the run uses {tokenizer_path} "
+                    f"(sha256 {tok.sha256[:12]}); delete the shard so the workflow re-tokenizes it"
+                )
+            infos.append(
+                ShardInfo(
+                    prefix=prefix,
+                    idx_sha256=m["idx_sha256"],
+                    bin_sha256=m["bin_sha256"],
+                    documents=m["documents"],
+                    tokens=m["tokens"],
+                )
+            )
+        blends.append(DatasetBlend(name=name, weight=float(item["weight"]), shards=tuple(infos)))
+    return tuple(blends)
 
 
 def write_run_config(run: RunConfig, path: str | os.PathLike) -> None:

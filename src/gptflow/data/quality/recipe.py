@@ -238,3 +238,52 @@ def plan_lines(
                 f"  {step.index}. {step.describe()}: {state} (results/quality/{step.name})"
             )
     return lines
+
+
+# --------------------------------------------------------------------------- data ablations
+RAW = "raw"  # the variant of a dataset without steps: its collected documents
+
+
+def variant(steps: tuple[Step, ...]) -> str:
+    """What a dataset's shards are tokenized from under a recipe: its last step's name (whose
+    key hashes the whole recipe), or RAW. Equal recipes, equal variants: their shards are one."""
+    return steps[-1].name if steps else RAW
+
+
+def variants(recipes: dict[str, tuple[Step, ...]], blended: list[str]) -> dict[str, str]:
+    """Each blended dataset's variant under `recipes` (:func:`recipes`' result)."""
+    return {name: variant(recipes.get(name, ())) for name in blended}
+
+
+def check_groups(
+    every: dict[str, dict[str, tuple[Step, ...]]], blended: list[str], source: str
+) -> None:
+    """A study's recipes (`every`: by run) agree on each deduplication group's members: a
+    step's outputs are keyed by the recipe up to it, not by the datasets it compares, so two
+    runs cleaning other datasets with one blend-scope step would share a group that differs."""
+    seen: dict[tuple[str, str], tuple[str, list[str]]] = {}
+    for run, recipe in every.items():
+        for steps in recipe.values():
+            for step in steps:
+                if step.kind not in ("exact", "minhash") or step.group("") != BLEND_GROUP:
+                    continue
+                members = group_members(recipe, blended, step.name, BLEND_GROUP)
+                first = seen.setdefault((step.name, BLEND_GROUP), (run, members))
+                if first[1] != members:
+                    raise GptflowError(
+                        f"{source}: study runs '{first[0]}' and '{run}' deduplicate "
+                        f"{', '.join(first[1])} and {', '.join(members)} with the same "
+                        f"{step.kind} step (scope blend); give the datasets the same recipe in "
+                        f"both runs, or scope: dataset. Fix {source}."
+                    )
+
+
+def label(steps: tuple[Step, ...]) -> str:
+    """A recipe in a few words, for tables: 'raw', 'exact + minhash + filters (c4, fineweb)'."""
+    if not steps:
+        return RAW
+    words = [
+        f"filters ({', '.join(s.settings['rules'])})" if s.kind == "filters" else s.kind
+        for s in steps
+    ]
+    return " + ".join(words)
