@@ -4,9 +4,12 @@ shard, candidate pairs per band, one clustering job, removal per shard
 
 Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (lowercase, numbers
 as ``0``, punctuation as space, accents stripped), words split on whitespace (the recipe's
-``tokenizer: regex``). Each word is hashed once (BLAKE2b-64), an n-gram's hash mixes its words'
-(:func:`shingle_hashes`), and signature column k is min over the shingles of
-splitmix64(shingle ^ seed_k): bands x rows 64-bit values. A document with fewer than n words
+``tokenizer: regex``). Each word is hashed (a polynomial hash of its characters, all words at
+once in numpy: :func:`gptflow.data.quality.filters.char_hashes`, then splitmix64), an n-gram's
+hash mixes its words' (:func:`shingle_hashes`), and signature column k is min over the shingles
+of a_k * shingle + b_k (mod 2**64, a_k odd: a permutation of the 64-bit values; the shingles are
+already mixed, and the minimum is decided by the product's high bits, which depend on all of
+the shingle's): bands x rows 64-bit values. A document with fewer than n words
 has no signature (all ones, :data:`NO_SIGNATURE`) and is never a duplicate, as in DataTrove.
 
 Files: a shard's signatures ``.npy`` (documents, bands*rows) uint64; a band's pairs ``.npy``
@@ -18,7 +21,6 @@ documents.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
 import sys
@@ -26,6 +28,7 @@ import unicodedata
 
 import numpy as np
 
+from gptflow.data.quality.filters import char_hashes
 from gptflow.data.quality.removal import documents, write_removed
 from gptflow.fsutil import atomic_write
 
@@ -65,17 +68,26 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def shingle_hashes(tokens: list[str], ngram: int) -> np.ndarray:
-    """The distinct 64-bit hashes of the word n-grams of `tokens` (none below n words)."""
-    if len(tokens) < ngram:
+def shingle_hashes(text: str, ngram: int, tokenizer: str = "regex") -> np.ndarray:
+    """The distinct 64-bit hashes of the word n-grams of `text` (its :func:`words`; none below
+    n words). The simplified text is its words joined by one space, so each word is a span
+    between spaces and all of them are hashed at once."""
+    if tokenizer != "regex":
+        raise ValueError(f"unknown word tokenizer {tokenizer!r}")
+    simple = simplify(text)
+    if not simple:
         return np.zeros(0, dtype=np.uint64)
-    vocab: dict[str, int] = {}
-    ids = [vocab.setdefault(t, len(vocab)) for t in tokens]
-    word_hash = np.frombuffer(
-        b"".join(hashlib.blake2b(w.encode(), digest_size=8).digest() for w in vocab),
-        dtype="<u8",
-    )[np.asarray(ids)]
-    count = len(tokens) - ngram + 1
+    codes = np.frombuffer(simple.encode("utf-32-le"), np.uint32)
+    spaces = np.flatnonzero(codes == 32)
+    if len(spaces) + 1 < ngram:
+        return np.zeros(0, dtype=np.uint64)
+    starts = np.concatenate([[0], spaces + 1])
+    ends = np.concatenate([spaces, [len(codes)]])
+    prefix, unscale = char_hashes(simple)
+    with np.errstate(over="ignore"):
+        word_hash = (prefix[ends] - prefix[starts]) * unscale[starts]
+    word_hash = _mix(word_hash ^ (ends - starts).astype(np.uint64))
+    count = len(starts) - ngram + 1
     h = word_hash[:count].copy()
     for j in range(1, ngram):
         h = _mix(h) ^ word_hash[j : j + count]
@@ -83,17 +95,20 @@ def shingle_hashes(tokens: list[str], ngram: int) -> np.ndarray:
 
 
 def seeds(seed: int, hashes: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 2**64 - 1, hashes, dtype=np.uint64)
+    """(2, hashes) uint64: the multipliers a_k (odd) and the addends b_k."""
+    values = np.random.default_rng(seed).integers(0, 2**64 - 1, (2, hashes), dtype=np.uint64)
+    values[0] |= np.uint64(1)
+    return values
 
 
 def signature(shingles: np.ndarray, seed_values: np.ndarray) -> np.ndarray:
-    """Column k: min over the shingles of splitmix64(shingle ^ seed_k)."""
-    if not len(shingles):
-        return np.full(len(seed_values), NO_SIGNATURE, dtype=np.uint64)
-    out = np.full(len(seed_values), NO_SIGNATURE, dtype=np.uint64)
+    """Column k: min over the shingles of a_k * shingle + b_k (mod 2**64)."""
+    a, b = seed_values
+    out = np.full(len(a), NO_SIGNATURE, dtype=np.uint64)
     for start in range(0, len(shingles), _CHUNK):
-        block = shingles[start : start + _CHUNK, None] ^ seed_values[None, :]
-        out = np.minimum(out, _mix(block).min(axis=0))
+        block = shingles[start : start + _CHUNK, None] * a[None, :]
+        block += b[None, :]
+        np.minimum(out, block.min(axis=0), out=out)
     return out
 
 
@@ -101,7 +116,7 @@ def text_signature(text: str, settings: dict) -> np.ndarray:
     """A document's signature under a minhash step's settings (ngram, bands, rows, seed,
     tokenizer)."""
     s = settings
-    shingles = shingle_hashes(words(text, s["tokenizer"]), s["ngram"])
+    shingles = shingle_hashes(text, s["ngram"], s["tokenizer"])
     return signature(shingles, seeds(s["seed"], s["bands"] * s["rows"]))
 
 
@@ -110,11 +125,11 @@ def signatures_of_shard(
 ) -> int:
     """Write the signatures of a shard's documents; returns the document count."""
     seed_values = seeds(settings["seed"], settings["bands"] * settings["rows"])
+    ngram, tokenizer = settings["ngram"], settings["tokenizer"]
     rows = [
-        signature(shingle_hashes(words(t, settings["tokenizer"]), settings["ngram"]), seed_values)
-        for t in documents(path, reader)
+        signature(shingle_hashes(t, ngram, tokenizer), seed_values) for t in documents(path, reader)
     ]
-    sigs = np.stack(rows) if rows else np.zeros((0, len(seed_values)), dtype=np.uint64)
+    sigs = np.stack(rows) if rows else np.zeros((0, seed_values.shape[1]), dtype=np.uint64)
     with atomic_write(out, "wb") as f:
         np.save(f, sigs)
     return len(rows)
