@@ -180,32 +180,70 @@ def _band_pairs_in_range(sigs: list, band: int, rows: int, p: int, passes: int) 
     return np.concatenate([pl[first[same]], pl[same]], axis=1).astype(np.uint32).reshape(-1, 4)
 
 
+def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(keys, return_inverse=True) in half its memory (the inverse int32): the
+    keys sorted by one argsort, the distinct ones, and each key's rank among them."""
+    order = np.argsort(keys)
+    ranked = keys[order]
+    new = np.empty(len(ranked), dtype=bool)
+    new[:1] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=new[1:])
+    nodes = ranked[new]
+    del ranked
+    ids = np.cumsum(new, dtype=np.int32)
+    ids -= 1
+    del new
+    inverse = np.empty(len(ids), dtype=np.int32)
+    inverse[order] = ids
+    return nodes, inverse
+
+
 def cluster(pair_files: list, out: str | os.PathLike) -> dict:
     """Connected components of the duplicate pairs (scipy); every document of a component
-    but its earliest is removed. Memory grows with the pairs: documents in no pair are never
-    seen."""
+    but its earliest is removed. Memory grows with the pairs (bench/quality.py
+    --cluster-pairs: 10**7 pairs in a peak RSS of ~0.9 GiB): the pair files are
+    read one at a time into one array of 64-bit document keys (ordinal << 32 | index), the
+    edges are int32 ranks among the distinct keys, and documents in no pair are never seen."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    pairs = [np.load(path) for path in pair_files]
-    pairs = np.concatenate(pairs) if pairs else np.zeros((0, 4), dtype=np.uint32)
-    a = (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | pairs[:, 1]
-    b = (pairs[:, 2].astype(np.uint64) << np.uint64(32)) | pairs[:, 3]
-    nodes, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    files = [np.load(path, mmap_mode="r") for path in pair_files]
+    count = sum(len(f) for f in files)
+    keys = np.empty(2 * count, dtype=np.uint64)  # a of every pair, then b of every pair
+    at = 0
+    for f in files:
+        part = np.asarray(f)
+        for end in (0, 1):
+            k = keys[end * count + at : end * count + at + len(part)]
+            np.left_shift(part[:, 2 * end].astype(np.uint64), np.uint64(32), out=k)
+            k |= part[:, 2 * end + 1]
+        at += len(part)
+        del part
+    del files
+    nodes, inverse = _distinct(keys)
+    del keys
     n = len(nodes)
     edges = coo_matrix(
-        (np.ones(len(a), dtype=np.int8), (inverse[: len(a)], inverse[len(a) :])), shape=(n, n)
+        (np.ones(count, dtype=np.int8), (inverse[:count], inverse[count:])), shape=(n, n)
     )
+    del inverse
     components, labels = connected_components(edges, directed=False)
+    del edges
     # nodes are sorted by (ordinal, index): a component's first node is its kept document
-    _, kept = np.unique(labels, return_index=True)
+    first = np.full(components, n, dtype=np.int32)
+    np.minimum.at(first, labels, np.arange(n, dtype=np.int32))
     drop = np.ones(n, dtype=bool)
-    drop[kept] = False
-    removed = np.stack([nodes[drop] >> np.uint64(32), nodes[drop] & np.uint64(0xFFFFFFFF)], 1)
-    write_removed(out, removed.astype(np.uint32))
+    drop[first] = False
+    del first
+    gone = nodes[drop]
+    del nodes
+    removed = np.empty((len(gone), 2), dtype=np.uint32)
+    removed[:, 0], removed[:, 1] = gone >> np.uint64(32), gone & np.uint64(0xFFFFFFFF)
+    del gone
+    write_removed(out, removed)
     sizes = np.bincount(np.bincount(labels)) if n else np.zeros(0, dtype=int)
     return {
-        "pairs": len(pairs),
+        "pairs": count,
         "documents_in_clusters": n,
         "clusters": int(components),
         "removed": int(drop.sum()),
