@@ -20,7 +20,7 @@ library's sources, Debian's common licences: tests/support/quality_corpus.py, ~5
   14 x 8; and on planted pairs (tests/support/planted.py) which pairs each finds (a band in
   common: the pair the buckets stage emits), recall at J >= 0.85, false positives at J <= 0.5;
 * with --cluster-pairs N: ``minhash.cluster`` of N synthetic duplicate pairs in 14 band files
-  in a child process: its CPU seconds and peak RSS (ru_maxrss).
+  in a child process: its CPU seconds and peak RSS (VmHWM).
 
 Usage: python bench/quality.py [--docs N] [--smoke] [--json] [--cluster-pairs N]
 --smoke: 40 documents, seconds; --json: one JSON object of the figures, last line.
@@ -51,6 +51,7 @@ from datatrove.pipeline.filters import (  # noqa: E402
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
+from loguru import logger  # noqa: E402
 
 from gptflow.data.quality import filters as F  # noqa: E402
 from gptflow.data.quality import minhash  # noqa: E402
@@ -134,6 +135,9 @@ def agreement(sigs: list[dict], reference: dict[str, list]) -> dict[str, float]:
 MINHASH = {"ngram": 5, "bands": 14, "rows": 8, "seed": 1, "tokenizer": "regex"}
 
 
+logger.disable("datatrove")  # its stage's progress lines
+
+
 def datatrove_signature_step(folder: Path) -> MinhashDedupSignature:
     """Its stage 1 at its defaults. Its xxhash64 passes str, which xxhash 4 (installed here for
     datasets; DataTrove's `processing` extra asks xxhash<4) refuses: encoded as UTF-8 first,
@@ -192,10 +196,19 @@ def planted_found(pairs: list, work: Path) -> dict:
     return out
 
 
+# The process's own peak RSS: VmHWM, which exec resets (ru_maxrss keeps the forking parent's)
+PEAK_RSS = """
+def peak_rss_mib():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) / 1024
+"""
+
+
 def cluster_memory(pairs: int, work: Path, documents_per_shard: int = 1 << 20) -> dict:
     """`pairs` synthetic duplicate pairs (random documents of 1,000 shards, each paired with
     a lower one, as band_pairs writes them) in 14 band files; minhash.cluster in a child
-    process, so its ru_maxrss is the clustering's alone."""
+    process, so its peak RSS is the clustering's alone."""
     rng = np.random.default_rng(39)
     files = []
     for band, count in enumerate(np.diff(np.linspace(0, pairs, 15).astype(np.int64))):
@@ -208,18 +221,20 @@ def cluster_memory(pairs: int, work: Path, documents_per_shard: int = 1 << 20) -
         np.save(files[-1], p)
         del p
     child = (
-        "import json, resource, sys, time\n"
+        "import json, sys, time\n"
         "from gptflow.data.quality import minhash\n"
         "start = time.process_time()\n"
         "stats = minhash.cluster(sys.argv[2:], sys.argv[1])\n"
         "stats['cpu_s'] = time.process_time() - start\n"
-        "stats['maxrss_mib'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        f"{PEAK_RSS}\n"
+        "stats['maxrss_mib'] = peak_rss_mib()\n"
         "stats.pop('cluster_sizes')\n"
         "print(json.dumps(stats))\n"
     )
     baseline = (
-        "import resource; from gptflow.data.quality import minhash; import scipy.sparse.csgraph\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+        "from gptflow.data.quality import minhash; import scipy.sparse.csgraph\n"
+        f"{PEAK_RSS}\n"
+        "print(peak_rss_mib())"
     )
     run = [sys.executable, "-c"]
     out = subprocess.run([*run, child, str(work / "remove.npy"), *files], check=True,
