@@ -209,8 +209,8 @@ def test_blend_index(tmp_path):
 
 def test_quality(tmp_path):
     """The spaCy signals decide as DataTrove does on every document of the smoke corpus; the
-    rates are positive and the ratios are theirs; our MinHash and DataTrove's find the same
-    planted pairs at the extremes (all at J >= 0.85, none at J <= 0.5); the clustering of a
+    rates are positive and the ratios are theirs; our MinHash and DataTrove's find all the
+    smoke's planted pairs at J >= 0.85 and none at J <= 0.5; the clustering of a
     few synthetic pairs reports its pairs and a peak RSS above the imports'."""
     import json
 
@@ -232,8 +232,8 @@ def test_quality(tmp_path):
         rate["minhash_signatures"] / rate["datatrove_minhash_signatures"]
     )
     planted = figures["minhash_planted"]
-    assert planted["high"] >= 3 and planted["low"] >= 3 and planted["same_at_extremes"]
-    for name in ("ours", "datatrove"):
+    assert planted["high"] >= 3 and planted["low"] >= 3
+    for name in ("ours", "datatrove"):  # (the smoke's few pairs: no S-curve near-misses)
         assert planted[name]["recall_high"] == 1.0 and planted[name]["fp_low"] == 0.0
     cluster = figures["cluster"]
     assert cluster["pairs"] == 20000 and 0 < cluster["removed"] <= 20000
