@@ -5,11 +5,13 @@ shard, candidate pairs per band, one clustering job, removal per shard
 Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (lowercase, numbers
 as ``0``, punctuation as space, accents stripped), words split on whitespace (the recipe's
 ``tokenizer: regex``). Each word is hashed (a polynomial hash of its characters, all words at
-once in numpy: :func:`gptflow.data.quality.filters.char_hashes`, then splitmix64), an n-gram's
-hash mixes its words' (:func:`shingle_hashes`), and signature column k is min over the shingles
-of a_k * shingle + b_k (mod 2**64, a_k odd: a permutation of the 64-bit values; the shingles are
-already mixed, and the minimum is decided by the product's high bits, which depend on all of
-the shingle's): bands x rows 64-bit values. A document with fewer than n words
+once in numpy: :func:`gptflow.data.quality.filters.char_hashes`, then splitmix64; modulo 2**64
+such a hash has known colliding strings, Thue-Morse words of 2**11 characters and more, and a
+collision only merges two shingles), an n-gram's hash mixes its words' (:func:`shingle_hashes`),
+and signature column k is min over the shingles of a_k * shingle + b_k (mod 2**64, a_k odd: a
+permutation of the 64-bit values; the shingles are already mixed, and the minimum is decided by
+the product's high bits, which depend on all of the shingle's): bands x rows 64-bit values.
+A document with fewer than n words
 has no signature (all ones, :data:`NO_SIGNATURE`) and is never a duplicate, as in DataTrove.
 
 Files: a shard's signatures ``.npy`` (documents, bands*rows) uint64; a band's pairs ``.npy``
@@ -181,8 +183,10 @@ def _band_pairs_in_range(sigs: list, band: int, rows: int, p: int, passes: int) 
 
 
 def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(keys, return_inverse=True) in half its memory (the inverse int32): the
+    """np.unique(keys, return_inverse=True) in half its memory (the inverse int32 below 2**31
+    keys): the
     keys sorted by one argsort, the distinct ones, and each key's rank among them."""
+    rank = np.int32 if len(keys) < 2**31 else np.int64
     order = np.argsort(keys)
     ranked = keys[order]
     new = np.empty(len(ranked), dtype=bool)
@@ -190,10 +194,10 @@ def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.not_equal(ranked[1:], ranked[:-1], out=new[1:])
     nodes = ranked[new]
     del ranked
-    ids = np.cumsum(new, dtype=np.int32)
+    ids = np.cumsum(new, dtype=rank)
     ids -= 1
     del new
-    inverse = np.empty(len(ids), dtype=np.int32)
+    inverse = np.empty(len(ids), dtype=rank)
     inverse[order] = ids
     return nodes, inverse
 
@@ -230,8 +234,8 @@ def cluster(pair_files: list, out: str | os.PathLike) -> dict:
     components, labels = connected_components(edges, directed=False)
     del edges
     # nodes are sorted by (ordinal, index): a component's first node is its kept document
-    first = np.full(components, n, dtype=np.int32)
-    np.minimum.at(first, labels, np.arange(n, dtype=np.int32))
+    first = np.full(components, n, dtype=np.int32 if n < 2**31 else np.int64)
+    np.minimum.at(first, labels, np.arange(n, dtype=first.dtype))
     drop = np.ones(n, dtype=bool)
     drop[first] = False
     del first
