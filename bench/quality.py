@@ -323,8 +323,9 @@ def main() -> None:
     for name in ("ours", "datatrove"):
         print(f"  {name:<10} found {p[name]['found']:5d}  recall at J >= 0.85 "
               f"{p[name]['recall_high']:.3f}  false positives at J <= 0.5 {p[name]['fp_low']:.4f}")  # fmt: skip
+    differ = p["differ_at_jaccard"] or [float("nan")]
     print(f"  S-curve's false positives at J <= 0.5: {p['expected_fp_low']:.4f}; the two "
-          f"differ on {len(p['differ_at_jaccard'])} pairs, at J = {p['differ_at_jaccard']}")  # fmt: skip
+          f"differ on {len(p['differ_at_jaccard'])} pairs, at J {min(differ):.2f}-{max(differ):.2f}")  # fmt: skip
     if cluster:
         c = cluster
         print(f"\nclustering {c['pairs']:,} pairs ({c['pair_files_mib']:.0f} MiB of pair files): "
