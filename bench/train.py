@@ -579,8 +579,8 @@ def muon_loss_table(a, preset_cfg) -> None:
     print(f"  {'setting':<18} {'ms/step':>8} {'x AdamW':>7}  train loss per tenth of the run"
           f"{'':<32} held-out")  # fmt: skip
     # Built first, then stepped in turn (step i of each, the order rotating), so that load
-    # from other processes hits all three alike: timed one after another, the ratio followed
-    # the machine's load (1.40x under a load of 4-5, 1.11x interleaved under 17).
+    # from other processes hits all three alike: timed one after another (as until issue 40's
+    # second round), the ratio also measured how the machine's load changed (README, Muon).
     runners = [
         deepspeed(dataclasses.replace(train, optimizer="adamw")),
         deepspeed(dataclasses.replace(train, optimizer="muon")),
