@@ -491,8 +491,9 @@ def kfac_loss_table(a, preset_cfg) -> None:
 def muon_loss_table(a, preset_cfg) -> None:
     """AdamW against train.optimizer muon (the trainer's ZeRO-0 step, DeepSpeed's Muon, RMS-
     matched lr, clip 0 as Muon requires, AdamW likewise) and a plain loop of torch.optim.Muon
-    (adjust_lr_fn match_rms_adamw, its bf16 Newton-Schulz) + torch AdamW: ms/step, training
-    loss per tenth, held-out loss, on the K-FAC table's byte-level text and schedule."""
+    (adjust_lr_fn match_rms_adamw, its bf16 Newton-Schulz) + torch AdamW, stepped in turn:
+    ms/step and its ratio to AdamW's, training loss per tenth, held-out loss, on the K-FAC
+    table's byte-level text and schedule."""
     import dataclasses
 
     import torch
