@@ -491,8 +491,9 @@ def kfac_loss_table(a, preset_cfg) -> None:
 def muon_loss_table(a, preset_cfg) -> None:
     """AdamW against train.optimizer muon (the trainer's ZeRO-0 step, DeepSpeed's Muon, RMS-
     matched lr, clip 0 as Muon requires, AdamW likewise) and a plain loop of torch.optim.Muon
-    (adjust_lr_fn match_rms_adamw, its bf16 Newton-Schulz) + torch AdamW: ms/step, training
-    loss per tenth, held-out loss, on the K-FAC table's byte-level text and schedule."""
+    (adjust_lr_fn match_rms_adamw, its bf16 Newton-Schulz) + torch AdamW, stepped in turn:
+    ms/step and its ratio to AdamW's, training loss per tenth, held-out loss, on the K-FAC
+    table's byte-level text and schedule."""
     import dataclasses
 
     import torch
@@ -576,28 +577,37 @@ def muon_loss_table(a, preset_cfg) -> None:
         f"{a.kfac_lr:g} cosine (Muon RMS-matched to it), clip 0, weight decay "
         f"{train.weight_decay:g}"
     )
-    print(f"  {'setting':<18} {'ms/step':>8}  train loss per tenth of the run{'':<32} held-out")
-    for name in ("AdamW", "Muon (DeepSpeed)", "torch.optim.Muon"):
-        if name == "torch.optim.Muon":
-            r = torch_muon()
-        else:
-            r = deepspeed(
-                dataclasses.replace(train, optimizer="muon" if "Muon" in name else "adamw")
-            )
-        curve, started = [], time.perf_counter()
-        for i in range(steps):
-            r.step(i)
-            if i == 0:  # untimed: DeepSpeed torch.compiles its Muon update in the first
-                started = time.perf_counter()
+    print(f"  {'setting':<18} {'ms/step':>8} {'x AdamW':>7}  train loss per tenth of the run"
+          f"{'':<32} held-out")  # fmt: skip
+    # Built first, then stepped in turn (step i of each, the order rotating), so that load
+    # from other processes hits all three alike: timed one after another (as until issue 40's
+    # second round), the ratio also measured how the machine's load changed (README, Muon).
+    runners = [
+        deepspeed(dataclasses.replace(train, optimizer="adamw")),
+        deepspeed(dataclasses.replace(train, optimizer="muon")),
+        torch_muon(),
+    ]
+    names = ["AdamW", "Muon (DeepSpeed)", "torch.optim.Muon"]
+    spent, curves = [0.0] * len(runners), [[] for _ in runners]
+    for i in range(steps):
+        for k in (np.arange(len(runners)) + i) % len(runners):
+            started = time.perf_counter()
+            runners[k].step(i)
+            if i:  # untimed: DeepSpeed torch.compiles its Muon update in the first
+                spent[k] += time.perf_counter() - started
             if (i + 1) % tenth == 0:
-                curve.append(float(torch.stack(r.losses).mean()))
-                r.losses.clear()
-        ms = 1000 * (time.perf_counter() - started) / (steps - 1)
+                curves[k].append(float(torch.stack(runners[k].losses).mean()))
+                runners[k].losses.clear()
+    for name, r, s, curve in zip(names, runners, spent, curves, strict=True):
+        ms = 1000 * s / (steps - 1)
         r.model.eval()
         with torch.no_grad():
             val = sum(float(r.model(x_held[i : i + 8], y_held[i : i + 8]))
                       for i in range(0, len(x_held), 8)) / (len(x_held) // 8)  # fmt: skip
-        print(f"  {name:<18} {ms:8.1f}  {' '.join(f'{v:.3f}' for v in curve):<62} {val:.4f}")
+        print(
+            f"  {name:<18} {ms:8.1f} {s / spent[0]:6.2f}x  "
+            f"{' '.join(f'{v:.3f}' for v in curve):<62} {val:.4f}"
+        )
 
 
 def _bench_module(name: str):

@@ -89,10 +89,11 @@ def test_train(tmp_path):
     assert [r[0] for r in kfac] == ["AdamW", "K-FAC 5/50", "K-FAC 1/10"]
     muon = rows(
         muon_table,
-        rf"  (AdamW|Muon \(DeepSpeed\)|torch\.optim\.Muon)\s+{NUM}  ((?:{NUM} ?)+)\s+{NUM}",
+        rf"  (AdamW|Muon \(DeepSpeed\)|torch\.optim\.Muon)\s+{NUM}\s+{RATIO}  ((?:{NUM} ?)+)"
+        rf"\s+{NUM}",
     )
     assert [r[0] for r in muon] == ["AdamW", "Muon (DeepSpeed)", "torch.optim.Muon"]
-    assert all(number(r[1]) > 0 for r in muon)
+    assert all(number(r[1]) > 0 for r in muon) and muon[0][2] == "1.00"
 
 
 def test_parallel(tmp_path):

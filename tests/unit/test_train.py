@@ -434,6 +434,27 @@ def stopped_or_gone(pid: int) -> bool:
     return state in "TtZX"  # stopped, or exited
 
 
+def muon_momenta(run_dir: Path, step: str) -> list:
+    """Every Muon momentum buffer (``momentum_buffer``) in the optimizer-state files of a step
+    of the run's (single) checkpoint series, rank by rank, as DeepSpeed saved them."""
+    import torch
+
+    (series,) = [p for p in (run_dir / "checkpoints").iterdir() if p.is_dir()]
+    found = []
+
+    def walk(x) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                found.append(v) if k == "momentum_buffer" else walk(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+
+    for f in sorted((series / step).glob("*optim_states.pt")):
+        walk(torch.load(f, map_location="cpu", weights_only=False))
+    return found
+
+
 def consolidated_weights(run_dir: Path) -> dict:
     """fp32 weights of the run's latest checkpoint, gathered from every rank's ZeRO shards by
     DeepSpeed's own zero_to_fp32 (what an export consolidates)."""
@@ -463,9 +484,9 @@ SIGKILLED = {
     "zero3": (3, 1, 1, ("step",), None, "fp32"),
     "zero1-tp2": (1, 2, 1, ("step", "save"), None, "fp32"),
     "zero1-pp2": (1, 1, 2, ("save", "step"), None, "fp32"),
-    # train.optimizer muon: one kill at a random step (a save's kill is the same machinery
-    # for every optimizer, killed in the layouts above); its launches are Muon's alone
-    "zero2-muon": (2, 1, 1, ("step",), None, "fp32"),
+    # train.optimizer muon: a kill at a random step, then one mid-save (the momentum is
+    # written by the same writer threads as AdamW's moments); its launches are Muon's alone
+    "zero2-muon": (2, 1, 1, ("step", "save"), None, "fp32"),
 }
 
 
@@ -575,6 +596,11 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, sigkilled_straig
     )
     for step in step_dirs(killed):  # saved synchronously / in the background: the same bytes
         assert series_digest(straight, step) == series_digest(killed, step), (step, f"seed {seed}")
+    if settings.get("optimizer") == "muon":  # the momentum itself, read back from every rank
+        for step in step_dirs(killed):
+            want, got = muon_momenta(straight, step), muon_momenta(killed, step)
+            assert len(want) == len(got) > 0 and all(m.abs().sum() > 0 for m in want), step
+            assert all(map(torch.equal, want, got)), (step, f"seed {seed}")
 
     for kind, key in (("train", "loss"), ("eval", "val_loss")):
         a = [(r["step"], r[key]) for r in records(straight, kind)]
