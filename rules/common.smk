@@ -46,6 +46,18 @@ def get_blend_shard_files(wildcards):
     return [f for name in BLENDED for f in dataset_files(name)]
 
 
+def get_blend_manifests(wildcards):
+    """Each blended shard's manifest (gptflow.paths.shard_manifest; pending count files
+    included): what a job reading the shards through it takes as input. Its .bin and .idx
+    come with it (one job writes the three, the manifest last), and a plan pays for N inputs
+    instead of 3N."""
+    manifests = []
+    for name in BLENDED:
+        prefixes, pending = dataset_shards(name)
+        manifests += [paths.shard_manifest(p) for p in prefixes] + pending
+    return manifests
+
+
 def get_local_gpus(wildcards):
     """A GPU job's `gpu` resource on this machine: all its GPUs (LOCAL_GPUS, setup.smk);
     none declared on a cluster or without a GPU."""

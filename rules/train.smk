@@ -15,13 +15,14 @@ rule train:
         expand(paths.DONE, run=RUNS),
 
 
-# The one rule that takes every shard file: the rules after it read the shards through
-# run.yaml (their prefixes and sha256s), which a changed shard re-renders. Taking them again
-# in each later rule would cost planning time per shard and change nothing.
+# run.yaml records each shard's prefix and sha256s, read from its manifest (PREFIX.json,
+# written last and atomically with the .bin's and .idx's sha256: a re-made shard is a new
+# manifest, so it is the shards' input here and in build_data_index). The rules after these
+# two read the shards through run.yaml and the index, which a changed shard renews.
 rule render_run_config:
     input:
         tokenizer=paths.tokenizer_json(TOKENIZER),
-        shards=get_blend_shard_files,
+        shards=get_blend_manifests,
         init_from=get_init_from_files,
     output:
         paths.RUN_YAML,
@@ -45,7 +46,7 @@ rule render_run_config:
 rule build_data_index:
     input:
         tokenizer=paths.tokenizer_json(TOKENIZER),
-        shards=get_blend_shard_files,
+        shards=get_blend_manifests,
     output:
         paths.DATA_INDEX,
     log:

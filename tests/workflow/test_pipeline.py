@@ -495,6 +495,30 @@ def test_changing_a_hyperparameter_reruns_only_training(
     assert {p: p.stat().st_mtime_ns for p in indices} == indices  # the indices were cached
 
 
+def test_a_changed_or_missing_shard_reruns_the_index_and_the_run_config(
+    pipeline_copy, snakemake
+):
+    """The data index and run.yaml take each shard's manifest (PREFIX.json, written last),
+    not its three files: a shard made again (its documents edited) or lost (a missing .bin)
+    still reruns them and everything after, and the plan says why, naming the manifest."""
+    wd, config = pipeline_copy
+    tokens = wd / "results/tokens/tiny-bpe/stdlib"
+    after_one_shard = {"tokenize_shard": 1, **AFTER_RUN_CONFIG, "all": 1}
+    (tokens / "00001.bin").rename(wd / "00001.bin")
+    missing = snakemake(wd, config, "-n")
+    assert job_counts(missing.out) == after_one_shard, missing.out[-3000:]
+    assert f"Missing output files: {tokens.relative_to(wd)}/00001.bin" in missing.out
+    assert f"updated by another job: {tokens.relative_to(wd)}/00001.json" in missing.out
+    (wd / "00001.bin").rename(tokens / "00001.bin")
+    documents = wd / "results/documents/stdlib/00000.jsonl"
+    with documents.open("a") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    edited = snakemake(wd, config, "-n")
+    assert job_counts(edited.out) == after_one_shard, edited.out[-3000:]
+    assert "Updated input files: results/documents/stdlib/00000.jsonl" in edited.out
+    assert f"updated by another job: {tokens.relative_to(wd)}/00000.json" in edited.out
+
+
 def test_two_local_ranks_through_the_local_profile_save_exit_75_and_resume(
     pipeline_copy, write_config, tiny, snakemake
 ):
