@@ -495,9 +495,7 @@ def test_changing_a_hyperparameter_reruns_only_training(
     assert {p: p.stat().st_mtime_ns for p in indices} == indices  # the indices were cached
 
 
-def test_a_changed_or_missing_shard_reruns_the_index_and_the_run_config(
-    pipeline_copy, snakemake
-):
+def test_a_changed_or_missing_shard_reruns_the_index_and_the_run_config(pipeline_copy, snakemake):
     """The data index and run.yaml take each shard's manifest (PREFIX.json, written last),
     not its three files: a shard made again (its documents edited) or lost (a missing .bin)
     still reruns them and everything after, and the plan says why, naming the manifest."""
