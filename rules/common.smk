@@ -48,9 +48,8 @@ def get_blend_shard_files(wildcards):
 
 def get_blend_manifests(wildcards):
     """Each blended shard's manifest (gptflow.paths.shard_manifest; pending count files
-    included): what a job reading the shards through it takes as input. Its .bin and .idx
-    come with it (one job writes the three, the manifest last), and a plan pays for N inputs
-    instead of 3N."""
+    included): the input of a job that reads the shards' manifests only (render_run_config),
+    N files instead of 3N."""
     manifests = []
     for name in BLENDED:
         prefixes, pending = dataset_shards(name)

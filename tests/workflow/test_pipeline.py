@@ -508,9 +508,10 @@ def updated_by_a_job(plan: str, name: str) -> set[str]:
 
 
 def test_a_changed_or_missing_shard_reruns_the_index_and_the_run_config(pipeline_copy, snakemake):
-    """The data index and run.yaml take each shard's manifest (PREFIX.json, written last),
-    not its three files: a shard made again (its documents edited) or lost (a missing .bin)
-    still reruns them and everything after, and the plan says why, naming the manifest."""
+    """run.yaml takes each shard's manifest (PREFIX.json, written last), not its three files;
+    the data index takes all three: a shard made again (its documents edited) or lost (a
+    missing .bin: planned only because the index takes it) reruns both and everything after,
+    and the plan says why, naming the manifest."""
     wd, config = pipeline_copy
     tokens = wd / "results/tokens/tiny-bpe/stdlib"
     after_one_shard = {"tokenize_shard": 1, **AFTER_RUN_CONFIG, "all": 1}
