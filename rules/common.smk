@@ -48,8 +48,8 @@ def get_blend_shard_files(wildcards):
 
 def get_blend_manifests(wildcards):
     """Each blended shard's manifest (gptflow.paths.shard_manifest; pending count files
-    included): the input of a job that reads the shards' manifests only (render_run_config),
-    N files instead of 3N."""
+    included): what a job reading the shards takes as input (render_run_config,
+    build_data_index), N files instead of 3N; the .bin and .idx come with it."""
     manifests = []
     for name in BLENDED:
         prefixes, pending = dataset_shards(name)

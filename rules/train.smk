@@ -15,11 +15,11 @@ rule train:
         expand(paths.DONE, run=RUNS),
 
 
-# run.yaml records each shard's prefix and sha256s, read from its manifest alone (PREFIX.json,
-# written last and atomically: a re-made shard is a new manifest), so the manifests are its
-# shard inputs: N files a run, not 3N. build_data_index, which reads the .bin and .idx too,
-# takes all three (a missing .bin must be planned again: Snakemake looks only for the outputs
-# some job takes). The rules after these two read the shards through run.yaml and the index.
+# The shards' input of this rule and of build_data_index is each shard's manifest
+# (PREFIX.json: its job writes it last and atomically, with the .bin's and .idx's sha256, so
+# a shard made again is a new manifest, and the .bin and .idx are there with it): N inputs
+# a job, not 3N. run.yaml records the prefixes and sha256s; the rules after these two read
+# the shards through run.yaml and the index, which a changed shard renews.
 rule render_run_config:
     input:
         tokenizer=paths.tokenizer_json(TOKENIZER),
@@ -47,7 +47,7 @@ rule render_run_config:
 rule build_data_index:
     input:
         tokenizer=paths.tokenizer_json(TOKENIZER),
-        shards=get_blend_shard_files,
+        shards=get_blend_manifests,
     output:
         paths.DATA_INDEX,
     log:

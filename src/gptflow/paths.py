@@ -100,8 +100,8 @@ def shard_files(prefix: str) -> list[str]:
 
 def shard_manifest(prefix: str) -> str:
     """PREFIX.json: written last and atomically by the job that makes the shard, with its .bin's
-    and .idx's sha256, so it is new whenever they are: the one file of each shard that a job
-    reading only the manifests (render_run_config) takes as input."""
+    and .idx's sha256, so it is new whenever they are: the one file of each shard that the jobs
+    reading shards (the data index, run.yaml) take as input."""
     return f"{prefix}{SHARD_FILES[2]}"
 
 

@@ -507,27 +507,20 @@ def updated_by_a_job(plan: str, name: str) -> set[str]:
     return rules
 
 
-def test_a_changed_or_missing_shard_reruns_the_index_and_the_run_config(pipeline_copy, snakemake):
-    """run.yaml takes each shard's manifest (PREFIX.json, written last), not its three files;
-    the data index takes all three: a shard made again (its documents edited) or lost (a
-    missing .bin: planned only because the index takes it) reruns both and everything after,
-    and the plan says why, naming the manifest."""
+def test_a_remade_shard_reruns_the_index_and_the_run_config(pipeline_copy, snakemake):
+    """The data index and run.yaml take each shard's manifest (PREFIX.json, written last, with
+    the .bin's and .idx's sha256), not its three files: a shard made again (its documents
+    edited) reruns both and everything after, and the plan says why, naming the manifest."""
     wd, config = pipeline_copy
-    tokens = wd / "results/tokens/tiny-bpe/stdlib"
-    after_one_shard = {"tokenize_shard": 1, **AFTER_RUN_CONFIG, "all": 1}
-    (tokens / "00001.bin").rename(wd / "00001.bin")
-    missing = snakemake(wd, config, "-n")
-    assert job_counts(missing.out) == after_one_shard, missing.out[-3000:]
-    assert f"Missing output files: {tokens.relative_to(wd)}/00001.bin" in missing.out
-    reading_shards = {"render_run_config", "build_data_index"}
-    assert updated_by_a_job(missing.out, "00001.json") == reading_shards, missing.out[-6000:]
-    (wd / "00001.bin").rename(tokens / "00001.bin")
     documents = wd / "results/documents/stdlib/00000.jsonl"
     with documents.open("a") as f:
         f.write(json.dumps({"text": "one more document"}) + "\n")
     edited = snakemake(wd, config, "-n")
-    assert job_counts(edited.out) == after_one_shard, edited.out[-3000:]
+    assert job_counts(edited.out) == {"tokenize_shard": 1, **AFTER_RUN_CONFIG, "all": 1}, (
+        edited.out[-3000:]
+    )
     assert "Updated input files: results/documents/stdlib/00000.jsonl" in edited.out
+    reading_shards = {"render_run_config", "build_data_index"}
     assert updated_by_a_job(edited.out, "00000.json") == reading_shards, edited.out[-6000:]
 
 
