@@ -507,21 +507,25 @@ def updated_by_a_job(plan: str, name: str) -> set[str]:
     return rules
 
 
-def test_a_remade_shard_reruns_the_index_and_the_run_config(pipeline_copy, snakemake):
+def test_a_remade_or_changed_shard_reruns_the_index_and_the_run_config(pipeline_copy, snakemake):
     """The data index and run.yaml take each shard's manifest (PREFIX.json, written last, with
-    the .bin's and .idx's sha256), not its three files: a shard made again (its documents
-    edited) reruns both and everything after, and the plan says why, naming the manifest."""
+    the .bin's and .idx's sha256), not its three files: a shard made again (its job forced) or
+    whose manifest changed reruns both and everything after, and the plan names the manifest."""
     wd, config = pipeline_copy
-    documents = wd / "results/documents/stdlib/00000.jsonl"
-    with documents.open("a") as f:
-        f.write(json.dumps({"text": "one more document"}) + "\n")
-    edited = snakemake(wd, config, "-n")
-    assert job_counts(edited.out) == {"tokenize_shard": 1, **AFTER_RUN_CONFIG, "all": 1}, (
-        edited.out[-3000:]
-    )
-    assert "Updated input files: results/documents/stdlib/00000.jsonl" in edited.out
+    tokens = "results/tokens/tiny-bpe/stdlib"
     reading_shards = {"render_run_config", "build_data_index"}
-    assert updated_by_a_job(edited.out, "00000.json") == reading_shards, edited.out[-6000:]
+    remade = snakemake(wd, config, "-n", "--forcerun", f"{tokens}/00000.json")
+    assert job_counts(remade.out) == {"tokenize_shard": 1, **AFTER_RUN_CONFIG, "all": 1}, (
+        remade.out[-3000:]
+    )
+    assert updated_by_a_job(remade.out, "00000.json") == reading_shards, remade.out[-6000:]
+    manifest = wd / tokens / "00001.json"
+    manifest.write_text(manifest.read_text().replace('"documents":', '"documents": ', 1))
+    changed = snakemake(wd, config, "-n")
+    assert job_counts(changed.out) == {**AFTER_RUN_CONFIG, "all": 1}, changed.out[-3000:]
+    for rule in reading_shards:
+        block = changed.out.split(f"rule {rule}:")[1].split("\nrule ")[0]
+        assert f"Updated input files: {tokens}/00001.json" in block, block
 
 
 def test_two_local_ranks_through_the_local_profile_save_exit_75_and_resume(
