@@ -75,7 +75,7 @@ def read_signatures_once():
 def format_commands_once():
     """A dry run prints each job with its shell command, which Snakemake formats three times
     to print it once (snakemake.jobs.Job.log_info: the event's field, the line and the line's
-    field). gptflow's commands have a dozen quoted fields each: the two formats more were a
+    field). gptflow's commands have a dozen quoted fields each: the two formats more were
     8 % of a plan's time at 2,000 parts (bench/plan.py --profile). Nothing a command is
     formatted from changes during a dry run, so there each job's is formatted once; a real
     run formats it whenever asked, as Snakemake does (a retry's resources may differ)."""
