@@ -11,9 +11,9 @@ run by the same snakemake as two generated baselines with exactly the same job c
 
 - plain:  trivial two-step chains (one input, one output, no log, no params);
 - shaped: plain strings, no functions, but gptflow's DAG shape (a fetch job with a sidecar
-          and a log, a tokenize job with three outputs and a log, one job that takes all 3N
-          token files, as render_run_config does; independent jobs make up the count) --
-          what Snakemake itself costs for this shape.
+          and a log, a tokenize job with three outputs and a log, two jobs that take every
+          shard's manifest, as build_data_index and render_run_config do; independent jobs
+          make up the count) -- what Snakemake itself costs for this shape.
 
 Median of --repeats, interleaved (the host may be shared: compare ratios, not seconds). Two
 values of N show whether the cost is linear: the "ms per extra job" line should match the
@@ -102,24 +102,24 @@ def plain_snakefile(jobs: int) -> str:
     )
 
 
-def shaped_snakefile(jobs: int, consumers: int = 1) -> str:
+def shaped_snakefile(jobs: int, consumers: int = 2) -> str:
     """`jobs` jobs shaped like gptflow's data stage, with plain strings for rules: N fetch jobs
     (a file and a sidecar, a log), N tokenize jobs (that file and one shared file in, three
-    files and a log out), `consumers` jobs that each take all 3N files (gptflow's
-    render_run_config; the jobs after it follow the shards through run.yaml), fillers to
-    make up the count, and `all`."""
+    files and a log out), `consumers` jobs that each take the N manifests (gptflow's
+    build_data_index and render_run_config; the jobs after them follow the shards through
+    the index and run.yaml), fillers to make up the count, and `all`."""
     n = (jobs - 2 - consumers) // 2
     fillers = jobs - 2 - consumers - 2 * n
     consumer_rules = "".join(
         f"rule consume{c}:\n"
-        f"    input: expand('tok/{{i}}{{ext}}', i=range(N), ext=EXTS), 'shared'\n"
+        f"    input: expand('tok/{{i}}.json', i=range(N)), 'shared'\n"
         f"    output: 'consumed{c}'\n"
         f"    log: 'logs/consume{c}.log'\n"
         f"    shell: 'touch {{output}}'\n\n"
         for c in range(consumers)
     )
     return (
-        f"N = {n}\nFILLERS = {fillers}\nEXTS = ['.bin', '.idx', '.json']\n\n"
+        f"N = {n}\nFILLERS = {fillers}\n\n"
         "rule all:\n"
         "    input:\n"
         f"        {[f'consumed{c}' for c in range(consumers)]},\n"
@@ -315,15 +315,14 @@ def study_settings(cfg: dict, vary: str) -> tuple[dict[str, dict], dict[str, str
 
 # gptflow's study jobs as plain rules, with gptflow's rule names: the data stage once (collect
 # -> sample -> tokenizer -> tokenize per shard), one build_data_index per index (taking the
-# tokenizer and every shard file), per run render_run_config (the same inputs) -> train_gpt
+# tokenizer and every shard's manifest), per run render_run_config (the same) -> train_gpt
 # (+ its index) -> evaluate, export_hf -> report_assets, one study_report taking every run's
 # run.yaml and DONE.json, and `all`. A run's index is part of its path (no input functions);
 # its settings dict is looked up by {run} (params), as gptflow passes it.
 STUDY_RULES = """
-EXTS = ['.bin', '.idx', '.json']
 RUN = 'results/runs/{index}/{run}'
 TOKENIZER = 'results/tokenizer/tokenizer.json'
-SHARD_FILES = expand('results/tokens/{shard}{ext}', shard=SHARDS, ext=EXTS)
+MANIFESTS = expand('results/tokens/{shard}.json', shard=SHARDS)
 PREFIXES = expand('results/tokens/{shard}', shard=SHARDS)
 
 
@@ -364,14 +363,14 @@ rule tokenize_shard:
     shell: 'touch {output}'
 
 rule build_data_index:
-    input: tokenizer=TOKENIZER, shards=SHARD_FILES
+    input: tokenizer=TOKENIZER, shards=MANIFESTS
     output: 'results/data-index/{index}.json'
     log: 'logs/build_data_index/{index}.log'
     params: settings=lambda wildcards: INDEXES[wildcards.index], shards=PREFIXES
     shell: 'touch {output}'
 
 rule render_run_config:
-    input: tokenizer=TOKENIZER, shards=SHARD_FILES
+    input: tokenizer=TOKENIZER, shards=MANIFESTS
     output: RUN + '/run.yaml'
     log: 'logs/render_run_config/{index}/{run}.log'
     params:

@@ -60,6 +60,17 @@ def get_blend_shard_files(wildcards):
     return files
 
 
+def get_blend_manifests(wildcards):
+    """Each blended shard's manifest (gptflow.paths.shard_manifest; pending count files
+    included): what a job reading the shards takes as input (render_run_config,
+    build_data_index), N files instead of 3N; the .bin and .idx come with it."""
+    manifests = []
+    for name in BLENDED:
+        prefixes, pending = dataset_shards(name)
+        manifests += [paths.shard_manifest(p) for p in prefixes] + pending
+    return manifests
+
+
 def get_local_gpus(wildcards):
     """A GPU job's `gpu` resource on this machine: all its GPUs (LOCAL_GPUS, setup.smk);
     none declared on a cluster or without a GPU."""

@@ -72,7 +72,61 @@ def read_signatures_once():
             loaded.get_function_params = get_function_params
 
 
+def format_commands_once():
+    """A dry run prints each job with its shell command, which Snakemake formats three times
+    to print it once (snakemake.jobs.Job.log_info: the event's field, the line and the line's
+    field). gptflow's commands have a dozen quoted fields each: the two formats more were
+    8 % of a plan's time at 2,000 parts (bench/plan.py --profile). Nothing a command is
+    formatted from changes during a dry run, so there each job's is formatted once; a real
+    run formats it whenever asked, as Snakemake does (a retry's resources may differ)."""
+    import snakemake.jobs
+
+    job_class = snakemake.jobs.Job
+    formatted = job_class.shellcmd.fget
+    if getattr(formatted, "formats_once", False):
+        return  # a second parse in this process
+
+    def shellcmd(job):
+        if not job.dag.workflow.dryrun:
+            return formatted(job)
+        try:
+            return job.__dict__["gptflow_shellcmd"]
+        except KeyError:
+            command = job.__dict__["gptflow_shellcmd"] = formatted(job)
+            return command
+
+    shellcmd.formats_once = True
+    job_class.shellcmd = property(shellcmd, doc=job_class.shellcmd.__doc__)
+
+
+def check_scripts_once():
+    """Snakemake checks that a `script:` rule's file is there by reading it for every job it
+    plans (snakemake.dag.ScriptProcessor: a path may hold wildcards). Ours hold none, so a
+    rule's file is read once per plan: N collect jobs read it once, not N times."""
+    import snakemake.dag
+
+    processor = snakemake.dag.ScriptProcessor
+    process = processor.process_job
+    if getattr(process, "checks_once", False):
+        return
+    checked = set()
+
+    def process_job(self, job):
+        key = (type(self), job.rule)
+        if key in checked:
+            return
+        process(self, job)
+        script = getattr(job.rule, self.script_type, None)
+        if script is not None and "{" not in str(script):
+            checked.add(key)
+
+    process_job.checks_once = True
+    processor.process_job = process_job
+
+
 read_signatures_once()
+format_commands_once()
+check_scripts_once()
 REPO = Path(workflow.basedir)
 SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
 CATALOG = REPO / "config" / "datasets.yaml"

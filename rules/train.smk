@@ -15,13 +15,15 @@ rule train:
         expand(paths.DONE, run=RUNS),
 
 
-# The one rule that takes every shard file: the rules after it read the shards through
-# run.yaml (their prefixes and sha256s), which a changed shard re-renders. Taking them again
-# in each later rule would cost planning time per shard and change nothing.
+# The shards' input of this rule and of build_data_index is each shard's manifest
+# (PREFIX.json: its job writes it last and atomically, with the .bin's and .idx's sha256, so
+# a shard made again is a new manifest, and the .bin and .idx are there with it): N inputs
+# a job, not 3N. run.yaml records the prefixes and sha256s; the rules after these two read
+# the shards through run.yaml and the index, which a changed shard renews.
 rule render_run_config:
     input:
         tokenizer=paths.tokenizer_json(TOKENIZER),
-        shards=get_blend_shard_files,
+        shards=get_blend_manifests,
         init_from=get_init_from_files,
     output:
         paths.RUN_YAML,
@@ -46,7 +48,7 @@ rule render_run_config:
 rule build_data_index:
     input:
         tokenizer=paths.tokenizer_json(TOKENIZER),
-        shards=get_blend_shard_files,
+        shards=get_blend_manifests,
     output:
         paths.DATA_INDEX,
     log:

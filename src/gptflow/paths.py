@@ -103,6 +103,13 @@ def shard_files(prefix: str) -> list[str]:
     return [f"{prefix}{ext}" for ext in SHARD_FILES]
 
 
+def shard_manifest(prefix: str) -> str:
+    """PREFIX.json: written last and atomically by the job that makes the shard, with its .bin's
+    and .idx's sha256, so it is new whenever they are: the one file of each shard that the jobs
+    reading shards (the data index, run.yaml) take as input."""
+    return f"{prefix}{SHARD_FILES[2]}"
+
+
 def tokenizer_json(tokenizer: str) -> str:
     return TOKENIZER_JSON.format(tokenizer=tokenizer)
 

@@ -15,6 +15,7 @@ def test_patterns_are_those_of_the_design():
     assert paths.tokenizer_json("gpt2") == "results/tokenizers/gpt2/tokenizer.json"
     assert paths.shard_prefix("gpt2", "pile", "00003") == "results/tokens/gpt2/pile/00003"
     assert paths.shard_files("x/00003") == ["x/00003.bin", "x/00003.idx", "x/00003.json"]
+    assert paths.shard_manifest("x/00003") == "x/00003.json"  # what read_manifest reads
     assert paths.part_prefix("gpt2", "pile", "00003", 7) == "results/tokens/gpt2/pile/00003-0007"
     assert paths.part_prefix("gpt2", "pile", "00003", "*") == "results/tokens/gpt2/pile/00003-*"
     assert paths.merged_prefix("gpt2", "pile") == "results/tokens/gpt2/pile/merged"

@@ -106,7 +106,9 @@ def test_a_rerun_plans_nothing_and_a_changed_shard_is_imported_again(trained, sn
     finally:
         for f in files:
             shutil.copy2(tmp_path / Path(f).name, f)
+    # the index and run.yaml take the shard's manifest, which the import writes last
     assert changed["import_megatron_shard"] == 1 and changed["render_run_config"] == 1, changed
+    assert changed["build_data_index"] == 1, changed
 
 
 def test_beside_a_tokenized_dataset_with_parts_and_merge(

@@ -495,6 +495,39 @@ def test_changing_a_hyperparameter_reruns_only_training(
     assert {p: p.stat().st_mtime_ns for p in indices} == indices  # the indices were cached
 
 
+def updated_by_a_job(plan: str, name: str) -> set[str]:
+    """The rules of the planned jobs whose reason names shard file `name` among the
+    "Input files updated by another job"."""
+    rules = set()
+    for block in re.split(r"^(?=rule \w+:$)", plan, flags=re.M):
+        reason = re.search(r"^\s*reason: .*$", block, re.M)
+        updated = reason[0].partition("updated by another job:")[2] if reason else ""
+        if block.startswith("rule ") and re.search(rf"/stdlib/{re.escape(name)}\b", updated):
+            rules.add(block.split(":")[0].removeprefix("rule "))
+    return rules
+
+
+def test_a_remade_or_changed_shard_reruns_the_index_and_the_run_config(pipeline_copy, snakemake):
+    """The data index and run.yaml take each shard's manifest (PREFIX.json, written last, with
+    the .bin's and .idx's sha256), not its three files: a shard made again (its job forced) or
+    whose manifest changed reruns both and everything after, and the plan names the manifest."""
+    wd, config = pipeline_copy
+    tokens = "results/tokens/tiny-bpe/stdlib"
+    reading_shards = {"render_run_config", "build_data_index"}
+    remade = snakemake(wd, config, "-n", "--forcerun", f"{tokens}/00000.json")
+    assert job_counts(remade.out) == {"tokenize_shard": 1, **AFTER_RUN_CONFIG, "all": 1}, (
+        remade.out[-3000:]
+    )
+    assert updated_by_a_job(remade.out, "00000.json") == reading_shards, remade.out[-6000:]
+    manifest = wd / tokens / "00001.json"
+    manifest.write_text(manifest.read_text().replace('"documents":', '"documents": ', 1))
+    changed = snakemake(wd, config, "-n")
+    assert job_counts(changed.out) == {**AFTER_RUN_CONFIG, "all": 1}, changed.out[-3000:]
+    for rule in reading_shards:
+        block = changed.out.split(f"rule {rule}:")[1].split("\nrule ")[0]
+        assert f"Updated input files: {tokens}/00001.json" in block, block
+
+
 def test_two_local_ranks_through_the_local_profile_save_exit_75_and_resume(
     pipeline_copy, write_config, tiny, snakemake
 ):

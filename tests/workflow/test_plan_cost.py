@@ -1,9 +1,14 @@
-"""What a plan pays per job: Snakemake reads an input, params or resources function's signature
-(inspect.signature) twice each time it calls one, several times per job; rules/setup.smk reads
-each once (read_signatures_once). Counted in a real `snakemake -n` of 300 local files (600
-collect and tokenize jobs): without it over 10,000 reads, with it a few hundred, most of them
-libraries' own at import."""
+"""What a plan pays per job, where Snakemake repeats work for each job that rules/setup.smk
+does once: it reads an input, params or resources function's signature (inspect.signature)
+twice each time it calls one, several times per job (read_signatures_once); it formats a
+job's shell command three times to print it once in a dry run (format_commands_once); it
+reads a `script:` rule's file for every job to see that it is there (check_scripts_once).
+Counted in one real `snakemake -n` of 300 local files (600 collect and tokenize jobs):
+without them over 10,000 signature reads, three formats per shell job and one script read
+per collect job; with them a few hundred reads (most of them libraries' own at import), one
+format per shell job and a read per script rule."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -11,21 +16,28 @@ import sys
 from tests.workflow.conftest import snakemake_cmd
 
 COUNTING = """
-import atexit, inspect, sys
-calls = [0]
-signature = inspect.signature
-def counted(*args, **kwargs):
-    calls[0] += 1
-    return signature(*args, **kwargs)
-inspect.signature = counted
-atexit.register(lambda: print(f"inspect.signature calls: {calls[0]}"))
+import atexit, collections, inspect, sys
+import snakemake.jobs, snakemake.script
+calls = collections.Counter()
+def counted(owner, name):
+    original = getattr(owner, name)
+    def count(*args, **kwargs):
+        calls[name] += 1
+        return original(*args, **kwargs)
+    setattr(owner, name, count)
+counted(inspect, "signature")
+counted(snakemake.jobs.Job, "format_wildcards")
+counted(snakemake.script, "get_source")
+atexit.register(lambda: print(f"calls: {dict(calls)}"))
 from snakemake.cli import main
 sys.argv = ["snakemake", *sys.argv[1:]]
 sys.exit(main())
 """
 
 
-def test_a_plan_reads_each_function_signature_once(tmp_path, write_config, tiny_config):
+def test_a_plan_reads_each_signature_and_script_once_and_formats_each_command_once(
+    tmp_path, write_config, tiny_config
+):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(300):
@@ -47,5 +59,9 @@ def test_a_plan_reads_each_function_signature_once(tmp_path, write_config, tiny_
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     jobs = int(re.search(r"^total\s+(\d+)\s*$", out.stdout + out.stderr, re.M)[1])
     assert jobs > 600  # 300 collect_local_documents + 300 tokenize_shard + the rest
-    calls = int(re.search(r"inspect\.signature calls: (\d+)", out.stdout)[1])
-    assert calls < jobs, f"{calls} signature reads for {jobs} jobs"
+    calls = ast.literal_eval(re.search(r"^calls: (\{.*\})$", out.stdout, re.M)[1])
+    assert calls["signature"] < jobs, f"{calls['signature']} signature reads for {jobs} jobs"
+    # 300 tokenize_shard jobs and a few more run a shell command, the 300 collect jobs a
+    # script: one format each of the former (three each were more than the jobs)
+    assert 300 < calls["format_wildcards"] < jobs - 300, (calls, jobs)
+    assert calls["get_source"] < 10, (calls, jobs)

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptflow import paths
 from gptflow.data.backends import LONG_DOCUMENT_CHARS, encode_long
 from gptflow.data.indexed import (
     HEADER_SIZE,
@@ -389,5 +390,5 @@ def import_shard(
         "seconds": round(seconds, 3),
         "mb_per_s": per_second(scan["bytes"] / 1e6, seconds, 3),
     }
-    write_json(f"{out}.json", manifest)
+    write_json(paths.shard_manifest(str(out)), manifest)  # last
     return manifest

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptflow import paths
 from gptflow.data.backends import (
     LONG_DOCUMENT_CHARS,
     GigatokenBackend,
@@ -363,7 +364,7 @@ def tokenize_to_shard(
         "engine": _backend_record(hf, gt, auto_reason, workers),
         **_speed(seconds, progress.nbytes, writer.documents),
     }
-    write_json(f"{prefix}.json", manifest)
+    write_json(paths.shard_manifest(str(prefix)), manifest)  # last
     return manifest
 
 
@@ -565,7 +566,7 @@ def source_sha256(path: str | os.PathLike) -> str:
 def read_manifest(prefix: str | os.PathLike) -> dict:
     import json
 
-    path = Path(f"{prefix}.json")
+    path = Path(paths.shard_manifest(str(prefix)))
     if not path.is_file():
         raise GptflowError(f"{path}: shard manifest missing; re-run tokenization for {prefix}")
     with open(path) as f:
@@ -626,5 +627,5 @@ def merge_shards(prefixes: list[str], output_prefix: str) -> dict:
         "idx_sha256": sha256_file(f"{output_prefix}.idx"),
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    write_json(f"{output_prefix}.json", manifest)
+    write_json(paths.shard_manifest(str(output_prefix)), manifest)  # last
     return manifest
