@@ -50,25 +50,22 @@ def job_run(wildcards):
     return wildcards.run if "run" in wildcards.keys() else INDEX_RUN[wildcards.index]
 
 
-def get_blend_shard_files(wildcards):
-    """The shards a run trains on (its recipe's) and, in a data ablation, the base's it is
-    evaluated on."""
-    run = job_run(wildcards)
-    files = [f for name in BLENDED for f in dataset_files(name, RUN_VARIANTS[run][name])]
-    if RUN_VARIANTS[run] != BASE_VARIANTS:
-        files += [f for name in BLENDED for f in dataset_files(name)]
-    return files
+def dataset_manifests(dataset, variant=None):
+    """Each shard's manifest of a dataset (gptflow.paths.shard_manifest; pending count files
+    included): what a job reading the shards takes as input, N files instead of 3N; the .bin
+    and .idx come with it (the manifest is written last and holds their sha256)."""
+    prefixes, pending = dataset_shards(dataset, variant)
+    return [paths.shard_manifest(p) for p in prefixes] + pending
 
 
 def get_blend_manifests(wildcards):
-    """Each blended shard's manifest (gptflow.paths.shard_manifest; pending count files
-    included): what a job reading the shards takes as input (render_run_config,
-    build_data_index), N files instead of 3N; the .bin and .idx come with it."""
-    manifests = []
-    for name in BLENDED:
-        prefixes, pending = dataset_shards(name)
-        manifests += [paths.shard_manifest(p) for p in prefixes] + pending
-    return manifests
+    """The manifests of the shards a run trains on (its recipe's) and, in a data ablation, of
+    the base's it is evaluated on: the inputs of render_run_config and build_data_index."""
+    run = job_run(wildcards)
+    files = [f for name in BLENDED for f in dataset_manifests(name, RUN_VARIANTS[run][name])]
+    if RUN_VARIANTS[run] != BASE_VARIANTS:
+        files += [f for name in BLENDED for f in dataset_manifests(name)]
+    return files
 
 
 def get_local_gpus(wildcards):
