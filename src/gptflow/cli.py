@@ -665,14 +665,16 @@ def cmd_train(a: argparse.Namespace) -> int:
         from gptflow.train.launch import launch
 
         return launch(a.nproc_per_node, rank_args(a), a.nnodes)
+    from gptflow.train.device import leave
     from gptflow.train.main import train
 
-    return train(
+    code = train(
         a.config,
         threads=a.threads,
         exit_interval=a.exit_interval,
         wait_for_lock=a.wait_for_lock,
     )
+    return leave(code)  # a rank's process ends here (without the interpreter's teardown)
 
 
 def rank_args(a: argparse.Namespace) -> list[str]:

@@ -171,7 +171,10 @@ def kitchen_sink() -> dict:
         },
     }
     cfg["study"] = {
-        "runs": {"big": {"model": {"preset": "small"}, "train": {"lr": 1.0e-3}, "tokens": 1.0e5}},
+        "runs": {
+            "big": {"model": {"preset": "small"}, "train": {"lr": 1.0e-3}, "tokens": 1.0e5},
+            "exact": {"data": {"quality": {"steps": [{"step": "exact"}]}}},  # a data ablation
+        },
         "grid": {"train.lr": [1.0e-3, 2.0e-3]},
         "budgets": [1.0e21],
     }

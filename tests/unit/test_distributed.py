@@ -316,3 +316,53 @@ def test_only_mpiexec_or_mpirun_starts_one_launcher_per_node():
         "mpiexec", "--cpu-bind", "none", "-n", "4", "--ppn", "1",
     ]  # fmt: skip
     assert per_node_command("mpiexec", 1) == []
+
+
+LEAVE_SCRIPT = r"""
+import atexit, sys, threading, time
+from pathlib import Path
+from gptflow.train import device
+
+out = Path(sys.argv[1])
+device._GROUP_STARTED = sys.argv[2] == "group"
+
+class AtTeardown:  # freed in the interpreter's teardown, where gloo's threads abort a rank
+    def __init__(self, path):
+        self.path, self.open = path, open  # builtins are gone by then
+    def __del__(self):
+        with self.open(self.path, "w") as f:
+            f.write("ran")
+
+KEPT = AtTeardown(str(out / "teardown"))
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+
+def writer():  # a background save's writer: non-daemon, still writing when training returns
+    time.sleep(0.5)
+    (out / "written").write_text("all of it")
+
+threading.Thread(target=writer).start()
+print("no newline at the end", end="")
+sys.exit(device.leave(75))
+"""
+
+
+@pytest.mark.parametrize("group", ["group", "none"])
+def test_a_rank_leaves_without_the_interpreters_teardown(tmp_path, group):
+    """A rank that created a process group ends through gptflow.train.device.leave: DeepSpeed
+    keeps its process groups referenced, and gloo's threads freed in the interpreter's teardown
+    abort the process (SIGABRT, exit 134 after a finished run; seen here under load). leave does
+    what a normal exit does that matters -- joins the other non-daemon threads, runs the atexit
+    handlers, flushes the streams -- and exits with the code, skipping only the teardown; a
+    process without a process group exits as usual (fresh interpreters)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", LEAVE_SCRIPT, str(tmp_path), group],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 75, out.stderr[-3000:]
+    assert out.stdout == "no newline at the end"
+    assert (tmp_path / "written").read_text() == "all of it"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "teardown").exists() == (group == "none")

@@ -134,4 +134,40 @@ def setup(env: DistEnv, timeout_minutes: float) -> Device:
                 "port: set MASTER_PORT to a free one below 32768, or stop the other job"
             ) from None
     ds.init_distributed()  # wraps the group above
+    global _GROUP_STARTED
+    _GROUP_STARTED = True
     return Device(device, env.world_size)
+
+
+_GROUP_STARTED = False  # whether this process created a process group (setup)
+
+
+def leave(code: int) -> int:
+    """End a rank's process after training returned `code`, without the interpreter's teardown.
+
+    :meth:`Device.shutdown` destroys the process groups, but DeepSpeed keeps its own references
+    to them (its engine, ``deepspeed.utils.groups``), so gloo's worker threads and the work
+    they hold live on until the interpreter frees those objects in its teardown, where freeing
+    a tensor takes the GIL of an interpreter being torn down: SIGABRT, "terminate called without
+    an active exception" (pytorch/pytorch#179291), exit code 134 after a finished run, which
+    srun's --kill-on-bad-exit or torchrun turn into a failed job. Seen here under load: rank 1
+    of a two-rank launch, after "done". So a process that created a process group does what a
+    normal exit does that matters -- waits for its other non-daemon threads (a background
+    save's writers), runs the atexit handlers (logging's flush, W&B's finish), flushes its
+    streams -- and ends with ``os._exit(code)``, skipping only the teardown. A process
+    without a process group returns `code` to exit as usual."""
+    if not _GROUP_STARTED:
+        return code
+    import atexit
+    import contextlib
+    import sys
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing to say
+            stream.flush()
+    os._exit(code)
