@@ -364,7 +364,12 @@ def signal_tree(pids: list[int], signum: int) -> None:
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once, as a node failure would."""
+    """SIGKILL a process and all its descendants at once, as a node failure would: all are
+    stopped first, so that none sees another die. Killed one by one, a rank 0 whose peer's
+    socket closed first raised, ran its `finally` and released the run lock before its own kill
+    came: seen on a loaded machine (milliseconds between the kills), as an attempt that took
+    over no stale lock."""
+    signal_tree(process_tree(pid), signal.SIGSTOP)
     signal_tree(process_tree(pid), signal.SIGKILL)
 
 
