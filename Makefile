@@ -15,8 +15,10 @@ PROFILE ?= profiles/local
 TORCH_INDEX ?=
 SNAKEMAKE_ARGS ?=
 PYTEST_ARGS ?=
-# make test runs the suite on this many pytest-xdist workers (README, Development); 0: serially
-TEST_WORKERS ?= 2
+# make test runs the suite on this many pytest-xdist workers (README, Development): one more than
+# the 2-core machine's cores, so that a worker's waits (Slurm's queue, dockerd) leave no core idle;
+# 0: serially
+TEST_WORKERS ?= 3
 
 .PHONY: setup run study ablation test test-changed lint format bench clean
 
