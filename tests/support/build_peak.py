@@ -38,3 +38,4 @@ record = json.dumps({
 })  # fmt: skip
 (Path(sys.argv[3]) / f"rank{env.rank}.json").write_text(record)
 dev.shutdown()
+device.leave(0)  # without the interpreter's teardown (gptflow.train.device.leave)

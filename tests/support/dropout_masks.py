@@ -53,3 +53,4 @@ model(ids, ids).backward()
 out = Path(sys.argv[1]) / f"rank{env.rank}.pt"
 torch.save({"hidden": hidden, "attention": attention}, out)
 dev.shutdown()
+device.leave(0)  # without the interpreter's teardown (gptflow.train.device.leave)

@@ -106,4 +106,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from gptflow.train import device
+
+    sys.exit(device.leave(main(sys.argv[1:])))  # without the interpreter's teardown

@@ -65,3 +65,5 @@ for setting in sys.argv[4].split(","):
     record["held"] = pool.held_bytes()
     out = Path(sys.argv[3]) / f"rank{env.rank}-{zero}-{precision}.json"
     out.write_text(json.dumps(record))
+dev.shutdown()
+device.leave(0)  # without the interpreter's teardown (gptflow.train.device.leave)

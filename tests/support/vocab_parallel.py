@@ -66,3 +66,5 @@ for name in ("gpt_neox.embed_in.weight", "embed_out.weight"):
 qkv = "gpt_neox.layers.0.attention.query_key_value.weight"
 record["qkv grad"] = biggest(one[qkv].grad.chunk(2)[rank], split[qkv].grad)
 (Path(sys.argv[1]) / f"rank{rank}.json").write_text(json.dumps(record))
+dev.shutdown()
+device.leave(0)  # without the interpreter's teardown (gptflow.train.device.leave)
