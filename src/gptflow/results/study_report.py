@@ -472,16 +472,21 @@ def recipe_text(recipe: dict[str, str] | None) -> str:
     return "; ".join(f"{name}: {text}" for name, text in recipe.items())
 
 
+def _harness_columns(runs: list[dict]) -> list[tuple[str, str]]:
+    """(task, metric) of every harness metric any run has, in first-seen order."""
+    return list(dict.fromkeys(
+        (task, metric) for r in runs for task, record in (r["harness"] or {}).items()
+        for metric in harness_metric_names(record)
+    ))  # fmt: skip
+
+
 def _ablation_table(runs: list[dict]) -> list[str]:
     """A data ablation (runs whose data.quality differs): per run its recipe, the tokens of
     its training shards and trained, the final validation loss on the shared held-out text,
     and its harness metrics; nothing when every run cleans alike."""
     if len({recipe_text(r["recipe"]) for r in runs}) < 2:
         return []
-    columns = list(dict.fromkeys(
-        (task, metric) for r in runs for task, record in (r["harness"] or {}).items()
-        for metric in harness_metric_names(record)
-    ))  # fmt: skip
+    columns = _harness_columns(runs)
     rows = []
     for r in sorted(runs, key=lambda r: r["final_val_loss"]):
         row = [r["name"], recipe_text(r["recipe"]), _g(r["data_tokens"]), f"{r['tokens']:,}",
@@ -504,10 +509,7 @@ def _harness_table(runs: list[dict]) -> list[str]:
     metric; nothing when the study ran no harness."""
     if not any(r["harness"] for r in runs):
         return []
-    columns = list(dict.fromkeys(
-        (task, metric) for r in runs for task, record in (r["harness"] or {}).items()
-        for metric in harness_metric_names(record)
-    ))  # fmt: skip
+    columns = _harness_columns(runs)
     rows = []
     for r in runs:
         row = [r["name"], f"{r['parameters']:,}"]

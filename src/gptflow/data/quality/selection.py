@@ -52,18 +52,25 @@ def check_language(settings: dict, where: str, source: str) -> None:
         raise GptflowError(f"{source}: {where}.threshold: {e}; fix {source}") from None
 
 
+def _write_rows(path: str | os.PathLike, reader: dict, out: str | os.PathLike, row) -> int:
+    """`row(text)` of each document of a shard, one JSON line each, written atomically to
+    `out` (a side file the selection reads); returns the documents written."""
+    n = 0
+    with atomic_write(out, "w") as f:
+        for text in documents(path, reader):
+            f.write(json.dumps(row(text), ensure_ascii=False))
+            f.write("\n")
+            n += 1
+    return n
+
+
 def write_signals(
     path: str | os.PathLike, reader: dict, tokenizer: str, out: str | os.PathLike
 ) -> dict:
     """The signals of a shard's documents, one JSON line each; returns the counts."""
     from gptflow.data.quality import filters
 
-    n = 0
-    with atomic_write(out, "w") as f:
-        for text in documents(path, reader):
-            f.write(json.dumps(filters.signals(text, tokenizer), ensure_ascii=False))
-            f.write("\n")
-            n += 1
+    n = _write_rows(path, reader, out, lambda text: filters.signals(text, tokenizer))
     return {"documents": n, "tokenizer": tokenizer}
 
 
@@ -122,12 +129,7 @@ def write_language_scores(
 
     model_path = str(check_language_model(model, where))
     filters.load_lid_model(model_path)
-    n = 0
-    with atomic_write(out, "w") as f:
-        for text in documents(path, reader):
-            f.write(json.dumps(filters.language_signals(text, model_path), ensure_ascii=False))
-            f.write("\n")
-            n += 1
+    n = _write_rows(path, reader, out, lambda text: filters.language_signals(text, model_path))
     return {"documents": n, "model": model_path, "sha256": model["sha256"]}
 
 
