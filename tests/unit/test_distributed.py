@@ -159,7 +159,7 @@ def test_the_shipped_config_plans_on_the_shipped_slurm_profile(repo, tmp_path):
         "--configfile", str(tmp_path / "c.yaml"), "-n", "-p", "train",
     ]  # fmt: skip
     env = {**os.environ, "PATH": str(no_slurm)}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     preflight = [line for line in out.stdout.splitlines() if line.startswith("gptflow")]
     assert preflight[0].startswith("gptflow: edit the Slurm profile first: ")
@@ -190,7 +190,7 @@ def test_the_shipped_config_plans_on_the_shipped_slurm_profile(repo, tmp_path):
     cfg = yaml.safe_load((repo / "config/config.yaml").read_text())
     cfg["container"] = {"enabled": True}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     train = out.stdout.split("rule train_gpt:")[1].split("\n\n")[0]
     image = re.search(rf"{tmp_path}/results/containers/gptflow-[0-9a-f]{{12}}\.sqsh", train)
@@ -319,7 +319,7 @@ def test_only_mpiexec_or_mpirun_starts_one_launcher_per_node():
 
 
 LEAVE_SCRIPT = r"""
-import atexit, sys, threading, time
+import atexit, concurrent.futures, sys, threading, time
 from pathlib import Path
 from gptflow.train import device
 
@@ -341,6 +341,8 @@ def writer():  # a background save's writer: non-daemon, still writing when trai
     (out / "written").write_text("all of it")
 
 threading.Thread(target=writer).start()
+pool = concurrent.futures.ThreadPoolExecutor(1)  # idle workers wait on their queue (inductor's)
+pool.submit(time.sleep, 0)
 print("no newline at the end", end="")
 sys.exit(device.leave(75))
 """
@@ -351,15 +353,15 @@ def test_a_rank_leaves_without_the_interpreters_teardown(tmp_path, group):
     """A rank that created a process group ends through gptflow.train.device.leave: DeepSpeed
     keeps its process groups referenced, and gloo's threads freed in the interpreter's teardown
     abort the process (SIGABRT, exit 134 after a finished run; seen here under load). leave does
-    what a normal exit does that matters -- joins the other non-daemon threads, runs the atexit
-    handlers, flushes the streams -- and exits with the code, skipping only the teardown; a
+    what a normal exit does that matters -- stops a thread pool's idle workers, joins the other
+    non-daemon threads, runs the atexit handlers, flushes the streams -- and exits with the code, skipping only the teardown; a
     process without a process group exits as usual (fresh interpreters)."""
     import subprocess
     import sys
 
     out = subprocess.run(
         [sys.executable, "-c", LEAVE_SCRIPT, str(tmp_path), group],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 75, out.stderr[-3000:]
     assert out.stdout == "no newline at the end"

@@ -152,8 +152,8 @@ def leave(code: int) -> int:
     an active exception" (pytorch/pytorch#179291), exit code 134 after a finished run, which
     srun's --kill-on-bad-exit or torchrun turn into a failed job. Seen here under load: rank 1
     of a two-rank launch, after "done". So a process that created a process group does what a
-    normal exit does that matters -- waits for its other non-daemon threads (a background
-    save's writers), runs the atexit handlers (logging's flush, W&B's finish), flushes its
+    normal exit does that matters -- stops a ThreadPoolExecutor's idle workers and waits for its
+    other non-daemon threads (a background save's writers), runs the atexit handlers (logging's flush, W&B's finish), flushes its
     streams -- and ends with ``os._exit(code)``, skipping only the teardown. A process
     without a process group returns `code` to exit as usual."""
     if not _GROUP_STARTED:
@@ -163,9 +163,10 @@ def leave(code: int) -> int:
     import sys
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # the interpreter's exit, in its order: threading's exit hooks (a ThreadPoolExecutor's
+    # idle workers told to stop: joined without them, the process would wait forever), every
+    # non-daemon thread joined, then the atexit handlers
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing to say
