@@ -82,7 +82,7 @@ def get_final_outputs():
     outputs = [paths.DONE, paths.EVAL, paths.HF_EXPORT, paths.REPORT_CARD]
     # eval.harness: a study's runs too
     outputs += [paths.HARNESS, paths.HARNESS_PAGE] if HARNESS["tasks"] else []
-    quality = [paths.QUALITY_PAGE] if QUALITY else []  # the report's "Data quality" page
+    quality = [paths.QUALITY_PAGE] if QUALITY_STEP else []  # the report's "Data quality" page
     return expand(outputs, run=RUNS) + get_study_outputs() + quality
 
 

@@ -188,6 +188,15 @@ def cleaned_shard(dataset, shard, last):
     )
 
 
+def runs_by_recipe():
+    """A data ablation's recipes, each with the runs cleaning with it: {recipe (its datasets'
+    variants): [run names]}, in the runs' order."""
+    runs = {}
+    for name, variants in RUN_VARIANTS.items():
+        runs.setdefault(tuple(variants.values()), []).append(name)
+    return runs
+
+
 def quality_plan_lines():
     """-n's lines: each recipe's steps and whether each will run (its manifests present); a
     data ablation's recipes each once, after the runs that clean with it."""
@@ -202,11 +211,8 @@ def quality_plan_lines():
     }
     if all(recipe is QUALITY for recipe in RUN_QUALITY.values()):
         return quality_recipe.plan_lines(QUALITY, done)
-    runs = {}  # recipe (its datasets' variants) -> the runs cleaning with it
-    for name, variants in RUN_VARIANTS.items():
-        runs.setdefault(tuple(variants.values()), []).append(name)
     lines = []
-    for names in runs.values():
+    for names in runs_by_recipe().values():
         lines.append(f"gptflow: study runs {', '.join(names)}:")
         recipe = RUN_QUALITY[names[0]]
         lines += quality_recipe.plan_lines(recipe, done) if recipe else ["  no data quality steps"]
@@ -214,11 +220,10 @@ def quality_plan_lines():
 
 
 def get_quality_manifests(wildcards):
-    """Every step's shard manifests, of every dataset with steps."""
+    """Every step's shard manifests, of every recipe (a data ablation's runs' too)."""
     return [
         paths.QUALITY_MANIFEST.format(step=step.name, dataset=name, shard=shard.name)
-        for name, steps in QUALITY.items()
-        for step in steps
+        for (name, _), step in QUALITY_STEP.items()
         for shard in DATASETS[name].shards
     ]
 
@@ -227,16 +232,31 @@ def get_quality_group_stats(wildcards):
     """The deduplication groups' counts (minhash's hold its cluster sizes)."""
     groups = {
         (step.name, step.group(name))
-        for name, steps in QUALITY.items()
-        for step in steps
+        for (name, _), step in QUALITY_STEP.items()
         if step.kind in ("exact", "minhash")
     }
     return sorted(paths.QUALITY_GROUP_STATS.format(step=s, group=g) for s, g in groups)
 
 
 def get_quality_report_recipes():
-    """Each dataset's steps as the page names them: {dataset: [{name, describe}]}."""
-    return {
-        name: [{"name": s.name, "describe": s.describe()} for s in steps]
-        for name, steps in QUALITY.items()
-    }
+    """The page's recipes, each [label, {dataset: [{name, describe}]}]: the config's (label
+    None); in a data ablation each recipe with steps once, labelled by the runs cleaning with
+    it, and the base config's when no run trains on it (its shards are the held-out text)."""
+
+    def steps_of(recipe):
+        return {
+            name: [{"name": s.name, "describe": s.describe()} for s in steps]
+            for name, steps in recipe.items()
+        }
+
+    if all(recipe is QUALITY for recipe in RUN_QUALITY.values()):
+        return [[None, steps_of(QUALITY)]]
+    runs = runs_by_recipe()
+    out = [
+        [f"study runs {', '.join(names)}", steps_of(RUN_QUALITY[names[0]])]
+        for names in runs.values()
+        if RUN_QUALITY[names[0]]
+    ]
+    if QUALITY and tuple(BASE_VARIANTS.values()) not in runs:
+        out.append(["the base config (the held-out text)", steps_of(QUALITY)])
+    return out

@@ -411,14 +411,15 @@ def harness_report(
 
 
 def quality_summary(
-    recipes: dict[str, list[dict]],
+    recipes: list[tuple[str | None, dict[str, list[dict]]]],
     manifests: list[str | os.PathLike],
     groups: list[str | os.PathLike] = (),
 ) -> list[dict]:
-    """Per recipe (the datasets sharing one list of steps) and step: documents and bytes in
-    and out per dataset (summed over its shards), the removed by reason with a few examples
+    """Per recipe and list of steps (the datasets sharing one) and step: documents and bytes
+    in and out per dataset (summed over its shards), the removed by reason with a few examples
     each, and for minhash the duplicate-cluster sizes (size -> clusters, over its groups).
-    `recipes`: dataset -> its steps ({"name", "describe"}); `manifests`: every step's shard
+    `recipes`: ``[(label, {dataset: its steps ({"name", "describe"})})]`` (label None: the
+    config's one recipe; a data ablation's name their runs); `manifests`: every step's shard
     manifests; `groups`: the group counts (``results/quality/{step}/groups/{group}.json``)."""
     by_step: dict[tuple[str, str], list[dict]] = {}
     for path in manifests:
@@ -430,13 +431,20 @@ def quality_summary(
         sizes = clusters.setdefault(Path(path).parent.parent.name, {})
         for size, count in stats.get("cluster_sizes", {}).items():
             sizes[int(size)] = sizes.get(int(size), 0) + count
+    out = []
+    for label, recipe in recipes:
+        out += _quality_recipe(label, recipe, by_step, clusters)
+    return out
+
+
+def _quality_recipe(label, recipe, by_step, clusters) -> list[dict]:
     shared: dict[tuple[str, ...], list[str]] = {}
-    for name, steps in recipes.items():
+    for name, steps in recipe.items():
         shared.setdefault(tuple(s["name"] for s in steps), []).append(name)
     out = []
     for names in shared.values():
         steps = []
-        for step in recipes[names[0]]:
+        for step in recipe[names[0]]:
             rows, removed, examples = {}, {}, {}
             for name in names:
                 shards = sorted(by_step.get((step["name"], name), []), key=lambda m: m["shard"])
@@ -455,7 +463,7 @@ def quality_summary(
             if step["name"] in clusters:
                 entry["cluster_sizes"] = dict(sorted(clusters[step["name"]].items()))
             steps.append(entry)
-        out.append({"datasets": names, "steps": steps})
+        out.append({"label": label, "datasets": names, "steps": steps})
     return out
 
 
@@ -504,7 +512,10 @@ def quality_page(summary: list[dict], out: str | os.PathLike) -> None:
     """data-quality.html: :func:`quality_summary` as tables (document text escaped)."""
     parts = ["<h1>Data quality</h1>"]
     for recipe in summary:
-        parts.append(f"<h2>datasets {html.escape(', '.join(recipe['datasets']))}</h2>")
+        label = f"{recipe['label']}: " if recipe["label"] else ""
+        parts.append(
+            f"<h2>{html.escape(label)}datasets {html.escape(', '.join(recipe['datasets']))}</h2>"
+        )
         for i, step in enumerate(recipe["steps"], start=1):
             parts += _quality_step(i, step)
     with atomic_write(out) as f:
