@@ -156,6 +156,19 @@ def engine_runner(cfg, train, rows, gas: int, stage: int, kfac=None) -> tuple[Ru
     return runner, built
 
 
+def counted(least: int):
+    """An argparse type: an integer >= `least` (argparse's one-line error otherwise)."""
+
+    def parse(text: str) -> int:
+        n = int(text)
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{text} is below {least}")
+        return n
+
+    parse.__name__ = f"integer >= {least}"
+    return parse
+
+
 def run_block(r: Runner, start: int, n: int) -> tuple[float, float]:
     w, c = time.perf_counter(), time.process_time()
     for i in range(start, start + n):
@@ -224,9 +237,9 @@ def main() -> int:
     p.add_argument("--seq-length", type=int, default=256)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per block")
-    p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
-    p.add_argument("--repeat", type=int, default=20, help="rounds of timed blocks")
+    p.add_argument("--steps", type=counted(1), default=2, help="timed optimizer steps per block")
+    p.add_argument("--warmup", type=counted(0), default=2, help="untimed optimizer steps first")
+    p.add_argument("--repeat", type=counted(1), default=20, help="rounds of timed blocks")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to run (default 0,1,2,3)")
     p.add_argument("--seed", type=int, default=1234)
@@ -346,10 +359,10 @@ def main() -> int:
             return None
 
     for r in runners:
-        if not r.error:
+        if not r.error and a.warmup:
             guarded(r, 0, a.warmup)
     live = [r for r in runners if not r.error]
-    for b in range(a.repeat):
+    for b in range(a.repeat if live else 0):
         start = a.warmup + b * a.steps
         for r in live[b % len(live) :] + live[: b % len(live)]:
             if not r.error and (res := guarded(r, start, a.steps)):
