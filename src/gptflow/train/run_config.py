@@ -70,6 +70,10 @@ class RunConfig:
     # a data ablation's run: the base's shards, whose validation and test splits it is
     # evaluated on (the same text for every run of the study); () = its own datasets'
     heldout: tuple[DatasetBlend, ...] = ()
+    # a data ablation's run: where the train split of each dataset cleaned otherwise than the
+    # base's ends, its sequences [0, end): its documents from before the base's held-out ones
+    # (gptflow.data.dataset.heldout_train_ends); {} = each dataset's share of data.split
+    train_ends: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.train.seq_length > self.model.max_position_embeddings:
