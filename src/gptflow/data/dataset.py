@@ -3,7 +3,9 @@
 For one dataset (the sequences of its shards, concatenated in order, exactly as a merged
 prefix) and one split:
 
-1. the split takes sequences ``[round(beg*N), round(end*N))`` of the ``'969,30,1'`` bookends;
+1. the split takes sequences ``[round(beg*N), round(end*N))`` of the ``'969,30,1'`` bookends
+   (a data ablation's recipe: its train split ends before the base's held-out documents,
+   :func:`heldout_train_ends`);
 2. the *document index* repeats those sequences for as many epochs as the requested samples
    need and shuffles them with ``numpy.random.RandomState(seed)`` (the last epoch separately
    when it is used for less than 80 %);
