@@ -111,9 +111,11 @@ rule cluster_minhash_pairs:
 rule remove_duplicates:
     input:
         documents=get_step_input,
+        origins=get_step_origins,
         removed=get_removed,
     output:
         jsonl=paths.QUALITY_DOCUMENTS,
+        origins=paths.QUALITY_ORIGINS,
         manifest=paths.QUALITY_MANIFEST,
     log:
         paths.log("remove_duplicates", "{step}/{dataset}/{shard}"),
@@ -131,6 +133,7 @@ rule remove_duplicates:
         " --on-bad-document {params.on_bad:q} --removed {input.removed:q}"
         " --ordinal {params.ordinal:q} --reason {params.reason:q} --step {wildcards.step:q}"
         " --dataset {wildcards.dataset:q} --shard {wildcards.shard:q} --out {output.jsonl:q}"
+        " --input-origins {input.origins:q} --origins {output.origins:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -158,9 +161,11 @@ rule compute_filter_signals:
 rule select_documents:
     input:
         documents=get_step_input,
+        origins=get_step_origins,
         signals=get_filter_signals,
     output:
         jsonl=paths.QUALITY_DOCUMENTS,
+        origins=paths.QUALITY_ORIGINS,
         manifest=paths.QUALITY_MANIFEST,
     log:
         paths.log("select_documents", "{step}/{dataset}/{shard}"),
@@ -177,7 +182,7 @@ rule select_documents:
         " --on-bad-document {params.on_bad:q} --signals {input.signals:q}"
         " --rules {params.rules:q} --step {wildcards.step:q} --dataset {wildcards.dataset:q}"
         " --shard {wildcards.shard:q} --out {output.jsonl:q} --manifest {output.manifest:q}"
-        " > {log:q} 2>&1"
+        " --input-origins {input.origins:q} --origins {output.origins:q} > {log:q} 2>&1"
 
 
 # The language step: fastText's scores once per input and model sha256, then the recipe's
@@ -206,9 +211,11 @@ rule compute_language_scores:
 rule select_language:
     input:
         documents=get_step_input,
+        origins=get_step_origins,
         scores=get_language_scores,
     output:
         jsonl=paths.QUALITY_DOCUMENTS,
+        origins=paths.QUALITY_ORIGINS,
         manifest=paths.QUALITY_MANIFEST,
     log:
         paths.log("select_language", "{step}/{dataset}/{shard}"),
@@ -226,7 +233,8 @@ rule select_language:
         " --on-bad-document {params.on_bad:q} --scores {input.scores:q}"
         " --languages {params.languages:q} --threshold {params.threshold:q}"
         " --step {wildcards.step:q} --dataset {wildcards.dataset:q} --shard {wildcards.shard:q}"
-        " --out {output.jsonl:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --out {output.jsonl:q} --manifest {output.manifest:q}"
+        " --input-origins {input.origins:q} --origins {output.origins:q} > {log:q} 2>&1"
 
 
 # The report's "Data quality" page: per recipe and step, documents and bytes in and out per

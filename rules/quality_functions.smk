@@ -21,6 +21,18 @@ def step_source(dataset, shard, step):
     return documents, ["--format", "jsonl", "--json-key", "text"]
 
 
+def get_step_origins(wildcards):
+    """The origins of a step's input documents (gptflow.data.quality.origins): the previous
+    step's; none for the first step (its input is the collected shard)."""
+    step = quality_step(wildcards)
+    if step.index == 1:
+        return []
+    before = QUALITY_KEY[(wildcards.dataset, step.previous)]
+    return paths.QUALITY_ORIGINS.format(
+        step=before.name, dataset=wildcards.dataset, shard=wildcards.shard
+    )
+
+
 def signals_step(wildcards):
     """The filters step whose signals the job computes ({dataset}, {signals})."""
     return SIGNALS_STEP[(wildcards.dataset, wildcards.signals)]

@@ -25,6 +25,7 @@ rule render_run_config:
         tokenizer=paths.tokenizer_json(TOKENIZER),
         shards=get_blend_manifests,
         init_from=get_init_from_files,
+        origins=get_origin_files,
     output:
         paths.RUN_YAML,
     log:
@@ -37,6 +38,7 @@ rule render_run_config:
         run_dir=paths.RUN_DIR,
         data_index=get_data_index,
         heldout=get_heldout_prefixes,
+        origins=get_document_origins,
     script:
         "../workflow/scripts/render_run_config.py"
 
@@ -49,6 +51,7 @@ rule build_data_index:
     input:
         tokenizer=paths.tokenizer_json(TOKENIZER),
         shards=get_blend_manifests,
+        origins=get_origin_files,
     output:
         paths.DATA_INDEX,
     log:
@@ -59,6 +62,7 @@ rule build_data_index:
         settings=get_index_settings,
         shards=get_blend_prefixes,
         heldout=get_heldout_prefixes,
+        origins=get_document_origins,
     script:
         "../workflow/scripts/build_data_index.py"
 

@@ -16,6 +16,38 @@ def get_heldout_prefixes(wildcards):
     return {name: dataset_shards(name)[0] for name in BLENDED}
 
 
+def variant_origins(dataset, variant):
+    """Each shard's document origins file of a dataset's variant (gptflow.paths.QUALITY_ORIGINS:
+    its last step's), or [] for raw (the collected documents themselves)."""
+    if variant == quality_recipe.RAW:
+        return []
+    return [
+        paths.QUALITY_ORIGINS.format(step=variant, dataset=dataset, shard=s.name)
+        for s in DATASETS[dataset].shards
+    ]
+
+
+def get_document_origins(wildcards):
+    """A data ablation's run: per dataset whose recipe differs from the base's, its shards'
+    origins files and the base's, {dataset: {"run": files, "base": files}}: its train split
+    ends before the base's held-out documents (gptflow.data.dataset.heldout_train_ends)."""
+    run = RUN_VARIANTS[job_run(wildcards)]
+    return {
+        name: {
+            "run": variant_origins(name, run[name]),
+            "base": variant_origins(name, BASE_VARIANTS[name]),
+        }
+        for name in BLENDED
+        if run[name] != BASE_VARIANTS[name]
+    }
+
+
+def get_origin_files(wildcards):
+    """get_document_origins' files: a step run again renews run.yaml and the data index."""
+    origins = get_document_origins(wildcards).values()
+    return sorted({f for files in origins for f in files["run"] + files["base"]})
+
+
 def get_data_index(wildcards):
     """The data index a run reads (gptflow.paths.DATA_INDEX, shared by runs like it)."""
     return paths.DATA_INDEX.format(index=INDEX_OF[wildcards.run])

@@ -301,6 +301,11 @@ def add_quality_output_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--shard", required=True, help="the shard (for the manifest)")
     s.add_argument("--out", required=True, help="JSONL documents to write")
     s.add_argument("--manifest", required=True, help="JSON counts to write")
+    s.add_argument(
+        "--input-origins", nargs="?", metavar="FILE",
+        help="the input's document origins (the previous step's; none: the collected shard)",
+    )  # fmt: skip
+    s.add_argument("--origins", required=True, help="the kept documents' origins to write (.npy)")
 
 
 def print_manifest(m: dict) -> int:
@@ -314,7 +319,7 @@ def cmd_quality_remove(a: argparse.Namespace) -> int:
     about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
     return print_manifest(remove_documents(
         a.input, quality_reader(a), a.removed, a.ordinal, a.out, a.manifest,
-        reason=a.reason, about=about,
+        reason=a.reason, about=about, origins=(a.input_origins or None, a.origins),
     ))  # fmt: skip
 
 
@@ -344,7 +349,7 @@ def cmd_quality_filter_select(a: argparse.Namespace) -> int:
     about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
     return print_manifest(select_documents(
         a.input, quality_reader(a), a.signals, json.loads(a.rules), a.out, a.manifest,
-        about=about,
+        about=about, origins=(a.input_origins or None, a.origins),
     ))  # fmt: skip
 
 
@@ -378,7 +383,7 @@ def cmd_quality_language_select(a: argparse.Namespace) -> int:
     about = {"step": a.step, "dataset": a.dataset, "shard": a.shard}
     return print_manifest(select_language(
         a.input, quality_reader(a), a.scores, a.languages, a.threshold, a.out, a.manifest,
-        about=about,
+        about=about, origins=(a.input_origins or None, a.origins),
     ))  # fmt: skip
 
 

@@ -28,6 +28,8 @@ DOCUMENT_COUNT = "results/documents/{dataset}/{shard}.count.json"
 # a deduplication group ({group}: _blend or a dataset) shares one removal list
 QUALITY_DOCUMENTS = "results/quality/{step}/{dataset}/{shard}.jsonl"
 QUALITY_MANIFEST = "results/quality/{step}/{dataset}/{shard}.manifest.json"
+# each kept document's ordinal in the collected shard (gptflow.data.quality.origins)
+QUALITY_ORIGINS = "results/quality/{step}/{dataset}/{shard}.origins.npy"
 EXACT_HASHES = "results/quality/{step}/{dataset}/{shard}.hashes"
 MINHASH_SIGNATURES = "results/quality/{step}/{dataset}/{shard}.minhash.npy"
 MINHASH_PAIRS = "results/quality/{step}/groups/{group}/band{band}.pairs.npy"

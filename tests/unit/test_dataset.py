@@ -8,6 +8,8 @@ from gptflow.data.dataset import (
     blending_indices,
     build_sample_index,
     build_split_datasets,
+    heldout_train_end,
+    heldout_train_ends,
     split_bounds,
 )
 from gptflow.data.indexed import IndexedDatasetWriter
@@ -177,3 +179,56 @@ def test_a_data_ablation_run_is_validated_and_tested_on_the_held_out_shards(tmp_
         assert str(data[split].shards.parts[0].prefix) == base
         assert all(np.array_equal(data[split][i], own[split][i]) for i in range(0, 40, 7))
         assert not np.array_equal(data[split][0], alone[split][0])
+    # a recipe's train split cut before the base's held-out documents (heldout_train_ends)
+    cut = build_split_datasets(
+        [("d", 1.0, [cleaned], ["c"])], "90,9,1", SIZES, 16, 1,
+        heldout=[("d", 1.0, [base], ["b"])], train_ends={"d": 40},
+    )  # fmt: skip
+    assert set(cut["train"].index.document_index.tolist()) == set(range(40))
+
+
+def documents(sequences_per_document, origins=None):
+    """A shard as heldout_train_end reads it: its document index (document j is sequences
+    [starts[j], starts[j + 1]); 0 for an empty document) and its documents' origins."""
+    starts = np.concatenate([[0], np.cumsum(sequences_per_document)]).astype(np.int64)
+    return starts, None if origins is None else np.array(origins, dtype=np.uint32)
+
+
+def test_a_cleaned_recipe_trains_on_exactly_its_documents_before_the_held_out_ones():
+    """heldout_train_end on hand-made shards: the run's train split ends where its documents
+    from before the base's first held-out document end, by identity (shard, ordinal)."""
+    raw = [documents([1] * 10), documents([1] * 10)]  # the base: 20 collected documents
+    # '80,10,10': the base trains on 16, holds out shard 1's documents 6.. (6 is the first)
+    run = [documents([1] * 5, [0, 2, 4, 6, 8]), documents([1] * 6, [1, 3, 5, 6, 7, 9])]
+    assert heldout_train_end("d", "80,10,10", raw, run) == 5 + 3
+    # the base with a recipe of its own: its 9 documents, 7 trained on; held out from its
+    # document 7, shard 1's ordinal 8; a raw run (the collected documents) trains on 10 + 8
+    own = [documents([1] * 4, [0, 1, 2, 3]), documents([1] * 5, [0, 5, 6, 8, 9])]
+    assert heldout_train_end("d", "80,10,10", own, [documents([1] * 10)] * 2) == 18
+    # an empty document (no sequence) and a shard the recipe emptied
+    gaps = [documents([], []), documents([1, 0, 1, 1], [2, 4, 7, 9])]
+    assert heldout_train_end("d", "80,10,10", own, gaps) == 2  # documents 2 and 4 of shard 1
+    assert heldout_train_end("d", "100,0,0", raw, run) == 11  # nothing held out: all of it
+    with pytest.raises(
+        GptflowError,
+        match=r"^dataset 'd': the run's data\.quality keeps none of the documents before the "
+        r"base's held-out ones \(data\.split '80,10,10' holds out the base's documents from "
+        r"shard 1's document 6 on\), so it has nothing to train on; keep more documents in its "
+        r"recipe or give the train split a larger share of data\.split$",
+    ):
+        heldout_train_end("d", "80,10,10", raw, [documents([], []), documents([1] * 2, [6, 9])])
+
+
+def test_a_shard_must_hold_the_documents_its_origins_list(tmp_path):
+    from gptflow.data.quality.origins import write_origins
+
+    base, _ = make_prefix(tmp_path / "base", 20, seed=10)
+    run, _ = make_prefix(tmp_path / "run", 5, seed=11)
+    write_origins(tmp_path / "o.npy", np.array([0, 3, 4, 7]))
+    origins = {"d": {"run": [str(tmp_path / "o.npy")], "base": []}}
+    with pytest.raises(
+        GptflowError, match=r"run: 5 documents, but .*o\.npy gives the origins of 4"
+    ):
+        heldout_train_ends("90,9,1", {"d": [run]}, {"d": [base]}, origins)
+    write_origins(tmp_path / "o.npy", np.array([0, 3, 4, 7, 19]))
+    assert heldout_train_ends("90,9,1", {"d": [run]}, {"d": [base]}, origins) == {"d": 4}

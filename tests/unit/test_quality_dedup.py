@@ -12,6 +12,7 @@ import pytest
 
 from gptflow.data.quality import exact, minhash, removal
 from gptflow.data.quality.recipe import detection_probability, jaccard_threshold
+from gptflow.errors import GptflowError
 from tests.support.planted import planted_pairs
 
 READER = {"json_key": "text"}
@@ -61,6 +62,29 @@ def test_exact_removes_exactly_the_repeats_keeping_the_first_copy(tmp_path):
         ) - sum(len(t.encode()) for t in kept_texts(out))
         kept += kept_texts(out)
     assert kept == ["alpha beta", "gamma", "delta", "epsilon.", "zeta", "epsilon"]
+
+
+def test_each_step_records_where_its_kept_documents_come_from(tmp_path):
+    """filter_shard's origins: each kept document's ordinal in the collected shard, composed
+    through the steps (gptflow.data.quality.origins); a mismatched input's origins refused."""
+    from gptflow.data.quality.origins import read_origins
+
+    texts = ["a", "b", "a", "c", "d", "b", "e"]
+    shard = write_shard(tmp_path / "s.jsonl", texts)
+    removal.write_removed(tmp_path / "r.npy", np.array([[0, 2], [0, 5]]))
+    first = (None, tmp_path / "1.origins.npy")
+    removal.remove_documents(shard, READER, tmp_path / "r.npy", 0, tmp_path / "1.jsonl",
+                             tmp_path / "1.json", reason="exact", about={}, origins=first)  # fmt: skip
+    assert read_origins(first[1]).tolist() == [0, 1, 3, 4, 6]
+    second = (first[1], tmp_path / "2.origins.npy")
+    stats = removal.filter_shard(tmp_path / "1.jsonl", READER, lambda _, t: "ce" if t in "ce" else None,
+                                 tmp_path / "2.jsonl", tmp_path / "2.json", {}, second)  # fmt: skip
+    assert kept_texts(tmp_path / "2.jsonl") == ["a", "b", "d"] and stats["documents_out"] == 3
+    assert read_origins(second[1]).tolist() == [0, 1, 4]  # a, b, d of the collected shard
+    wrong = (first[1], tmp_path / "3.origins.npy")  # the collected shard holds 7, not 5
+    with pytest.raises(GptflowError, match=r"1\.origins\.npy: the origins of 5 documents, but "):
+        removal.filter_shard(shard, READER, lambda *_: None, tmp_path / "3.jsonl",
+                             tmp_path / "3.json", {}, wrong)  # fmt: skip
 
 
 def test_exact_scope_order_decides_which_copy_is_kept(tmp_path):

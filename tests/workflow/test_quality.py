@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .conftest import job_counts, snakemake_cmd
@@ -389,13 +390,52 @@ def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, sna
     assert sorted(p.name for p in groups.iterdir()) == ["_blend", *sorted(uninterrupted)]
 
 
+def heldout_and_trained(cfg, data) -> tuple[set, set]:
+    """(the base's held-out documents, the documents the run's train split reads), each a
+    (dataset, shard, ordinal in the collected shard, text): a shard's documents are its
+    recipe's last step's, their ordinals that step's origins file (gptflow.paths)."""
+    from gptflow import paths
+    from gptflow.data.dataset import ShardSet, split_bounds
+    from gptflow.data.quality.origins import read_origins
+
+    def documents(name, shards: ShardSet, sequences) -> set:
+        out = set()
+        for q in sequences:
+            part = int(np.searchsorted(shards._starts, q, side="right")) - 1
+            shard = shards.parts[part]
+            doc = (
+                int(np.searchsorted(shard.document_indices, q - shards._starts[part], "right")) - 1
+            )
+            prefix = shard.prefix
+            step = prefix.parent.name if prefix.parent.name != name else base_step[name]
+            where = dict(step=step, dataset=name, shard=prefix.name)
+            texts = Path(paths.QUALITY_DOCUMENTS.format(**where)).read_text().splitlines()
+            origin = int(read_origins(paths.QUALITY_ORIGINS.format(**where))[doc])
+            out.add((name, prefix.name, origin, json.loads(texts[doc])["text"]))
+        return out
+
+    base_step = {d: sorted(Path("results/quality").glob(f"02-minhash-*/{d}"))[0].parent.name
+                 for d in ("a", "b")}  # fmt: skip
+    held, trained = set(), set()
+    for blend, part in zip(cfg.heldout, data["train"].datasets, strict=True):
+        shards = ShardSet([s.prefix for s in blend.shards])
+        begin = split_bounds(cfg.split, len(shards))[1][0]  # validation and test: to the end
+        held |= documents(blend.name, shards, range(begin, len(shards)))
+        trained |= documents(blend.name, part.shards, np.unique(part.index.document_index))
+    return held, trained
+
+
 def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     cleaned, snakemake, tmp_path, monkeypatch
 ):  # the held-out splits read from `heldout`: tests/unit/test_dataset.py
     """A study whose runs differ in data.quality (issue 39): each distinct recipe gets its own
     steps and shards, runs with equal recipes share them, the base's steps and shards are
-    reused as they are; every run is validated on the base's shards; editing one threshold in
-    one run's recipe replans that recipe's selection and shards and that run alone."""
+    reused as they are; every run is validated on the base's shards, and trains on none of
+    the base's held-out documents (by identity, and by text: the recipes remove the repeats);
+    editing one threshold in one run's recipe replans that recipe's selection and shards and
+    that run alone; a step output made again replans the runs reading it."""
+    from gptflow.data.dataset import run_split_datasets
+    from gptflow.data.quality.origins import read_origins, write_origins
     from gptflow.train.run_config import RunConfig
 
     wd = tmp_path / "wd"
@@ -403,6 +443,7 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     cfg, write_config = cleaned[1], cleaned[5]
     study = copy.deepcopy(cfg)
     study["run"] = "ablation"
+    study["data"]["split"] = "70,20,10"  # b's 4 documents after cleaning: one held out
     filters = {
         "steps": [{"step": "exact"}, {"step": "filters", "rules": {"gopher_repetition": {}}}]
     }
@@ -411,8 +452,8 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
         "filtered": {"data": {"quality": filters}},
         "filtered-lr": {"data": {"quality": copy.deepcopy(filters)}, "train": {"lr": 1e-3}},
     }}  # fmt: skip
-    run_yamls = [f"results/runs/{r}/run.yaml" for r in study["study"]["runs"]]
-    run = snakemake(wd, write_config(wd / "study.yaml", study), "data", *run_yamls)
+    until = ["train", "--until", "render_run_config", "build_data_index"]
+    run = snakemake(wd, write_config(wd / "study.yaml", study), *until)
     assert run.returncode == 0, run.out[-4000:]
     counts = job_counts(run.out)
     # exact is the base's first step (its outputs present); the filters step once for two runs
@@ -420,6 +461,7 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     assert not {"hash_documents", "minhash_signatures"} & set(counts)
     assert counts["compute_filter_signals"] == counts["select_documents"] == 4  # 2 x 2 shards
     assert counts["tokenize_variant_shard"] == 4 and counts["render_run_config"] == 3
+    assert counts["build_data_index"] == 2
     assert "gptflow: study runs filtered, filtered-lr:" in run.out
     monkeypatch.chdir(wd)
     runs = {r: RunConfig.load(f"results/runs/{r}/run.yaml") for r in study["study"]["runs"]}
@@ -430,13 +472,27 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     for name in ("filtered", "filtered-lr"):  # held out: the base's shards
         assert [s.prefix for d in runs[name].heldout for s in d.shards] == prefixes["base"]
     assert runs["filtered"].data_index == runs["filtered-lr"].data_index != runs["base"].data_index
+    # what training reads (the index the rule built): no held-out document, by identity or text
+    data = run_split_datasets(runs["filtered"], build_allowed=False)
+    held, trained = heldout_and_trained(runs["filtered"], data)
+    assert len(held) >= 2 and len(trained) >= 8, (held, trained)
+    assert not held & trained
+    assert not {t[3] for t in held} & {t[3] for t in trained}
+    # a: 00..07.txt, before the held-out 08.txt (70 % of its own 13 would train on 9); b: 3 of 4
+    assert runs["filtered"].train_ends == {"a": 8, "b": 3}
 
+    # a step's output made anew (here: its origins, one document fewer: a plan) renews the runs
+    # reading it (Snakemake compares a small input's checksum, not only its mtime)
+    (origins,) = Path("results/quality").glob("02-filters-*/a/00001.origins.npy")
+    write_origins(origins, read_origins(origins)[:-1])
     study["study"]["runs"]["filtered"]["data"]["quality"]["steps"][1]["rules"] = {
         "gopher_repetition": {"dup_line_frac": 0.5}
     }
-    plan = snakemake(wd, write_config(wd / "edited.yaml", study), "-n", "data", *run_yamls)
+    plan = snakemake(wd, write_config(wd / "edited.yaml", study), "-n", *until)
     assert plan.returncode == 0, plan.out[-3000:]
     counts = job_counts(plan.out)
     assert not {"compute_filter_signals", "hash_documents", "tokenize_shard"} & set(counts)
     assert counts["select_documents"] == counts["tokenize_variant_shard"] == 4
-    assert counts["render_run_config"] == 1 and "results/runs/filtered/run.yaml" in plan.out
+    # filtered: its edited recipe; filtered-lr: its changed origins (the base not at all)
+    assert counts["render_run_config"] == counts["build_data_index"] == 2
+    assert "results/runs/base/run.yaml" not in plan.out

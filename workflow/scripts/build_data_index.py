@@ -9,7 +9,11 @@ from gptflow.train.run_config import build_data_index
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):
     summary = build_data_index(
-        sm.params.settings, sm.params.shards, sm.output[0], heldout=sm.params.heldout
+        sm.params.settings,
+        sm.params.shards,
+        sm.output[0],
+        heldout=sm.params.heldout,
+        origins=sm.params.origins,
     )
     write_json(sm.output[0], summary)
     print(

@@ -14,6 +14,7 @@ with report_errors(sm.log[0]):
         run_dir=sm.params.run_dir,
         data_index=sm.params.data_index,
         heldout=sm.params.heldout,
+        origins=sm.params.origins,
     )
     write_run_config(run, sm.output[0])
     series = run.series if run.train.precision != "auto" else "named on the training device"

@@ -3,7 +3,9 @@
 For one dataset (the sequences of its shards, concatenated in order, exactly as a merged
 prefix) and one split:
 
-1. the split takes sequences ``[round(beg*N), round(end*N))`` of the ``'969,30,1'`` bookends;
+1. the split takes sequences ``[round(beg*N), round(end*N))`` of the ``'969,30,1'`` bookends
+   (a data ablation's recipe: its train split ends before the base's held-out documents,
+   :func:`heldout_train_ends`);
 2. the *document index* repeats those sequences for as many epochs as the requested samples
    need and shuffles them with ``numpy.random.RandomState(seed)`` (the last epoch separately
    when it is used for less than 80 %);
@@ -65,6 +67,100 @@ def split_bounds(split: str, num_sequences: int) -> list[tuple[int, int]]:
     return [
         (round(edges[i] * num_sequences), round(edges[i + 1] * num_sequences)) for i in range(3)
     ]
+
+
+def _held_out_from(split: str, base: list[tuple[np.ndarray, np.ndarray | None]]):
+    """(shard, ordinal in its collected shard) of the base's first held-out document, or
+    None when nothing is held out; `base` as :func:`heldout_train_end`'s."""
+    num_sequences = sum(int(starts[-1]) for starts, _ in base)
+    end = split_bounds(split, num_sequences)[0][1]  # the train split is [0, end)
+    for shard, (starts, origins) in enumerate(base):
+        if end < int(starts[-1]):
+            # the document holding sequence `end` (documents hold one sequence, or none)
+            document = int(np.searchsorted(starts, end, side="right")) - 1
+            return shard, int(origins[document]) if origins is not None else document
+        end -= int(starts[-1])
+    return None
+
+
+def heldout_train_end(
+    name: str,
+    split: str,
+    base: list[tuple[np.ndarray, np.ndarray | None]],
+    run: list[tuple[np.ndarray, np.ndarray | None]],
+) -> int:
+    """Where a data ablation's run ends the train split of dataset `name` on its own shards
+    (its sequences ``[0, end)``): exactly its documents that come, in collection order, before
+    the first of the base's held-out documents (the validation and test splits every run is
+    evaluated on: `split` over the base's shards), so no held-out document is trained on.
+
+    `base` and `run` give each shard (one per collected shard, in order) as (its document
+    index: document j is sequences ``[starts[j], starts[j + 1])``; its documents' ordinals in
+    the collected shard, gptflow.data.quality.origins, or None: the collected documents
+    themselves). Steps keep order, so the run's train documents are a prefix of its shards.
+    """
+    if len(base) != len(run):
+        raise GptflowError(
+            f"dataset '{name}': the run's recipe has {len(run)} shards, the base's {len(base)}; "
+            f"both are one per collected shard: make the shards again"
+        )
+    first = _held_out_from(split, base)
+    if first is None:
+        return sum(int(starts[-1]) for starts, _ in run)
+    shard, ordinal = first
+    before = sum(int(starts[-1]) for starts, _ in run[:shard])
+    starts, origins = run[shard]
+    documents = len(starts) - 1
+    kept = (
+        int(np.searchsorted(origins, ordinal)) if origins is not None else min(ordinal, documents)
+    )
+    end = before + int(starts[kept])
+    if end == 0:
+        raise GptflowError(
+            f"dataset '{name}': the run's data.quality keeps none of the documents before the "
+            f"base's held-out ones (data.split '{split}' holds out the base's documents from "
+            f"shard {shard}'s document {ordinal} on), so it has nothing to train on; keep "
+            f"more documents in its recipe or give the train split a larger share of data.split"
+        )
+    return end
+
+
+def heldout_train_ends(
+    split: str,
+    shards: dict[str, list[str]],
+    heldout: dict[str, list[str]],
+    origins: dict[str, dict[str, list[str]]],
+) -> dict[str, int]:
+    """:func:`heldout_train_end` of each dataset in `origins` (a data ablation's datasets
+    whose recipe differs from the base's: {dataset: {"run": files, "base": files}}, each
+    shard's origins file, or [] for the collected documents themselves), over its shard
+    prefixes in `shards` (the run's) and `heldout` (the base's). A shard must hold exactly
+    the documents its origins file lists (tokenization keeps every document it is given)."""
+    from gptflow.data.quality.origins import read_origins
+
+    def documents(prefixes: list[str], files: list[str]) -> list[tuple]:
+        out = []
+        for i, prefix in enumerate(prefixes):
+            starts = IndexedDataset(prefix).document_indices
+            kept = read_origins(files[i]) if files else None
+            if kept is not None and len(kept) != len(starts) - 1:
+                raise GptflowError(
+                    f"{prefix}: {len(starts) - 1} documents, but {files[i]} gives the origins "
+                    f"of {len(kept)}; delete the shard so that it is tokenized again from its "
+                    f"step's documents"
+                )
+            out.append((starts, kept))
+        return out
+
+    return {
+        name: heldout_train_end(
+            name,
+            split,
+            documents(heldout[name], files["base"]),
+            documents(shards[name], files["run"]),
+        )
+        for name, files in origins.items()
+    }
 
 
 class ShardSet:
@@ -524,14 +620,16 @@ def build_split_datasets(
     cache_dir: str | os.PathLike | None = None,
     build_allowed: bool = True,
     heldout: list[tuple[str, float, list[str], list[str]]] | None = None,
+    train_ends: dict[str, int] | None = None,
 ) -> dict[str, GPTDataset | BlendedDataset | None]:
     """Datasets for each split that asks for samples.
 
     `datasets` is ``[(name, weight, shard prefixes, shard idx sha256s)]``; `num_samples` maps
     ``train``/``valid``/``test`` to the samples needed (0 = not built). `heldout`, alike, gives
     the validation and test splits their own shards (a data ablation's run: the base's, the
-    same held-out text for every recipe); the train split is always `datasets`'.
-    """
+    same held-out text for every recipe); the train split is always `datasets`', and with
+    `train_ends` a dataset's sequences ``[0, train_ends[name])`` (:func:`heldout_train_ends`:
+    a recipe's documents from before the base's held-out ones), not its share of `split`."""
     cache = Path(cache_dir) if cache_dir is not None else None
     train_sets = [(name, w, ShardSet(prefixes), shas) for name, w, prefixes, shas in datasets]
     held_sets = [(name, w, ShardSet(prefixes), shas) for name, w, prefixes, shas in heldout or []]
@@ -551,6 +649,8 @@ def build_split_datasets(
             else:
                 need = math.ceil(math.ceil(wanted * w / total_w) * (1 + BLEND_SURPLUS))
             begin, end = split_bounds(split, len(shards))[split_i]
+            if split_name == "train" and name in (train_ends or {}):
+                begin, end = 0, train_ends[name]  # a data ablation's recipe (docstring)
             if end <= begin or shards.sequence_lengths[begin:end].sum() == 0:
                 raise GptflowError(
                     f"data.split '{split}' gives the {split_name} split of dataset '{name}' "
@@ -617,4 +717,5 @@ def run_split_datasets(cfg, build_allowed: bool = True) -> dict:
         cfg.index_cache_dir,
         build_allowed=build_allowed,
         heldout=blend(cfg.heldout) if cfg.heldout else None,
+        train_ends=cfg.train_ends,
     )

@@ -70,6 +70,10 @@ class RunConfig:
     # a data ablation's run: the base's shards, whose validation and test splits it is
     # evaluated on (the same text for every run of the study); () = its own datasets'
     heldout: tuple[DatasetBlend, ...] = ()
+    # a data ablation's run: where the train split of each dataset cleaned otherwise than the
+    # base's ends, its sequences [0, end): its documents from before the base's held-out ones
+    # (gptflow.data.dataset.heldout_train_ends); {} = each dataset's share of data.split
+    train_ends: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.train.seq_length > self.model.max_position_embeddings:
@@ -148,10 +152,13 @@ class RunConfig:
         kfac = {"kfac": dataclasses.asdict(t.kfac)} if t.kfac else {}
         # the optimizer, and Muon's settings; absent for AdamW, so earlier series keep names
         muon = {"muon": dataclasses.asdict(t.muon)} if t.optimizer == "muon" else {}
+        # a data ablation's train split cut by document; absent otherwise
+        ends = {"train_ends": dict(sorted(self.train_ends.items()))} if self.train_ends else {}
         return {
             **init,
             **kfac,
             **muon,
+            **ends,
             "model": model,
             "tokenizer_sha256": self.tokenizer.sha256,
             "eod_id": self.tokenizer.eod_id,
@@ -192,6 +199,7 @@ class RunConfig:
                 "split": self.split,
                 "datasets": [_blend_dict(d) for d in self.datasets],
                 **({"heldout": [_blend_dict(d) for d in self.heldout]} if self.heldout else {}),
+                **({"train_ends": dict(self.train_ends)} if self.train_ends else {}),
             },
             "model": dataclasses.asdict(self.model),
             **({"init_from": dataclasses.asdict(self.init_from)} if self.init_from else {}),
@@ -210,6 +218,7 @@ class RunConfig:
                 tokenizer=TokenizerInfo(**d["tokenizer"]),
                 datasets=tuple(_read_blend(b) for b in d["data"]["datasets"]),
                 heldout=tuple(_read_blend(b) for b in d["data"].get("heldout", [])),
+                train_ends={k: int(v) for k, v in d["data"].get("train_ends", {}).items()},
                 split=d["data"]["split"],
                 model=ModelConfig(**d["model"]),
                 train=TrainConfig(**d["train"]),
@@ -264,16 +273,21 @@ def data_index_name(settings: dict) -> str:
 
 
 def build_data_index(
-    settings: dict, shards: dict[str, list[str]], out: str, heldout: dict | None = None
+    settings: dict,
+    shards: dict[str, list[str]],
+    out: str,
+    heldout: dict | None = None,
+    origins: dict | None = None,
 ) -> dict:
     """Build every index of `settings` (:func:`data_index_settings`) over the shard prefixes
     `shards` (dataset -> prefixes; the validation and test splits over `heldout`'s when given:
-    a data ablation's base shards) into out's directory (out without ``.json``), as the
-    trainer reads them (gptflow.data.dataset.build_split_datasets, keyed by content); returns
-    the summary the build_data_index rule writes to `out`."""
+    a data ablation's base shards, the train split of each dataset in `origins` cut before
+    their held-out documents: gptflow.data.dataset.heldout_train_ends) into out's directory
+    (out without ``.json``), as the trainer reads them (gptflow.data.dataset.build_split_datasets,
+    keyed by content); returns the summary the build_data_index rule writes to `out`."""
     import time
 
-    from gptflow.data.dataset import build_split_datasets
+    from gptflow.data.dataset import build_split_datasets, heldout_train_ends
     from gptflow.data.tokenize import read_manifest
 
     def blend_of(prefixes_of: dict[str, list[str]]) -> list[tuple]:
@@ -286,12 +300,15 @@ def build_data_index(
 
     cache = Path(out).with_suffix("")
     t0 = time.perf_counter()
+    ends = heldout_train_ends(settings["split"], shards, heldout, origins) if origins else {}
     data = build_split_datasets(
         blend_of(shards), settings["split"], settings["samples"], settings["seq_length"],
         settings["seed"], cache, heldout=blend_of(heldout) if heldout else None,
+        train_ends=ends,
     )  # fmt: skip
     return {
         "settings": settings,
+        **({"train_ends": ends} if ends else {}),
         "cache_dir": str(cache),
         "samples": {name: len(ds) for name, ds in data.items() if ds is not None},
         "files": sorted(p.name for p in cache.glob("*.npy")),
@@ -317,13 +334,18 @@ def render_run_config(
     run_dir: str,
     data_index: str = "",
     heldout: dict[str, list[str]] | None = None,
+    origins: dict | None = None,
 ) -> RunConfig:
     """The run config of a validated workflow config: model resolved, tokenizer and shards checked.
 
     `shards` maps each blended dataset to its shard prefixes; `heldout` (a data ablation's
-    run) to the base's, whose validation and test splits evaluate it. Shards tokenized with
-    another tokenizer than the run's are refused (their manifests record the tokenizer's sha256).
+    run) to the base's, whose validation and test splits evaluate it, and `origins` those of
+    its datasets cleaned otherwise than the base's to their shards' document origins, whose
+    train split ends before the base's held-out documents (gptflow.data.dataset.heldout_train_ends).
+    Shards tokenized with another tokenizer than the run's are refused (their manifests record
+    the tokenizer's sha256).
     """
+    from gptflow.data.dataset import heldout_train_ends
     from gptflow.data.indexed import dtype_for_vocab
     from gptflow.data.tokenizer import tokenizer_info
 
@@ -366,6 +388,9 @@ def render_run_config(
         study=cfg.get("study") or "",
         extra=derived,
         heldout=_blends(cfg, heldout, tok, tokenizer_path) if heldout else (),
+        train_ends=heldout_train_ends(cfg["data"]["split"], shards, heldout, origins)
+        if origins
+        else {},
     )
 
 

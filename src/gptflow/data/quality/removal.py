@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from gptflow.data.quality.origins import compose, read_origins, write_origins
 from gptflow.data.readers import batch_texts, iter_batches
+from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, write_json
 
 EXAMPLES = 3  # removed documents kept per reason in a manifest
@@ -72,14 +74,22 @@ def filter_shard(
     out: str | os.PathLike,
     manifest: str | os.PathLike,
     about: dict,
+    origins: tuple[str | os.PathLike | None, str | os.PathLike | None] = (None, None),
 ) -> dict:
     """Copy a shard's documents to `out` (JSONL) but those `drop(index, text)` gives a reason
     for; the manifest (`about`: the step, dataset and shard it describes) counts documents
-    and bytes in and out, the removed by reason, and keeps the first few of each, shortened."""
+    and bytes in and out, the removed by reason, and keeps the first few of each, shortened.
+
+    `origins` is (the input's origins file, or None when the input is the collected shard;
+    the file to write the kept documents' origins to, or None): each kept document's ordinal
+    in the collected shard (:mod:`gptflow.data.quality.origins`)."""
+    origins_in, origins_out = origins
+    before = read_origins(origins_in) if origins_in is not None else None
     counts = {"documents_in": 0, "bytes_in": 0}
     removed: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     dropped: Counter[str] = Counter()
+    indices: list[int] = []
 
     def kept() -> Iterator[str]:
         for i, text in enumerate(documents(path, reader, dropped)):
@@ -87,6 +97,7 @@ def filter_shard(
             counts["bytes_in"] += len(text.encode("utf-8"))
             reason = drop(i, text)
             if reason is None:
+                indices.append(i)
                 yield text
                 continue
             removed[reason] += 1
@@ -94,6 +105,13 @@ def filter_shard(
                 shown.append(text[:EXAMPLE_CHARS])
 
     documents_out, bytes_out = write_documents(out, kept())
+    if before is not None and len(before) != counts["documents_in"]:
+        raise GptflowError(
+            f"{origins_in}: the origins of {len(before)} documents, but {path} holds "
+            f"{counts['documents_in']}; delete both so that their quality step runs again"
+        )
+    if origins_out is not None:
+        write_origins(origins_out, compose(before, indices))
     stats = {
         **about,
         **counts,
@@ -117,11 +135,12 @@ def remove_documents(
     *,
     reason: str,
     about: dict,
+    origins: tuple = (None, None),
 ) -> dict:
     """A shard's documents without those the removal list `removed` lists for shard
-    `ordinal`, counted as `reason` (:func:`filter_shard`)."""
+    `ordinal`, counted as `reason` (:func:`filter_shard`, as its `origins`)."""
     gone = set(removed_in_shard(removed, ordinal).tolist())
     stats = filter_shard(
-        path, reader, lambda i, _: reason if i in gone else None, out, manifest, about
+        path, reader, lambda i, _: reason if i in gone else None, out, manifest, about, origins
     )
     return stats

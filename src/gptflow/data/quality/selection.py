@@ -83,9 +83,11 @@ def select_documents(
     manifest: str | os.PathLike,
     *,
     about: dict,
+    origins: tuple = (None, None),
 ) -> dict:
     """A shard's documents but those the recipe's `rules` drop on their signals, counted by
-    the reason the rule gives (:func:`~gptflow.data.quality.removal.filter_shard`)."""
+    the reason the rule gives (:func:`~gptflow.data.quality.removal.filter_shard`, as its
+    `origins`)."""
     from gptflow.data.quality import filters
 
     thresholds = filters.thresholds_for(rules)
@@ -94,10 +96,10 @@ def select_documents(
         keep, why = filters.select(row, thresholds)
         return None if keep else why
 
-    return _select(path, reader, signals, reason, out, manifest, about)
+    return _select(path, reader, signals, reason, out, manifest, about, origins)
 
 
-def _select(path, reader, side_file, reason, out, manifest, about) -> dict:
+def _select(path, reader, side_file, reason, out, manifest, about, origins) -> dict:
     """filter_shard with `reason(row)` deciding on the side file's row of each document."""
     with open(side_file, encoding="utf-8") as side:
 
@@ -110,7 +112,7 @@ def _select(path, reader, side_file, reason, out, manifest, about) -> dict:
                 )
             return reason(json.loads(line))
 
-        stats = filter_shard(path, reader, drop, out, manifest, about)
+        stats = filter_shard(path, reader, drop, out, manifest, about, origins)
         if side.readline():
             raise GptflowError(
                 f"{side_file}: more lines than {path} has documents; delete it so that the "
@@ -143,10 +145,11 @@ def select_language(
     manifest: str | os.PathLike,
     *,
     about: dict,
+    origins: tuple = (None, None),
 ) -> dict:
     """A shard's documents but those whose score in every one of `languages` is at most
     `threshold` (DataTrove's LanguageFilter decision, ``filters``' language rule), each
-    removed one counted as ``language:<its top language>``."""
+    removed one counted as ``language:<its top language>`` (`origins`: filter_shard's)."""
     from gptflow.data.quality import filters
 
     thresholds = language_rule({"languages": languages, "threshold": threshold})
@@ -157,4 +160,4 @@ def select_language(
             return None
         return f"language:{row['lid_language'] or 'none'}" if "lid_language" in row else why
 
-    return _select(path, reader, scores, reason, out, manifest, about)
+    return _select(path, reader, scores, reason, out, manifest, about, origins)
