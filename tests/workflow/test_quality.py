@@ -9,6 +9,7 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -453,7 +454,8 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
         "filtered-lr": {"data": {"quality": copy.deepcopy(filters)}, "train": {"lr": 1e-3}},
     }}  # fmt: skip
     until = ["train", "--until", "render_run_config", "build_data_index"]
-    run = snakemake(wd, write_config(wd / "study.yaml", study), *until)
+    page = "results/quality/report/data-quality.html"
+    run = snakemake(wd, write_config(wd / "study.yaml", study), *until, page)
     assert run.returncode == 0, run.out[-4000:]
     counts = job_counts(run.out)
     # exact is the base's first step (its outputs present); the filters step once for two runs
@@ -463,6 +465,13 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     assert counts["tokenize_variant_shard"] == 4 and counts["render_run_config"] == 3
     assert counts["build_data_index"] == 2
     assert "gptflow: study runs filtered, filtered-lr:" in run.out
+    # the report's page: each recipe once, headed by the runs cleaning with it
+    text = (wd / page).read_text()
+    assert re.findall(r"<h2>(.*?)</h2>", text) == [
+        "study runs base: datasets a, b",
+        "study runs filtered, filtered-lr: datasets a, b",
+    ]
+    assert len(re.findall(r"<p>results/quality/01-exact-", text)) == 2  # shared: under both
     monkeypatch.chdir(wd)
     runs = {r: RunConfig.load(f"results/runs/{r}/run.yaml") for r in study["study"]["runs"]}
     prefixes = {r: [s.prefix for d in c.datasets for s in d.shards] for r, c in runs.items()}
