@@ -39,9 +39,9 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
+from itertools import chain, compress
 from functools import lru_cache
-from operator import methodcaller
+from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -122,7 +122,6 @@ TERMINAL_PUNCTUATION = frozenset(
 )
 PUNCTUATION_SET = frozenset(PUNCTUATION) | TERMINAL_PUNCTUATION
 _PUNCTUATION_CHARS = "".join(sorted(PUNCTUATION_SET))
-_STOP_CHARS = tuple(sorted(TERMINAL_PUNCTUATION))
 
 
 class Tokenizer(NamedTuple):
@@ -444,9 +443,14 @@ def _word_counts(w: _Words) -> dict[str, list]:
 
 def _gopher_repetition_lines(text: str) -> dict[str, Any]:
     size = len(text)
-    paragraphs = re.split(r"\n{2,}", text.strip())
+    # re.split(r"\n{2,}", text.strip()): a run of 2k or 2k + 1 newlines splits into k + 1
+    # parts, the middle ones empty and the last (with an odd run) starting with a newline
+    paragraphs = [p[1:] if p[:1] == "\n" else p for p in text.strip().split("\n\n") if p]
+    paragraphs = paragraphs or [""]
     para_dups, para_chars = _duplicates(paragraphs)
-    lines = re.split(r"\n+", text)
+    lines = text.split("\n")  # re.split(r"\n+", text): the empty lines inside go
+    if len(lines) > 1:
+        lines = [lines[0], *filter(None, lines[1:-1]), lines[-1]]
     line_dups, line_chars = _duplicates(lines)
     return {
         "dup_para_frac": para_dups / len(paragraphs),
@@ -486,10 +490,13 @@ def _c4(text: str, tok: Tokenizer, line_words: list[int] | None) -> tuple[dict[s
     sents = sents_any = 0
     kept: list[str] = []
     kept_words = 0
-    for index, raw in enumerate(text.splitlines()):
-        words = raw.split()  # the stripped line's words
-        if len(words) < C4_MIN_WORDS_PER_LINE or (
-            len(raw) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in words)
+    lines: Iterable[tuple[int, str]] = enumerate(text.splitlines())
+    if line_words is not None:  # a line has no more (whitespace) words than tokens
+        lines = compress(lines, map(C4_MIN_WORDS_PER_LINE.__le__, line_words))
+    for index, raw in lines:
+        if len(raw.split(None, C4_MIN_WORDS_PER_LINE - 1)) < C4_MIN_WORDS_PER_LINE or (
+            len(raw) > C4_MAX_WORD_LENGTH
+            and any(len(w) > C4_MAX_WORD_LENGTH for w in raw.split())
         ):
             continue
         line = raw.strip()
@@ -538,7 +545,10 @@ def _fineweb(text: str, n_words: int) -> dict[str, Any]:
     n = len(lines)
     return {
         "fineweb_lines": n,
-        "fineweb_punct_lines_ratio": sum(map(methodcaller("endswith", _STOP_CHARS), lines)) / n,
+        "fineweb_punct_lines_ratio": sum(
+            map(TERMINAL_PUNCTUATION.__contains__, map(itemgetter(-1), lines))
+        )
+        / n,
         "fineweb_short_lines_ratio": sum(map(FINEWEB_SHORT_LINE.__ge__, map(len, lines))) / n,
         "fineweb_char_dup_ratio": _ratio(_duplicates(lines)[1], len(text) - text.count("\n")),
         "fineweb_list_ratio": _ratio(text.count("\n"), n_words),
