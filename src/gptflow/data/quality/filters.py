@@ -400,20 +400,33 @@ def _renumbered(
     return number
 
 
+def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """B**k and B**-k (mod 2**64) for k = 0..size-1."""
+    with np.errstate(over="ignore"):
+        powers = np.ones(size, np.uint64)
+        np.cumprod(np.full(size - 1, _HASH_BASE, np.uint64), out=powers[1:])
+        unscale = np.ones(size, np.uint64)
+        np.cumprod(np.full(size - 1, _HASH_BASE_INVERSE, np.uint64), out=unscale[1:])
+    return powers, unscale
+
+
+@lru_cache(1)
+def _kept_powers() -> tuple[np.ndarray, np.ndarray]:
+    return _power_tables(1 << 20)  # (16 MiB) the tables for texts up to 1 Mi characters
+
+
 def char_hashes(joined: str, errors: str = "strict") -> tuple[np.ndarray, np.ndarray]:
     """Over the words' characters concatenated: prefix[k] = sum of code[i] * B**i for i < k,
     and unscale[k] = B**-k (mod 2**64), so that (prefix[b] - prefix[a]) * unscale[a] is a
     hash of joined[a:b] that does not depend on a (`errors`: "surrogatepass" takes lone
     surrogates)."""
     codes = np.frombuffer(joined.encode("utf-32-le", errors), np.uint32).astype(np.uint64)
+    size = len(codes) + 1
+    powers, unscale = _kept_powers() if size <= 1 << 20 else _power_tables(size)
+    prefix = np.zeros(size, np.uint64)
     with np.errstate(over="ignore"):
-        powers = np.ones(len(codes) + 1, np.uint64)  # B**0, B**1, ...
-        np.cumprod(np.full(len(codes), _HASH_BASE, np.uint64), out=powers[1:])
-        prefix = np.zeros(len(codes) + 1, np.uint64)
-        np.cumsum(codes * powers[:-1], out=prefix[1:])
-        unscale = np.ones(len(codes) + 1, np.uint64)
-        np.cumprod(np.full(len(codes), _HASH_BASE_INVERSE, np.uint64), out=unscale[1:])
-    return prefix, unscale
+        np.cumsum(codes * powers[: size - 1], out=prefix[1:])
+    return prefix, unscale[:size]
 
 
 def _word_counts(w: _Words) -> dict[str, list]:
