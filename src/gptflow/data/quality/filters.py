@@ -39,8 +39,8 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain, compress
 from functools import lru_cache
+from itertools import chain, compress
 from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -479,9 +479,7 @@ def _gopher_quality(text: str, words: int, counts: dict[str, int]) -> dict[str, 
     return {
         "gopher_words": words,
         "gopher_non_symbol_words": non_symbol,
-        "gopher_avg_word_length": (
-            counts["non_symbol_chars"] / non_symbol if non_symbol else None
-        ),
+        "gopher_avg_word_length": (counts["non_symbol_chars"] / non_symbol if non_symbol else None),
         "gopher_hash_ratio": _ratio(text.count("#"), words),
         "gopher_ellipsis_ratio": _ratio(text.count("...") + text.count("…"), words),
         "gopher_bullet_lines_ratio": _ratio(
@@ -493,6 +491,8 @@ def _gopher_quality(text: str, words: int, counts: dict[str, int]) -> dict[str, 
         "gopher_alpha_words_ratio": _ratio(counts["alpha"], words),
         "gopher_stop_words": counts["stop"],
     }
+
+
 def _c4(text: str, tok: Tokenizer, line_words: list[int] | None) -> tuple[dict[str, Any], str, int]:
     """C4's line pass, both with and without the terminal-punctuation rule: the first kept
     line (index) with "lorem ipsum", the first with '{' (after the javascript line rule), and
@@ -508,8 +508,7 @@ def _c4(text: str, tok: Tokenizer, line_words: list[int] | None) -> tuple[dict[s
         lines = compress(lines, map(C4_MIN_WORDS_PER_LINE.__le__, line_words))
     for index, raw in lines:
         if len(raw.split(None, C4_MIN_WORDS_PER_LINE - 1)) < C4_MIN_WORDS_PER_LINE or (
-            len(raw) > C4_MAX_WORD_LENGTH
-            and any(len(w) > C4_MAX_WORD_LENGTH for w in raw.split())
+            len(raw) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in raw.split())
         ):
             continue
         line = raw.strip()
@@ -547,8 +546,6 @@ def _c4(text: str, tok: Tokenizer, line_words: list[int] | None) -> tuple[dict[s
     if line_words is None:
         kept_words = len(tok.words(after)) if after else 0
     return first_and_sentences, after, kept_words
-
-
 
 
 def _fineweb(text: str, n_words: int) -> dict[str, Any]:
@@ -641,16 +638,21 @@ def iter_signals(
     """`signals` of each text, in order, computed a batch of about `batch_chars` characters
     at a time (memory follows the batch: a document longer than that is a batch alone)."""
     get_tokenizer(tokenizer)
+    for batch in _batches(texts, batch_chars):
+        yield from batch_signals(batch, tokenizer)
+
+
+def _batches(texts: Iterable[object], batch_chars: int) -> Iterator[list[object]]:
     batch: list[object] = []
     size = 0
     for text in texts:
         batch.append(text)
         size += len(text) if isinstance(text, str) else 0
         if size >= batch_chars:
-            yield from batch_signals(batch, tokenizer)
+            yield batch
             batch, size = [], 0
     if batch:
-        yield from batch_signals(batch, tokenizer)
+        yield batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -964,13 +966,13 @@ def write_signals(
     tmp = path.with_name(path.name + ".tmp")
     docs = unparsable = 0
     with open(tmp, "w", encoding="utf-8") as f:
-        for index, text in enumerate(texts):
-            row = signals(text, tokenizer)
-            if lid_model is not False and UNPARSABLE not in row:
-                row.update(language_signals(text, lid_model))
-            unparsable += UNPARSABLE in row
-            docs += 1
-            f.write(json.dumps({"doc": index, "tokenizer": tokenizer, **row}) + "\n")
+        for batch in _batches(texts, BATCH_CHARS):
+            for text, row in zip(batch, batch_signals(batch, tokenizer), strict=True):
+                if lid_model is not False and UNPARSABLE not in row:
+                    row.update(language_signals(text, lid_model))
+                unparsable += UNPARSABLE in row
+                f.write(json.dumps({"doc": docs, "tokenizer": tokenizer, **row}) + "\n")
+                docs += 1
     tmp.replace(path)
     return {"documents": docs, "unparsable": unparsable, "tokenizer": tokenizer}
 
