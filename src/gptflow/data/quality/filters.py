@@ -7,7 +7,8 @@ al. 2020, TFDS ``c4_utils``) and FineWeb's line filters, as DataTrove 0.10.1 def
 
 Tag once, threshold many (as Dolma's attributes and RedPajama-V2's quality signals):
 `signals(text, tokenizer)` computes every number those rules compare, one flat JSON-able dict
-per document (`write_signals` writes a shard's side file of them); `select(signals,
+per document; `iter_signals(texts, tokenizer)` computes a shard's a batch of documents at a
+time, with the same values (`write_signals` writes a shard's side file of them); `select(signals,
 thresholds)` applies a recipe's thresholds, rule by rule in the recipe's order, and returns
 ``(keep, reason)`` with the reason DataTrove's filter gives, so an ablation over thresholds
 recomputes nothing. Each rule's own `decide` stops at the first failing check in DataTrove's
@@ -19,7 +20,7 @@ LanguageFilter decision) needs a model file, so its signals are asked for separa
 The word tokenizer is named (`TOKENIZERS`): ``spacy`` is DataTrove's own (spaCy's blank
 English tokenizer plus its sentencizer, DataTrove >= 0.4), with which every decision and reason
 is DataTrove's (tests/unit/test_quality_filters.py checks it document by document);
-``regex`` is ~10x faster and decides differently on some documents (bench/quality.py prints
+``regex`` is ~25x faster and decides differently on some documents (bench/quality.py prints
 the per-rule agreement).
 
 A document no rule can evaluate (not a string; a ratio whose denominator is zero, where
