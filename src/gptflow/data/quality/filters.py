@@ -258,8 +258,8 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
 
 
 class _Words(NamedTuple):
-    """A batch's words (its documents' in order) as ids into its vocabulary, with what the
-    rules ask of each distinct word (computed once per distinct word, not per occurrence)."""
+    """A batch's words (its documents', in order) as ids into the batch's vocabulary, so that
+    what the rules ask of a word is computed once per distinct word (`_word_counts`)."""
 
     ids: np.ndarray  # (N,) int64: the word's index in `vocab`
     doc: np.ndarray  # (N,) int64: the word's document, 0..D-1
