@@ -398,7 +398,8 @@ def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists(hashes, monkeyp
     count as one); one document with a large vocabulary. The documents' signals are computed
     together, as a batch (no n-gram spans two documents), and each against DataTrove's own
     functions; also where every n-gram of a document hashes alike (the numbers the walk
-    compares then come from the strings)."""
+    compares then come from the strings) and where the top n-grams' keys are numbered first
+    (as for a batch whose vocabulary would overflow them)."""
     import random
 
     import numpy as np
@@ -406,6 +407,7 @@ def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists(hashes, monkeyp
     if hashes == "colliding":
         monkeypatch.setattr(F, "char_hashes", lambda joined, errors="strict": (
             np.zeros(len(joined) + 1, np.uint64), np.ones(len(joined) + 1, np.uint64)))  # fmt: skip
+        monkeypatch.setattr(F, "_KEY_LIMIT", 0)
 
     from datatrove.pipeline.filters.gopher_repetition_filter import (
         find_all_duplicate,

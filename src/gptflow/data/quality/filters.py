@@ -289,6 +289,9 @@ def _ngram_starts(w: _Words, n: int) -> np.ndarray:
     return np.flatnonzero(np.arange(size) - w.first[doc] <= w.counts[doc] - n)
 
 
+_KEY_LIMIT = 2**62  # n-gram keys stay below (int64)
+
+
 def _top_ngram_chars(w: _Words) -> list[dict[int, int | None]]:
     """Per document, for each n of TOP_N: characters of its most frequent n-gram (words joined
     by a space) times its count; of equally frequent ones the first to appear
@@ -299,10 +302,12 @@ def _top_ngram_chars(w: _Words) -> list[dict[int, int | None]]:
     out: list[dict[int, int | None]] = [dict.fromkeys(TOP_N) for _ in w.counts]
     if not len(w.ids):
         return out
-    numbered = np.unique(w.doc * len(w.vocab) + w.ids, return_inverse=True)[1]  # (doc, word)
-    base = int(numbered.max()) + 1
+    numbered, base = w.ids, len(w.vocab)
+    previous = w.doc * base + w.ids  # the (n-1)-gram's number at each position: (doc, word)
+    if len(w.counts) * base**2 >= _KEY_LIMIT:  # (a bigram's key would not fit: fewer numbers)
+        previous = np.unique(previous, return_inverse=True)[1]
+        numbered, base = previous, int(previous.max()) + 1
     chars = np.concatenate(([0], np.cumsum(w.lengths)))
-    previous = numbered  # the (n-1)-gram's number at each position
     for n in TOP_N:
         at = _ngram_starts(w, n)
         if not len(at):
