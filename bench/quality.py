@@ -5,8 +5,9 @@ library's sources, Debian's common licences: tests/support/quality_corpus.py, ~5
 ~1,500 documents). Each is held in memory; every figure is CPU time of this one process
 (`time.process_time`), i.e. MiB/s per core:
 
-* ``signals(text, "regex")`` and ``signals(text, "spacy")`` (gptflow.data.quality.filters):
-  every number the four rules compare;
+* ``iter_signals(texts, "regex")`` and ``iter_signals(texts, "spacy")``
+  (gptflow.data.quality.filters, a batch of documents at a time, as the filters stage runs
+  it): every number the four rules compare;
 * DataTrove 0.10.1's GopherRepetition, GopherQuality, C4Quality and FineWebQuality filters,
   all four on every document (the same work the signals do; DataTrove shares one spaCy
   tokenization between them through its lru_cache), and FineWeb's chain with early exit;
@@ -114,9 +115,10 @@ def datatrove_chain(docs: list[str]) -> float:
 
 
 def timed_signals(docs: list[str], tokenizer: str) -> tuple[list[dict], float]:
+    """As the filters stage computes a shard's: a batch of documents at a time."""
     F.signals("Warm up the tokenizer. It loads once.", tokenizer)
     start = time.process_time()
-    sigs = [F.signals(text, tokenizer) for text in docs]
+    sigs = list(F.iter_signals(docs, tokenizer))
     return sigs, time.process_time() - start
 
 

@@ -196,6 +196,18 @@ def test_the_regex_tokenizer_agrees_per_rule_above_a_floor(corpus, reference):
         assert len(wrong) <= 0.05 * len(corpus), (rule, len(wrong), wrong[:3])
 
 
+def test_a_batch_s_signals_are_each_document_s_alone(corpus):
+    """Signals are computed a batch of documents at a time: each document's are what it has
+    alone, whatever the batch (an unparsable one among them: a lone surrogate in its n-grams'
+    words, as alone)."""
+    texts = [*corpus[:60], None, "", "x \ud800 " * 8, "a \ud800 b", *corpus[-20:]]
+    alone = [F.signals(text) for text in texts]
+    assert alone[62][F.UNPARSABLE].startswith("regex tokenizer: UnicodeEncodeError")
+    assert F.UNPARSABLE not in alone[63]
+    for batch_chars in (1, 5_000, F.BATCH_CHARS):
+        assert list(F.iter_signals(texts, batch_chars=batch_chars)) == alone
+
+
 def test_a_document_no_rule_can_evaluate_is_counted_never_a_crash(tmp_path):
     # DataTrove raises on this one (no words, so '#' per word divides by zero)
     quality = {"gopher_quality": {"min_doc_words": None}}
@@ -379,12 +391,23 @@ def test_a_by_line_tokenizer_s_words_are_its_lines_words(corpus):
                 assert tok.line_words(text) == (words, [len(w) for w in per_line]), name
 
 
-def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists():
+@pytest.mark.parametrize("hashes", ["real", "colliding"])
+def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists(hashes, monkeypatch):
     """Words from a tiny alphabet repeat n-grams everywhere, and different words concatenate
     alike (("ab", "a") and ("a", "ba") both make "aba", which DataTrove's repeated n-grams
-    count as one); a vocabulary too large for one integer key per n-gram takes the other
-    path. Both against DataTrove's own functions."""
+    count as one); one document with a large vocabulary. The documents' signals are computed
+    together, as a batch (no n-gram spans two documents), and each against DataTrove's own
+    functions; also where every n-gram of a document hashes alike (the numbers the walk
+    compares then come from the strings) and where the top n-grams' keys are numbered first
+    (as for a batch whose vocabulary would overflow them)."""
     import random
+
+    import numpy as np
+
+    if hashes == "colliding":
+        monkeypatch.setattr(F, "char_hashes", lambda joined, errors="strict": (
+            np.zeros(len(joined) + 1, np.uint64), np.ones(len(joined) + 1, np.uint64)))  # fmt: skip
+        monkeypatch.setattr(F, "_KEY_LIMIT", 0)
 
     from datatrove.pipeline.filters.gopher_repetition_filter import (
         find_all_duplicate,
@@ -394,13 +417,13 @@ def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists():
 
     rng = random.Random(0)
     lists = [
-        [rng.choice(["a", "b", "ab", "ba", "aa", "b."]) for _ in range(rng.randint(1, 90))]
+        [rng.choice(["a", "b", "ab", "ba", "aa", "b."]) for _ in range(rng.randint(0, 90))]
         for _ in range(300)
     ]
     lists.append([f"w{i % 60_000}" for i in range(70_000)])  # 60,000 distinct words
-    for words in lists:
-        w = F._index_words(words)
-        top = {n: find_top_duplicate(get_n_grams(words, n)) if len(words) >= n else None
-               for n in F.TOP_N}  # fmt: skip
-        assert F._top_ngram_chars(w) == top, words[:20]
-        assert F._repeated_ngram_chars(w) == {n: find_all_duplicate(words, n) for n in F.DUP_N}
+    batch = F._index_words(lists)
+    tops, repeats = F._top_ngram_chars(batch), F._repeated_ngram_chars(batch)
+    for words, top, repeated in zip(lists, tops, repeats, strict=True):
+        assert top == {n: find_top_duplicate(get_n_grams(words, n)) if len(words) >= n else None
+                       for n in F.TOP_N}, words[:20]  # fmt: skip
+        assert repeated == {n: find_all_duplicate(words, n) for n in F.DUP_N}, words[:20]

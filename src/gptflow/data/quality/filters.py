@@ -7,7 +7,8 @@ al. 2020, TFDS ``c4_utils``) and FineWeb's line filters, as DataTrove 0.10.1 def
 
 Tag once, threshold many (as Dolma's attributes and RedPajama-V2's quality signals):
 `signals(text, tokenizer)` computes every number those rules compare, one flat JSON-able dict
-per document (`write_signals` writes a shard's side file of them); `select(signals,
+per document; `iter_signals(texts, tokenizer)` computes a shard's a batch of documents at a
+time, with the same values (`write_signals` writes a shard's side file of them); `select(signals,
 thresholds)` applies a recipe's thresholds, rule by rule in the recipe's order, and returns
 ``(keep, reason)`` with the reason DataTrove's filter gives, so an ablation over thresholds
 recomputes nothing. Each rule's own `decide` stops at the first failing check in DataTrove's
@@ -19,7 +20,7 @@ LanguageFilter decision) needs a model file, so its signals are asked for separa
 The word tokenizer is named (`TOKENIZERS`): ``spacy`` is DataTrove's own (spaCy's blank
 English tokenizer plus its sentencizer, DataTrove >= 0.4), with which every decision and reason
 is DataTrove's (tests/unit/test_quality_filters.py checks it document by document);
-``regex`` is ~10x faster and decides differently on some documents (bench/quality.py prints
+``regex`` is ~25x faster and decides differently on some documents (bench/quality.py prints
 the per-rule agreement).
 
 A document no rule can evaluate (not a string; a ratio whose denominator is zero, where
@@ -40,7 +41,8 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
-from operator import methodcaller
+from itertools import chain, compress
+from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -121,7 +123,6 @@ TERMINAL_PUNCTUATION = frozenset(
 )
 PUNCTUATION_SET = frozenset(PUNCTUATION) | TERMINAL_PUNCTUATION
 _PUNCTUATION_CHARS = "".join(sorted(PUNCTUATION_SET))
-_STOP_CHARS = tuple(sorted(TERMINAL_PUNCTUATION))
 
 
 class Tokenizer(NamedTuple):
@@ -235,7 +236,14 @@ def get_tokenizer(name: str) -> Tokenizer:
 
 
 # ---------------------------------------------------------------------------------------------
-# Signals
+# Signals, a batch of documents at a time
+#
+# Python runs per document and per line; per word, numpy runs over the whole batch: its words
+# are interned once (ids into the batch's vocabulary, each distinct word's properties computed
+# once), and the n-gram counts, the repeated n-grams' positions and the word counts are taken
+# over the batch's words at once, keyed by document.
+
+BATCH_CHARS = 1 << 18  # characters of text whose signals are computed together (batches by size)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -250,67 +258,74 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
 
 
 class _Words(NamedTuple):
-    """A document's words as ids into its vocabulary, with what the rules ask of each
-    distinct word (computed once per distinct word, not per occurrence)."""
+    """A batch's words (its documents', in order) as ids into the batch's vocabulary, so that
+    what the rules ask of a word is computed once per distinct word (`_word_counts`)."""
 
-    words: list[str]
-    ids: np.ndarray  # (W,) int64: the word's index in `vocab`
-    lengths: np.ndarray  # (W,) int64: characters
-    ends: np.ndarray  # (W,) int64: where each word ends in `joined`
+    ids: np.ndarray  # (N,) int64: the word's index in `vocab`
+    doc: np.ndarray  # (N,) int64: the word's document, 0..D-1
+    lengths: np.ndarray  # (N,) int64: characters
+    counts: np.ndarray  # (D,) int64: words per document
+    first: np.ndarray  # (D,) int64: the document's first word
     joined: str  # the words concatenated
     vocab: list[str]  # distinct words, in order of first appearance
-    non_symbol: np.ndarray  # (V,) bool: has a character outside PUNCTUATION_SET
-    alpha: np.ndarray  # (V,) bool: has a letter (str.isalpha)
 
 
-def _index_words(words: list[str]) -> _Words:
-    # distinct words in order of first appearance
-    index = {word: i for i, word in enumerate(dict.fromkeys(words))}
-    ids = np.fromiter(map(index.__getitem__, words), np.int64, len(words))
+def _index_words(words: list[list[str]]) -> _Words:
+    flat = list(chain.from_iterable(words))
+    index = {word: i for i, word in enumerate(dict.fromkeys(flat))}
+    ids = np.fromiter(map(index.__getitem__, flat), np.int64, len(flat))
     vocab = list(index)
+    counts = np.fromiter(map(len, words), np.int64, len(words))
+    first = np.cumsum(counts) - counts
+    doc = np.repeat(np.arange(len(words), dtype=np.int64), counts)
     lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
-    strip = methodcaller("strip", _PUNCTUATION_CHARS)
-    non_symbol = np.fromiter(map(bool, map(strip, vocab)), bool, len(vocab))
-    alpha = np.fromiter(map(str.isalpha, vocab), bool, len(vocab))  # all letters, or:
-    for i in np.flatnonzero(~alpha).tolist():
-        alpha[i] = any(map(str.isalpha, vocab[i]))  # some letter
-    joined = "".join(words)
-    return _Words(words, ids, lengths, np.cumsum(lengths), joined, vocab, non_symbol, alpha)
+    return _Words(ids, doc, lengths, counts, first, "".join(flat), vocab)
 
 
-def _top_ngram_chars(w: _Words) -> dict[int, int | None]:
-    """For each n of TOP_N: characters of the most frequent n-gram (words joined by a space)
-    times its count; of equally frequent ones the first to appear (Counter.most_common's
-    choice); None with fewer than n words. N-grams are equal exactly when their word ids are,
-    so an n-gram is its ids as one integer in base len(vocab), offset per n so that all n are
-    counted in one pass (a Counter of tuples where that would overflow)."""
-    out: dict[int, int | None] = dict.fromkeys(TOP_N)
-    base = len(w.vocab)
-    sizes = {n: len(w.ids) - n + 1 for n in TOP_N if len(w.ids) >= n}
-    if not sizes:
+def _ngram_starts(w: _Words, n: int) -> np.ndarray:
+    """The positions (batch word indices) where an n-gram of one document starts."""
+    size = max(0, len(w.ids) - n + 1)
+    doc = w.doc[:size]
+    return np.flatnonzero(np.arange(size) - w.first[doc] <= w.counts[doc] - n)
+
+
+_KEY_LIMIT = 2**62  # n-gram keys stay below (int64)
+
+
+def _top_ngram_chars(w: _Words) -> list[dict[int, int | None]]:
+    """Per document, for each n of TOP_N: characters of its most frequent n-gram (words joined
+    by a space) times its count; of equally frequent ones the first to appear
+    (Counter.most_common's choice); None with fewer than n words. N-grams are equal exactly
+    when their word ids are; an n-gram is numbered by its (n-1)-gram's number and its last
+    word's, both numbered within its document, so that one np.unique counts every
+    document's n-grams at once."""
+    out: list[dict[int, int | None]] = [dict.fromkeys(TOP_N) for _ in w.counts]
+    if not len(w.ids):
         return out
-    if sum(base**n for n in TOP_N) >= 2**63:
-        for n in sizes:
-            grams = Counter(zip(*(w.words[i:] for i in range(n)), strict=False))
-            gram, times = grams.most_common(1)[0]
-            out[n] = (sum(map(len, gram)) + n - 1) * times
-        return out
-    parts, offset = [], 0
-    for n, size in sizes.items():
-        keys = w.ids[:size].copy()
-        for i in range(1, n):
-            keys = keys * base + w.ids[i : i + size]
-        parts.append(keys + offset)
-        offset += base**n
-    uniques, first, times = np.unique(np.concatenate(parts), return_index=True, return_counts=True)
-    offset = start = 0
-    for n, size in sizes.items():
-        lo, hi = np.searchsorted(uniques, [offset, offset + base**n])
-        most = times[lo:hi].max()
-        at = first[lo:hi][times[lo:hi] == most].min() - start
-        out[n] = int(w.lengths[at : at + n].sum() + n - 1) * int(most)
-        offset += base**n
-        start += size
+    numbered, base = w.ids, len(w.vocab)
+    previous = w.doc * base + w.ids  # the (n-1)-gram's number at each position: (doc, word)
+    if len(w.counts) * base**2 >= _KEY_LIMIT:  # (a bigram's key would not fit: fewer numbers)
+        previous = np.unique(previous, return_inverse=True)[1]
+        numbered, base = previous, int(previous.max()) + 1
+    chars = np.concatenate(([0], np.cumsum(w.lengths)))
+    for n in TOP_N:
+        at = _ngram_starts(w, n)
+        if not len(at):
+            break
+        keys = previous[at] * base + numbered[at + n - 1]
+        _, inverse, times = np.unique(keys, return_inverse=True, return_counts=True)
+        times = times[inverse]  # (each position's n-gram's count)
+        doc = w.doc[at]
+        first = np.flatnonzero(np.diff(doc, prepend=-1))  # each document's first n-gram
+        most = np.maximum.reduceat(times, first)
+        # of the most frequent, the first to appear: the first position where one occurs
+        top = np.flatnonzero(times == np.repeat(most, np.diff(first, append=len(at))))
+        top = at[top[np.flatnonzero(np.diff(doc[top], prepend=-1))]]
+        value = (chars[top + n] - chars[top] + n - 1) * most
+        for d, v in zip(w.doc[top].tolist(), value.tolist(), strict=True):
+            out[d][n] = v
+        previous = np.zeros(len(w.ids), np.int64)
+        previous[at] = inverse
     return out
 
 
@@ -318,105 +333,169 @@ _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
 _HASH_BASE_INVERSE = np.uint64(pow(int(_HASH_BASE), -1, 2**64))
 
 
-def _repeated_ngram_chars(w: _Words) -> dict[int, int]:
-    """For each n of DUP_N, DataTrove's find_all_duplicate: walking the n-grams (words
-    concatenated WITHOUT a separator, so ("ab", "c") repeats ("a", "bc")), a repeat of one
-    already seen counts its characters and jumps n words. Only positions whose n-gram occurs
-    more than once can change the walk, so only they are walked: they are found, for all n
-    at once, by a polynomial hash of the n-gram's characters (equal strings hash equal; a
-    collision only adds a position to walk), and the walk compares the strings themselves."""
-    chars = dict.fromkeys(DUP_N, 0)
-    sizes = [max(0, len(w.ids) - n + 1) for n in DUP_N]
-    if sum(sizes) <= 1:
-        return chars
-    prefix, unscale = char_hashes(w.joined)
-    starts = w.ends - w.lengths
-    spans = [(starts[:size], w.ends[n - 1 :]) for n, size in zip(DUP_N, sizes, strict=True)]
-    at_start, at_end, scale = prefix[starts], prefix[w.ends], unscale[starts]
-    with np.errstate(over="ignore"):  # (equal keys of two n only add positions to walk)
-        keys = np.concatenate(
-            [(at_end[n - 1 :] - at_start[:size]) * scale[:size]
-             for n, size in zip(DUP_N, sizes, strict=True)]
-        )  # fmt: skip
-    order = np.argsort(keys)
-    ranked = keys[order]
-    same = np.flatnonzero(ranked[1:] == ranked[:-1])
-    if not len(same):
-        return chars
-    repeated = np.zeros(len(keys), bool)
-    repeated[order[same]] = repeated[order[same + 1]] = True
-    offset = 0
-    for n, size, (a, b) in zip(DUP_N, sizes, spans, strict=True):
-        walk = np.flatnonzero(repeated[offset : offset + size])
-        offset += size
-        seen: set[str] = set()
-        resume = 0
-        for i, start, stop in zip(walk.tolist(), a[walk].tolist(), b[walk].tolist(), strict=True):
+def _repeated_ngram_chars(w: _Words) -> list[dict[int, int]]:
+    """Per document, for each n of DUP_N, DataTrove's find_all_duplicate: walking the n-grams
+    (words concatenated WITHOUT a separator, so ("ab", "c") repeats ("a", "bc")), a repeat of
+    one already seen counts its characters and jumps n words. Only positions whose n-gram
+    occurs more than once in the document can change the walk, so only they are walked.
+    N-grams are numbered by a polynomial hash of their characters mixed with their document
+    (equal strings of one document hash equal), for every document at once; a number is
+    trusted where its n-grams are one document's and the same words, and where they are not
+    (the same characters split otherwise, or a collision) its n-grams are numbered again by
+    their strings. The walk then compares numbers."""
+    out = [dict.fromkeys(DUP_N, 0) for _ in w.counts]
+    starts = {n: _ngram_starts(w, n) for n in DUP_N}
+    if sum(map(len, starts.values())) <= 1:
+        return out
+    # (a document whose words hold a lone surrogate has too few words to be walked)
+    prefix, unscale = char_hashes(w.joined, "surrogatepass")
+    ends = np.cumsum(w.lengths)
+    begins = ends - w.lengths
+    with np.errstate(over="ignore"):
+        salt = (w.doc + 1).astype(np.uint64) * _HASH_BASE_INVERSE
+    for n, at in starts.items():
+        if len(at) < 2:
+            continue
+        with np.errstate(over="ignore"):
+            keys = (prefix[ends[at + n - 1]] - prefix[begins[at]]) * unscale[begins[at]] + salt[at]
+        _, number, times = np.unique(keys, return_inverse=True, return_counts=True)
+        walk = np.flatnonzero(times[number] > 1)  # (indices into `at`)
+        if not len(walk):
+            continue
+        one = np.empty(len(times), np.int64)  # an n-gram of each number
+        one[number[walk]] = at[walk]
+        here, there, number = at[walk], one[number[walk]], number[walk]
+        alike = w.doc[here] == w.doc[there]
+        for k in range(n):
+            alike &= w.ids[here + k] == w.ids[there + k]
+        if not alike.all():
+            number = _renumbered(w, n, here, number, ~alike, len(times))
+        seen = bytearray(int(number.max()) + 1)
+        hits: list[int] = []
+        resume = -1
+        for i, c in zip(here.tolist(), number.tolist(), strict=True):
             if i < resume:
                 continue
-            gram = w.joined[start:stop]
-            if gram in seen:
-                chars[n] += stop - start
+            if seen[c]:
+                hits.append(i)
                 resume = i + n
             else:
-                seen.add(gram)
-    return chars
-
-
-def _gopher_repetition(text: str, w: _Words) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    size = len(text)
-    paragraphs = re.split(r"\n{2,}", text.strip())
-    dups, chars = _duplicates(paragraphs)
-    out["dup_para_frac"] = dups / len(paragraphs)
-    out["dup_para_char_frac"] = _ratio(chars, size)
-    lines = re.split(r"\n+", text)
-    dups, chars = _duplicates(lines)
-    out["dup_line_frac"] = dups / len(lines)
-    out["dup_line_char_frac"] = _ratio(chars, size)
-    for n, top in _top_ngram_chars(w).items():
-        out[f"top_{n}_gram"] = None if top is None else _ratio(top, size)
-    for n, chars in _repeated_ngram_chars(w).items():
-        out[f"duplicated_{n}_n_grams"] = _ratio(chars, size)
+                seen[c] = 1
+        if hits:
+            hit = np.array(hits, np.int64)
+            chars = np.bincount(w.doc[hit], ends[hit + n - 1] - begins[hit], len(w.counts))
+            for d in np.flatnonzero(chars).tolist():
+                out[d][n] = int(chars[d])
     return out
 
 
-def char_hashes(joined: str) -> tuple[np.ndarray, np.ndarray]:
+def _renumbered(
+    w: _Words, n: int, here: np.ndarray, number: np.ndarray, unlike: np.ndarray, free: int
+) -> np.ndarray:
+    """The n-grams at `here` numbered anew by (document, string) wherever a number holds one
+    `unlike` its representative; new numbers start at `free`."""
+    number = number.copy()
+    redo = np.flatnonzero(np.isin(number, number[unlike]))
+    ends = np.cumsum(w.lengths)
+    begins = ends - w.lengths
+    fresh: dict[tuple[int, str], int] = {}
+    for j, d, a, b in zip(redo.tolist(), w.doc[here[redo]].tolist(),
+                          begins[here[redo]].tolist(), ends[here[redo] + n - 1].tolist(),
+                          strict=True):  # fmt: skip
+        number[j] = fresh.setdefault((d, w.joined[a:b]), free + len(fresh))
+    return number
+
+
+def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """B**k and B**-k (mod 2**64) for k = 0..size-1."""
+    with np.errstate(over="ignore"):
+        powers = np.ones(size, np.uint64)
+        np.cumprod(np.full(size - 1, _HASH_BASE, np.uint64), out=powers[1:])
+        unscale = np.ones(size, np.uint64)
+        np.cumprod(np.full(size - 1, _HASH_BASE_INVERSE, np.uint64), out=unscale[1:])
+    return powers, unscale
+
+
+@lru_cache(1)
+def _kept_powers() -> tuple[np.ndarray, np.ndarray]:
+    return _power_tables(1 << 20)  # (16 MiB) the tables for texts up to 1 Mi characters
+
+
+def char_hashes(joined: str, errors: str = "strict") -> tuple[np.ndarray, np.ndarray]:
     """Over the words' characters concatenated: prefix[k] = sum of code[i] * B**i for i < k,
     and unscale[k] = B**-k (mod 2**64), so that (prefix[b] - prefix[a]) * unscale[a] is a
-    hash of joined[a:b] that does not depend on a."""
-    codes = np.frombuffer(joined.encode("utf-32-le"), np.uint32).astype(np.uint64)
+    hash of joined[a:b] that does not depend on a (`errors`: "surrogatepass" takes lone
+    surrogates)."""
+    codes = np.frombuffer(joined.encode("utf-32-le", errors), np.uint32).astype(np.uint64)
+    size = len(codes) + 1
+    powers, unscale = _kept_powers() if size <= 1 << 20 else _power_tables(size)
+    prefix = np.zeros(size, np.uint64)
     with np.errstate(over="ignore"):
-        powers = np.ones(len(codes) + 1, np.uint64)  # B**0, B**1, ...
-        np.cumprod(np.full(len(codes), _HASH_BASE, np.uint64), out=powers[1:])
-        prefix = np.zeros(len(codes) + 1, np.uint64)
-        np.cumsum(codes * powers[:-1], out=prefix[1:])
-        unscale = np.ones(len(codes) + 1, np.uint64)
-        np.cumprod(np.full(len(codes), _HASH_BASE_INVERSE, np.uint64), out=unscale[1:])
-    return prefix, unscale
+        np.cumsum(codes * powers[: size - 1], out=prefix[1:])
+    return prefix, unscale[:size]
 
 
-def _gopher_quality(text: str, w: _Words) -> dict[str, Any]:
-    n_words = len(w.ids)
-    non_symbol = w.non_symbol[w.ids]
-    n_non_symbol = int(non_symbol.sum())
-    lines = text.splitlines()
+def _word_counts(w: _Words) -> dict[str, list]:
+    """Gopher quality's per-word numbers of each document: words with a character outside
+    PUNCTUATION_SET (and their characters), words with a letter, distinct stop words."""
+    strip = methodcaller("strip", _PUNCTUATION_CHARS)
+    vocab = w.vocab
+    non_symbol = np.fromiter(map(bool, map(strip, vocab)), bool, len(vocab))
+    alpha = np.fromiter(map(str.isalpha, vocab), bool, len(vocab))  # all letters, or:
+    for i in np.flatnonzero(~alpha).tolist():
+        alpha[i] = any(map(str.isalpha, vocab[i]))  # some letter
+    stop = np.fromiter(map(GOPHER_STOP_WORDS.__contains__, vocab), bool, len(vocab))
+    docs = len(w.counts)
+    if not vocab:
+        return dict.fromkeys(("non_symbol", "non_symbol_chars", "alpha", "stop"), [0] * docs)
+    counted = non_symbol[w.ids]
+    pairs = np.unique(w.doc[stop[w.ids]] * len(vocab) + w.ids[stop[w.ids]])
     return {
-        "gopher_words": n_words,
-        "gopher_non_symbol_words": n_non_symbol,
-        "gopher_avg_word_length": (
-            int(w.lengths[non_symbol].sum()) / n_non_symbol if n_non_symbol else None
-        ),
-        "gopher_hash_ratio": _ratio(text.count("#"), n_words),
-        "gopher_ellipsis_ratio": _ratio(text.count("...") + text.count("…"), n_words),
+        "non_symbol": np.bincount(w.doc[counted], minlength=docs).tolist(),
+        "non_symbol_chars": np.bincount(w.doc[counted], w.lengths[counted], docs)
+        .astype(np.int64)
+        .tolist(),
+        "alpha": np.bincount(w.doc[alpha[w.ids]], minlength=docs).tolist(),
+        "stop": np.bincount(pairs // len(vocab), minlength=docs).tolist(),
+    }
+
+
+def _gopher_repetition_lines(text: str) -> dict[str, Any]:
+    size = len(text)
+    # re.split(r"\n{2,}", text.strip()): a run of 2k or 2k + 1 newlines splits into k + 1
+    # parts, the middle ones empty and the last (with an odd run) starting with a newline
+    paragraphs = [p[1:] if p[:1] == "\n" else p for p in text.strip().split("\n\n") if p]
+    paragraphs = paragraphs or [""]
+    para_dups, para_chars = _duplicates(paragraphs)
+    lines = text.split("\n")  # re.split(r"\n+", text): the empty lines inside go
+    if len(lines) > 1:
+        lines = [lines[0], *filter(None, lines[1:-1]), lines[-1]]
+    line_dups, line_chars = _duplicates(lines)
+    return {
+        "dup_para_frac": para_dups / len(paragraphs),
+        "dup_para_char_frac": _ratio(para_chars, size),
+        "dup_line_frac": line_dups / len(lines),
+        "dup_line_char_frac": _ratio(line_chars, size),
+    }
+
+
+def _gopher_quality(text: str, words: int, counts: dict[str, int]) -> dict[str, Any]:
+    lines = text.splitlines()
+    non_symbol = counts["non_symbol"]
+    return {
+        "gopher_words": words,
+        "gopher_non_symbol_words": non_symbol,
+        "gopher_avg_word_length": (counts["non_symbol_chars"] / non_symbol if non_symbol else None),
+        "gopher_hash_ratio": _ratio(text.count("#"), words),
+        "gopher_ellipsis_ratio": _ratio(text.count("...") + text.count("…"), words),
         "gopher_bullet_lines_ratio": _ratio(
             sum(map(methodcaller("startswith", ("•", "-")), map(str.lstrip, lines))), len(lines)
         ),
         "gopher_end_ellipsis_lines_ratio": _ratio(
             sum(map(methodcaller("endswith", ("...", "…")), map(str.rstrip, lines))), len(lines)
         ),
-        "gopher_alpha_words_ratio": _ratio(int(w.alpha[w.ids].sum()), n_words),
-        "gopher_stop_words": len(GOPHER_STOP_WORDS.intersection(w.vocab)),
+        "gopher_alpha_words_ratio": _ratio(counts["alpha"], words),
+        "gopher_stop_words": counts["stop"],
     }
 
 
@@ -430,10 +509,12 @@ def _c4(text: str, tok: Tokenizer, line_words: list[int] | None) -> tuple[dict[s
     sents = sents_any = 0
     kept: list[str] = []
     kept_words = 0
-    for index, raw in enumerate(text.splitlines()):
-        words = raw.split()  # the stripped line's words
-        if len(words) < C4_MIN_WORDS_PER_LINE or (
-            len(raw) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in words)
+    lines: Iterable[tuple[int, str]] = enumerate(text.splitlines())
+    if line_words is not None:  # a line has no more (whitespace) words than tokens
+        lines = compress(lines, map(C4_MIN_WORDS_PER_LINE.__le__, line_words))
+    for index, raw in lines:
+        if len(raw.split(None, C4_MIN_WORDS_PER_LINE - 1)) < C4_MIN_WORDS_PER_LINE or (
+            len(raw) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in raw.split())
         ):
             continue
         line = raw.strip()
@@ -478,43 +559,106 @@ def _fineweb(text: str, n_words: int) -> dict[str, Any]:
     if not lines:
         return {"fineweb_lines": 0}
     n = len(lines)
-    lengths = np.fromiter(map(len, lines), np.int64, n)
     return {
         "fineweb_lines": n,
-        "fineweb_punct_lines_ratio": sum(map(methodcaller("endswith", _STOP_CHARS), lines)) / n,
-        "fineweb_short_lines_ratio": int((lengths <= FINEWEB_SHORT_LINE).sum()) / n,
-        "fineweb_char_dup_ratio": _ratio(_duplicates(lines)[1], len(text.replace("\n", ""))),
+        "fineweb_punct_lines_ratio": sum(
+            map(TERMINAL_PUNCTUATION.__contains__, map(itemgetter(-1), lines))
+        )
+        / n,
+        "fineweb_short_lines_ratio": sum(map(FINEWEB_SHORT_LINE.__ge__, map(len, lines))) / n,
+        "fineweb_char_dup_ratio": _ratio(_duplicates(lines)[1], len(text) - text.count("\n")),
         "fineweb_list_ratio": _ratio(text.count("\n"), n_words),
     }
+
+
+def _tokenized(text: object, tok: Tokenizer, name: str) -> tuple[list[str], list[int] | None] | str:
+    """A document's words (and each line's number of them, where the tokenizer gives it),
+    or why it cannot be evaluated."""
+    if not isinstance(text, str):
+        return f"text is {type(text).__name__}, not a string"
+    try:
+        words, line_words = tok.line_words(text) if tok.line_words else (tok.words(text), None)
+        if len(words) > 5 and not text.isascii():
+            "".join(words).encode("utf-32-le")  # a lone surrogate: the n-grams' hash refuses it
+    except GptflowError:
+        raise
+    except Exception as e:  # spaCy on a text it cannot take: counted, never a crash
+        return f"{name} tokenizer: {type(e).__name__}: {e}"[:200]
+    return words, line_words
+
+
+def batch_signals(texts: list[object], tokenizer: str = "regex") -> list[dict[str, Any]]:
+    """`signals` of each of `texts`, computed together (`iter_signals` batches a shard's)."""
+    tok = get_tokenizer(tokenizer)
+    rows: list[dict[str, Any]] = [{} for _ in texts]
+    docs, words, line_words = [], [], []
+    for i, text in enumerate(texts):
+        tokenized = _tokenized(text, tok, tokenizer)
+        if isinstance(tokenized, str):
+            rows[i] = {UNPARSABLE: tokenized}
+        else:
+            docs.append(i)
+            words.append(tokenized[0])
+            line_words.append(tokenized[1])
+    w = _index_words(words)
+    counts = _word_counts(w)
+    top = _top_ngram_chars(w)
+    repeated = _repeated_ngram_chars(w)
+    for d, i in enumerate(docs):
+        text: str = texts[i]  # type: ignore[assignment]
+        size = len(text)
+        try:
+            c4, after_c4, after_c4_words = _c4(text, tok, line_words[d])
+        except GptflowError:
+            raise
+        except Exception as e:  # spaCy on a text it cannot take: counted, never a crash
+            rows[i] = {UNPARSABLE: f"{tokenizer} tokenizer: {type(e).__name__}: {e}"[:200]}
+            continue
+        n_words = len(words[d])
+        row = rows[i]
+        row["chars"] = size
+        row.update(_gopher_repetition_lines(text))
+        for n, chars in top[d].items():
+            row[f"top_{n}_gram"] = None if chars is None else _ratio(chars, size)
+        for n, chars in repeated[d].items():
+            row[f"duplicated_{n}_n_grams"] = _ratio(chars, size)
+        row.update(_gopher_quality(text, n_words, {k: v[d] for k, v in counts.items()}))
+        row.update(c4)
+        row.update(_fineweb(text, n_words))
+        for k, v in _fineweb(after_c4, after_c4_words).items():
+            row[k.replace("fineweb_", AFTER_C4, 1)] = v
+    return rows
 
 
 def signals(text: object, tokenizer: str = "regex") -> dict[str, Any]:
     """Every number the four rules compare, for one document (JSON-able: floats, ints, None
     where DataTrove would divide by zero). ``{"unparsable": why}`` for a text that is not a
-    string; a tokenizer that fails on it (spaCy) gives the same."""
-    tok = get_tokenizer(tokenizer)
-    if not isinstance(text, str):
-        return {UNPARSABLE: f"text is {type(text).__name__}, not a string"}
-    try:
-        if tok.line_words:  # the same words, counted per line for C4's leftover text
-            all_words, line_words = tok.line_words(text)
-            words = _index_words(all_words)
-        else:
-            words, line_words = _index_words(tok.words(text)), None
-        c4, after_c4, after_c4_words = _c4(text, tok, line_words)
-        fineweb_after_c4 = _fineweb(after_c4, after_c4_words)
-        return {
-            "chars": len(text),
-            **_gopher_repetition(text, words),
-            **_gopher_quality(text, words),
-            **c4,
-            **_fineweb(text, len(words.ids)),
-            **{k.replace("fineweb_", AFTER_C4, 1): v for k, v in fineweb_after_c4.items()},
-        }
-    except GptflowError:
-        raise
-    except Exception as e:  # spaCy on a text it cannot take: counted, never a crash
-        return {UNPARSABLE: f"{tokenizer} tokenizer: {type(e).__name__}: {e}"[:200]}
+    string; a tokenizer that fails on it (spaCy) gives the same. A shard's documents are
+    faster through `iter_signals`, which computes them a batch at a time."""
+    return batch_signals([text], tokenizer)[0]
+
+
+def iter_signals(
+    texts: Iterable[object], tokenizer: str = "regex", batch_chars: int = BATCH_CHARS
+) -> Iterator[dict[str, Any]]:
+    """`signals` of each text, in order, computed a batch of about `batch_chars` characters
+    at a time (memory follows the batch: a document longer than that is a batch alone)."""
+    get_tokenizer(tokenizer)
+    for batch in _batches(texts, batch_chars):
+        yield from batch_signals(batch, tokenizer)
+
+
+def _batches(texts: Iterable[object], batch_chars: int) -> Iterator[list[object]]:
+    batch: list[object] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text) if isinstance(text, str) else 0
+        if size >= batch_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -828,13 +972,13 @@ def write_signals(
     tmp = path.with_name(path.name + ".tmp")
     docs = unparsable = 0
     with open(tmp, "w", encoding="utf-8") as f:
-        for index, text in enumerate(texts):
-            row = signals(text, tokenizer)
-            if lid_model is not False and UNPARSABLE not in row:
-                row.update(language_signals(text, lid_model))
-            unparsable += UNPARSABLE in row
-            docs += 1
-            f.write(json.dumps({"doc": index, "tokenizer": tokenizer, **row}) + "\n")
+        for batch in _batches(texts, BATCH_CHARS):
+            for text, row in zip(batch, batch_signals(batch, tokenizer), strict=True):
+                if lid_model is not False and UNPARSABLE not in row:
+                    row.update(language_signals(text, lid_model))
+                unparsable += UNPARSABLE in row
+                f.write(json.dumps({"doc": docs, "tokenizer": tokenizer, **row}) + "\n")
+                docs += 1
     tmp.replace(path)
     return {"documents": docs, "unparsable": unparsable, "tokenizer": tokenizer}
 

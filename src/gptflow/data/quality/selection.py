@@ -52,13 +52,13 @@ def check_language(settings: dict, where: str, source: str) -> None:
         raise GptflowError(f"{source}: {where}.threshold: {e}; fix {source}") from None
 
 
-def _write_rows(path: str | os.PathLike, reader: dict, out: str | os.PathLike, row) -> int:
-    """`row(text)` of each document of a shard, one JSON line each, written atomically to
-    `out` (a side file the selection reads); returns the documents written."""
+def _write_rows(path: str | os.PathLike, reader: dict, out: str | os.PathLike, rows) -> int:
+    """`rows(texts)`: a row for each document of a shard, in order, one JSON line each,
+    written atomically to `out` (a side file the selection reads); returns the rows."""
     n = 0
     with atomic_write(out, "w") as f:
-        for text in documents(path, reader):
-            f.write(json.dumps(row(text), ensure_ascii=False))
+        for row in rows(documents(path, reader)):
+            f.write(json.dumps(row, ensure_ascii=False))
             f.write("\n")
             n += 1
     return n
@@ -70,7 +70,7 @@ def write_signals(
     """The signals of a shard's documents, one JSON line each; returns the counts."""
     from gptflow.data.quality import filters
 
-    n = _write_rows(path, reader, out, lambda text: filters.signals(text, tokenizer))
+    n = _write_rows(path, reader, out, lambda texts: filters.iter_signals(texts, tokenizer))
     return {"documents": n, "tokenizer": tokenizer}
 
 
@@ -131,7 +131,9 @@ def write_language_scores(
 
     model_path = str(check_language_model(model, where))
     filters.load_lid_model(model_path)
-    n = _write_rows(path, reader, out, lambda text: filters.language_signals(text, model_path))
+    n = _write_rows(
+        path, reader, out, lambda texts: (filters.language_signals(t, model_path) for t in texts)
+    )
     return {"documents": n, "model": model_path, "sha256": model["sha256"]}
 
 
