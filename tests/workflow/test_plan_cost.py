@@ -6,7 +6,10 @@ reads a `script:` rule's file for every job to see that it is there (check_scrip
 Counted in one real `snakemake -n` of 300 local files (600 collect and tokenize jobs):
 without them over 10,000 signature reads, three formats per shell job and one script read
 per collect job; with them a few hundred reads (most of them libraries' own at import), one
-format per shell job and a read per script rule."""
+format per shell job and a read per script rule. It builds a Wildcards object for each of
+those function calls, the same values for every function of a job (build_wildcards_once:
+one per job's values), and Python's garbage collector walks the objects the plan keeps
+every 700 allocations (collect_garbage_rarely: every 100,000)."""
 
 import ast
 import re
@@ -16,9 +19,13 @@ import sys
 from tests.workflow.conftest import snakemake_cmd
 
 COUNTING = """
-import atexit, collections, inspect, sys
-import snakemake.jobs, snakemake.script
+import atexit, collections, gc, inspect, sys
+import snakemake.iocontainers, snakemake.jobs, snakemake.script
 calls = collections.Counter()
+def collected(phase, info):  # collections while the DAG is built (from its first job on)
+    if phase == "start" and calls["Wildcards"]:
+        calls["collections"] += 1
+gc.callbacks.append(collected)
 def counted(owner, name):
     original = getattr(owner, name)
     def count(*args, **kwargs):
@@ -28,6 +35,11 @@ def counted(owner, name):
 counted(inspect, "signature")
 counted(snakemake.jobs.Job, "format_wildcards")
 counted(snakemake.script, "get_source")
+build = snakemake.iocontainers.Wildcards.__init__  # (a Namedlist's, inherited)
+def build_counted(self, *args, **kwargs):
+    calls["Wildcards"] += 1
+    build(self, *args, **kwargs)
+snakemake.iocontainers.Wildcards.__init__ = build_counted
 atexit.register(lambda: print(f"calls: {dict(calls)}"))
 from snakemake.cli import main
 sys.argv = ["snakemake", *sys.argv[1:]]
@@ -65,3 +77,8 @@ def test_a_plan_reads_each_signature_and_script_once_and_formats_each_command_on
     # script: one format each of the former (three each were more than the jobs)
     assert 300 < calls["format_wildcards"] < jobs - 300, (calls, jobs)
     assert calls["get_source"] < 10, (calls, jobs)
+    # one for each job (Job.wildcards) and one for each job's values (its functions'); one for
+    # each function call before (collect: 2, tokenize: 5)
+    assert calls["Wildcards"] < 2.2 * jobs, (calls, jobs)
+    # a young collection per 100,000 allocations, not per 700 (hundreds for 600 jobs)
+    assert calls["collections"] < 20, (calls, jobs)
