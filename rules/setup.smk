@@ -47,7 +47,9 @@ def read_signatures_once():
     per job: a third of what a plan of 1,000 parts paid beyond plain rules' CPU time
     (bench/plan.py, --profile). A function's signature does not change, so each is read once:
     every binding of snakemake.common.get_function_params gets a cached one (the same mapping
-    it returns)."""
+    it returns). Which of a call's arguments (input, output, threads, ...) a function takes
+    is read from it the same way each call (get_input_function_aux_params: a walk over its
+    parameters, 8 calls a part): it is read once per function too."""
     import sys
 
     import snakemake.common
@@ -66,10 +68,31 @@ def read_signatures_once():
         except TypeError:  # an unhashable callable: read every time, as Snakemake does
             return read(func)
 
+    select = snakemake.common.get_input_function_aux_params
+    takes = {}  # a function's parameter names, or None where it takes **kwargs (every one)
+
+    def get_input_function_aux_params(func, candidate_params):
+        try:
+            names = takes[func]
+        except KeyError:
+            params = get_function_params(func).values()
+            keywords = any(p.kind == p.VAR_KEYWORD for p in params)
+            names = takes[func] = None if keywords else frozenset(p.name for p in params)
+        except TypeError:  # an unhashable callable: as Snakemake does
+            return select(func, candidate_params)
+        if names is None:
+            return candidate_params
+        return {k: v for k, v in candidate_params.items() if k in names}
+
     get_function_params.reads_once = True
+    patched = {"get_function_params": (read, get_function_params)}
+    patched["get_input_function_aux_params"] = (select, get_input_function_aux_params)
     for name, loaded in list(sys.modules.items()):  # (`module` is a Snakemake keyword)
-        if name.startswith("snakemake") and getattr(loaded, "get_function_params", None) is read:
-            loaded.get_function_params = get_function_params
+        if not name.startswith("snakemake"):
+            continue
+        for attribute, (original, once) in patched.items():
+            if getattr(loaded, attribute, None) is original:
+                setattr(loaded, attribute, once)
 
 
 def format_commands_once():

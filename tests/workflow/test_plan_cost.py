@@ -2,7 +2,9 @@
 does once: it reads an input, params or resources function's signature (inspect.signature)
 twice each time it calls one, several times per job (read_signatures_once); it formats a
 job's shell command three times to print it once in a dry run (format_commands_once); it
-reads a `script:` rule's file for every job to see that it is there (check_scripts_once).
+reads a `script:` rule's file for every job to see that it is there (check_scripts_once); it
+walks a function's parameters at each call to see which arguments it takes
+(read_signatures_once: once per function, counted as reads of Parameter.kind).
 Counted in one real `snakemake -n` of 300 local files (600 collect and tokenize jobs):
 without them over 10,000 signature reads, three formats per shell job and one script read
 per collect job; with them a few hundred reads (most of them libraries' own at import), one
@@ -40,6 +42,11 @@ def build_counted(self, *args, **kwargs):
     calls["Wildcards"] += 1
     build(self, *args, **kwargs)
 snakemake.iocontainers.Wildcards.__init__ = build_counted
+kind = inspect.Parameter.kind.fget
+def kind_counted(parameter):  # while the DAG is built, as the collections
+    calls["kind"] += bool(calls["Wildcards"])
+    return kind(parameter)
+inspect.Parameter.kind = property(kind_counted)
 atexit.register(lambda: print(f"calls: {dict(calls)}"))
 from snakemake.cli import main
 sys.argv = ["snakemake", *sys.argv[1:]]
@@ -77,6 +84,8 @@ def test_a_plan_reads_each_signature_and_script_once_and_formats_each_command_on
     # script: one format each of the former (three each were more than the jobs)
     assert 300 < calls["format_wildcards"] < jobs - 300, (calls, jobs)
     assert calls["get_source"] < 10, (calls, jobs)
+    # a function's parameters walked once (which arguments it takes), not at each call of it
+    assert calls["kind"] < jobs / 2, (calls, jobs)  # 8,366 before
     # one for each job (Job.wildcards) and one for each job's values (its functions'); one for
     # each function call before (collect: 2, tokenize: 5)
     assert calls["Wildcards"] < 2.2 * jobs, (calls, jobs)
