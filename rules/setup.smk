@@ -182,14 +182,14 @@ def build_wildcards_once():
 
 
 def collect_garbage_rarely(threshold=100_000):
-    """Python's cyclic garbage collector runs a young collection every 700 allocations, and
-    every tenth of those collections (each tenth of those: the whole heap, Snakemake's
-    DAG included) walks the objects that survived. A plan allocates millions and frees almost
-    no cycles: at 10,000 parts (20,009 jobs) it spent 5.1 of its 18.7 CPU seconds collecting
-    (gc.callbacks; 2.6 of 12.7 for plain rules of as many jobs). A young collection every
-    `threshold` allocations instead: 1.0 s. At most that many young objects wait for their
-    collection (a few MB); the older generations' ratios stay. Only ever raised (a test's
-    API calls parse this file in its own process)."""
+    """Python's cyclic garbage collector walks the young objects every 700 allocations, the
+    survivors of ten such walks again, and every tenth of those the whole heap (Snakemake's DAG
+    included) once it has grown by a quarter. A plan allocates millions of objects and frees
+    almost no cycles: at 10,000 parts (20,009 jobs) it spent 5.1 of its 18.7 CPU seconds
+    collecting (gc.callbacks; plain rules of as many jobs: 2.6 of 12.7). A young walk every
+    `threshold` allocations instead: 1.2 of 14.7 s. At most that many young objects wait for
+    their walk (a few MB); the older generations' ratios stay. Only ever raised (a test's API
+    calls parse this file in its own process)."""
     import gc
 
     young, *older = gc.get_threshold()
