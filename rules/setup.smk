@@ -49,7 +49,7 @@ def read_signatures_once():
     every binding of snakemake.common.get_function_params gets a cached one (the same mapping
     it returns). Which of a call's arguments (input, output, threads, ...) a function takes
     is read from it the same way each call (get_input_function_aux_params: a walk over its
-    parameters, 8 calls a part): it is read once per function too."""
+    parameters, 11 calls a part, 15 with its download): it is read once per function too."""
     import sys
 
     import snakemake.common
