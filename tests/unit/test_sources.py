@@ -88,6 +88,10 @@ def test_errors_name_the_dataset_and_the_fix(catalog):
     dup = {"type": "url", "files": [{"url": "http://a/x.jsonl"}, {"url": "http://b/x.jsonl"}]}
     with pytest.raises(GptflowError, match=r"several files would be stored as \['x\.jsonl'\]"):
         resolve("x", dup, catalog)
+    names = ["y", "x", "y", "z", "y", "x"]
+    dup = {"type": "url", "files": [{"url": f"http://{i}/{n}.jsonl"} for i, n in enumerate(names)]}
+    with pytest.raises(GptflowError, match=r"stored as \['x\.jsonl', 'y\.jsonl'\]; give"):
+        resolve("x", dup, catalog)  # each name once, in order
 
 
 def test_a_broken_catalog_entry_names_the_catalog(tmp_path, schema):

@@ -2,11 +2,16 @@
 does once: it reads an input, params or resources function's signature (inspect.signature)
 twice each time it calls one, several times per job (read_signatures_once); it formats a
 job's shell command three times to print it once in a dry run (format_commands_once); it
-reads a `script:` rule's file for every job to see that it is there (check_scripts_once).
+reads a `script:` rule's file for every job to see that it is there (check_scripts_once); it
+walks a function's parameters at each call to see which arguments it takes
+(read_signatures_once: once per function, counted as reads of Parameter.kind).
 Counted in one real `snakemake -n` of 300 local files (600 collect and tokenize jobs):
 without them over 10,000 signature reads, three formats per shell job and one script read
 per collect job; with them a few hundred reads (most of them libraries' own at import), one
-format per shell job and a read per script rule."""
+format per shell job and a read per script rule. It builds a Wildcards object for each of
+those function calls, the same values for every function of a job (build_wildcards_once:
+one per job's values), and Python's garbage collector walks the objects the plan keeps
+every 700 allocations (collect_garbage_rarely: every 100,000)."""
 
 import ast
 import re
@@ -16,9 +21,13 @@ import sys
 from tests.workflow.conftest import snakemake_cmd
 
 COUNTING = """
-import atexit, collections, inspect, sys
-import snakemake.jobs, snakemake.script
+import atexit, collections, gc, inspect, sys
+import snakemake.iocontainers, snakemake.jobs, snakemake.script
 calls = collections.Counter()
+def collected(phase, info):  # collections while the DAG is built (from its first job on)
+    if phase == "start" and calls["Wildcards"]:
+        calls["collections"] += 1
+gc.callbacks.append(collected)
 def counted(owner, name):
     original = getattr(owner, name)
     def count(*args, **kwargs):
@@ -28,6 +37,16 @@ def counted(owner, name):
 counted(inspect, "signature")
 counted(snakemake.jobs.Job, "format_wildcards")
 counted(snakemake.script, "get_source")
+build = snakemake.iocontainers.Wildcards.__init__  # (a Namedlist's, inherited)
+def build_counted(self, *args, **kwargs):
+    calls["Wildcards"] += 1
+    build(self, *args, **kwargs)
+snakemake.iocontainers.Wildcards.__init__ = build_counted
+kind = inspect.Parameter.kind.fget
+def kind_counted(parameter):  # while the DAG is built, as the collections
+    calls["kind"] += bool(calls["Wildcards"])
+    return kind(parameter)
+inspect.Parameter.kind = property(kind_counted)
 atexit.register(lambda: print(f"calls: {dict(calls)}"))
 from snakemake.cli import main
 sys.argv = ["snakemake", *sys.argv[1:]]
@@ -65,3 +84,10 @@ def test_a_plan_reads_each_signature_and_script_once_and_formats_each_command_on
     # script: one format each of the former (three each were more than the jobs)
     assert 300 < calls["format_wildcards"] < jobs - 300, (calls, jobs)
     assert calls["get_source"] < 10, (calls, jobs)
+    # a function's parameters walked once (which arguments it takes), not at each call of it
+    assert calls["kind"] < jobs / 2, (calls, jobs)  # 8,366 before
+    # one for each job (Job.wildcards) and one for each job's values (its functions'); one for
+    # each function call before (collect: 2, tokenize: 5)
+    assert calls["Wildcards"] < 2.2 * jobs, (calls, jobs)
+    # a young collection per 100,000 allocations, not per 700 (hundreds for 600 jobs)
+    assert calls["collections"] < 20, (calls, jobs)

@@ -30,6 +30,7 @@ resolved by :func:`resolve_datasets` into the same :class:`Dataset` and :class:`
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import functools
 import json
@@ -485,7 +486,8 @@ def url_files(name: str, spec: dict, where: str) -> list[RemoteFile]:
             refuse_credentials_in_urls([url, *mirrors], where)
             files.append(RemoteFile(url_file_name(url), (url, *mirrors), None))
     names = [check_stored_name(f.name, where) for f in files]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    # counted once (names.count per name was quadratic: 0.8 s of planning at 10,000 parts)
+    dupes = sorted(n for n, times in collections.Counter(names).items() if times > 1)
     if dupes:
         raise GptflowError(
             f"{where}: several files would be stored as {dupes}; give them distinct names"
