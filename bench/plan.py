@@ -4,7 +4,11 @@ For each N, two gptflow configs in a scratch directory (the tiny test config oth
 
 - local: N text files, a `local` dataset split into N shards (N collect + N tokenize jobs);
 - url:   a `url` dataset whose url_template expands over N parts (N download + N tokenize
-         jobs; the URLs point at a closed loopback port: a dry run never opens them).
+         jobs; the URLs point at a closed loopback port: a dry run never opens them);
+- quality (with --kinds): local's N shards cleaned by FineWeb's order of data.quality steps
+         (exact, minhash, the four filter rules: per shard hashes, removal, signatures,
+         removal, signals, selection; per group the repeats, 14 band files and the
+         clusters), then tokenized: ~8 N jobs, the data stage at Pile scale (issue 39).
 
 Each is timed as the whole `snakemake -n` command (process start, Snakefile parsing, DAG),
 run by the same snakemake as two generated baselines with exactly the same job count:
@@ -38,7 +42,7 @@ profiles gptflow's plan of the largest N.
 Usage: python bench/plan.py [--sizes 250 1000] [--repeats 3] [--repo DIR] [--profile]
        python bench/plan.py --study 25 100 [--vary seed] [--repeats 3] [--profile]
 (--repo: plan another checkout, e.g. a scratch copy with edited rules; its src/ goes first
-on PYTHONPATH. --smoke: N=10 once, both configs: seconds, the test suite's run,
+on PYTHONPATH. --smoke: N=10 once, every config: seconds, the test suite's run,
 tests/unit/test_bench.py, whose figures mean nothing.)
 """
 
@@ -63,12 +67,25 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 # --smoke: the smallest run that still prints every line (explicit options still win)
-SMOKE = dict(sizes=[10], repeats=1)
+KINDS = ["local", "url", "quality"]
+SMOKE = dict(sizes=[10], repeats=1, kinds=KINDS)
+
+
+# the quality kind's recipe (config/examples/studies/data-ablation.yaml's fullest)
+QUALITY = {
+    "steps": [
+        {"step": "exact"},
+        {"step": "minhash"},
+        {"step": "filters", "rules": {"gopher_repetition": {}, "gopher_quality": {}, "c4": {"filter_no_terminal_punct": False}, "fineweb": {}}},
+    ]
+}  # fmt: skip
 
 
 def gptflow_config(kind: str, n: int, corpus: Path) -> dict:
     cfg = yaml.safe_load((REPO / "tests" / "config" / "config.yaml").read_text())
-    if kind == "local":
+    if kind == "quality":
+        cfg["data"]["quality"] = QUALITY
+    if kind in ("local", "quality"):
         spec = {"type": "local", "root": str(corpus), "include": ["*.txt"], "shards": n}
     else:
         spec = {
@@ -245,12 +262,12 @@ def sizes_mode(a: argparse.Namespace, repo: Path, env: dict, tmp: Path) -> None:
         "DAG shape; CPU: the ratio of the processes' CPU seconds (user + system)"
     )
     print(
-        f"  {'config':6} {'N':>5} {'jobs':>5} {'gptflow':>8} {'plain':>7} {'shaped':>7}"
+        f"  {'config':7} {'N':>5} {'jobs':>5} {'gptflow':>8} {'plain':>7} {'shaped':>7}"
         f" {'vs plain':>9} {'vs shaped':>10} {'CPU vs plain':>13} {'ms/job':>7}"
     )
     for kind, n, jobs, ours, theirs, shape in rows:
         print(
-            f"  {kind:6} {n:5d} {jobs:5d} {ours[0]:7.2f}s {theirs[0]:6.2f}s {shape[0]:6.2f}s"
+            f"  {kind:7} {n:5d} {jobs:5d} {ours[0]:7.2f}s {theirs[0]:6.2f}s {shape[0]:6.2f}s"
             f" {ours[0] / theirs[0]:8.2f}x {ours[0] / shape[0]:9.2f}x"
             f" {ours[1] / theirs[1]:12.2f}x {1000 * ours[0] / jobs:7.2f}"
         )
@@ -501,7 +518,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[250, 1000])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--kinds", nargs="+", default=["local", "url"], choices=["local", "url"])
+    p.add_argument("--kinds", nargs="+", default=["local", "url"], choices=KINDS)
     p.add_argument("--study", type=int, nargs="+", help="plan studies of these run counts")
     p.add_argument("--vary", default="weight_decay", choices=["weight_decay", "seed"],
                    help="the study grid's second key (seed: one data index per seed)")  # fmt: skip

@@ -130,10 +130,11 @@ def test_plan(tmp_path):
     out = run_bench("plan", tmp_path)
     got = rows(
         out,
-        rf"  (local|url)\s+10\s+{NUM}\s+{NUM}s\s+{NUM}s\s+{NUM}s\s+{RATIO}\s+{RATIO}\s+{RATIO}\s+{NUM}",
+        rf"  (local|url|quality)\s+10\s+{NUM}\s+{NUM}s\s+{NUM}s\s+{NUM}s\s+{RATIO}\s+{RATIO}\s+{RATIO}\s+{NUM}",
     )
-    assert [r[0] for r in got] == ["local", "url"]
+    assert [r[0] for r in got] == ["local", "url", "quality"]
     assert all(number(r[1]) > 20 and number(r[5]) > 0 for r in got)  # N collect + N tokenize
+    assert number(got[2][1]) > 80  # + per shard 6 quality jobs, per group 16
 
 
 def test_run(tmp_path):
