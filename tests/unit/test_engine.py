@@ -134,6 +134,8 @@ for stage in (0, 1, 2, 3):
         "finite": all(bool(torch.isfinite(p).all()) for p in moved),
     }
 print(json.dumps(out))
+from gptflow.train import device
+sys.exit(device.leave(0))  # without the interpreter's teardown (gptflow.train.device.leave)
 """
 
 
@@ -205,6 +207,8 @@ for stage, precision in ((0, "fp32"), (1, "bf16"), (2, "bf16"), (3, "bf16")):
 with open(f"{sys.argv[1]}.{rank}", "w") as f:  # a file per rank: printed lines interleave
     json.dump(out, f)
 dist.destroy_process_group()
+from gptflow.train import device
+sys.exit(device.leave(0))  # without the interpreter's teardown (gptflow.train.device.leave)
 """
 
 
@@ -265,6 +269,8 @@ for stage in (1, 2, 3):
     out[stage] = {"losses": losses, "sums": str(sums), "skipped": eng.skipped_steps,
                   "params": str(next(eng.module.parameters()).dtype)}
 print(json.dumps(out))
+from gptflow.train import device
+sys.exit(device.leave(0))  # without the interpreter's teardown (gptflow.train.device.leave)
 """
 
 
@@ -358,6 +364,8 @@ want = original_muon.zeropower_via_newtonschulz5.__wrapped__(g, 5)
 out["compiled_after_two_calls"] = list(compiled)
 out["same_result"] = bool(torch.equal(got, want) and torch.equal(again, want))
 print(json.dumps(out))
+from gptflow.train import device
+sys.exit(device.leave(0))  # without the interpreter's teardown (gptflow.train.device.leave)
 """
 
 

@@ -101,7 +101,8 @@ for path in sys.argv[2:]:
     current["name"] = os.path.basename(os.path.dirname(path))
     code = train(path, threads=1)
     if code:
-        sys.exit(code)
+        break
+sys.exit(device.leave(code))  # without the interpreter's teardown (gptflow.train.device.leave)
 '''
 
 KFAC = {"factor_update_steps": 1, "inv_update_steps": 1, "damping": 1e-3, "factor_decay": 0.5}

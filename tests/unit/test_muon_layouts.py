@@ -85,7 +85,8 @@ for path in sys.argv[2:]:
     current["name"] = os.path.basename(os.path.dirname(path))
     code = train(path, threads=1)
     if code:
-        sys.exit(code)
+        break
+sys.exit(device.leave(code))  # without the interpreter's teardown (gptflow.train.device.leave)
 '''
 
 SETTINGS = dict(train_iters=3, lr=2e-3, min_lr=2e-4, lr_warmup_iters=0, log_interval=1,

@@ -133,13 +133,8 @@ def setup(env: DistEnv, timeout_minutes: float) -> Device:
                 f"({str(e).strip().splitlines()[-1]}); another job on this host may hold the "
                 "port: set MASTER_PORT to a free one below 32768, or stop the other job"
             ) from None
-    ds.init_distributed()  # wraps the group above
-    global _GROUP_STARTED
-    _GROUP_STARTED = True
+    ds.init_distributed()  # wraps the group above (and records that this process made one)
     return Device(device, env.world_size)
-
-
-_GROUP_STARTED = False  # whether this process created a process group (setup)
 
 
 def leave(code: int) -> int:
@@ -156,7 +151,7 @@ def leave(code: int) -> int:
     other non-daemon threads (a background save's writers), runs the atexit handlers (logging's flush, W&B's finish), flushes its
     streams -- and ends with ``os._exit(code)``, skipping only the teardown. A process
     without a process group returns `code` to exit as usual."""
-    if not _GROUP_STARTED:
+    if not ds.group_started():
         return code
     import atexit
     import contextlib

@@ -645,8 +645,19 @@ def import_muon_compiling_on_first_call() -> None:
         torch.compile = compile_now
 
 
+_GROUP_STARTED = False  # whether this process created a process group (init_distributed)
+
+
+def group_started() -> bool:
+    """Whether this process created a process group (gptflow.train.device.leave reads it)."""
+    return _GROUP_STARTED
+
+
 def init_distributed(backend: str | None = None) -> None:
-    """DeepSpeed's process group (gloo on CPU, NCCL on GPU), without its JIT shm op on CPU."""
+    """DeepSpeed's process group (gloo on CPU, NCCL on GPU), without its JIT shm op on CPU.
+    Every process group of gptflow's is made here (device.setup's too), so a process that
+    made one ends through :func:`gptflow.train.device.leave`."""
+    global _GROUP_STARTED
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
@@ -658,6 +669,7 @@ def init_distributed(backend: str | None = None) -> None:
 
     ds_logger.setLevel(logging.WARNING)  # its INFO lines would drown the training log
     import_muon_compiling_on_first_call()
+    _GROUP_STARTED = True  # set first: a failure half-way may have made the group already
     deepspeed.init_distributed(
         dist_backend=backend or get_accelerator().communication_backend_name(),
         auto_mpi_discovery=False,
