@@ -181,6 +181,48 @@ def build_wildcards_once():
     snakemake.rules.Wildcards = wildcards_of
 
 
+def find_inputs_by_set(least=64):
+    """For each input file of each job and each job that could make it, Snakemake's DAG checks
+    that the file is not among the maker's own inputs (snakemake.dag.DAG.update: `file in
+    job.input`, a scan of the list). A job taking every shard's file whose output every shard's
+    job takes -- data.quality's find_exact_repeats, read by each shard's remove_duplicates --
+    makes that N x N comparisons: 4.2 million at 2,000 parts, 10^8 at 10,000. So membership in
+    a job's inputs, from `least` files on, is a lookup in a set of them, built at the first
+    question and dropped when the list changes (a file's hash and equality are its path's, as
+    the list's scan compares them; an unhashable item: the scan)."""
+    from snakemake.iocontainers import InputFiles
+
+    if getattr(InputFiles, "finds_by_set", False):
+        return  # a second parse in this process
+    scan = InputFiles.__contains__
+
+    def __contains__(self, item):
+        if len(self) < least:
+            return scan(self, item)
+        try:
+            members = self.__dict__.get("_members_once")
+            if members is None:
+                members = self.__dict__["_members_once"] = frozenset(self)
+            return item in members
+        except TypeError:
+            return scan(self, item)
+
+    def dropping(name):
+        change = getattr(InputFiles, name)
+
+        def changed(self, *args, **kwargs):
+            self.__dict__.pop("_members_once", None)
+            return change(self, *args, **kwargs)
+
+        return changed
+
+    for name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse",
+                 "__setitem__", "__delitem__", "__iadd__", "__imul__"):  # fmt: skip
+        setattr(InputFiles, name, dropping(name))
+    InputFiles.__contains__ = __contains__
+    InputFiles.finds_by_set = True
+
+
 def collect_garbage_rarely(threshold=100_000):
     """Python's cyclic garbage collector walks the young objects every 700 allocations, the
     survivors of ten such walks again, and every tenth of those the whole heap (Snakemake's DAG
@@ -201,6 +243,7 @@ read_signatures_once()
 format_commands_once()
 check_scripts_once()
 build_wildcards_once()
+find_inputs_by_set()
 collect_garbage_rarely()
 REPO = Path(workflow.basedir)
 SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
