@@ -103,13 +103,14 @@ def filter_shard(
             removed[reason] += 1
             if len(shown := examples.setdefault(reason, [])) < EXAMPLES:
                 shown.append(text[:EXAMPLE_CHARS])
+        # checked before write_documents publishes `out`: a mismatch leaves no file behind
+        if before is not None and len(before) != counts["documents_in"]:
+            raise GptflowError(
+                f"{origins_in}: the origins of {len(before)} documents, but {path} holds "
+                f"{counts['documents_in']}; delete both so that their quality step runs again"
+            )
 
     documents_out, bytes_out = write_documents(out, kept())
-    if before is not None and len(before) != counts["documents_in"]:
-        raise GptflowError(
-            f"{origins_in}: the origins of {len(before)} documents, but {path} holds "
-            f"{counts['documents_in']}; delete both so that their quality step runs again"
-        )
     if origins_out is not None:
         write_origins(origins_out, compose(before, indices))
     stats = {
