@@ -52,7 +52,8 @@ def kept_bytes(engine) -> int:
         if depth > 4:
             return
         if isinstance(o, torch.Tensor):
-            if o.numel():
+            # meta tensors (DeepSpeed's round_robin_bit16_meta: shapes only) hold no memory
+            if o.numel() and o.device.type != "meta":
                 storage = o.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
             if o.is_leaf and o.grad is not None:

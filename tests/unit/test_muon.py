@@ -113,19 +113,29 @@ def test_training_flops_count_newton_schulz_once_per_step(repo):
     )
 
 
-def test_muon_keeps_one_moment_and_counts_newton_schulz(repo):
-    """The preflight's optimizer state: 4 bytes a Muon parameter less than AdamW's (one
-    moment), partitioned by ZeRO alike; a Newton-Schulz working set; the checkpoint bytes."""
-    from gptflow.plan import gpu_memory
+def test_muon_keeps_its_momentum_for_adams_two_moments_and_counts_newton_schulz(repo):
+    """The preflight's optimizer state: Muon's matrices keep no Adam moments (8 bytes a
+    parameter, partitioned by ZeRO alike) but a momentum, counted by gptflow.plan.muon (at ZeRO
+    0 one fp32 moment each; at ZeRO 1/2 on 2 ranks each rank's momentum of the matrices its
+    partition touches, whole, and the staged copy as large: tests/unit/test_muon_memory.py
+    measures them); a Newton-Schulz working set; the checkpoint bytes."""
+    from gptflow.plan import gpu_memory, muon
 
     m = tiny(repo)
+    matrices = sum(r * c for r, c in muon_matrix_shapes(m))
     for zero in (0, 1, 2):
         kw = dict(train_iters=10, zero_stage=zero)
+        with_muon = TrainConfig(**kw, **MUON)
         a = gpu_memory.stage_memory(m, TrainConfig(**kw), 2, 1, "fp32", 0)
-        b = gpu_memory.stage_memory(m, TrainConfig(**kw, **MUON), 2, 1, "fp32", 0)
-        matrices = sum(r * c for r, c in muon_matrix_shapes(m))
+        b = gpu_memory.stage_memory(m, with_muon, 2, 1, "fp32", 0)
         shard = 2 if zero else 1
-        assert a["optimizer states"] - b["optimizer states"] == 4 * matrices // shard
+        assert a["optimizer states"] - b["optimizer states"] == 8 * matrices // shard
+        if zero == 0:
+            assert b["Muon momentum"] == 4 * matrices and "Muon staged momentum" not in b
+        else:
+            assert b["Muon momentum"] == b["Muon staged momentum"] >= 4 * matrices // 2
+        assert not {"Muon momentum", "Muon staged momentum"} & set(gpu_memory.TRANSIENT)
+        assert b.keys() - a.keys() == {"Newton-Schulz", *muon.muon_memory(m, with_muon, 2, "fp32")}
         assert "Newton-Schulz" not in a and b["Newton-Schulz"] > 0
         assert "Newton-Schulz" in gpu_memory.TRANSIENT
 

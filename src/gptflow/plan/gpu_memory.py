@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats, muon_state_floats
 from gptflow.errors import GptflowError
 from gptflow.hardware import planned_gpu, training_precision
+from gptflow.plan.muon import muon_memory
 from gptflow.plan.placement import Placement
 from gptflow.results import sizing
 
@@ -39,7 +40,7 @@ def stage_parameters(
 
 
 # the terms that exist only between a backward pass and the update (not kept across steps)
-TRANSIENT = ("gradients", "fp32 gradient partition", "Newton-Schulz")
+TRANSIENT = ("gradients", "fp32 gradient partition", "Newton-Schulz", "Muon update")
 
 
 def model_state_bytes(
@@ -63,8 +64,9 @@ def model_state_bytes(
       estimate_zero2_model_states_mem_needs (2 + 18/N bytes a parameter) and estimate_zero3_...
       (18/N, plus the largest layer gathered: `largest` parameters, 4 bytes each, 8 in fp32);
     - ZeRO 3 partitions the weights too; offloaded optimizer state lives in host memory;
-    - `muon` of the parameters stepped by Muon (train.optimizer muon) keep one moment (its
-      momentum, fp32) where Adam keeps two: 4 bytes less each, partitioned alike.
+    - `muon` of the parameters stepped by Muon (train.optimizer muon) keep no Adam moments
+      (8 bytes less each, partitioned alike); what Muon holds instead is
+      :func:`gptflow.plan.muon.muon_memory`'s.
 
     Measured on CPU after a step (tests/unit/test_preflight.py): the kept terms (not
     TRANSIENT) are exactly the tensors DeepSpeed holds, on one rank and on every rank of
@@ -75,7 +77,7 @@ def model_state_bytes(
     parts = {
         "weights": width * params // (dp if zero >= 3 else 1),
         "gradients": width * params // (dp if zero >= 2 and not half else 1),
-        "optimizer states": ((12 if half or zero >= 1 else 8) * params - 4 * muon) // shard,
+        "optimizer states": ((12 if half or zero >= 1 else 8) * params - 8 * muon) // shard,
     }
     if half and zero >= 2:
         parts["gradients"] = 2 * params // dp if zero == 2 else 0  # ZeRO 3: straight into fp32
@@ -230,6 +232,7 @@ def stage_memory(
         **model_state_bytes(params, dp, t.zero_stage, precision, t.offload, largest, muon),
         **activation_bytes(m, t, precision, stage, gas),
         **({"K-FAC factors": 4 * kfac_floats(m)} if t.kfac else {}),  # fp32, every rank
+        **muon_memory(m, t, dp, precision),
         **({"Newton-Schulz": 4 * newton_schulz} if newton_schulz else {}),
     }
 
@@ -276,6 +279,14 @@ FIXES = {
     "pipeline buffers": "lower train.micro_batch_size",
     "Newton-Schulz": "raise train.tensor_parallel: each rank orthogonalizes its block of the "
     "largest matrix",
+    "Muon momentum": "raise train.zero_stage (1 partitions it over the data-parallel ranks)",
+    "Muon staged momentum": "use more data-parallel ranks: ZeRO 1/2 holds each partition's "
+    "Muon momentum twice (committed and staged)",
+    "Muon gather cache": "use train.zero_stage 1 or 2: ZeRO 3's Muon update keeps its gather "
+    "buffers up to 256 MiB",
+    "Muon update": "use train.zero_stage 1 or 2, or fewer data-parallel ranks: ZeRO 3's Muon "
+    "update gathers each bucket's gradients and momenta and pads each round's to data-parallel "
+    "ranks x its largest matrix",
     "K-FAC factors": "set train.kfac null: its factors grow with the square of each layer's "
     "width (model.intermediate_size above all) and are not partitioned",
 }

@@ -6,7 +6,8 @@ module:
   ``train_gpt``, how the profile launches training, the profile's placeholders;
 - :mod:`gptflow.plan.cluster` -- the profile against the cluster, when ``sinfo`` is on PATH;
 - :mod:`gptflow.plan.gpu_memory` -- memory per GPU on the most loaded pipeline stage, against
-  the GPU's;
+  the GPU's (Muon's share from :mod:`gptflow.plan.muon`, which also refuses a ZeRO-3 Muon
+  update whose traffic would dominate the step);
 - :mod:`gptflow.plan.host_memory` -- host memory of background saves, against the node's;
 - :mod:`gptflow.plan.after_training` -- the evaluate, export_hf and harness jobs' sizes;
 - :mod:`gptflow.plan.run_size` -- parameters, FLOPs, tokens, GPU-hours, checkpoint and shard
@@ -38,6 +39,7 @@ from gptflow.plan.gpu_memory import (
     planned_precision,
 )
 from gptflow.plan.host_memory import check_saves, snapshot_fit
+from gptflow.plan.muon import check_traffic
 from gptflow.plan.placement import (
     Placement,
     check_launch,
@@ -83,6 +85,8 @@ def memory_lines(
     host memory of asynchronous saves; each refuses what cannot fit."""
     precision, why = planned_precision(train, p)
     lines = [f"  precision: {precision} ({why})"]
+    if traffic := check_traffic(m, train, ranks, precision):
+        lines.append(traffic)
     if p.trains_on_gpus:  # a cluster's, a gres, or this machine's GPUs (nvidia-smi)
         fit = memory_per_gpu(m, train, ranks, p)
         check_memory(fit)
@@ -195,6 +199,7 @@ def study(
             fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
             if fit is not None:
                 check_memory(fit)
+            check_traffic(m, train, p.ranks, planned_precision(train, p)[0])
         except GptflowError as e:
             raise GptflowError(f"study run '{name}': {e}") from None
         s = size(cfg, m, 0, 0, peak_tflops, mfu)

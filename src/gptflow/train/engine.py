@@ -21,7 +21,13 @@ from functools import partial
 
 import torch
 
-from gptflow.config.settings import MUON_LAYER, TrainConfig, muon_layer_shapes, muon_lr_scale
+from gptflow.config.settings import (
+    MUON_LAYER,
+    TrainConfig,
+    muon_layer_shapes,
+    muon_lr_scale,
+    muon_reduce_bucket_size,
+)
 from gptflow.errors import GptflowError
 
 # How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
@@ -52,9 +58,12 @@ TENSOR_PARALLEL_PLAN = [
 VOCAB_PARALLEL = [r"gpt_neox\.embed_in\.weight", r"embed_out\.weight"]
 
 
-def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool = False) -> dict:
+def deepspeed_config(
+    train: TrainConfig, world_size: int, load_universal: bool = False, muon_largest: int = 0
+) -> dict:
     """The DeepSpeed config for `train` on `world_size` ranks (data x tensor parallel); `load_universal`:
-    the engine will resume from a universal checkpoint (another layout's, converted)."""
+    the engine will resume from a universal checkpoint (another layout's, converted);
+    `muon_largest`: elements of the largest matrix Muon steps (its ZeRO-3 bucket)."""
     train.check_trainable()
     if train.precision == "auto":
         raise GptflowError(
@@ -76,6 +85,9 @@ def deepspeed_config(train: TrainConfig, world_size: int, load_universal: bool =
         # DeepSpeed's ZeRO-3 Muon needs the whole gradients it orthogonalizes (it refuses
         # reduce-scatter: "Muon and reduce scatter cannot be used together")
         cfg["zero_optimization"]["reduce_scatter"] = False
+        dp = train.data_parallel_size(world_size)
+        if bucket := muon_reduce_bucket_size(train, dp, muon_largest):  # bounds its gathers
+            cfg["zero_optimization"]["reduce_bucket_size"] = bucket
     if train.tensor_parallel == 1 or train.pipeline_parallel > 1:
         # checked by DeepSpeed against micro x accumulation x data-parallel ranks; under
         # AutoTP's own groups it counts the ranks of a tensor-parallel group as data-parallel
@@ -595,7 +607,7 @@ def build_engine(
         model=model,
         optimizer=optimizer,
         lr_scheduler=scheduler,
-        config=deepspeed_config(train, world_size, load_universal),
+        config=deepspeed_config(train, world_size, load_universal, muon_largest(param_groups)),
     )
     # under a DeepSpeed optimizer, that one decides the skip for the whole step (see above)
     optimizer.decides = engine.optimizer is optimizer
@@ -606,6 +618,12 @@ def build_engine(
         # back (~6 ms a step for the `small` preset); ZeRO stages reduce in their optimizer
         engine.enable_backward_allreduce = False
     return engine
+
+
+def muon_largest(param_groups: list[dict]) -> int:
+    """Elements of the largest matrix Muon steps (whole: ``ds_numel`` under ZeRO 3), 0 without."""
+    return max((getattr(p, "ds_numel", p.numel()) for g in param_groups if g.get("use_muon")
+                for p in g["params"]), default=0)  # fmt: skip
 
 
 def import_muon_compiling_on_first_call() -> None:

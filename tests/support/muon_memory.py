@@ -1,0 +1,198 @@
+"""Run under torchrun (gloo): what DeepSpeed's Muon allocates and sends on each rank, for each
+setting of argument 2 ("size:zero:precision[:bucket[:cache]]" comma-separated; size tiny or
+small, bucket "gptflow" (the engine's own reduce_bucket_size), "deepspeed" (DeepSpeed's
+default) or elements, cache a stand-in for DeepSpeed's 256 MiB gather-cache limit, bytes),
+written as ``rank<N>.json`` into the directory given first. One process per rank builds an
+engine per setting as the trainer does (gptflow.train.engine) and trains 3 steps.
+
+ZeRO 3: each step's ``_apply_muon_to_accumulated_grads`` runs under torch's profiler with
+memory events; the update's peak is the most the main thread's allocations reach above where
+they started, outside Newton-Schulz (DeepSpeed's ``muon_update`` wrapped in a profiler
+range; its own peak is recorded apart). gloo's worker threads allocate buffers of their own
+(as NCCL does outside PyTorch's allocator): not counted, nor their frees. Each collective the
+update makes is run to completion before it returns and until gloo's worker has dropped the
+tensors it held, and DeepSpeed receives a handle that holds them as the work handle did (the
+worker thread releasing them at a moment of its own made the peak vary from step to step).
+Also recorded: the bytes each collective sends every rank (dp - 1 times its input), the gather
+cache and the momentum partitions after the step, the Muon groups' shapes as DeepSpeed holds
+them, and the reduce_bucket_size it runs with.
+
+ZeRO 1/2: after a step, the committed and the staged momentum (DeepSpeedZeroOptimizer) or the
+momentum (BF16_Optimizer), and the bytes the engine keeps (tests.support.memory.kept_bytes).
+"""
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from gptflow.config.settings import ModelConfig, TrainConfig
+from gptflow.train import device, distributed, engine
+from tests.support.memory import kept_bytes
+
+SIZES = {
+    "tiny": ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256),
+    "small": ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, vocab_size=256),
+}
+MICRO, SEQ, STEPS = 2, 16, 3
+MAIN = threading.get_native_id()
+
+
+class Held:
+    """A finished collective's handle, holding its tensors as the work handle did."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def wait(self):
+        return True
+
+
+def settled(collective, sent: list):
+    """`collective` run to completion, until gloo's worker has let go of its tensors."""
+
+    def call(out, inp, group=None, async_op=False, **_):
+        tensors = [inp, *(out if isinstance(out, list) else [out])]
+        before = [t._use_count() for t in tensors]
+        collective(out, inp, group=group, async_op=True).wait()
+        deadline = time.monotonic() + 30
+        while any(t._use_count() > n for t, n in zip(tensors, before, strict=True)):
+            assert time.monotonic() < deadline, "a collective's work still holds its tensors"
+            time.sleep(0)
+        dp = torch.distributed.get_world_size(group)
+        sent.append((dp - 1) * inp.numel() * inp.element_size())
+        return Held(tensors) if async_op else None
+
+    return call
+
+
+def measured(trace: list[dict]) -> tuple[int, int]:
+    """(the main thread's peak above its start outside Newton-Schulz, Newton-Schulz's own
+    peak above where each call started) from a chrome trace's memory events."""
+    events = sorted((e for e in trace if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    ranges = [(e["ts"], e["ts"] + e["dur"]) for e in trace if e.get("name") == "newton-schulz"]
+    main, level, peak, ns_peak, inside, start = {}, 0, 0, 0, None, 0
+    for e in events:
+        nbytes, addr = e["args"]["Bytes"], e["args"]["Addr"]
+        if nbytes > 0:
+            main[addr] = e["tid"] == MAIN
+            if not main[addr]:
+                continue
+        elif not main.pop(addr, True):  # a worker thread's own buffer
+            continue
+        where = next((r for r in ranges if r[0] <= e["ts"] <= r[1]), None)
+        if where != inside:
+            inside, start = where, level
+        level += nbytes
+        if where:
+            ns_peak = max(ns_peak, level - start)
+        else:
+            peak = max(peak, level)
+    return peak, ns_peak
+
+
+def zero3(eng, record: dict, out: Path, rank: int) -> None:
+    import deepspeed.comm as dscomm
+    from deepspeed.runtime.zero.muon import original_muon
+
+    opt = eng.optimizer
+    plain, update = type(opt)._apply_muon_to_accumulated_grads, original_muon.muon_update
+    collectives = dscomm.all_gather, dscomm.all_gather_into_tensor
+    sent: list[int] = []
+
+    def in_range(*args, **kwargs):
+        with record_function("newton-schulz"):
+            return update(*args, **kwargs)
+
+    def apply(self):
+        dscomm.all_gather = settled(torch.distributed.all_gather, sent)
+        dscomm.all_gather_into_tensor = settled(torch.distributed.all_gather_into_tensor, sent)
+        try:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                plain(self)
+        finally:
+            dscomm.all_gather, dscomm.all_gather_into_tensor = collectives
+        path = out / f"trace{rank}.json"
+        prof.export_chrome_trace(str(path))
+        peak, ns = measured(json.loads(path.read_text())["traceEvents"])
+        path.unlink()
+        record["peaks"].append(peak)
+        record["newton_schulz"] = max(record.get("newton_schulz", 0), ns)
+        record["traffic"].append(sum(sent))
+        sent.clear()
+
+    record.update(peaks=[], traffic=[])
+    type(opt)._apply_muon_to_accumulated_grads = apply
+    original_muon.muon_update = in_range
+    try:
+        yield
+    finally:
+        type(opt)._apply_muon_to_accumulated_grads = plain
+        original_muon.muon_update = update
+    muon = [i for i, used in enumerate(opt.sub_groups_using_muon) if used]
+    record["groups"] = [[list(p.ds_shape) for p in opt.fp16_groups[i]] for i in muon]
+    record["bucket"] = opt.reduce_bucket_size
+    record["cache"] = sum(entry[2] for entry in opt._muon_allgather_buffers.values())
+    state = [opt.optimizer.state[opt.fp32_partitioned_groups_flat[i]] for i in muon]
+    record["momentum"] = sum(s["momentum_buffer"].nbytes for s in state)
+
+
+def zero12(eng, record: dict) -> None:
+    yield
+    opt = eng.optimizer
+    inner = opt.optimizer
+    flats = [g["params"][0] for g in inner.param_groups if g.get("use_muon")]
+    record["momentum"] = sum(inner.state[f]["momentum_buffer"].nbytes for f in flats)
+    staged = getattr(opt, "_muon_pending_momentum", {})
+    record["staged"] = sum(s.nbytes for s, _ in staged.values())
+    record["kept"] = kept_bytes(eng)
+    record["optimizer"] = type(opt).__name__
+    held = getattr(opt, "bit16_groups", None) or opt.bf16_groups  # BF16_Optimizer's
+    record["groups"] = [[list(p.shape) for p in held[i]]
+                        for i, g in enumerate(inner.param_groups) if g.get("use_muon")]  # fmt: skip
+
+
+env = distributed.resolve()
+distributed.export(env)
+dev = device.setup(env, timeout_minutes=5)
+out, records = Path(sys.argv[1]), {}
+plain_config = engine.deepspeed_config
+for setting in sys.argv[2].split(","):
+    size, zero, precision, *rest = setting.split(":")
+    bucket, cache = [*rest, "gptflow", ""][: len(rest)] + ["gptflow", ""][len(rest) :]
+    m = SIZES[size]
+    t = TrainConfig(train_iters=STEPS, global_batch_size=MICRO * env.world_size,
+                    micro_batch_size=MICRO, seq_length=SEQ, zero_stage=int(zero),
+                    precision=precision, optimizer="muon", clip_grad=0.0)  # fmt: skip
+
+    def config(*args, bucket=bucket, **kwargs):
+        cfg = plain_config(*args, **kwargs)
+        if bucket == "deepspeed":
+            cfg["zero_optimization"].pop("reduce_bucket_size", None)
+        elif bucket != "gptflow":
+            cfg["zero_optimization"]["reduce_bucket_size"] = int(bucket)
+        return cfg
+
+    engine.deepspeed_config = config
+    model = engine.build_model(m, t, env.world_size, dev.device)
+    eng = engine.build_engine(model, engine.optimizer_groups(model, m, t), t, env.world_size)
+    engine.deepspeed_config = plain_config
+    if cache:
+        eng.optimizer._muon_allgather_max_cached_bytes = int(cache)
+    record = records[setting] = {}
+    probe = zero3(eng, record, out, env.rank) if t.zero_stage == 3 else zero12(eng, record)
+    next(probe)
+    generator = torch.Generator().manual_seed(0)  # the same batch on every rank
+    x, y = (torch.randint(0, m.vocab_size, (MICRO, SEQ), generator=generator) for _ in "xy")
+    for _ in range(STEPS):
+        eng.backward(eng(x, y))
+        eng.step()
+    next(probe, None)
+    eng.destroy()
+(out / f"rank{env.rank}.json").write_text(json.dumps(records))
+dev.shutdown()
+device.leave(0)  # without the interpreter's teardown (gptflow.train.device.leave)
