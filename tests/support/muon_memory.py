@@ -3,7 +3,8 @@ setting of argument 2 ("size:zero:precision[:bucket[:cache]]" comma-separated; s
 small, bucket "gptflow" (the engine's own reduce_bucket_size), "deepspeed" (DeepSpeed's
 default) or elements, cache a stand-in for DeepSpeed's 256 MiB gather-cache limit, bytes),
 written as ``rank<N>.json`` into the directory given first. One process per rank builds an
-engine per setting as the trainer does (gptflow.train.engine) and trains 3 steps.
+engine per setting as the trainer does (gptflow.train.engine) and trains 2 steps (the first
+fills DeepSpeed's gather cache).
 
 ZeRO 3: each step's ``_apply_muon_to_accumulated_grads`` runs under torch's profiler with
 memory events; the update's peak is the most the main thread's allocations reach above where
@@ -21,6 +22,7 @@ ZeRO 1/2: after a step, the committed and the staged momentum (DeepSpeedZeroOpti
 momentum (BF16_Optimizer), and the bytes the engine keeps (tests.support.memory.kept_bytes).
 """
 
+import gc
 import json
 import sys
 import threading
@@ -38,7 +40,7 @@ SIZES = {
     "tiny": ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256),
     "small": ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, vocab_size=256),
 }
-MICRO, SEQ, STEPS = 2, 16, 3
+MICRO, SEQ, STEPS = 2, 16, 2
 MAIN = threading.get_native_id()
 
 
@@ -53,14 +55,19 @@ class Held:
 
 
 def settled(collective, sent: list):
-    """`collective` run to completion, until gloo's worker has let go of its tensors."""
+    """`collective` run to completion, until gloo's worker has let go of its tensors and of the
+    views it made of them (``all_gather_into_tensor`` chunks its output)."""
+
+    def holders(tensors) -> list[int]:  # the tensors' references and their storages' (views)
+        return [n for t in tensors for n in
+                (t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata))]  # fmt: skip
 
     def call(out, inp, group=None, async_op=False, **_):
         tensors = [inp, *(out if isinstance(out, list) else [out])]
-        before = [t._use_count() for t in tensors]
+        before = holders(tensors)
         collective(out, inp, group=group, async_op=True).wait()
         deadline = time.monotonic() + 30
-        while any(t._use_count() > n for t, n in zip(tensors, before, strict=True)):
+        while any(n > was for n, was in zip(holders(tensors), before, strict=True)):
             assert time.monotonic() < deadline, "a collective's work still holds its tensors"
             time.sleep(0)
         dp = torch.distributed.get_world_size(group)
@@ -72,22 +79,37 @@ def settled(collective, sent: list):
 
 def measured(trace: list[dict]) -> tuple[int, int]:
     """(the main thread's peak above its start outside Newton-Schulz, Newton-Schulz's own
-    peak above where each call started) from a chrome trace's memory events."""
-    events = sorted((e for e in trace if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    peak above where each call started) from a chrome trace's memory events. A free counts
+    where the main thread made the buffer (or before the trace began), on whichever thread it
+    happens (a work handle let go there); a buffer a worker made is not counted. Events of
+    two threads can carry one time, so at an address made again before its free appears the
+    free is taken as done then (an address holds one buffer at a time)."""
+    events = sorted((e for e in trace if e.get("name") == "[memory]"),
+                    key=lambda e: (e["ts"], e["args"]["Bytes"] > 0))  # fmt: skip
     ranges = [(e["ts"], e["ts"] + e["dur"]) for e in trace if e.get("name") == "newton-schulz"]
-    main, level, peak, ns_peak, inside, start = {}, 0, 0, 0, None, 0
+    live: dict[int, tuple[bool, int]] = {}  # address: (made by the main thread, bytes)
+    late: dict[int, int] = {}  # frees still to appear of buffers taken as freed
+    level = peak = ns_peak = start = 0
+    inside = None
     for e in events:
         nbytes, addr = e["args"]["Bytes"], e["args"]["Addr"]
+        change = 0
         if nbytes > 0:
-            main[addr] = e["tid"] == MAIN
-            if not main[addr]:
-                continue
-        elif not main.pop(addr, True):  # a worker thread's own buffer
-            continue
+            if addr in live:  # its free comes later in the trace, but happened before this
+                ours, was = live.pop(addr)
+                late[addr] = late.get(addr, 0) + 1
+                change -= was if ours else 0
+            live[addr] = (e["tid"] == MAIN, nbytes)
+            change += nbytes if e["tid"] == MAIN else 0
+        elif late.get(addr):
+            late[addr] -= 1
+        else:
+            ours, _ = live.pop(addr, (True, 0))  # made before the trace: the main thread's
+            change += nbytes if ours else 0
         where = next((r for r in ranges if r[0] <= e["ts"] <= r[1]), None)
         if where != inside:
             inside, start = where, level
-        level += nbytes
+        level += change
         if where:
             ns_peak = max(ns_peak, level - start)
         else:
@@ -111,10 +133,13 @@ def zero3(eng, record: dict, out: Path, rank: int) -> None:
     def apply(self):
         dscomm.all_gather = settled(torch.distributed.all_gather, sent)
         dscomm.all_gather_into_tensor = settled(torch.distributed.all_gather_into_tensor, sent)
+        gc.collect()  # nothing freed by a collection at a moment of its own
+        gc.disable()
         try:
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                 plain(self)
         finally:
+            gc.enable()
             dscomm.all_gather, dscomm.all_gather_into_tensor = collectives
         path = out / f"trace{rank}.json"
         prof.export_chrome_trace(str(path))

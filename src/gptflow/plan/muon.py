@@ -194,7 +194,8 @@ def zero3_update(
     (PyTorch's ProcessGroupNCCL::allgather flattens a list of outputs), held by the work
     handle; ``all_gather_into_tensor`` none. ``gloo`` (measured on the CPU) makes one of the
     output's size on the calling thread inside the call; the gloo worker threads' own buffers
-    are not counted (gloo's, as NCCL's internal ones are).
+    are not counted (gloo's, as NCCL's internal ones are). Any other value: DeepSpeed's own
+    buffers alone.
 
     Traffic: every collective is an all-gather, in which a rank receives (and sends) dp - 1
     times its input: L of gradients and L of momenta a chunk, and per round dp - 1 times the

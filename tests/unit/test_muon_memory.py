@@ -1,0 +1,214 @@
+"""What DeepSpeed's Muon holds and sends (gptflow.plan.muon), against what DeepSpeed 0.19.8
+allocates and sends on 1, 2 and 4 gloo ranks (tests/support/muon_memory.py), for two model
+sizes: the ZeRO-3 update allocation by allocation, ZeRO 1/2's momentum held twice; the
+reduce_bucket_size the engine sets; and on paper, the issue's Pythia-6.9B in bf16 on 64
+data-parallel ranks, which the preflight refuses for its traffic."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from gptflow.config.settings import ModelConfig, TrainConfig, muon_state_floats
+from gptflow.errors import GptflowError
+from gptflow.plan import gpu_memory, muon
+
+from .test_train import BIN
+
+MUON = {"optimizer": "muon", "clip_grad": 0.0}
+# tests/support/muon_memory.py's sizes
+SIZES = {
+    "tiny": ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256),
+    "small": ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, vocab_size=256),
+}
+# size:zero:precision[:bucket[:cache limit]] -- gptflow's bucket (dp x the largest matrix:
+# several chunks), DeepSpeed's default (one chunk a group), a bucket under every matrix with the
+# gather cache's 256 MiB scaled down to 400 kB (entries evicted every step); ZeRO 1/2 in fp32
+# and bf16 (BF16_Optimizer at ZeRO 1)
+SETTINGS = ["tiny:3:fp32", "small:3:fp32", "tiny:3:bf16", "small:3:bf16:deepspeed",
+            "small:3:fp32:20000:400000", "tiny:1:fp32", "small:2:fp32", "small:2:bf16",
+            "tiny:1:bf16"]  # fmt: skip
+# one rank: no gathers, no padded rounds; what is left is the gradients' copy into bf16
+ONE_RANK = ["tiny:3:fp32", "small:3:bf16"]
+GB = 10**9
+
+
+def measure(repo, tmp_path, ranks: int, settings: list[str]) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_COMPILE_DISABLE": "1",
+           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    script = [str(repo / "tests" / "support" / "muon_memory.py"), str(tmp_path), ",".join(settings)]
+    cmd = ([str(BIN / "python"), *script] if ranks == 1 else
+           [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={ranks}", *script])  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_what_deepspeeds_muon_allocates_and_sends_is_the_formula(repo, tmp_path, ranks):
+    """On every rank and in every setting, what DeepSpeed does equals gptflow.plan.muon's
+    count exactly, at 1, 2 and 4 ranks and two model sizes, so the formula's growth is tested,
+    not only a value:
+
+    - ZeRO 3, each of 2 steps: the update's peak above where it started (the first step fills
+      the gather cache), the cache and the momentum partitions it keeps, the bytes it sends,
+      the Muon groups (shapes and order) and the reduce_bucket_size DeepSpeed runs with. The
+      peak of the worst rank, first / second step, with gptflow's bucket in fp32: tiny 0.20 /
+      0.20 MB on 1 rank, 1.54 / 1.34 on 2, 2.56 / 2.23 on 4; small 0.79, 4.88 / 3.74, 11.99 /
+      9.70 MB, while its momentum partition halves (3.15, 1.57, 0.79 MB). Sent per rank and
+      step: tiny 0.98 MB on 2 ranks, 1.77 on 4; small with buckets under every matrix 9.4 and
+      23.6 MB;
+    - ZeRO 1/2 (DeepSpeedZeroOptimizer): the committed momentum and the staged copy, each the
+      matrices the rank's partition touches, whole (tiny at ZeRO 1 in fp32: 0.197 MB each on
+      2 ranks, 0.164 on 4, where the preflight counted 0.197 and 0.098 MB once);
+      BF16_Optimizer (bf16 at ZeRO 1) the partition's fp32 momentum, once. And every byte the
+      engine keeps after the step is gpu_memory's kept terms with Muon's, to DeepSpeed's
+      scalars (measured: 12 bytes)."""
+    settings = ONE_RANK if ranks == 1 else SETTINGS
+    records = measure(repo, tmp_path, ranks, settings)
+    for setting in settings:
+        size, zero, precision, *rest = setting.split(":")
+        m, dp = SIZES[size], ranks
+        t = TrainConfig(train_iters=2, global_batch_size=2 * dp, micro_batch_size=2,
+                        seq_length=16, zero_stage=int(zero), precision=precision, **MUON)  # fmt: skip
+        groups = muon.muon_groups(m, t)
+        for rank, record in enumerate(r[setting] for r in records):
+            assert record["groups"] == [[list(s) for s in g] for g in groups], setting
+            if t.zero_stage == 3:
+                spec = rest[0] if rest else "gptflow"
+                ours = {"gptflow": muon.zero3_bucket(m, t, dp), "deepspeed": 500_000_000}
+                bucket = ours.get(spec) or int(spec)
+                assert record["bucket"] == bucket, setting
+                limit = {"cache_limit": int(rest[1])} if len(rest) > 1 else {}
+                u = muon.zero3_update(groups, dp, precision, bucket, rank, "gloo", 2, **limit)
+                assert record["peaks"] == list(u.peaks), (setting, rank)
+                assert (record["cache"], record["momentum"]) == (u.cache, u.momentum), setting
+                assert record["traffic"] == [u.traffic] * 2, (setting, rank)
+                continue
+            terms = muon.muon_memory(m, t, dp, precision)  # the most loaded rank's
+            if record["optimizer"] == "BF16_Optimizer":
+                assert record["momentum"] == terms["Muon momentum"] and not record["staged"]
+            else:
+                held = muon.muon_widths(t.zero_stage, precision)[1]
+                held *= muon.zero12_momentum(groups, dp, rank)
+                assert record["momentum"] == record["staged"] == held, (setting, rank)
+                assert terms["Muon momentum"] == terms["Muon staged momentum"] >= held
+                terms = {"Muon momentum": held, "Muon staged momentum": held}  # this rank's
+            params = gpu_memory.stage_parameters(m, 1, 1, 0)
+            state = gpu_memory.model_state_bytes(params, dp, t.zero_stage, precision,
+                                                 muon=gpu_memory.muon_floats(m, t)[0])  # fmt: skip
+            kept = sum(v for k, v in {**state, **terms}.items() if k not in gpu_memory.TRANSIENT)
+            assert 0 <= record["kept"] - kept <= 64, (setting, rank, record["kept"], kept)
+
+
+def test_the_engine_sets_the_planned_bucket_at_zero_3_only():
+    """deepspeed_config sets zero_optimization.reduce_bucket_size for Muon at ZeRO 3 only, to
+    the one rule the preflight counts with: dp x the largest Muon matrix, at most DeepSpeed's
+    default 5e8 (the probe above checks the engine DeepSpeed builds runs with it)."""
+    from gptflow.train.engine import deepspeed_config
+
+    base = dict(train_iters=2, global_batch_size=16, micro_batch_size=2)
+    zero3 = TrainConfig(**base, zero_stage=3, **MUON)
+    assert deepspeed_config(zero3, 4, muon_largest=65536)["zero_optimization"] == {
+        "stage": 3, "reduce_scatter": False, "reduce_bucket_size": 4 * 65536}  # fmt: skip
+    assert deepspeed_config(zero3, 8, muon_largest=4096**2 * 4)["zero_optimization"][
+        "reduce_bucket_size"] == 500_000_000  # fmt: skip
+    for t in (TrainConfig(**base, zero_stage=2, **MUON), TrainConfig(**base, zero_stage=3)):
+        assert "reduce_bucket_size" not in deepspeed_config(t, 4, muon_largest=65536)[
+            "zero_optimization"]  # fmt: skip
+
+
+def preset(repo, name: str, **model) -> ModelConfig:
+    spec = yaml.safe_load((repo / "config/models" / f"{name}.yaml").read_text())
+    spec.pop("description")
+    return ModelConfig(**{**spec, **model}, vocab_size=50304)
+
+
+def test_pythia_6_9b_bf16_on_64_data_parallel_ranks(repo):
+    """The issue's example, on paper (NCCL; tests above hold the replay to DeepSpeed on gloo):
+    Pythia-6.9B in bf16 at ZeRO 3 on 64 data-parallel ranks, global batch 1024 x 2048 tokens,
+    micro batch 4 (4 micro-batches a step). Muon's 6.44B matrix elements in 2 groups, bucket
+    5e8 (64 x the 67M-element MLP matrix is more: DeepSpeed's default stays), 15 chunks of 1-11
+    matrices, each one round padded to 64 x 67M. The update's peak is 37.6 GB: 17.45 GB of
+    round buffers (130 x 67M x 2 bytes), 17.2 GB of NCCL's flat copies of the two round gathers,
+    2.96 GB of gathered chunks (this one's gradients and momenta, the last one's gradients);
+    it keeps 0.20 GB of momentum (bf16) and 0.14 GB of gather cache. The preflight counted
+    0.8 GB (Newton-Schulz's working set). Each rank receives 279 GB a step in the update (25 GB
+    of chunk gathers, 254 GB of padded rounds) against 216 GB for the rest of the step (the
+    parameters gathered twice and the gradients all-reduced, 4 micro-batches): refused, in one
+    line; at a global batch of 2048 (8 micro-batches, 432 GB) it passes."""
+    m = preset(repo, "pythia-6.9b", activation_checkpointing=True)
+    t = TrainConfig(train_iters=10, seq_length=2048, micro_batch_size=4, global_batch_size=1024,
+                    zero_stage=3, precision="bf16", **MUON)  # fmt: skip
+    groups = muon.muon_groups(m, t)
+    assert [len(g) for g in groups] == [96, 32]
+    assert sum(r * c for g in groups for r, c in g) == 6_442_450_944
+    assert muon.zero3_bucket(m, t, 64) == 500_000_000
+    terms = muon.muon_memory(m, t, 64, "bf16")
+    assert terms == pytest.approx({"Muon momentum": 0.2013e9, "Muon gather cache": 0.1363e9,
+                                   "Muon update": 37.60e9}, rel=1e-3)  # fmt: skip
+    own = muon.zero3_update(groups, 64, "bf16", 500_000_000, collective="none")  # DeepSpeed's
+    rounds = 130 * 4 * 4096**2 * 2
+    assert rounds == pytest.approx(17.45e9, rel=1e-3)
+    assert own.transient == pytest.approx(rounds + 2.96e9, rel=1e-3)
+    assert terms["Muon update"] - own.transient == 2 * 64 * 4 * 4096**2 * 2  # NCCL's flat copies
+    assert 4 * muon_state_floats(m)[1] == pytest.approx(0.805e9, rel=1e-3)
+    fit = gpu_memory.stage_memory(m, t, 64, 4, "bf16", 0)
+    assert fit["Muon update"] == terms["Muon update"] and "Newton-Schulz" in fit
+    assert own.traffic == pytest.approx(279.0e9, rel=1e-3)
+    assert muon.zero3_step_traffic(m, t, 64, 4, "bf16") == pytest.approx(216.0e9, rel=1e-3)
+    with pytest.raises(GptflowError) as err:
+        muon.check_traffic(m, t, 64, "bf16")
+    assert str(err.value).startswith(
+        "train.optimizer muon at train.zero_stage 3 on 64 data-parallel ranks: DeepSpeed's "
+        "Muon update would move 279 GB per rank a step, more than the rest of the step (216 "
+        "GB: 4 micro-batch(es), each gathering the parameters twice and all-reducing the "
+        "gradients)"
+    )
+    assert "\n" not in str(err.value) and "train.zero_stage 1 or 2" in str(err.value)
+    larger = TrainConfig(**{**vars(t), "global_batch_size": 2048})
+    assert muon.check_traffic(m, larger, 64, "bf16") == (
+        "  Muon at ZeRO 3: its update moves 279 GB per rank a step (65% of the step's other "
+        "432 GB; refused above 100%)"
+    )
+
+
+def test_the_bucket_lowers_the_update_where_a_round_still_fills(repo):
+    """Pythia-1.4B in bf16 at ZeRO 3 on 8 ranks (on paper): gptflow's bucket (8 x the 16.8M-
+    element MLP matrix, 134M) lowers the update's peak from 4.69 to 2.84 GB against DeepSpeed's
+    default for 12 % more of its traffic (10.0 -> 11.2 GB, the step's own 317 GB); on 64 ranks
+    the cap (5e8) is DeepSpeed's default."""
+    m = preset(repo, "pythia-1.4b")
+    t = TrainConfig(train_iters=10, seq_length=2048, micro_batch_size=4, global_batch_size=1024,
+                    zero_stage=3, precision="bf16", **MUON)  # fmt: skip
+    groups = muon.muon_groups(m, t)
+    ours, default = (muon.zero3_update(groups, 8, "bf16", b) for b in (134_217_728, 500_000_000))
+    assert muon.zero3_bucket(m, t, 8) == 134_217_728 and muon.zero3_bucket(m, t, 64) == 5e8
+    assert (ours.transient, default.transient) == pytest.approx((2.84e9, 4.69e9), rel=0.01)
+    assert (ours.traffic, default.traffic) == pytest.approx((11.2e9, 10.0e9), rel=0.01)
+    assert muon.check_traffic(m, t, 8, "bf16").startswith("  Muon at ZeRO 3: its update moves")
+
+
+def test_a_plan_refuses_it_and_prints_the_traffic(repo, tiny_config):
+    """preflight.run (snakemake -n) refuses the 6.9B example on 8 nodes x 8 GPUs in one line,
+    and prints the update's traffic for the test config's tiny model at ZeRO 3 on 2 ranks."""
+    from gptflow.plan import preflight
+    from gptflow.plan.placement import Placement
+
+    def plan(model: dict, train: dict, placement: Placement) -> list[str]:
+        cfg = {**tiny_config, "model": model, "train": {**tiny_config["train"], **train, **MUON}}
+        return preflight.run(cfg, placement, sinfo=lambda: None, accounts=lambda: None).lines
+
+    tiny = {"preset": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+    lines = plan(tiny, {"zero_stage": 3}, Placement(executor="local", nproc_per_node=2))
+    assert any(line.startswith("  Muon at ZeRO 3: its update moves") for line in lines), lines
+    big = {**vars(preset(repo, "pythia-6.9b")), "description": ""}
+    gpus = Placement(executor="slurm", nodes=8, tasks_per_node=8, gres="gpu:8", mpi="srun",
+                     partition="gpu", settings=(("default-resources slurm_account", "a"),))  # fmt: skip
+    with pytest.raises(GptflowError, match=r"^train.optimizer muon at train.zero_stage 3 on 64 "):
+        plan(big, {"zero_stage": 3, "precision": "bf16", "seq_length": 2048,
+                   "micro_batch_size": 4, "global_batch_size": 1024}, gpus)  # fmt: skip
