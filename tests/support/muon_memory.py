@@ -1,10 +1,11 @@
 """Run under torchrun (gloo): what DeepSpeed's Muon allocates and sends on each rank, for each
-setting of argument 2 ("size:zero:precision[:bucket[:cache]]" comma-separated; size tiny or
-small, bucket "gptflow" (the engine's own reduce_bucket_size), "deepspeed" (DeepSpeed's
-default) or elements, cache a stand-in for DeepSpeed's 256 MiB gather-cache limit, bytes),
-written as ``rank<N>.json`` into the directory given first. One process per rank builds an
-engine per setting as the trainer does (gptflow.train.engine) and trains 2 steps (the first
-fills DeepSpeed's gather cache).
+setting of argument 2 (comma-separated ``size:zero:precision[:key=value...]``; size tiny or
+small; keys: ``bucket`` reduce_bucket_size in elements, ``deepspeed`` for DeepSpeed's default
+(else gptflow's engine sets its own), ``cache`` a stand-in for DeepSpeed's 256 MiB
+gather-cache limit in bytes, ``subgroup`` zero_optimization.sub_group_size, ``lr``
+train.muon.lr), written as ``rank<N>.json`` into the directory given first. One process per
+rank builds an engine per setting as the trainer does (gptflow.train.engine) and trains 2
+steps (the first fills DeepSpeed's gather cache).
 
 ZeRO 3: each step's ``_apply_muon_to_accumulated_grads`` runs under torch's profiler with
 memory events; the update's peak is the most the main thread's allocations reach above where
@@ -188,26 +189,30 @@ out, records = Path(sys.argv[1]), {}
 plain_config = engine.deepspeed_config
 for setting in sys.argv[2].split(","):
     size, zero, precision, *rest = setting.split(":")
-    bucket, cache = [*rest, "gptflow", ""][: len(rest)] + ["gptflow", ""][len(rest) :]
+    options = dict(option.partition("=")[::2] for option in rest)
     m = SIZES[size]
+    muon = {"lr": float(options["lr"])} if "lr" in options else {}
     t = TrainConfig(train_iters=STEPS, global_batch_size=MICRO * env.world_size,
                     micro_batch_size=MICRO, seq_length=SEQ, zero_stage=int(zero),
-                    precision=precision, optimizer="muon", clip_grad=0.0)  # fmt: skip
+                    precision=precision, optimizer="muon", clip_grad=0.0, muon=muon)  # fmt: skip
 
-    def config(*args, bucket=bucket, **kwargs):
+    def config(*args, options=options, **kwargs):
         cfg = plain_config(*args, **kwargs)
-        if bucket == "deepspeed":
-            cfg["zero_optimization"].pop("reduce_bucket_size", None)
-        elif bucket != "gptflow":
-            cfg["zero_optimization"]["reduce_bucket_size"] = int(bucket)
+        zero_cfg = cfg["zero_optimization"]
+        if "deepspeed" in options:
+            zero_cfg.pop("reduce_bucket_size", None)
+        if "bucket" in options:
+            zero_cfg["reduce_bucket_size"] = int(options["bucket"])
+        if "subgroup" in options:
+            zero_cfg["sub_group_size"] = int(options["subgroup"])
         return cfg
 
     engine.deepspeed_config = config
     model = engine.build_model(m, t, env.world_size, dev.device)
     eng = engine.build_engine(model, engine.optimizer_groups(model, m, t), t, env.world_size)
     engine.deepspeed_config = plain_config
-    if cache:
-        eng.optimizer._muon_allgather_max_cached_bytes = int(cache)
+    if "cache" in options:
+        eng.optimizer._muon_allgather_max_cached_bytes = int(options["cache"])
     record = records[setting] = {}
     probe = zero3(eng, record, out, env.rank) if t.zero_stage == 3 else zero12(eng, record)
     next(probe)

@@ -129,7 +129,7 @@ class Zero3Update:
         return max(self.peaks[-1], self.peaks[0] - self.cache)
 
 
-def _sub_groups(groups: list[list[Shape]], dp: int, sub_group_size: int) -> list[list[Shape]]:
+def sub_groups(groups: list[list[Shape]], dp: int, sub_group_size: int) -> list[list[Shape]]:
     """stage3.py l. 1210 ``_create_fp16_sub_groups``: each parameter group cut where its
     partitions reach `sub_group_size` elements."""
     subs: list[list[Shape]] = []
@@ -169,13 +169,13 @@ def zero3_update(
 
     Widths (:func:`muon_widths`): gradients gathered in the communication dtype, momenta in
     theirs; the gradient partitions are fp32 (gptflow sums gradients in fp32). Each parameter
-    group is cut into sub-groups (:func:`_sub_groups`), a sub-group into chunks of whole
+    group is cut into sub-groups (:func:`sub_groups`), a sub-group into chunks of whole
     matrices of at most `bucket` elements (at least one, l. 1845). Per chunk, L = the sum of
     its matrices' partitions (ceil(numel / dp) each):
 
     - the gradients' gather: a send buffer L and a receive buffer dp x L -- kept in
-      DeepSpeed's cache (keyed by L and dtype, oldest evicted first; the evicted entry lives
-      until the call returns) while all it keeps fits 256 MiB, else made each call -- and the
+      DeepSpeed's cache (keyed by L and dtype, oldest evicted first) while all it keeps fits
+      256 MiB, else made each call -- and the
       result, dp x L, which lives until the next chunk's result is copied back (the loop
       variable ``update`` of l. 1858 holds a view of it); at dp 1 a copy where the dtype
       changes, else views;
@@ -184,8 +184,8 @@ def zero3_update(
       matrices differ in shape, or that has fewer than dp, makes a zero-padded send buffer of
       its largest matrix for the gradient and one for the momentum, and dp receive buffers of
       it for each: (2 dp + 2) x the largest matrix. Each collective's work handle holds its
-      buffers until the next round's handle replaces it, and the copy loop's variables a
-      received buffer each, so a round's buffers live into the next round;
+      buffers until the next round's handle replaces it, so a round's buffers live into the
+      next round's;
     - the momentum written back: a zero-padded fp32 buffer of the partition where the rank's
       slice runs past the matrix.
 
@@ -201,7 +201,7 @@ def zero3_update(
     times its input: L of gradients and L of momenta a chunk, and per round dp - 1 times the
     round's size (its largest matrix where padded) of each."""
     replay = _Zero3Replay(dp, rank, muon_widths(3, precision), collective, cache_limit)
-    subs = _sub_groups(groups, dp, sub_group_size)
+    subs = sub_groups(groups, dp, sub_group_size)
     peaks = tuple(replay.step(subs, bucket) for _ in range(steps))
     momentum = sum(math.ceil(r * c / dp) for sub in subs for r, c in sub) * replay.wm
     return Zero3Update(momentum, sum(replay.cache.values()), peaks, replay.traffic // steps)
@@ -250,16 +250,15 @@ class _Zero3Replay:
             ledger.hold("gather buffers", ledger.new(p * size * width), ledger.new(size * width))
             if nbytes <= self.cache_limit:
                 while self.cache and sum(self.cache.values()) + nbytes > self.cache_limit:
-                    oldest = next(iter(self.cache))  # popitem(last=False) into `evicted`,
-                    self.cache.pop(oldest)  # which holds it until the next one or the return
-                    ledger.hold("evicted", *ledger.names[f"cache {oldest}"])
+                    oldest = next(iter(self.cache))  # popitem(last=False)
+                    self.cache.pop(oldest)
                     ledger.drop(f"cache {oldest}")
                 self.cache[key] = nbytes
                 ledger.hold(f"cache {key}", *ledger.names["gather buffers"])
         out = ledger.new(p * size * width)  # the rearranged result
         if self.collective == "gloo":
             ledger.transient(p * size * width)
-        ledger.drop("gather buffers", "evicted")
+        ledger.drop("gather buffers")
         self.traffic += (p - 1) * size * width
         return [out] * len(ns)
 
@@ -294,32 +293,25 @@ class _Zero3Replay:
             if uniform:  # views of the gathered matrices
                 size = ns[base]
                 sends, outs = (rg[rank], rm[rank]), (rg, rm)
-            else:  # zero-padded: a send buffer and dp receive buffers each (the one of index
-                # count - 1, which a copy loop's variable keeps, apart); the previous round's
-                # are held by its handles, so nothing is freed here
+            else:  # zero-padded: a send buffer and dp receive buffers each; the previous
+                # round's are held by its handles, so nothing is freed here
                 size = max(ns[base : base + p])
                 sends = (ledger.new(size * wg), ledger.new(size * wm))
-                outs = ([ledger.new((p - 1) * size * wg), ledger.new(size * wg)],
-                        [ledger.new((p - 1) * size * wm), ledger.new(size * wm)])  # fmt: skip
+                outs = ([ledger.new(p * size * wg)], [ledger.new(p * size * wm)])
             ledger.hold("local_grad", sends[0])
             ledger.hold("local_momentum", sends[1])
             ledger.hold("grad_out", *outs[0])
             ledger.hold("momentum_out", *outs[1])
             self.round_gather("grad_handle", sends[0], outs[0], size * wg)
             self.round_gather("momentum_handle", sends[1], outs[1], size * wm)
-            if not uniform:  # copied back from the padded buffers (l. 1780)
-                ledger.hold("gathered_grad", outs[0][1])
-                ledger.hold("gathered_momentum", outs[1][1])
         for j, n in enumerate(ns):  # the momentum written back (l. 1791)
-            ledger.hold("gathered_momentum", moms[j])
             if rank * parts[j] + parts[j] > n:
                 ledger.hold("buffer_to_update", ledger.new(parts[j] * self.acc))
             else:
                 ledger.hold("buffer_to_update", moms[j])
         ledger.drop("momentum_buffer", "gathered_params_momentums", "update", "local_grad",
                     "local_momentum", "grad_out", "momentum_out", "grad_handle",
-                    "momentum_handle", "gathered_grad", "gathered_momentum",
-                    "buffer_to_update")  # fmt: skip
+                    "momentum_handle", "buffer_to_update")  # fmt: skip
         ledger.hold("update (l. 1858)", grads[-1])  # the copy-back loop's variable
 
 
