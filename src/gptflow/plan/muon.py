@@ -6,7 +6,7 @@ step.
 
 Formulas only (planning imports neither torch nor DeepSpeed). ZeRO 3's update is replayed
 allocation by allocation as DeepSpeed's code makes and frees them (:func:`zero3_update`),
-which tests/unit/test_muon_memory.py holds to what DeepSpeed's update allocates on 2 and 4
+which tests/unit/test_muon_memory.py holds to what DeepSpeed's update allocates on 1, 2 and 3
 gloo ranks for two model sizes, as it holds ZeRO 1/2's momentum (:func:`zero12_momentum`). What
 NCCL allocates on GPUs is from PyTorch's source, not measured (no GPU here).
 """
