@@ -23,6 +23,7 @@ import torch
 
 from gptflow.config.settings import MUON_LAYER, TrainConfig, muon_layer_shapes, muon_lr_scale
 from gptflow.errors import GptflowError
+from gptflow.train import deepspeed_patches
 
 # How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
 # specs, matched against gptflow.train.model's parameter names). Column-parallel: the output rows
@@ -252,7 +253,10 @@ def skipping_muon():
     BF16_Optimizer) while the gradient partitions are filled, gathering each matrix's slices,
     so the partition holds the update and ``step`` only applies lr and decay; at ZeRO 3 per
     sub-group on the gathered gradients. Its momentum is optimizer state: in DeepSpeed's
-    checkpoints with Adam's moments."""
+    checkpoints with Adam's moments, kept in fp32 at every stage
+    (:func:`gptflow.train.deepspeed_patches.muon_momentum_in_fp32`), which, with the fix of
+    ZeRO 1/2's bucket merge, a Muon run requires."""
+    deepspeed_patches.require("train.optimizer muon")
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 
     class SkippingMuon(MuonWithAuxAdam):
@@ -669,6 +673,7 @@ def init_distributed(backend: str | None = None) -> None:
 
     ds_logger.setLevel(logging.WARNING)  # its INFO lines would drown the training log
     import_muon_compiling_on_first_call()
+    deepspeed_patches.apply()
     _GROUP_STARTED = True  # set first: a failure half-way may have made the group already
     deepspeed.init_distributed(
         dist_backend=backend or get_accelerator().communication_backend_name(),
