@@ -18,6 +18,8 @@ import inspect
 import sys
 import textwrap
 
+import torch
+
 from gptflow.errors import GptflowError
 
 TESTED = "0.19.8"
@@ -128,6 +130,40 @@ def muon_momentum_in_fp32() -> None:
 
     in_momentum_dtype.gptflow_rewrites = (("muon_update", "in_momentum_dtype"),)
     original_muon.muon_update = in_momentum_dtype
+
+
+def import_muon_compiling_on_first_call() -> None:
+    """Import DeepSpeed's Muon module with its ``torch.compile`` decorators deferred to the
+    first call of each function they decorate.
+
+    DeepSpeed 0.19.8 imports that module in every ZeRO engine (``is_zero_supported_optimizer``
+    at start, ZeRO 1/2's ``average_tensor`` each step), Muon or not, and the module decorates
+    three functions with ``torch.compile``, whose decoration imports ``torch._inductor``: 1.1 s of
+    CPU per rank measured here, for kernels only a Muon run calls. Deferred, a Muon run compiles
+    the same functions with the same arguments at their first call; the others never pay."""
+    name = "deepspeed.runtime.zero.muon.original_muon"
+    if name in sys.modules:
+        return
+    compile_now = torch.compile
+
+    def compile_later(model=None, **kwargs):
+        if model is None:  # @torch.compile(mode=...)
+            return functools.partial(compile_later, **kwargs)
+        compiled = []
+
+        @functools.wraps(model)
+        def call(*args, **kw):
+            if not compiled:
+                compiled.append(compile_now(model, **kwargs))
+            return compiled[0](*args, **kw)
+
+        return call
+
+    torch.compile = compile_later
+    try:
+        __import__(name)
+    finally:
+        torch.compile = compile_now
 
 
 @functools.cache
