@@ -659,12 +659,14 @@ class RunLock:
         self.release()
 
 
-def resume_mode(saved: dict | None, now: dict, path: Path, optimizer: str = "adamw") -> str:
-    """How a step saved in layout `saved` loads into layout `now` ({world_size, zero_stage,
-    precision, tensor_parallel, pipeline_parallel}): "native" (DeepSpeed's own files, as
-    saved) or "universal" (converted, for a change of the number of ranks, of the tensor- or
-    pipeline-parallel size or of the ZeRO stage among 1-3). A change DeepSpeed cannot carry the optimizer state across is an error
-    naming the way on."""
+def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
+    """How a step saved in layout `saved` loads into layout `now` (gptflow.train.loop.layout_of:
+    {world_size, zero_stage, precision, tensor_parallel, pipeline_parallel, optimizer}):
+    "native" (DeepSpeed's own files, as saved) or "universal" (converted, for a change of the
+    number of ranks, of the tensor- or pipeline-parallel size or of the ZeRO stage among 1-3).
+    A change DeepSpeed cannot carry the optimizer state across is an error naming the way on.
+    The optimizer is the run's own (a series' fingerprint holds it), read from `now`: a layout
+    saved before it was recorded has none."""
     if not saved:
         return "native"  # saved before layouts were recorded: DeepSpeed checks what it can
     was_zero, now_zero = saved.get("zero_stage", 0), now["zero_stage"]
@@ -692,7 +694,7 @@ def resume_mode(saved: dict | None, now: dict, path: Path, optimizer: str = "ada
             f"unmoved run's from the second step after the move). Continue at ZeRO stage "
             f"{was_zero} on {was_world} ranks; layouts move freely among ZeRO stages 1 and 2"
         )
-    if optimizer == "muon":
+    if now["optimizer"] == "muon":
         raise GptflowError(
             f"{path}: {where}: DeepSpeed's universal checkpoint carries Adam's moments, not "
             f"Muon's momentum (ds_to_universal knows fp32, exp_avg and exp_avg_sq), so this "

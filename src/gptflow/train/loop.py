@@ -139,7 +139,7 @@ def build(
     if resume_from is not None:
         saved = series.saved_layout(resume_from)
         now = layout_of(t, dev.world_size)
-        mode = resume_mode(saved, now, series.dir / tag_for(resume_from), t.optimizer)
+        mode = resume_mode(saved, now, series.dir / tag_for(resume_from))
     # The indices are normally built by the build_data_index rule before this job; rank 0
     # builds any that are missing (a direct `gptflow train`), the others then load them.
     data = run_split_datasets(cfg) if rank == 0 else None
@@ -254,13 +254,16 @@ def initial_weights(cfg: RunConfig, rank: int, resume_from: int | None):
 
 
 def layout_of(t, world_size: int) -> dict:
-    """What a checkpoint's files depend on beyond the trajectory (kept in its COMPLETE)."""
+    """What a checkpoint's files depend on beyond the trajectory (kept in its COMPLETE), and
+    what decides how it loads into another layout (:func:`gptflow.train.checkpoint.resume_mode`):
+    the optimizer too, whose state a layout change must carry."""
     return {
         "world_size": world_size,
         "zero_stage": t.zero_stage,
         "precision": t.precision,
         "tensor_parallel": t.tensor_parallel,
         "pipeline_parallel": t.pipeline_parallel,
+        "optimizer": t.optimizer,
     }
 
 
