@@ -468,9 +468,72 @@ def test_auto_precision_is_planned_as_the_trainer_decides_it():
         "bf16",
         "auto on h100 GPUs (the gres's type) (bf16 tensor cores, ZeRO stage 1)",
     )
-    unknown = dataclasses.replace(SLURM, gres="gpu:mi250:8")
-    assert "the gres's type 'mi250' is not in" in gpu_memory.planned_precision(zero1, unknown)[1]
     assert gpu_memory.planned_precision(zero1, Placement())[0] == "fp32"  # on this CPU
+
+
+@pytest.mark.parametrize("gpu", ["rtx6000", "mi250"])
+def test_auto_on_a_gpu_type_the_table_does_not_know_is_refused_at_planning(gpu):
+    """The trainer decides auto by the GPU's compute capability; a gres type gptflow.hardware
+    does not know (a Quadro RTX 6000 is 7.5, an RTX 6000 Ada 8.9) was planned as an A100's
+    bf16 where the trainer may train fp32 (twice the activations and weights counted short).
+    Such a type with auto is one line asking for an explicit precision; with one, it plans; a
+    P40 (6.1, now in the table) plans fp32, as the trainer trains it; a gres without a type
+    is still planned for the A100/H100s the memory check assumes, and says so."""
+    t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
+                    precision="auto")  # fmt: skip
+    unknown = dataclasses.replace(SLURM, gres=f"gpu:{gpu}:8")
+    with pytest.raises(GptflowError) as e:
+        gpu_memory.planned_precision(t, unknown)
+    assert str(e.value) == (
+        "train.precision is auto, which the trainer decides by the GPU's compute capability "
+        f"(bf16 on 8.0 and later at train.zero_stage 1+, else fp32), and the profile's gres "
+        f"gpu:{gpu}:8 names '{gpu}', a GPU type gptflow.hardware does not know: set "
+        "train.precision bf16 (Ampere or later) or fp32 (older GPUs)"
+    )
+    with pytest.raises(GptflowError, match=r"^train\.precision is auto, "):
+        preflight.memory_lines(preflight.Report(), TINY, t, 8, unknown, {})
+    for explicit in ("fp32", "bf16"):
+        given = dataclasses.replace(t, precision=explicit)
+        assert gpu_memory.planned_precision(given, unknown) == (explicit, "train.precision")
+    p40 = dataclasses.replace(SLURM, gres="gpu:p40:8")
+    assert gpu_memory.planned_precision(t, p40)[0] == "fp32"
+    assert "compute capability 6.1" in gpu_memory.planned_precision(t, p40)[1]
+    assert gpu_memory.planned_precision(t, SLURM) == (
+        "bf16",
+        "auto on GPUs assumed to be A100/H100 (compute capability 8.0+: the profile's gres "
+        "names no GPU type) (bf16 tensor cores, ZeRO stage 1)",
+    )
+
+
+def test_muons_refusal_of_bf16_at_zero_1_under_tensor_parallel_meets_auto_at_planning(tiny_config):
+    """train.precision auto at ZeRO 1 is bf16 on A100/H100-class GPUs: with Muon under tensor
+    parallel the trainer would refuse it at start (TrainConfig.check_muon, after auto is
+    decided), so snakemake -n refuses it, saying what auto became and why; the config's own
+    check could not (auto is not bf16). On CPUs (fp32) and on V100s (fp32) it plans."""
+    cfg = {
+        **tiny_config,
+        "model": {**tiny_config["model"], "num_layers": 2, "hidden_size": 64,
+                  "num_attention_heads": 4},
+        "train": {**tiny_config["train"], "optimizer": "muon", "clip_grad": 0.0,
+                  "precision": "auto", "zero_stage": 1, "tensor_parallel": 2,
+                  "global_batch_size": 4, "micro_batch_size": 1},
+    }  # fmt: skip
+    gpus = Placement(executor="slurm", nodes=1, tasks_per_node=2, gres="gpu:2", mpi="srun")
+    with pytest.raises(GptflowError) as e:
+        preflight.run(cfg, gpus, sinfo=lambda: None, accounts=lambda: None)
+    message = str(e.value)
+    assert message.startswith(
+        "train.precision auto is bf16 here (auto on GPUs assumed to be A100/H100 (compute "
+        "capability 8.0+: the profile's gres names no GPU type) (bf16 tensor cores, ZeRO stage "
+        "1)): train.optimizer muon is not supported with train.precision bf16 at "
+        "train.zero_stage 1 with 2-way tensor x pipeline parallel: "
+    )
+    assert "\n" not in message
+    with pytest.raises(GptflowError, match=r"^study run 'a': train\.precision auto is bf16 here"):
+        preflight.study({"a": cfg}, gpus, tokenizer_json=None, indexes=1, trained=set())
+    for planned in (Placement(executor="local", nproc_per_node=2),
+                    dataclasses.replace(gpus, gres="gpu:v100:2")):  # fmt: skip
+        preflight.run(cfg, planned, sinfo=lambda: None, accounts=lambda: None)
 
 
 def test_each_tensor_parallel_rank_holds_its_share_of_the_logits():
@@ -662,6 +725,23 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
     assert "synchronous" in host_memory.check_saves(t, None)
     unknown = dataclasses.replace(node, mem_mb=None)  # a cluster's node: not known, not refused
     assert "not known" in host_memory.check_saves(t, host_memory.snapshot_fit(m, t, 8, unknown))
+
+
+def test_the_snapshot_is_counted_in_the_precision_auto_becomes():
+    """train.precision auto at ZeRO 1 on A100/H100-class GPUs trains bf16: the snapshot is the
+    bf16 model file and the fp32 partitions, 154.4 GiB for Pythia-12B over 8 GPUs of a node --
+    not the 176.5 GiB of fp32 weights that counting the configured value ('auto', not a half
+    precision) gives, which refused nodes near the limit. At ZeRO 0 auto is fp32 either way."""
+    m = pythia_12b()
+    auto = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
+                       precision="auto")  # fmt: skip
+    fit = host_memory.snapshot_fit(m, auto, 8, SLURM)
+    bf16 = host_memory.snapshot_fit(m, dataclasses.replace(auto, precision="bf16"), 8, SLURM)
+    fp32 = host_memory.snapshot_fit(m, dataclasses.replace(auto, precision="fp32"), 8, SLURM)
+    assert fit == bf16 and round(fit.snapshots / GIB, 1) == 154.4
+    assert round(fp32.snapshots / GIB, 1) == 176.5
+    n = m.num_parameters()
+    assert host_memory.snapshot_bytes(m, auto, 8, "bf16") == 2 * n + 12 * n // 8
 
 
 def gpt_neox_20b() -> ModelConfig:

@@ -10,6 +10,7 @@ model split over ranks and against DeepSpeed's own ZeRO estimators.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats, muon_state_floats
@@ -187,11 +188,35 @@ def activation_bytes(
 def planned_precision(t: TrainConfig, p: Placement) -> tuple[str, str]:
     """(the precision training runs in on `p`, why): the trainer's own decision
     (gptflow.hardware.training_precision) for the GPUs the profile's gres names, or for those
-    assumed (the reason then says so); on CPUs, the CPU's."""
-    if not p.trains_on_gpus:
+    assumed (the reason then says so); on CPUs, the CPU's. ``auto`` on a GPU type the table
+    does not know is refused: the trainer decides by the GPU's compute capability, which
+    planning cannot know, and a plan in the wrong precision is the wrong memory estimate."""
+    if t.precision != "auto" or not p.trains_on_gpus:
         return training_precision(t.precision, t.zero_stage, None, None)
     name, capability = planned_gpu(p.gpu_type)
+    if capability is None:
+        raise GptflowError(
+            f"train.precision is auto, which the trainer decides by the GPU's compute "
+            f"capability (bf16 on 8.0 and later at train.zero_stage 1+, else fp32), and the "
+            f"profile's gres {p.gres} names {p.gpu_type!r}, a GPU type gptflow.hardware does "
+            f"not know: set train.precision bf16 (Ampere or later) or fp32 (older GPUs)"
+        )
     return training_precision(t.precision, t.zero_stage, name, capability)
+
+
+def planned_train(t: TrainConfig, p: Placement) -> TrainConfig:
+    """`t` with train.precision as the trainer will decide it on `p` (:func:`planned_precision`),
+    refused where the trainer would refuse it (TrainConfig.check_trainable, which the config's
+    load checked before ``auto`` was decided: Muon's refusal of bf16 at ZeRO 1 under a
+    model-parallel grid, say)."""
+    precision, why = planned_precision(t, p)
+    planned = dataclasses.replace(t, precision=precision)
+    if t.precision == "auto":
+        try:
+            planned.check_trainable()
+        except GptflowError as e:
+            raise GptflowError(f"train.precision auto is {precision} here ({why}): {e}") from None
+    return planned
 
 
 # The margin a fit leaves free: gptflow.results.sizing's (one home, shared with the evaluation).

@@ -36,6 +36,7 @@ from gptflow.plan.gpu_memory import (
     margin_text,
     memory_per_gpu,
     planned_precision,
+    planned_train,
 )
 from gptflow.plan.host_memory import check_saves, snapshot_fit
 from gptflow.plan.placement import (
@@ -122,6 +123,7 @@ def run(
     launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
     ranks = p.ranks
     gas = check_layout(train, ranks)
+    planned_train(train, p)  # auto decided as the trainer will, and refused as it would be
     rep = Report(placement=asdict(p))
     if found := placeholders(p):
         rep.lines.append("gptflow: " + placeholder_message(found, p.executor))
@@ -192,6 +194,7 @@ def study(
             train = TrainConfig(**cfg["train"])
             m = model_config(cfg, vocab)
             gas = check_layout(train, p.ranks)
+            planned_train(train, p)
             fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
             if fit is not None:
                 check_memory(fit)
