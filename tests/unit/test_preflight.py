@@ -154,6 +154,9 @@ def test_the_shipped_profiles_fit_a_cluster_that_has_what_it_asks_for():
         ({"mem_mb": 2000000}, "asks for 2000000 MB of memory per node but the nodes of partition "
          "'gpu' have at most 1000000; lower mem_mb"),
         ({"nodes": 21}, "set-resources train_gpt nodes 21, but partition 'gpu' has 20"),
+        # two GPUs on each of 16 nodes as tasks over nodes: 2 ranks a node, not 1
+        ({"nodes": 16, "tasks_per_node": None, "tasks": 32, "gres": "gpu:2", "threads": 80},
+         r"asks for 160 CPUs per node \(set-threads train_gpt 80 x 2 ranks per node\)"),
     ],
 )  # fmt: skip
 def test_what_the_cluster_does_not_have_is_refused(change, message):
@@ -193,6 +196,13 @@ def test_launches_the_plugin_or_srun_would_refuse_are_refused(change, message):
 def test_one_gpu_on_each_of_several_nodes_and_cpus_against_threads():
     spread = dataclasses.replace(SLURM, nodes=4, tasks_per_node=None, tasks=4, gres="gpu:1")
     assert placement.check_launch(spread) == [] and spread.ranks == 4
+    assert spread.ranks_per_node == 1
+    # srun's block distribution of 3 tasks over 2 nodes: 2 on the first, which one GPU cannot take
+    uneven = dataclasses.replace(spread, nodes=2, tasks=3)
+    assert uneven.ranks_per_node == 2
+    with pytest.raises(GptflowError, match=r"2 training ranks per node but gres gpu:1"):
+        placement.check_launch(uneven)
+    assert dataclasses.replace(spread, nodes=None).ranks_per_node == 4  # srun may pack them
     (warning,) = placement.check_launch(dataclasses.replace(SLURM, cpus_per_task=4))
     assert "cpus_per_task 4 differs from set-threads train_gpt 12" in warning
 
@@ -388,6 +398,7 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
         want = [0, 1] if pp == 1 else [0, 2]  # rank = (stage x dp + data rank) x tp + tp rank
         assert sorted(r["rank"] for r in writers) == want, (setting, ranks)
         assert fit.writers == len(writers) == 2
+        assert fit.clones == sum(r["clones"] for r in ranks), setting
         for r in ranks:
             params = gpu_memory.stage_parameters(TINY, tp, pp, r["stage"])
             terms = gpu_memory.model_state_bytes(params, dp, zero, precision)
@@ -397,6 +408,13 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
             snap = host_memory.snapshot_bytes(TINY, t, 4, precision, r["rank"])
             assert 0 <= r["snapshot"] - snap <= 64, (setting, r, snap)
             assert r["snapshot"] <= r["held"] <= r["snapshot"] + r["buffers"] * 2 * PAGE, (
+                setting,
+                r,
+            )
+            # under a pipeline DeepSpeed copies each layer file to the host first, one at a
+            # time: the stage's largest file (pipeline_clone_bytes)
+            clones = host_memory.pipeline_clone_bytes(TINY, t, 4, precision, r["rank"])
+            assert r["clones"] == clones and (clones > 0) == (pp > 1 and r in writers), (
                 setting,
                 r,
             )
@@ -725,6 +743,60 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
     assert "synchronous" in host_memory.check_saves(t, None)
     unknown = dataclasses.replace(node, mem_mb=None)  # a cluster's node: not known, not refused
     assert "not known" in host_memory.check_saves(t, host_memory.snapshot_fit(m, t, 8, unknown))
+
+
+def test_one_gpu_on_each_of_16_nodes_counts_one_rank_a_node(tiny_config):
+    """Pythia-12B in bf16 at ZeRO 1 on 16 nodes x 1 GPU, as `tasks: 16` and `nodes: 16` (what
+    check_launch asks for instead of tasks_per_node 1): each node holds one rank -- rank 0's
+    node its model file and its sixteenth of the fp32 partitions, 30.3 GiB, 32.3 GiB with its
+    process -- which a node of 64,000 MB holds. The 16 ranks were counted on one node: 186.4
+    GiB "per node", a refusal of the layout the launch check itself recommends."""
+    m = pythia_12b()
+    t = TrainConfig(train_iters=10, global_batch_size=16, micro_batch_size=1, zero_stage=1,
+                    precision="bf16")  # fmt: skip
+    spread = Placement(executor="slurm", nodes=16, tasks=16, gres="gpu:1", mpi="srun",
+                       mem_mb=64000)  # fmt: skip
+    assert placement.check_launch(spread) == []
+    fit = host_memory.snapshot_fit(m, t, 16, spread)
+    n = m.num_parameters()
+    assert (fit.ranks, fit.writers, fit.clones) == (1, 1, 0)
+    assert fit.snapshots == fit.largest == 2 * n + 12 * n // 16
+    assert round(fit.snapshots / GIB, 1) == 30.3 and round(fit.need / GIB, 1) == 32.3
+    assert host_memory.check_saves(t, fit).startswith(
+        "  checkpoint saves: in the background (train.async_save): about 32.3 GiB of host "
+        "memory per node, of 62.5 GiB (set-resources train_gpt mem_mb)"
+    )
+    packed = dataclasses.replace(spread, nodes=1, tasks=None, tasks_per_node=16, gres="gpu:16")
+    assert round(host_memory.snapshot_fit(m, t, 16, packed).need / GIB, 1) == 186.4
+    tiny = {**tiny_config, "model": {**tiny_config["model"], "num_layers": 2, "hidden_size": 64,
+                                      "num_attention_heads": 4},
+            "train": {**tiny_config["train"], "global_batch_size": 16, "micro_batch_size": 1}}  # fmt: skip
+    rep = preflight.run(tiny, spread, sinfo=lambda: None, accounts=lambda: None)
+    assert rep.lines[0].startswith("gptflow preflight: train_gpt on 16 node(s) x 1 rank(s) = 16")
+
+
+def test_a_pipelines_layer_file_copies_are_counted_on_the_nodes_that_write_them():
+    """Under a pipeline DeepSpeed copies each layer file to the host before the snapshot copies
+    it again (PipelineModule.save_state_dict, clone_tensors_for_torch_save), one file at a time
+    (measured on four CPU ranks: test_kept_state_and_activations_on_4_ranks_are_the_estimate):
+    on GPT-NeoX-20B as shipped (fp16, tensor 2 x pipeline 4, 12 nodes x 8 GPUs) rank 0's node
+    holds two writers (data-parallel rank 0 of the first stage's two tensor-parallel ranks),
+    each a decoder layer's half in fp16; it was not counted. Nothing without a pipeline."""
+    m = gpt_neox_20b()
+    t = TrainConfig(train_iters=10, global_batch_size=96, micro_batch_size=1, zero_stage=1,
+                    precision="fp16", tensor_parallel=2, pipeline_parallel=4)  # fmt: skip
+    nodes = dataclasses.replace(SLURM, nodes=12)
+    fit = host_memory.snapshot_fit(m, t, 96, nodes)
+    layer = gpu_memory.layer_parameters(m, 2)
+    assert layer > m.vocab_size * m.hidden_size // 2  # a layer outweighs the embedding's half
+    assert fit.writers == 2 and fit.clones == 2 * 2 * layer
+    assert [host_memory.pipeline_clone_bytes(m, t, 96, "fp16", r) for r in range(4)] == [
+        2 * layer, 2 * layer, 0, 0]  # fmt: skip
+    assert f"+ {gpu_memory.human(fit.clones)} DeepSpeed's copy of a layer file" in (
+        host_memory.check_saves(t, fit)
+    )
+    flat = dataclasses.replace(t, tensor_parallel=8, pipeline_parallel=1)
+    assert host_memory.snapshot_fit(m, flat, 8, SLURM).clones == 0
 
 
 def test_the_snapshot_is_counted_in_the_precision_auto_becomes():

@@ -23,17 +23,24 @@ GIB = 1024**3
 DEFAULT_GPU_MEMORY_MB = 80 * 1024  # A100 80GB / H100 80GB, when the profile does not say
 
 
+def layer_parameters(m: ModelConfig, tensor_parallel: int) -> int:
+    """Parameters of one decoder layer on a rank: each split matrix 1/tp of it, LayerNorms and
+    the row-parallel biases whole."""
+    h, f, t = m.hidden_size, m.ffn_size, tensor_parallel
+    split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
+    whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
+    return split + whole
+
+
 def stage_parameters(
     m: ModelConfig, tensor_parallel: int, pipeline_parallel: int, stage: int
 ) -> int:
     """Parameters a rank of pipeline stage `stage` holds: its decoder layers (balanced over the
-    stages, rounded up), each split matrix 1/tp of it, LayerNorms and the row-parallel biases
-    whole; the first stage also the embedding, the last the final LayerNorm and the head,
-    and each of those 1/tp of the vocabulary's rows (gptflow.train.engine.VOCAB_PARALLEL)."""
-    h, f, v, t = m.hidden_size, m.ffn_size, m.vocab_size, tensor_parallel
-    split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
-    whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
-    layers = -(-m.num_layers // pipeline_parallel) * (split + whole)
+    stages, rounded up; :func:`layer_parameters` each); the first stage also the embedding, the
+    last the final LayerNorm and the head, and each of those 1/tp of the vocabulary's rows
+    (gptflow.train.engine.VOCAB_PARALLEL)."""
+    h, v, t = m.hidden_size, m.vocab_size, tensor_parallel
+    layers = -(-m.num_layers // pipeline_parallel) * layer_parameters(m, t)
     embedding = v * h // t if stage == 0 else 0
     head = v * h // t + 2 * h if stage == pipeline_parallel - 1 else 0
     return layers + embedding + head

@@ -136,11 +136,8 @@ def run(
     dp = train.data_parallel_size(ranks)
     split = [f"{n} {kind}" for n, kind in ((train.tensor_parallel, "tensor"),
                                           (train.pipeline_parallel, "pipeline")) if n > 1]  # fmt: skip
-    where = (
-        f"{p.nodes or 1} node(s) x {p.tasks_per_node} rank(s)"
-        if p.mpi and p.tasks_per_node
-        else f"{ranks} rank(s)"
-    )
+    spread = p.mpi and (p.tasks_per_node or (p.nodes and ranks % p.nodes == 0))
+    where = f"{p.nodes or 1} node(s) x {p.ranks_per_node} rank(s)" if spread else f"{ranks} rank(s)"
     rep.lines.append(
         f"gptflow preflight{label}: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
         f"parallel; micro batch {train.micro_batch_size} x grad accum {gas} x {dp} = global "
