@@ -291,4 +291,92 @@ def test_a_generation_longer_than_the_trained_context_is_refused_at_planning(tmp
     )
     task.write_text(json.dumps({**spec, "generation_kwargs": {"max_gen_toks": 32}}))
     check_context(task_work(harness(tasks=[str(task)])), 256, "r", "c.yaml")
-    check_context(task_work(harness(tasks=["gsm8k"])), 64, "r", "c.yaml")  # not known: the job
+    # its generation set in the file it includes (the including file's keys win)
+    (tmp_path / "base.yaml").write_text(json.dumps({"generation_kwargs": {"max_new_tokens": 300}}))
+    task.write_text(json.dumps({**spec, "include": "base.yaml"}))
+    assert task_work(harness(tasks=[str(task)]))[0].generated_tokens == 300
+
+
+def test_a_generation_of_a_task_lm_evals_registry_names_is_checked_at_planning():
+    """A task *name* is read from the installed lm-evaluation-harness's own task files (no
+    network, not imported): gsm8k generates up to lm-eval's default 256 tokens, which a
+    train.seq_length of 256 cannot hold -- it passed -n and failed in the job (lm-eval's
+    assert) -- and the group bbh_cot_fewshot's 27 tasks 1024 each (their template's
+    max_gen_toks, through include:), which 1024 cannot hold; the refusal names the task, its
+    file and the ways on. hellaswag (multiple-choice) and a name the registry lacks plan."""
+    from gptflow.results.harness import check_context, task_work
+
+    work = task_work(harness(tasks=["gsm8k", "bbh_cot_fewshot", "hellaswag", "no_such_task"]))
+    assert [(w.name, w.output_type, w.generated_tokens) for w in work] == [
+        ("gsm8k", "generate_until", 256), ("bbh_cot_fewshot", "generate_until", 1024),
+        ("hellaswag", "multiple_choice", 0), ("no_such_task", "multiple_choice", 0)]  # fmt: skip
+    with pytest.raises(GptflowError) as e:
+        check_context(work, 256, "r", "c.yaml")
+    assert str(e.value) == (
+        "c.yaml: eval.harness.tasks: task 'gsm8k' generates up to 256 tokens (lm-eval's "
+        "lm_eval/tasks/gsm8k/gsm8k.yaml: no generation_kwargs.max_gen_toks: lm-eval's default "
+        "256), but the harness's context is run r's train.seq_length 256 and lm-eval needs "
+        "fewer; raise train.seq_length above 256, or give eval.harness.tasks a copy of that "
+        "task's YAML file with generation_kwargs.max_gen_toks below 256, or drop the task"
+    )
+    with pytest.raises(GptflowError, match=r"task 'bbh_cot_fewshot' generates up to 1024 tokens "
+                       r"\(its task bbh_cot_fewshot_\w+, lm-eval's lm_eval/tasks/bbh/cot_fewshot/"
+                       r"\w+\.yaml: generation_kwargs\.max_gen_toks\).* train\.seq_length 1024"):  # fmt: skip
+        check_context(work, 1024, "r", "c.yaml")
+    check_context(work, 2048, "r", "c.yaml")
+
+
+GROUP_FILES = {
+    "_template": "output_type: generate_until\ngeneration_kwargs: {max_gen_toks: 100}\n"
+                 "tag: [short_generations]\n",
+    "a.yaml": "task: my_a\ninclude: _template\n",
+    "b.yaml": '"task": "my_b"\n"include": "_template"\n"tag": "other"\n',
+    "mc.yaml": "task: my_mc\noutput_type: multiple_choice\n",
+    "py.yaml": "group: ignored\ntask: my_py\nclass: !function task.Mine\n",
+    "group.yaml": "group: my_group\ntask:\n  - my_a\n  - task: my_mc\n  - group: inner\n"
+                  "    task: [my_b]\n    generation_kwargs: {max_gen_toks: 700}\n",
+}  # fmt: skip
+
+
+def test_the_registry_reads_groups_tags_includes_and_overrides_as_the_harness(tmp_path):
+    """Task files in eval.harness.include, as the harness's TaskManager reads them: a task's
+    keys merged over its include: (quoted keys too), tags inherited through it unless set, a
+    `class:` file a Python task (not a group), a group's members (names, `task:` dicts, an
+    inline group whose generation_kwargs apply to its members). The index agrees with the
+    harness's own (lm_eval.tasks._index.TaskIndex) on these files and on four directories of
+    the installed harness."""
+    import logging
+
+    from lm_eval.tasks._index import Kind, TaskIndex
+
+    from gptflow.results.harness_registry import _index, harness_tasks_dir, registry_tasks
+
+    for name, text in GROUP_FILES.items():
+        (tmp_path / name).write_text(text)
+    include = [str(tmp_path)]
+    got = {t.name: (t.output_type, t.spec.get("generation_kwargs"), t.group)
+           for t in registry_tasks("my_group", include)}  # fmt: skip
+    assert got == {
+        "my_a": ("generate_until", {"max_gen_toks": 100}, "my_group"),
+        "my_mc": ("multiple_choice", None, "my_group"),
+        "my_b": ("generate_until", {"max_gen_toks": 700}, "my_group"),
+    }
+    assert [t.name for t in registry_tasks("short_generations", include)] == ["my_a"]
+    assert [t.name for t in registry_tasks("other", include)] == ["my_b"]
+    assert [t.output_type for t in registry_tasks("my_py", include)] == [None]  # its class says
+    assert registry_tasks("ignored", include) == registry_tasks("nothing", include) == []
+    root = harness_tasks_dir().resolve()
+    logging.disable(logging.WARNING)  # the harness warns of duplicate names across its files
+    try:
+        for dirs in ([tmp_path.resolve()], [root / d for d in ("bbh", "gsm8k", "mmlu", "scrolls")]):
+            theirs = TaskIndex.build(dirs)
+            ours = _index(tuple(str(d) for d in dirs))
+            kinds = {Kind.TASK: ours.tasks, Kind.PY_TASK: ours.tasks, Kind.GROUP: ours.groups}
+            for name, entry in theirs.items():
+                if entry.kind == Kind.TAG:
+                    assert sorted(entry.tags) == sorted(ours.tags[name]), name
+                else:
+                    assert kinds[entry.kind][name] == entry.yaml_path, name
+            assert len(theirs) == len({*ours.tasks, *ours.groups, *ours.tags})
+    finally:
+        logging.disable(logging.NOTSET)
