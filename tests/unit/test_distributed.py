@@ -349,12 +349,12 @@ def make_group():  # as the trainer does: engine.init_distributed records it, no
     distributed.export(env)
     return device.setup(env, timeout_minutes=5)
 
-threading.Thread(target=writer, args=("written", 0.5)).start()  # non-daemon: joined
 pool = concurrent.futures.ThreadPoolExecutor(1)  # idle workers wait on their queue (inductor's)
 pool.submit(time.sleep, 0)
 if mode == "raises":  # gptflow train, whose training fails on this rank after a save began
     def train(*args, **kwargs):
         make_group()
+        threading.Thread(target=writer, args=("written", 1)).start()  # non-daemon: joined
         # the checkpoint writer's thread is a daemon (snapshot.BackgroundWriter): not waited for
         threading.Thread(target=writer, args=("abandoned", 3), daemon=True).start()
         raise GptflowError("training failed on this rank")
@@ -362,6 +362,7 @@ if mode == "raises":  # gptflow train, whose training fails on this rank after a
     sys.exit(cli.main(["train", "--config", str(out / "run.yaml")]))
 if mode == "group":
     make_group()
+threading.Thread(target=writer, args=("written", 1)).start()  # non-daemon: joined
 print("no newline at the end", end="")
 sys.exit(device.leave(75))
 """

@@ -21,6 +21,7 @@ from gptflow.results.harness import (
     is_task_file,
     task_name,
 )
+from gptflow.results.harness_registry import max_gen_toks
 
 MC_TASK = """\
 task: my_mc
@@ -326,49 +327,78 @@ def test_a_generation_of_a_task_lm_evals_registry_names_is_checked_at_planning()
     check_context(work, 2048, "r", "c.yaml")
 
 
+TEMPLATE = """dataset_path: json
+dataset_kwargs: {data_files: {test: DATA}}
+test_split: test
+doc_to_text: "{{q}}"
+doc_to_target: "{{a}}"
+output_type: generate_until
+generation_kwargs: {max_gen_toks: 100, until: ["Q:"]}
+tag: [short_generations]
+"""
 GROUP_FILES = {
-    "_template": "output_type: generate_until\ngeneration_kwargs: {max_gen_toks: 100}\n"
-                 "tag: [short_generations]\n",
+    "_template": TEMPLATE,  # an include target, not a task file (no .yaml): its tag inherited
     "a.yaml": "task: my_a\ninclude: _template\n",
     "b.yaml": '"task": "my_b"\n"include": "_template"\n"tag": "other"\n',
-    "mc.yaml": "task: my_mc\noutput_type: multiple_choice\n",
-    "py.yaml": "group: ignored\ntask: my_py\nclass: !function task.Mine\n",
-    "group.yaml": "group: my_group\ntask:\n  - my_a\n  - task: my_mc\n  - group: inner\n"
-                  "    task: [my_b]\n    generation_kwargs: {max_gen_toks: 700}\n",
+    "c.yaml": "task: my_c\ninclude: _template\n",
+    "d.yaml": "task: my_d\ninclude: _template\ngeneration_kwargs: {max_new_tokens: 40}\n",
+    "mc.yaml": "task: my_mc\ninclude: _template\noutput_type: multiple_choice\n"
+               "doc_to_choice: ['1', '2']\ndoc_to_target: 1\ngeneration_kwargs: null\n",
+    "group.yaml": "group: my_group\ngeneration_kwargs: {max_gen_toks: 900, until: ['Q:']}\n"
+                  "task:\n  - my_a\n  - task: my_c\n    generation_kwargs: {max_gen_toks: 50}\n"
+                  "  - group: inner\n    task: [my_b]\n    generation_kwargs: {max_gen_toks: 700}\n"
+                  "  - group: other_group\n    generation_kwargs: {max_gen_toks: 300}\n",
+    "other.yaml": "group: other_group\ntask: [my_d, my_mc]\n",
+    "py.yaml": "group: ignored\ntask: my_py\nclass: !function task.Mine\n",  # a Python task
 }  # fmt: skip
 
 
-def test_the_registry_reads_groups_tags_includes_and_overrides_as_the_harness(tmp_path):
-    """Task files in eval.harness.include, as the harness's TaskManager reads them: a task's
-    keys merged over its include: (quoted keys too), tags inherited through it unless set, a
-    `class:` file a Python task (not a group), a group's members (names, `task:` dicts, an
-    inline group whose generation_kwargs apply to its members). The index agrees with the
-    harness's own (lm_eval.tasks._index.TaskIndex) on these files and on four directories of
-    the installed harness."""
+def test_the_registry_reads_groups_tags_includes_and_overrides_as_the_harness(
+    tmp_path, monkeypatch
+):
+    """Task files in eval.harness.include read as the harness reads them, checked against the
+    harness itself (its TaskManager over these files alone, building the tasks offline from a
+    local JSONL): a task's keys over its include: (quoted keys too), a tag inherited through
+    it, a group's generation_kwargs over its members, a member's own over the group's, an
+    inline group's under its parent's, a referenced group's under the reference's. The longest
+    generation of a group is its size and its check. A `class:` file is a Python task, not a
+    group; the index equals the harness's own (lm_eval.tasks._index.TaskIndex) on these files
+    and on four directories of the installed harness."""
     import logging
 
+    from lm_eval.tasks import TaskManager
     from lm_eval.tasks._index import Kind, TaskIndex
 
+    from gptflow.results.harness import named_work
     from gptflow.results.harness_registry import _index, harness_tasks_dir, registry_tasks
 
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the data is a local file: no network
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"q": "1 + 1 =", "a": "2"}\n')
+    files = tmp_path / "tasks"
+    files.mkdir()
     for name, text in GROUP_FILES.items():
-        (tmp_path / name).write_text(text)
-    include = [str(tmp_path)]
-    got = {t.name: (t.output_type, t.spec.get("generation_kwargs"), t.group)
-           for t in registry_tasks("my_group", include)}  # fmt: skip
-    assert got == {
-        "my_a": ("generate_until", {"max_gen_toks": 100}, "my_group"),
-        "my_mc": ("multiple_choice", None, "my_group"),
-        "my_b": ("generate_until", {"max_gen_toks": 700}, "my_group"),
-    }
-    assert [t.name for t in registry_tasks("short_generations", include)] == ["my_a"]
-    assert [t.name for t in registry_tasks("other", include)] == ["my_b"]
+        (files / name).write_text(text.replace("DATA", str(data)))
+    include = [str(files)]
+    manager = TaskManager(include_path=str(files), include_defaults=False)
+    for name in ("my_group", "short_generations", "other", "my_a", "my_mc"):
+        ours = {t.name: (t.output_type, max_gen_toks(t.spec)[0]) for t in
+                registry_tasks(name, include)}  # fmt: skip
+        theirs = {t: (task.config.output_type, max_gen_toks(vars(task.config))[0])
+                  for t, task in manager.load([name])["tasks"].items()}  # fmt: skip
+        assert ours == theirs, name
+    assert ours == {"my_mc": ("multiple_choice", 256)}  # its generation is never asked for
+    assert {t.name: max_gen_toks(t.spec)[0] for t in registry_tasks("my_group", include)} == {
+        "my_a": 900, "my_c": 50, "my_b": 900, "my_d": 300, "my_mc": 300}  # fmt: skip
+    work = named_work("my_group", include, None)
+    assert (work.output_type, work.generated_tokens) == ("generate_until", 900)
+    assert work.generated_by.startswith("its task my_a, lm-eval's ")
     assert [t.output_type for t in registry_tasks("my_py", include)] == [None]  # its class says
     assert registry_tasks("ignored", include) == registry_tasks("nothing", include) == []
     root = harness_tasks_dir().resolve()
     logging.disable(logging.WARNING)  # the harness warns of duplicate names across its files
     try:
-        for dirs in ([tmp_path.resolve()], [root / d for d in ("bbh", "gsm8k", "mmlu", "scrolls")]):
+        for dirs in ([files.resolve()], [root / d for d in ("bbh", "gsm8k", "mmlu", "scrolls")]):
             theirs = TaskIndex.build(dirs)
             ours = _index(tuple(str(d) for d in dirs))
             kinds = {Kind.TASK: ours.tasks, Kind.PY_TASK: ours.tasks, Kind.GROUP: ours.groups}

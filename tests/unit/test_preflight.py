@@ -790,6 +790,7 @@ def test_a_pipelines_layer_file_copies_are_counted_on_the_nodes_that_write_them(
     layer = gpu_memory.layer_parameters(m, 2)
     assert layer > m.vocab_size * m.hidden_size // 2  # a layer outweighs the embedding's half
     assert fit.writers == 2 and fit.clones == 2 * 2 * layer
+    assert fit.need == fit.snapshots + fit.clones + 8 * 2 * GIB
     assert [host_memory.pipeline_clone_bytes(m, t, 96, "fp16", r) for r in range(4)] == [
         2 * layer, 2 * layer, 0, 0]  # fmt: skip
     assert f"+ {gpu_memory.human(fit.clones)} DeepSpeed's copy of a layer file" in (

@@ -225,12 +225,11 @@ def _members(cfg: dict, index: _Index, overrides: dict, group: str, seen: frozen
     for item in members if isinstance(members, list) else [members]:
         if isinstance(item, str):
             out += _resolve(item, index, keys, group, seen)
-        elif isinstance(item, dict) and "group" in item:  # a group by name, or defined inline
+        elif isinstance(item, dict) and "group" in item and item["group"] in index.groups:
             inner = {**keys, **{k: item[k] for k in GENERATION_KEYS if k in item}}
-            if item["group"] in index.groups:
-                out += _resolve(item["group"], index, inner, group, seen)
-            else:
-                out += _members(item, index, inner, group, seen)
+            out += _resolve(item["group"], index, inner, group, seen)  # its keys win
+        elif isinstance(item, dict) and "group" in item:  # defined inline: the caller's win
+            out += _members(item, index, keys, group, seen)
         elif isinstance(item, dict) and isinstance(item.get("task"), str):
             inner = {**keys, **{k: item[k] for k in GENERATION_KEYS if k in item}}
             if item["task"] in index.tasks or item["task"] in index.groups:
