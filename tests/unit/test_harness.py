@@ -345,7 +345,7 @@ GROUP_FILES = {
     "mc.yaml": "task: my_mc\ninclude: _template\noutput_type: multiple_choice\n"
                "doc_to_choice: ['1', '2']\ndoc_to_target: 1\ngeneration_kwargs: null\n",
     "group.yaml": "group: my_group\ngeneration_kwargs: {max_gen_toks: 900, until: ['Q:']}\n"
-                  "task:\n  - my_a\n  - task: my_c\n    generation_kwargs: {max_gen_toks: 50}\n"
+                  "task:\n  - task: my_c\n    generation_kwargs: {max_gen_toks: 50}\n  - my_a\n"
                   "  - group: inner\n    task: [my_b]\n    generation_kwargs: {max_gen_toks: 700}\n"
                   "  - group: other_group\n    generation_kwargs: {max_gen_toks: 300}\n",
     "other.yaml": "group: other_group\ntask: [my_d, my_mc]\n",
@@ -390,7 +390,7 @@ def test_the_registry_reads_groups_tags_includes_and_overrides_as_the_harness(
     assert ours == {"my_mc": ("multiple_choice", 256)}  # its generation is never asked for
     assert {t.name: max_gen_toks(t.spec)[0] for t in registry_tasks("my_group", include)} == {
         "my_a": 900, "my_c": 50, "my_b": 900, "my_d": 300, "my_mc": 300}  # fmt: skip
-    work = named_work("my_group", include, None)
+    work = named_work("my_group", include, None)  # the longest, not the first (my_c's 50)
     assert (work.output_type, work.generated_tokens) == ("generate_until", 900)
     assert work.generated_by.startswith("its task my_a, lm-eval's ")
     assert [t.output_type for t in registry_tasks("my_py", include)] == [None]  # its class says

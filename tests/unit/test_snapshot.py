@@ -297,11 +297,19 @@ for refused in ("everything", "large"):
     saves = Saves(CheckpointSeries(out / "checkpoints", {}, 2), rank, True, dev.any_rank,
                   dev.barrier, pins=True)  # as training starts on GPUs
     record = {"after_start": saves.in_background}
-    if saves.in_background:  # a GPU storage's buffer, as snapshot.take asks the pool for it
-        record["pinned"] = saves.writer.pool.get(4 * snapshot.PAGE, pinned=True)[1]
+    if saves.in_background:  # a save of step 1, as Saves.save makes it
+        step = saves.series.prepare(1, rank, dev.barrier)
+        step.mkdir(exist_ok=True)  # DeepSpeed's save_checkpoint makes it on every rank
+        pool = saves.writer.pool
+        record["pinned"] = pool.get(4 * snapshot.PAGE, pinned=True)[1]  # a GPU storage's
+        taken = snapshot.take({"w": torch.ones(3)}, str(step / f"rank{rank}.pt"), pool)
+        saves.writer.submit(snapshot.Batch("step1", [taken]))
+        saves.pending = (1, None)
         flags = saves.flags()
         saves.agreed(*dev.any_rank(*flags))  # the loop's per-step all-reduce (stop_reason)
-        record.update(flags=flags, after_step=saves.in_background)
+        dev.barrier()  # rank 0 marks the step complete after the others may have gone on
+        record.update(flags=flags, after_step=saves.in_background, complete=sorted(
+            p.name for p in step.iterdir()))  # fmt: skip
     (out / f"{refused}-rank{rank}.json").write_text(json.dumps(record))
     print(f"{refused} done", file=sys.stderr, flush=True)
 dist.destroy_process_group()
@@ -335,8 +343,11 @@ def test_saves_turn_synchronous_on_every_rank_when_one_cannot_pin(tmp_path):
     assert records("everything") == [{"after_start": False}] * 2
     large = records("large")
     assert [r["pinned"] for r in large] == [True, False]
-    assert [r["flags"] for r in large] == [[False, False, False], [False, False, True]]
+    assert [r["flags"][0] for r in large] == [False, False]  # no write failed
+    assert [r["flags"][2] for r in large] == [False, True]  # rank 1's snapshot is unpinned
     assert [(r["after_start"], r["after_step"]) for r in large] == [(True, False)] * 2
+    # the save in flight is written and marked complete before the switch, on both ranks
+    assert [r["complete"] for r in large] == [["COMPLETE", "rank0.pt", "rank1.pt"]] * 2
     warnings = [line for line in out.stderr.splitlines() if "synchronous from now on" in line]
     assert len(warnings) == 2 and all("set train.async_save false" in w for w in warnings)
     assert "could not be pinned when training started" in warnings[0], out.stderr
