@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.train.checkpoint import CheckpointSeries, _snapshots, tag_for
+from gptflow.train.snapshot import BackgroundWriter, Batch, pinning_problem
 
 log = logging.getLogger("gptflow.train")
 
@@ -45,11 +46,6 @@ class Saves:
 
     def __init__(self, series: CheckpointSeries, rank: int, in_background: bool,
                  any_rank, barrier, pins: bool = False) -> None:  # fmt: skip
-        # gptflow.train.snapshot (and with it torch) is imported where a save needs it: the CLI
-        # imports this module (LOCK_WAIT_S), and every subcommand -- tokenize, download, each a
-        # Snakemake job -- would otherwise pay ~1.3 s of CPU to import torch
-        from gptflow.train.snapshot import BackgroundWriter, pinning_problem
-
         self.series, self.rank = series, rank
         self.any_rank, self.barrier = any_rank, barrier
         self.writer = BackgroundWriter(rank) if in_background else None
@@ -75,8 +71,6 @@ class Saves:
         if self.writer is None:
             path = self.series.save(engine, step, client_state, self.rank, self.barrier, layout)
             return path, 0.0
-        from gptflow.train.snapshot import Batch
-
         waited = self.settle()
         path = self.series.prepare(step, self.rank, self.barrier)
         snapshots = _snapshots(engine, str(self.series.dir), tag_for(step), client_state,
@@ -115,8 +109,6 @@ class Saves:
         step, layout = self.pending
         self.pending = None
         if self.rank == 0:
-            from gptflow.train.snapshot import Batch
-
             self.writer.submit(Batch(tag_for(step), [], then=lambda: self._complete(step, layout)))
 
     def settle(self) -> float:
