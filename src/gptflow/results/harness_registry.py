@@ -103,10 +103,11 @@ def _value(text: str, rest: str) -> list[str]:
     if rest.startswith("["):
         return [v.strip().strip("'\"") for v in rest.strip("[]").split(",") if v.strip()]
     items = []
-    for line in text.splitlines():
-        if line.strip().startswith("- ") and line[:1] in (" ", "-"):
-            items.append(line.strip()[2:].split(" #")[0].strip().strip("'\""))
-        elif items and line.strip() and not line.startswith((" ", "-")):
+    for line in text.splitlines()[1:]:  # the lines after the key's: its list, if any
+        item = line.strip()
+        if item.startswith("- "):
+            items.append(item[2:].split(" #")[0].strip().strip("'\""))
+        elif item and not item.startswith("#"):  # the next key, or a mapping: no list
             break
     return [i for i in items if i and ":" not in i]  # `- task: x` dicts are not names
 
