@@ -673,13 +673,18 @@ def cmd_train(a: argparse.Namespace) -> int:
     from gptflow.train.device import leave
     from gptflow.train.main import train
 
-    code = train(
-        a.config,
-        threads=a.threads,
-        exit_interval=a.exit_interval,
-        wait_for_lock=a.wait_for_lock,
-    )
-    return leave(code)  # a rank's process ends here (without the interpreter's teardown)
+    try:
+        code = train(
+            a.config,
+            threads=a.threads,
+            exit_interval=a.exit_interval,
+            wait_for_lock=a.wait_for_lock,
+        )
+    except (Exception, KeyboardInterrupt) as e:  # reported here: leave below never returns
+        code = failure_code(a.command, e)
+    # a rank's process ends here, also after a failure (without the interpreter's teardown,
+    # which can abort a process that made a process group: gptflow.train.device.leave)
+    return leave(code)
 
 
 def rank_args(a: argparse.Namespace) -> list[str]:
@@ -1168,11 +1173,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return a.func(a)
-    except GptflowError as e:
-        print(f"gptflow {a.command}: error: {e}", file=sys.stderr)
+    except (GptflowError, KeyboardInterrupt) as e:
+        return failure_code(a.command, e)
+
+
+def failure_code(command: str, e: BaseException) -> int:
+    """The exit status of subcommand `command` after `e`, said on stderr: bad input
+    (GptflowError) in one line, 130 after Ctrl-C, anything else (a bug) with its traceback."""
+    if isinstance(e, GptflowError):
+        print(f"gptflow {command}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    if isinstance(e, KeyboardInterrupt):
         return 130
+    import traceback
+
+    traceback.print_exception(e)
+    return 1
 
 
 if __name__ == "__main__":

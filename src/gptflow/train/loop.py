@@ -39,17 +39,12 @@ from gptflow.fsutil import write_json
 from gptflow.hardware import background_saves, peak_tflops
 from gptflow.train import distributed
 from gptflow.train import engine as ds
-from gptflow.train.checkpoint import (
-    CheckpointSeries,
-    Saves,
-    checkpoint_digest,
-    resume_mode,
-    tag_for,
-)
+from gptflow.train.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
 from gptflow.train.device import Device
 from gptflow.train.kfac import Kfac
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
 from gptflow.train.run_config import RunConfig
+from gptflow.train.saves import Saves
 
 log = logging.getLogger("gptflow.train")
 
@@ -186,7 +181,9 @@ def build(
         exit_interval=exit_interval,
         resume_from=resume_from,
         resume_mode=mode,
-        saves=Saves(series, rank, in_background, dev.any_rank, dev.barrier),
+        saves=Saves(
+            series, rank, in_background, dev.any_rank, dev.barrier, pins=dev.device.type == "cuda"
+        ),
         kfac=kfac,
     )
 
@@ -441,8 +438,8 @@ def stop_reason(tr: Trainer, step: int) -> str | None:
     (Slurm's warning before the time limit, a preemption), or the exit interval is due. The
     same all-reduce carries the background checkpoint write's state (:class:`Saves`): a
     failed write stops training here, a finished one is marked complete."""
-    signalled, failed, writing = tr.dev.any_rank(bool(signals_received), *tr.saves.flags())
-    tr.saves.agreed(failed, writing)
+    signalled, *saves = tr.dev.any_rank(bool(signals_received), *tr.saves.flags())
+    tr.saves.agreed(*saves)
     if signalled:
         return f"received signal {signals_received[0] if signals_received else 'on another rank'}"
     if tr.exit_interval and step % tr.exit_interval == 0 and step < tr.cfg.train.train_iters:
