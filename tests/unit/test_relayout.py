@@ -76,7 +76,7 @@ def test_two_ranks_continue_on_one_and_zero1_continues_at_zero2(make_run, tmp_pa
     done = json.loads((series / "step00000008" / "COMPLETE").read_text())
     assert done["layout"] == {
         "world_size": 1, "zero_stage": 1, "precision": "fp32", "tensor_parallel": 1,
-        "pipeline_parallel": 1,
+        "pipeline_parallel": 1, "optimizer": "adamw",
     }  # fmt: skip
     assert_continues(want, losses(moved))
 
