@@ -184,9 +184,38 @@ def test_clustering_removes_all_but_the_earliest_of_each_component(tmp_path):
     ("text", "simplified"),
     [
         ("Hello, World!", "hello world"),
-        ("Café costs 1,200 or 3.5 €", "cafe costs 0 or 0"),
+        ("Café costs 1,200 or 3.5 €", "cafe costs 0 or 0 €"),  # '€' is no punctuation of its
         ("tab\tand\n\nnewline", "tab and newline"),
+        ("Copyright © 2015", "copyright © 0"),  # issue 48: '©' stayed '© ' -> ' '
+        ("‘quoted’ x′ ±1 §2 ™ — ok", "‘quoted x′ ±0 §0 ™ ok"),  # '‘' kept, '’' and '—' spaced
+        ("1٫5 and 2⎖3 and 1,200,000", "0 and 0 and 0 0"),  # its decimal separators
+        ("a \u0301 b", "a  b"),  # a mark dropped between spaces leaves both, as in its
     ],
 )
-def test_simplify_follows_datatroves_normalization(text, simplified):
-    assert minhash.simplify(text) == simplified
+def test_simplify_is_datatroves_simplify_text(text, simplified):
+    from datatrove.utils.text import simplify_text
+
+    assert minhash.simplify(text) == simplified == simplify_text(text)
+
+
+def test_simplify_agrees_with_datatrove_on_every_assigned_character():
+    """Random text over every character Python's Unicode tables assign (its `regex` module's
+    tables may be newer: digits of scripts added since are the one known difference), mixed
+    with spaces, digits, separators and marks: DataTrove's fixed punctuation list, number and
+    whitespace rules, and mark removal, character for character."""
+    import unicodedata
+
+    from datatrove.utils.text import PUNCTUATION, simplify_text
+
+    assert minhash.PUNCTUATION == PUNCTUATION
+    rng = np.random.default_rng(48)
+    assigned = np.array(
+        [c for c in range(0x30000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    )
+    common = np.array([ord(c) for c in " abc1,.\u0301\t\n©٫"])
+    for _ in range(3000):
+        n = int(rng.integers(0, 40))
+        codes = np.where(rng.random(n) < 0.5, rng.choice(assigned, n), rng.choice(common, n))
+        text = "".join(map(chr, codes))
+        assert minhash.simplify(text) == simplify_text(text), repr(text)
+    assert minhash.shingle_hashes("a \u0301 b c d e", 5).size == 1  # five words, one shingle

@@ -2,8 +2,8 @@
 shard, candidate pairs per band, one clustering job, removal per shard
 (:mod:`gptflow.data.quality.removal`).
 
-Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (lowercase, numbers
-as ``0``, punctuation as space, accents stripped), words split on whitespace (the recipe's
+Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (:func:`simplify`:
+lowercase, numbers as ``0``, its fixed list of punctuation as space, accents stripped), words split on whitespace (the recipe's
 ``tokenizer: regex``). Each word is hashed (a polynomial hash of its characters, all words at
 once in numpy: :func:`gptflow.data.quality.filters.char_hashes`, then splitmix64; modulo 2**64
 such a hash has known colliding strings, Thue-Morse words of 2**11 characters and more, and a
@@ -22,10 +22,8 @@ documents.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-import sys
 import unicodedata
 
 import numpy as np
@@ -35,24 +33,35 @@ from gptflow.data.quality.removal import documents, write_removed
 from gptflow.fsutil import atomic_write
 
 NO_SIGNATURE = np.uint64(0xFFFFFFFFFFFFFFFF)
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 _CHUNK = 2048  # shingles hashed at once: (2048, bands*rows) uint64 temporaries
 
-
-@functools.cache
-def _punctuation_table() -> dict[int, str]:
-    """Every Unicode punctuation and symbol character -> space."""
-    return {c: " " for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] in "PS"}
+# DataTrove 0.10.1's datatrove.utils.text.PUNCTUATION, character for character: the fixed list
+# its simplify_text turns into spaces (not every Unicode punctuation or symbol: '©', '€', '‘'
+# and '′' stay), and the C0/C1 control characters but tab and newline
+PUNCTUATION = (
+    "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»"
+    + ("".join(chr(c) for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for c in range(a, b)))
+)
+_PUNCTUATION_TABLE = str.maketrans(PUNCTUATION, " " * len(PUNCTUATION))
+# its NUMBERS_PATTERN: `\d` of Python's re is Unicode's Nd, as its \p{Nd} (the regex module's
+# Unicode tables may be a version newer: digits of scripts added since are the difference)
+_NUMBER = re.compile(r"\d+(?:[.,،٫⎖⎗⎘]\d+)?")
+_WHITESPACE = re.compile(r"\s+")
 
 
 def simplify(text: str) -> str:
-    """DataTrove's simplify_text (default TextNormConfig), on the standard library."""
+    """DataTrove's simplify_text with its default TextNormConfig, step for step and in its
+    order: lowercase, numbers as ``0``, :data:`PUNCTUATION` as spaces, whitespace runs as one
+    space, then NFD with the nonspacing marks (category Mn) dropped. As in DataTrove, a mark
+    dropped between two spaces leaves both (``'a \u0301 b'`` -> ``'a  b'``); words are split
+    on whitespace, so the shingles do not see it."""
     text = _NUMBER.sub("0", text.lower())
-    text = text.translate(_punctuation_table())
-    if not text.isascii():
-        text = unicodedata.normalize("NFD", text)
-        text = "".join(c for c in text if not unicodedata.combining(c))
-    return " ".join(text.split())
+    text = _WHITESPACE.sub(" ", text.translate(_PUNCTUATION_TABLE).strip())
+    if not text.isascii():  # NFD leaves ASCII as it is, and it has no marks
+        text = "".join(
+            c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn"
+        )
+    return text.strip()
 
 
 def words(text: str, tokenizer: str = "regex") -> list[str]:
@@ -77,6 +86,8 @@ def shingle_hashes(text: str, ngram: int, tokenizer: str = "regex") -> np.ndarra
     if tokenizer != "regex":
         raise ValueError(f"unknown word tokenizer {tokenizer!r}")
     simple = simplify(text)
+    if "  " in simple:  # a dropped mark between two spaces: one space between words
+        simple = " ".join(simple.split())
     if not simple:
         return np.zeros(0, dtype=np.uint64)
     codes = np.frombuffer(simple.encode("utf-32-le"), np.uint32)

@@ -26,7 +26,7 @@ from gptflow.fsutil import sha256_file
 KINDS = ("exact", "minhash", "filters", "language")
 BLEND_GROUP = "_blend"  # not a dataset name: those start with a letter or digit
 # bump when a step's output for the same settings changes (its key changes with it)
-VERSIONS = {"exact": 1, "minhash": 2, "filters": 1, "language": 1}
+VERSIONS = {"exact": 1, "minhash": 3, "filters": 1, "language": 1}
 # steps whose stage is not in this branch: refused at -n
 NOT_YET: dict[str, str] = {}
 
