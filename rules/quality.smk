@@ -92,7 +92,8 @@ rule minhash_buckets:
 
 rule cluster_minhash_pairs:
     input:
-        get_group_pairs,
+        pairs=get_group_pairs,
+        signatures=get_group_signatures,
     output:
         removed=paths.QUALITY_REMOVED,
         stats=paths.QUALITY_GROUP_STATS,
@@ -103,7 +104,8 @@ rule cluster_minhash_pairs:
     conda:
         "../envs/gptflow.yaml"
     shell:
-        "gptflow quality-minhash-clusters --input {input:q} --out {output.removed:q}"
+        "gptflow quality-minhash-clusters --input {input.pairs:q}"
+        " --signatures {input.signatures:q} --out {output.removed:q}"
         " --stats {output.stats:q} > {log:q} 2>&1"
 
 
