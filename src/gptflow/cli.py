@@ -274,7 +274,7 @@ def add_quality_minhash_buckets_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_quality_minhash_buckets(a: argparse.Namespace) -> int:
-    from gptflow.data.quality.minhash import band_pairs
+    from gptflow.data.quality.buckets import band_pairs
 
     print(f"{a.out}: {band_pairs(a.input, a.band, a.rows, a.out)} candidate pairs")
     return 0

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from gptflow.data.quality import clusters, exact, minhash, removal
+from gptflow.data.quality import buckets, clusters, exact, minhash, removal
 from gptflow.data.quality.recipe import detection_probability, jaccard_threshold
 from gptflow.errors import GptflowError
 from tests.support.planted import planted_pairs
@@ -112,11 +112,11 @@ def test_minhash_finds_planted_near_duplicates_on_the_s_curve(tmp_path, capsys):
         minhash.signatures_of_shard(shard, READER, DEFAULTS, out)
     bands = [tmp_path / f"band{b:03d}.npy" for b in range(DEFAULTS["bands"])]
     for b, out in enumerate(bands):
-        minhash.band_pairs(sigs, b, DEFAULTS["rows"], out)
+        buckets.band_pairs(sigs, b, DEFAULTS["rows"], out)
     stats = clusters.cluster(bands, minhash.shard_documents(sigs), tmp_path / "remove.npy")
     removed = np.load(tmp_path / "remove.npy")
     # by hash range, a few hundred documents per pass: the same pairs
-    minhash.band_pairs(sigs, 3, DEFAULTS["rows"], tmp_path / "ranges.npy", rows_per_pass=300)
+    buckets.band_pairs(sigs, 3, DEFAULTS["rows"], tmp_path / "ranges.npy", rows_per_pass=300)
     assert len(np.load(bands[3])) and np.array_equal(
         np.load(tmp_path / "ranges.npy"), np.load(bands[3])
     )
@@ -153,7 +153,7 @@ def test_empty_shards_pass_through_every_stage(tmp_path):
     assert exact.hash_shard(empty, READER, tmp_path / "e.hashes") == 0
     assert exact.find_repeats([tmp_path / "e.hashes"], tmp_path / "x.npy")["repeats"] == 0
     assert minhash.signatures_of_shard(empty, READER, DEFAULTS, tmp_path / "e.npy") == 0
-    assert minhash.band_pairs([tmp_path / "e.npy"], 0, 8, tmp_path / "b.npy") == 0
+    assert buckets.band_pairs([tmp_path / "e.npy"], 0, 8, tmp_path / "b.npy") == 0
     documents = minhash.shard_documents([tmp_path / "e.npy"])
     assert clusters.cluster([tmp_path / "b.npy"], documents, tmp_path / "r.npy")["removed"] == 0
     m = removal.remove_documents(
@@ -171,7 +171,7 @@ def test_minhash_documents_too_short_have_no_signature_and_stay(tmp_path):
     for band, r in enumerate(records):
         sig[r["index"], band] = r["values"]
     assert (sig[:2] == minhash.NO_SIGNATURE).all() and (sig[2] != minhash.NO_SIGNATURE).all()
-    minhash.band_pairs([tmp_path / "s.npy"], 0, 8, tmp_path / "b.npy")
+    buckets.band_pairs([tmp_path / "s.npy"], 0, 8, tmp_path / "b.npy")
     assert np.load(tmp_path / "b.npy").shape == (0, 4)
 
 

@@ -17,7 +17,8 @@ has no signature (all ones, :data:`NO_SIGNATURE`) and is never a duplicate, as i
 Files (VERSIONS["minhash"] 3 on): a shard's signatures ``.npy``, band-major: shape (bands,
 documents) of records (:func:`record_dtype`: a band's rows values and the document's index in
 the shard, 68 bytes at 8 rows), each band's records sorted by their first value, so that a
-bucket job reads its band alone, each byte once, one pass's run at a time (:func:`band_pairs`);
+bucket job reads its band alone, each byte once, one pass's run at a time
+(:mod:`gptflow.data.quality.buckets`);
 a band's pairs ``.npy`` (pairs, 4) uint32 (ordinal, index, ordinal, index), each pair's first
 document the earliest of its bucket. The clustering (:mod:`gptflow.data.quality.clusters`)
 streams the pairs through a union-find over the group's documents.
@@ -205,119 +206,3 @@ def signature_header(path: str | os.PathLike, rows: int) -> arrays.Npy:
 def shard_documents(signature_files: list) -> list[int]:
     """The document count of each shard, from its signature file's header alone."""
     return [arrays.npy_header(p, "MinHash signature").shape[1] for p in signature_files]
-
-
-def band_pairs(
-    signature_files: list,
-    band: int,
-    rows: int,
-    out: str | os.PathLike,
-    rows_per_pass: int = 1 << 24,
-) -> int:
-    """The candidate pairs of one band over a group's shards (in the group's order): the
-    documents whose `rows` values in this band agree, each paired with its bucket's first.
-
-    By hash range, as exact deduplication: pass p of P takes the documents whose band starts
-    with a value in the p-th of P ranges (:func:`pass_of`; a bucket's documents all fall in
-    one), so at most about `rows_per_pass` documents' records (~100 bytes each with the sort's
-    arrays) are held at once. A shard's band is sorted by its first value, so a pass's records
-    are one run of it, found by bisection: each byte of the band is read once, by explicit
-    reads (:mod:`gptflow.data.quality.arrays`), and the documents without a signature (their
-    values all ones, sorted last) not at all. The pairs are written as each pass finds them."""
-    headers = [signature_header(p, rows) for p in signature_files]
-    for h in headers:
-        if not 0 <= band < h.shape[0]:
-            raise GptflowError(f"{h.path}: no band {band} (it holds {h.shape[0]})")
-    total = sum(h.shape[1] for h in headers)
-    passes = max(1, -(-total // rows_per_pass))
-    starts = [0] * len(headers)  # each shard's next record, in its band
-    count = 0
-    with arrays.npy_writer(out, np.uint32, (4,)) as writer:
-        for p in range(passes):
-            runs = []
-            for ordinal, h in enumerate(headers):
-                end = _run_end(h, band, starts[ordinal], p, passes)
-                runs.append((ordinal, starts[ordinal], end))
-                starts[ordinal] = end
-            pairs = _pairs_of_runs(headers, band, runs)
-            writer.append(pairs)
-            count += len(pairs)
-    return count
-
-
-def _run_end(header: arrays.Npy, band: int, start: int, p: int, passes: int) -> int:
-    """Where pass p's run of a shard's band ends: its records from `start` on whose first value
-    is in pass p, by bisection (one 8-byte read a step); the documents without a signature
-    (first value all ones, sorted last) are in no run."""
-    n = header.shape[1]
-    fd = os.open(header.path, os.O_RDONLY)
-    try:
-        lo, hi = start, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            first = _first_value(fd, header, band * n + mid)
-            if first != NO_SIGNATURE and pass_of(first, passes) <= p:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-    finally:
-        os.close(fd)
-
-
-def _first_value(fd: int, header: arrays.Npy, record: int) -> np.uint64:
-    raw = os.pread(fd, 8, header.offset + record * header.dtype.itemsize)
-    if len(raw) != 8:
-        raise GptflowError(f"{header.path}: ended early; delete it so that it is written again")
-    return np.frombuffer(raw, "<u8")[0]
-
-
-def _pairs_of_runs(headers: list, band: int, runs: list) -> np.ndarray:
-    """The pairs among one pass's records ((ordinal, start, end) of each shard's band).
-
-    Sorted as a lexsort by (values, ordinal, index) would sort them, at a fraction of its
-    memory: a stable argsort of the first value (the runs are concatenated in ordinal order,
-    each sorted by (first value, index), so ties stay by place), then, only among the records
-    whose first value another shares (a bucket's candidates), by the other values and place."""
-    record = headers[0].dtype if headers else record_dtype(1)
-    sizes = [end - start for _, start, end in runs]
-    recs = np.empty(sum(sizes), dtype=record)
-    at = 0
-    for (ordinal, start, _), size in zip(runs, sizes, strict=True):
-        h = headers[ordinal]
-        fd = os.open(h.path, os.O_RDONLY)
-        try:
-            arrays.read_items(fd, h, band * h.shape[1] + start, size, recs[at : at + size])
-        finally:
-            os.close(fd)
-        at += size
-    ordinals = np.repeat(np.arange(len(runs), dtype=np.uint32), sizes)
-    first = np.ascontiguousarray(recs["values"][:, 0])
-    order = np.argsort(first, kind="stable")
-    first = first[order]
-    tie = np.flatnonzero(first[1:] == first[:-1])  # sorted position tie + 1 equals tie's
-    del first
-    if not len(tie):
-        return np.zeros((0, 4), dtype=np.uint32)
-    # the records in a run of equal first values, by (other values, ordinal, index)
-    member = np.zeros(len(order), dtype=bool)
-    member[tie] = member[tie + 1] = True
-    at = np.flatnonzero(member)
-    del member
-    follows = np.zeros(len(order), dtype=bool)  # a sorted position tied with the one before
-    follows[tie + 1] = True
-    group = np.cumsum(~follows[at])  # a run of equal first values
-    del follows
-    sub = order[at]
-    values = recs["values"][sub]
-    keys = (recs["index"][sub], ordinals[sub], *values[:, :0:-1].T, group)
-    order[at] = sub[np.lexsort(keys)]
-    # a sorted position whose values equal the one's before it: a bucket's next document
-    same = tie[(recs["values"][order[tie + 1]] == recs["values"][order[tie]]).all(axis=1)] + 1
-    run_start = np.ones(len(same), dtype=bool)
-    run_start[1:] = same[1:] != same[:-1] + 1
-    firsts = (same[run_start] - 1)[np.cumsum(run_start) - 1]
-    pairs = np.empty((len(same), 4), dtype=np.uint32)
-    pairs[:, 0], pairs[:, 1] = ordinals[order[firsts]], recs["index"][order[firsts]]
-    pairs[:, 2], pairs[:, 3] = ordinals[order[same]], recs["index"][order[same]]
-    return pairs

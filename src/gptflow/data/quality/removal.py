@@ -59,6 +59,7 @@ def removed_in_shard(path: str | os.PathLike, ordinal: int) -> np.ndarray:
         )
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # a bisection's page, not readahead
         n = header.shape[0]
         lo = arrays.bisect(fd, header, 0, n, lambda o: o < ordinal, stride=2)
         hi = arrays.bisect(fd, header, lo, n, lambda o: o <= ordinal, stride=2)
