@@ -236,3 +236,24 @@ def test_quality(tmp_path):
     assert planted["high"] >= 3 and planted["low"] >= 3
     for name in ("ours", "datatrove"):  # (the smoke's few pairs: no S-curve near-misses)
         assert planted[name]["recall_high"] == 1.0 and planted[name]["fp_low"] == 0.0
+
+
+def test_minhash_scale(tmp_path):
+    """Both implementations' MinHash stages on the smoke's corpora: every table row is there
+    and finite, today's bucket job reads less than the former's (13 passes of every column)
+    and its reads (rchar) are its band's, and the two decide alike ('identical ... yes')."""
+    import json
+
+    out = run_bench("minhash_scale", tmp_path, "--json")
+    assert "identical pairs (band 0), removal lists and counts: yes" in out
+    reads = rows(out, rf"\s+{NUM}\s+(\d+)\s+{NUM} \| {NUM} / {NUM} MiB, {RATIO}; rchar {NUM}; "
+                      rf"band {NUM} \| {NUM} / {NUM} s")  # fmt: skip
+    assert len(reads) == 6 and all(number(r[5]) > 1 for r in reads)
+    clusterings = rows(out, rf"\s+{NUM}\s+{NUM} \| {NUM} / {NUM}, {RATIO} \| {NUM}, {NUM} \| "
+                            rf"{NUM} / {NUM}")  # fmt: skip
+    assert len(clusterings) == 6
+    figures = json.loads(out.strip().splitlines()[-1])
+    for row in figures["by_size"] + figures["by_copies"]:
+        today = row["buckets_today"]
+        assert row["band_bytes"] <= today["rchar"] < row["band_bytes"] + 16 * (1 << 22)
+        assert today["rchar"] < row["buckets_former"]["read_bytes"]

@@ -154,10 +154,10 @@ def test_band_pairs_equal_the_former_on_crafted_signatures(tmp_path, alphabet, r
         assert len(b) and np.array_equal(a, b), band
 
 
-def test_a_bucket_job_reads_each_byte_of_its_band_once(tmp_path, no_mmap):
+def test_a_bucket_job_reads_each_byte_of_its_band_once(tmp_path, no_mmap, monkeypatch):
     """In 9 passes over 3 shards of 20,000 documents, rchar grows by the band's records with a
-    signature (68 bytes each, 3.3 MB), at most a chunk a shard of the records without one
-    (sorted last) and the headers: each byte of the band at most once. No memory map (whose
+    signature (68 bytes each, 3.3 MB), at most a chunk (16 KiB here) a shard of the records
+    without one (sorted last) and the headers: each byte of the band at most once. No memory map (whose
     reads rchar would not count: the former code's grew by 25 kB, it mapped every shard); a
     second read of the band would double it."""
     rng = np.random.default_rng(7)
@@ -168,12 +168,13 @@ def test_a_bucket_job_reads_each_byte_of_its_band_once(tmp_path, no_mmap):
         signed += int((sigs[:, 0] != minhash.NO_SIGNATURE).sum())
         files.append(tmp_path / f"{i}.npy")
         minhash.write_signatures(files[-1], [sigs], 14, 8)
+    monkeypatch.setattr(buckets, "CHUNK_BYTES", (1 << 14, 1 << 14))
     buckets.band_pairs(files, 3, 8, tmp_path / "warm.npy")  # what a first call imports
     before = rchar()
     buckets.band_pairs(files, 4, 8, tmp_path / "p.npy", rows_per_pass=60_000 // 9 + 1)
     read = rchar() - before
     band_bytes = signed * 68
-    assert band_bytes <= read <= band_bytes + 3 * (buckets.CHUNK_BYTES + 256) + 200, read
+    assert band_bytes <= read <= band_bytes + 3 * ((1 << 14) + 256) + 200, read
 
 
 def test_the_clustering_joins_components_across_blocks_as_scipy_does(tmp_path, monkeypatch):
@@ -207,6 +208,7 @@ def peak():
     for line in open('/proc/self/status'):
         if line.startswith('VmHWM:'):
             return int(line.split()[1]) * 1024
+clusters.BLOCK_PAIRS = 1 << 14  # every file longer than a block: the blocks' arrays alike
 base = peak()
 documents = json.loads(sys.argv[2])
 stats = clusters.cluster(sys.argv[3:], documents, sys.argv[1])
@@ -234,14 +236,15 @@ def cluster_growth(tmp_path: Path, pairs: int, documents: list[int]) -> int:
 
 
 def test_the_clustering_memory_follows_the_documents_not_the_pairs(tmp_path):
-    """4x the pairs among the same 400,000 documents: the peak grows by less than 12 MiB (the
-    former clustering held ~90 bytes a pair: ~230 MiB more for the 2.7 M more); 4x the
-    documents: by their 4 bytes each and the blocks' arrays (at most BLOCK_DOCUMENTS)."""
-    few = cluster_growth(tmp_path, 900_000, [100_000] * 4)
-    many = cluster_growth(tmp_path, 3_600_000, [100_000] * 4)
-    assert many - few < 12 * 2**20, (few, many)
-    more_documents = cluster_growth(tmp_path, 900_000, [400_000] * 4)
-    assert 4 * 1_200_000 < more_documents - few < 24 * 1_200_000, (few, more_documents)
+    """4x the pairs among the same 200,000 documents (blocks of 2**14 pairs): the peak grows
+    by less than 2 MiB (the former clustering held 52-70 bytes a pair: ~50 MiB more for the
+    0.9 M more); 4x the documents: by their 4 bytes each and the blocks' arrays (at most
+    BLOCK_DOCUMENTS)."""
+    few = cluster_growth(tmp_path, 300_000, [50_000] * 4)
+    many = cluster_growth(tmp_path, 1_200_000, [50_000] * 4)
+    assert many - few < 2 * 2**20, (few, many)
+    more_documents = cluster_growth(tmp_path, 300_000, [200_000] * 4)
+    assert 4 * 600_000 < more_documents - few < 24 * 600_000, (few, more_documents)
 
 
 def test_a_removal_job_reads_its_slice_of_the_list_not_the_list(tmp_path, monkeypatch):
@@ -286,3 +289,45 @@ def test_files_of_another_layout_or_truncated_are_refused_in_one_line(tmp_path):
         removal.removed_in_shard(rows_major, 0)
     with pytest.raises(GptflowError, match=r"missing\.npy: not a removal list \.npy file"):
         removal.removed_in_shard(tmp_path / "missing.npy", 0)
+
+
+def test_the_group_jobs_resources_follow_every_input():
+    """mem_mb and runtime (gptflow.data.quality.sizing) grow with each input that the job's
+    memory or time follows, and with the attempt; the pass caps bound the per-pass memory."""
+    from gptflow.data.quality import sizing
+    from gptflow.data.quality.arrays import HEADER_BYTES
+
+    def sigs(documents, shards=10):
+        return [HEADER_BYTES + documents // shards * 14 * 68] * shards
+
+    def pairs(count):
+        return [HEADER_BYTES + count // 14 * 16] * 14
+
+    def res(job, attempt=1, **sizes):
+        return sizing.group_resources(job, sizes, 14, 8, attempt)
+
+    assert sizing.signature_documents(sigs(10**6), 14, 8) == 10**6
+    assert sizing.pair_count(pairs(14 * 10**6)) == 14 * 10**6
+    small, large = res("minhash_buckets", signatures=sigs(10**6)), None
+    large = res("minhash_buckets", signatures=sigs(4 * 10**6))
+    assert large["mem_mb"] > small["mem_mb"] + 4 and large["runtime"] >= small["runtime"]
+    capped = [res("minhash_buckets", signatures=sigs(n))["mem_mb"] for n in (2**23, 2**25)]
+    assert capped[1] <= capped[0] + 1  # 4 passes of 2**23, or one of 2**23
+    assert res("minhash_buckets", signatures=sigs(10**9))["runtime"] > 60
+    base = res("cluster_minhash_pairs", signatures=sigs(10**7), pairs=pairs(10**7))
+    more_docs = res("cluster_minhash_pairs", signatures=sigs(10**8), pairs=pairs(10**7))
+    more_pairs = res("cluster_minhash_pairs", signatures=sigs(10**7), pairs=pairs(10**10))
+    assert more_docs["mem_mb"] > base["mem_mb"] + 8 * 9 * 10**7 * 1.4 / 10**6
+    assert more_pairs["mem_mb"] == base["mem_mb"]  # the pairs are streamed
+    assert more_pairs["runtime"] > base["runtime"] + 30
+    wide = res("cluster_minhash_pairs", signatures=sigs(2**31 + 10), pairs=pairs(0))
+    assert wide["mem_mb"] > 2 * 8 * 2**31 * 1.5 / 10**6  # int64 parents
+    digests = [res("find_exact_repeats", hashes=[16 * n])["mem_mb"] for n in (10**6, 10**7)]
+    assert digests[1] > digests[0] + 9 * 10**6 * 90 * 1.5 / 10**6
+    for job, sizes in (("minhash_buckets", {"signatures": sigs(10**8)}),
+                       ("cluster_minhash_pairs", {"signatures": sigs(10**8), "pairs": pairs(10**9)}),
+                       ("find_exact_repeats", {"hashes": [16 * 10**8]})):  # fmt: skip
+        once, twice = (sizing.group_resources(job, sizes, 14, 8, a) for a in (1, 2))
+        assert twice["mem_mb"] >= 2 * once["mem_mb"] - 1 and twice["runtime"] > once["runtime"]
+    with pytest.raises(ValueError, match="no sizing for job 'x'"):
+        sizing.group_resources("x", {})

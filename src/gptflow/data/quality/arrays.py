@@ -43,6 +43,9 @@ def npy_header(path: str | os.PathLike, what: str = "array") -> Npy:
     in one line (a truncated or foreign file must not be half-read)."""
     try:
         with open(path, "rb", buffering=0) as f:  # the header's bytes alone (rchar)
+            # no readahead: it would mark a page that starts an 8 MiB readahead (some disks'
+            # read_ahead_kb) when a later read of the data reaches it, whatever its advice
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
             version = np.lib.format.read_magic(f)
             read = {
                 (1, 0): np.lib.format.read_array_header_1_0,

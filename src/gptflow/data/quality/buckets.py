@@ -11,7 +11,7 @@ Reading: a signature file is band-major with each band sorted by its first value
 (:mod:`gptflow.data.quality.minhash`), so pass p's records are the next run of every shard's
 band. Each shard's band is read front to back, once, a chunk at a time by explicit reads
 (:mod:`gptflow.data.quality.arrays`: nothing mapped, so /proc/self/io counts it); the records
-read past the pass are kept for the next (at most a chunk a shard). Passes cost no re-reading,
+read past the pass are kept for the next (at most a chunk a shard, CARRY_BYTES in all). Passes cost no re-reading,
 so their number only bounds memory. The documents without a signature (all ones, sorted
 last) are never paired and, past the chunk that meets them, never read.
 """
@@ -27,43 +27,51 @@ from gptflow.data.quality.minhash import NO_SIGNATURE, pass_of, signature_header
 from gptflow.errors import GptflowError
 
 ROWS_PER_PASS = 1 << 23  # documents held at once: ~140 bytes each at the peak (measured)
-CHUNK_BYTES = 1 << 16  # read at once from one shard, and at most kept for the next pass
+# a shard's band is read CARRY_BYTES / shards at a time (64 KiB to 4 MiB: few reads, large
+# enough for a network file system), and at most that much of it is kept for the next pass
+CARRY_BYTES = 1 << 28
+CHUNK_BYTES = (1 << 16, 1 << 22)
 
 
 class BandReader:
     """One shard's band, read front to back a chunk at a time: :meth:`run` gives a pass's
     records, keeping those read past it for the next."""
 
-    def __init__(self, header: arrays.Npy, band: int) -> None:
+    def __init__(self, header: arrays.Npy, band: int, chunk_bytes: int) -> None:
         self.header = header
         self.n = header.shape[1]
         self.start = band * self.n  # the band's first record (flat)
         self.read = 0  # records read
-        self.chunk = max(1, CHUNK_BYTES // header.dtype.itemsize)
+        self.chunk = max(1, chunk_bytes // header.dtype.itemsize)
         self.carry = np.empty(0, dtype=header.dtype)
 
-    def run(self, p: int, passes: int) -> np.ndarray:
-        """The band's records in pass p (those before were taken by the passes before)."""
+    def run(self, p: int, passes: int) -> list[np.ndarray]:
+        """The band's records in pass p (those before were taken by the passes before), as
+        pieces: concatenated by the caller into the pass's array, once."""
         pieces = [self.carry]
         fd = None
         try:
             while self.read < self.n and _continues(pieces[-1], p, passes):
                 if fd is None:
                     fd = os.open(self.header.path, os.O_RDONLY)
+                    # the chunks are large: the kernel's readahead (8 MiB on some disks)
+                    # would read the next band's bytes too, or all the file's
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 count = min(self.chunk, self.n - self.read)
                 pieces.append(arrays.read_items(fd, self.header, self.start + self.read, count))
                 self.read += count
         finally:
             if fd is not None:
                 os.close(fd)
-        records = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-        first = records["values"][:, 0]
+        last = pieces.pop()
+        first = last["values"][:, 0]
         end = int(((first != NO_SIGNATURE) & (pass_of(first, passes) <= p)).sum())
-        if end < len(records) and first[end] == NO_SIGNATURE:  # the rest: no signature
-            self.read, self.carry = self.n, records[:0]
+        if end < len(last) and first[end] == NO_SIGNATURE:  # the rest: no signature
+            self.read, self.carry = self.n, last[:0]
         else:
-            self.carry = records[end:].copy()  # not a view: the run's memory is freed
-        return records[:end]
+            self.carry = last[end:].copy()  # not a view: the run's memory is freed
+        pieces.append(last[:end])
+        return pieces
 
 
 def _continues(records: np.ndarray, p: int, passes: int) -> bool:
@@ -92,7 +100,8 @@ def band_pairs(
             )
     total = sum(h.shape[1] for h in headers)
     passes = max(1, -(-total // rows_per_pass))
-    readers = [BandReader(h, band) for h in headers]
+    chunk = min(max(CARRY_BYTES // max(len(headers), 1), CHUNK_BYTES[0]), CHUNK_BYTES[1])
+    readers = [BandReader(h, band, chunk) for h in headers]
     count = 0
     with arrays.npy_writer(out, np.uint32, (4,)) as writer:
         for p in range(passes):
@@ -102,45 +111,66 @@ def band_pairs(
     return count
 
 
-def pairs_of_pass(runs: list[np.ndarray]) -> np.ndarray:
-    """The pairs among one pass's records (`runs`: each shard's, in ordinal order).
+def pairs_of_pass(runs: list[list[np.ndarray]]) -> np.ndarray:
+    """The pairs among one pass's records (`runs`: each shard's pieces, in ordinal order;
+    emptied here, each piece freed once copied).
 
-    Sorted as a lexsort by (values, ordinal, index) would sort them, at a fraction of its
-    memory: a stable argsort of the first value (the runs are concatenated in ordinal order,
-    each sorted by (first value, index), so ties stay by place), then, only among the records
-    whose first value another shares (a bucket's candidates), by the other values and place."""
-    if not runs:
+    Sorted as a lexsort by (values, ordinal, index) would sort them, in a fraction of its
+    memory: a stable argsort of the first value (the runs are in ordinal order, each sorted by
+    (first value, index), so ties stay by place), then, only among the records whose first
+    value another shares (a bucket's candidates), stable sorts by index, ordinal and the other
+    values from the last (a radix sort of keys: one key column at a time in memory)."""
+    sizes = [sum(len(piece) for piece in pieces) for pieces in runs]
+    record = runs[0][0].dtype if runs else None
+    if not sum(sizes):
         return np.zeros((0, 4), dtype=np.uint32)
-    sizes = [len(r) for r in runs]
-    recs = np.concatenate(runs)
-    runs.clear()  # the caller's list: each run is freed here, not at the pass's end
+    recs = np.empty(sum(sizes), dtype=record)  # pages are resident once written, as freed
+    at = 0
+    for pieces in runs:
+        while pieces:
+            piece = pieces.pop(0)
+            recs[at : at + len(piece)] = piece
+            at += len(piece)
+            del piece
+    values = recs["values"]
+    rows = values.shape[1]
     ordinals = np.repeat(np.arange(len(sizes), dtype=np.uint32), sizes)
-    first = np.ascontiguousarray(recs["values"][:, 0])
+    first = np.ascontiguousarray(values[:, 0])
     order = np.argsort(first, kind="stable")
     first = first[order]
     tie = np.flatnonzero(first[1:] == first[:-1])  # sorted position tie + 1 equals tie's
     del first
     if not len(tie):
         return np.zeros((0, 4), dtype=np.uint32)
-    # the records in a run of equal first values, by (other values, ordinal, index)
+    # the records in a run of equal first values (a group), by (other values, ordinal, index)
     member = np.zeros(len(order), dtype=bool)
     member[tie] = member[tie + 1] = True
     at = np.flatnonzero(member)
     del member
     follows = np.zeros(len(order), dtype=bool)  # a sorted position tied with the one before
     follows[tie + 1] = True
-    group = np.cumsum(~follows[at])  # a run of equal first values
+    group = np.cumsum(~follows[at])
     del follows
     sub = order[at]
-    values = recs["values"][sub]
-    keys = (recs["index"][sub], ordinals[sub], *values[:, :0:-1].T, group)
-    order[at] = sub[np.lexsort(keys)]
+    perm = np.argsort(recs["index"][sub], kind="stable")
+    for key in (ordinals, *(values[:, c] for c in range(rows - 1, 0, -1))):
+        perm = perm[np.argsort(key[sub[perm]], kind="stable")]
+    perm = perm[np.argsort(group[perm], kind="stable")]
+    del group
+    order[at] = sub[perm]
+    del sub, perm, at
     # a sorted position whose values equal the one's before it: a bucket's next document
-    same = tie[(recs["values"][order[tie + 1]] == recs["values"][order[tie]]).all(axis=1)] + 1
+    a, b = order[tie], order[tie + 1]
+    equal = np.ones(len(tie), dtype=bool)
+    for c in range(1, rows):  # column 0 is equal: they are ties
+        equal &= values[a, c] == values[b, c]
+    same = tie[equal] + 1
+    del a, b, equal, tie
     run_start = np.ones(len(same), dtype=bool)
     run_start[1:] = same[1:] != same[:-1] + 1
-    firsts = (same[run_start] - 1)[np.cumsum(run_start) - 1]
+    firsts = order[(same[run_start] - 1)[np.cumsum(run_start) - 1]]
+    seconds = order[same]
     pairs = np.empty((len(same), 4), dtype=np.uint32)
-    pairs[:, 0], pairs[:, 1] = ordinals[order[firsts]], recs["index"][order[firsts]]
-    pairs[:, 2], pairs[:, 3] = ordinals[order[same]], recs["index"][order[same]]
+    pairs[:, 0], pairs[:, 1] = ordinals[firsts], recs["index"][firsts]
+    pairs[:, 2], pairs[:, 3] = ordinals[seconds], recs["index"][seconds]
     return pairs

@@ -21,7 +21,7 @@ import numpy as np
 from gptflow.data.quality import arrays
 from gptflow.errors import GptflowError
 
-BLOCK_PAIRS = 1 << 20  # pairs read at once: 16 MiB, ~100 MiB of the block's arrays
+BLOCK_PAIRS = 1 << 18  # pairs read at once: 4 MiB, ~25 MiB of the block's arrays (measured)
 BLOCK_DOCUMENTS = 1 << 20  # documents resolved at once at the end: ~25 MiB of arrays
 
 
@@ -112,9 +112,8 @@ def _numbers(places: np.ndarray, offsets: np.ndarray, path: str) -> np.ndarray:
 def cluster(pair_files: list, documents: list[int], out: str | os.PathLike) -> dict:
     """The removal list of a group (its shards' document counts, `documents`, in the group's
     order) from its bands' pair files: every document of a component but its earliest.
-    Memory: the parent array (4 bytes a document below 2**31 documents), a block of pairs and
-    a block of documents, and the removed documents' roots (4 bytes each) for the cluster
-    sizes; never the pairs at once (bench/minhash_scale.py measures it)."""
+    Memory: the parent array (4 bytes a document below 2**31 documents, else 8), a block of
+    pairs and a block of documents; never the pairs at once (bench/minhash_scale.py)."""
     offsets = np.concatenate([[0], np.cumsum(documents, dtype=np.int64)])
     total = int(offsets[-1])
     parent = np.arange(total, dtype=np.int32 if total < 2**31 else np.int64)
@@ -123,30 +122,55 @@ def cluster(pair_files: list, documents: list[int], out: str | os.PathLike) -> d
         union(parent, a.astype(parent.dtype), b.astype(parent.dtype))
         pairs += len(a)
     _resolve(parent)
-    roots = []
+    removed = _write_removed(parent, offsets, out)
+    parent.sort()  # in place: each cluster a run of its root, every other document a run of 1
+    sizes = _run_lengths(parent)
+    return {
+        "pairs": pairs,
+        "documents_in_clusters": removed + sum(sizes.values()),
+        "clusters": sum(sizes.values()),
+        "removed": removed,
+        "cluster_sizes": {str(s): c for s, c in sorted(sizes.items())},
+    }
+
+
+def _write_removed(parent: np.ndarray, offsets: np.ndarray, out: str | os.PathLike) -> int:
+    """Write every document that is not its own root as (ordinal, index), in document order
+    (so sorted), a block at a time; returns their count."""
+    removed = 0
     with arrays.npy_writer(out, np.uint32, (2,)) as writer:
-        for start in range(0, total, BLOCK_DOCUMENTS):
+        for start in range(0, len(parent), BLOCK_DOCUMENTS):
             block = parent[start : start + BLOCK_DOCUMENTS]
-            gone = np.flatnonzero(block != np.arange(start, start + len(block)))
-            roots.append(block[gone])
-            number = gone + start
+            number = np.flatnonzero(block != np.arange(start, start + len(block))) + start
             ordinal = np.searchsorted(offsets, number, side="right") - 1
             place = np.empty((len(number), 2), dtype=np.uint32)
             place[:, 0], place[:, 1] = ordinal, number - offsets[ordinal]
             writer.append(place)
-    del parent
-    # a removed document's root is its cluster's kept one: a cluster is a run of equal roots
-    roots = np.concatenate(roots) if roots else np.zeros(0, dtype=np.int64)
-    roots.sort()
-    starts = (
-        np.flatnonzero(np.concatenate([[True], roots[1:] != roots[:-1]])) if len(roots) else roots
-    )
-    members = np.diff(np.append(starts, len(roots))) + 1
-    sizes = np.bincount(members) if len(members) else np.zeros(0, dtype=int)
-    return {
-        "pairs": pairs,
-        "documents_in_clusters": len(roots) + len(members),
-        "clusters": len(members),
-        "removed": len(roots),
-        "cluster_sizes": {str(s): int(c) for s, c in enumerate(sizes) if c},
-    }
+            removed += len(number)
+    return removed
+
+
+def _run_lengths(values: np.ndarray) -> dict[int, int]:
+    """{length: runs of it} of the runs of equal values of a sorted array longer than 1 (a
+    cluster's size), a block at a time, a run crossing blocks carried over."""
+    sizes: dict[int, int] = {}
+
+    def count(lengths: np.ndarray) -> None:
+        for length, runs in enumerate(np.bincount(lengths[lengths > 1])):
+            if runs:
+                sizes[length] = sizes.get(length, 0) + int(runs)
+
+    carry, carried = None, 0  # the last run's value and length so far
+    for start in range(0, len(values), BLOCK_DOCUMENTS):
+        block = values[start : start + BLOCK_DOCUMENTS]
+        bounds = np.concatenate([[0], np.flatnonzero(block[1:] != block[:-1]) + 1, [len(block)]])
+        lengths = np.diff(bounds)
+        if carried and block[0] == carry:
+            lengths[0] += carried
+        elif carried:
+            count(np.array([carried]))
+        count(lengths[:-1])
+        carry, carried = block[-1], int(lengths[-1])
+    if carried:
+        count(np.array([carried]))
+    return sizes
