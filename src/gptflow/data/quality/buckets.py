@@ -82,6 +82,12 @@ def _continues(records: np.ndarray, p: int, passes: int) -> bool:
     return last != NO_SIGNATURE and pass_of(last, passes) <= p
 
 
+def chunk_bytes(shards: int) -> int:
+    """The bytes a bucket job reads from a shard at once (and at most keeps for the next
+    pass): CARRY_BYTES shared among the group's shards, within CHUNK_BYTES."""
+    return min(max(CARRY_BYTES // max(shards, 1), CHUNK_BYTES[0]), CHUNK_BYTES[1])
+
+
 def band_pairs(
     signature_files: list,
     band: int,
@@ -100,7 +106,7 @@ def band_pairs(
             )
     total = sum(h.shape[1] for h in headers)
     passes = max(1, -(-total // rows_per_pass))
-    chunk = min(max(CARRY_BYTES // max(len(headers), 1), CHUNK_BYTES[0]), CHUNK_BYTES[1])
+    chunk = chunk_bytes(len(headers))
     readers = [BandReader(h, band, chunk) for h in headers]
     count = 0
     with arrays.npy_writer(out, np.uint32, (4,)) as writer:

@@ -2,19 +2,22 @@
 ``cluster_minhash_pairs`` and ``find_exact_repeats`` -- from the sizes of their input files:
 the rules' ``mem_mb`` and ``runtime`` (rules/quality_functions.smk), shown at ``-n`` once the
 inputs exist (``<TBD>`` before: Snakemake evaluates them again when the job is submitted),
-and the Pile's figures in the README (:func:`pile`).
+and the Pile's figures in the README (held to this module by
+tests/unit/test_quality_minhash_scale.py).
 
 Each is what the job holds at its peak, from costs measured by bench/minhash_scale.py (and,
 for exact, the same measure of ``find_repeats``: peak RSS above the process's start, page
 cache dropped), plus the process itself, times a margin; its time is its CPU cost, measured,
 doubled for a shared node, plus its reads at an assumed file-system rate:
 
-* a bucket job holds one pass: 177 bytes a document at the peak (1.52 M signed documents in
-  one pass: 269 MiB; 380 k: 72 MiB), and at most CARRY_BYTES of the shards' chunks; 1.0 CPU
-  µs a document (1.6 M documents: 1.2-1.6 s);
-* the clustering holds 4 bytes a document (the parent array; 8 from 2**31 documents), then the
-  removed documents' roots twice (at most 8 bytes a document), and its blocks' arrays (~50
-  MiB); ~0.16 CPU µs a pair and ~0.1 a document;
+* a bucket job holds one pass: 178 bytes a document at the peak (1.52 M signed documents in
+  one pass: 269-271 MiB; 380 k: 69-72 MiB), and at most a chunk a shard
+  (:func:`gptflow.data.quality.buckets.chunk_bytes`); 1.0-1.2 CPU µs a document (1.6 M
+  documents: 1.6-1.8 s);
+* the clustering holds 4.6 bytes a document (the parent array, 4, sorted in place at the end
+  for the cluster sizes; 8 from 2**31 documents: 4 to 16 M documents, 80 to 135 MiB) and its
+  blocks' arrays (~65 MiB); 0.16 CPU µs a pair, 0.46 a document (4 M documents with 4 M and
+  16 M pairs: 2.5 and 4.3 s);
 * exact's repeats search holds one pass of at most 2**26 digests: 100 bytes each (2 M and 8 M
   in one pass); 0.8 CPU µs a digest.
 
@@ -34,12 +37,12 @@ MB = 10**6
 MIB = 2**20
 BASE_MIB = 100  # the process: Python, numpy, scipy, gptflow's CLI (measured 40-64 MiB)
 MARGIN = 1.5
-BUCKET_BYTES_PER_DOCUMENT = 177
-BUCKET_CPU_S_PER_DOCUMENT = 1.0e-6
-CLUSTER_BYTES_PER_DOCUMENT = 8  # the parent array (4), then the removed documents' roots (8)
-CLUSTER_BLOCK_MIB = 50  # a block of pairs and a block of documents in flight
-CLUSTER_CPU_S_PER_PAIR = 0.16e-6
-CLUSTER_CPU_S_PER_DOCUMENT = 0.1e-6
+BUCKET_BYTES_PER_DOCUMENT = 178
+BUCKET_CPU_S_PER_DOCUMENT = 1.2e-6
+CLUSTER_BYTES_PER_DOCUMENT = 5  # the parent array (int32: 4) and the sort's slack (4.6 measured)
+CLUSTER_BLOCK_MIB = 80  # a block of pairs and a block of documents in flight (~65 measured)
+CLUSTER_CPU_S_PER_PAIR = 0.2e-6
+CLUSTER_CPU_S_PER_DOCUMENT = 0.5e-6
 REPEATS_BYTES_PER_DIGEST = 100
 REPEATS_CPU_S_PER_DIGEST = 0.8e-6
 READ_BYTES_PER_S = 100 * MB  # assumed: one job's share of a cluster file system
@@ -69,9 +72,12 @@ def group_resources(
     if job == "minhash_buckets":
         documents = signature_documents(sizes["signatures"], bands, rows)
         passes = max(1, -(-documents // buckets.ROWS_PER_PASS))
-        held = -(-documents // passes) * BUCKET_BYTES_PER_DOCUMENT + buckets.CARRY_BYTES
+        record = minhash.record_dtype(rows).itemsize
+        shards = len(sizes["signatures"])
+        carry = min(shards * buckets.chunk_bytes(shards), documents * record)
+        held = -(-documents // passes) * BUCKET_BYTES_PER_DOCUMENT + carry
         cpu = documents * BUCKET_CPU_S_PER_DOCUMENT
-        read = documents * minhash.record_dtype(rows).itemsize
+        read = documents * record
     elif job == "cluster_minhash_pairs":
         documents = signature_documents(sizes["signatures"], bands, rows)
         pairs = pair_count(sizes["pairs"])
