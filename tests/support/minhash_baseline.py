@@ -90,8 +90,8 @@ def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def cluster(pair_files: list, out: str | os.PathLike) -> dict:
     """Connected components of the duplicate pairs (scipy); every document of a component
-    but its earliest is removed. Memory grows with the pairs (bench/quality.py
-    --cluster-pairs: 10**7 pairs in a peak RSS of ~0.9 GiB): the pair files are
+    but its earliest is removed. Memory grows with the pairs (52-71 bytes a pair in
+    bench/minhash_scale.py; ~90 at 10**7 pairs of 2*10**7 documents): the pair files are
     read one at a time into one array of 64-bit document keys (ordinal << 32 | index), the
     edges are int32 ranks among the distinct keys, and documents in no pair are never seen."""
     from scipy.sparse import coo_matrix

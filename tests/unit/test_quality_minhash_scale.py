@@ -331,3 +331,33 @@ def test_the_group_jobs_resources_follow_every_input():
         assert twice["mem_mb"] >= 2 * once["mem_mb"] - 1 and twice["runtime"] > once["runtime"]
     with pytest.raises(ValueError, match="no sizing for job 'x'"):
         sizing.group_resources("x", {})
+
+
+def test_the_readme_s_pile_figures_are_the_sizing_function_s():
+    """README, "MinHash at Pile scale": the mem_mb and runtime of each row are
+    group_resources' for 210 M documents in 2,000 shards (14 x 8), worked, not typed in."""
+    import re
+
+    from gptflow.data.quality import sizing
+    from gptflow.data.quality.arrays import HEADER_BYTES
+
+    documents, shards = 210_000_000, 2000
+    signatures = [HEADER_BYTES + documents // shards * 14 * 68] * shards
+
+    def pairs(count):
+        return [HEADER_BYTES + count // 14 * 16] * 14
+
+    expected = {
+        "`minhash_buckets` (each of 14)": ("minhash_buckets", {"signatures": signatures}),
+        "`cluster_minhash_pairs`, 2 x 10^8 pairs": (
+            "cluster_minhash_pairs", {"signatures": signatures, "pairs": pairs(2 * 10**8)}),
+        "`cluster_minhash_pairs`, 10^9 pairs": (
+            "cluster_minhash_pairs", {"signatures": signatures, "pairs": pairs(10**9)}),
+        "`find_exact_repeats`": ("find_exact_repeats", {"hashes": [documents // shards * 16] * shards}),
+    }  # fmt: skip
+    readme = (REPO / "README.md").read_text()
+    for row, (job, sizes) in expected.items():
+        found = re.search(rf"^\| {re.escape(row)} \| [^|]+ \| (\d+) \| (\d+) \|$", readme, re.M)
+        assert found, row
+        got = sizing.group_resources(job, sizes)
+        assert (int(found[1]), int(found[2])) == (got["mem_mb"], got["runtime"]), row
