@@ -199,6 +199,18 @@ def test_the_clustering_joins_components_across_blocks_as_scipy_does(tmp_path, m
     assert stats["removed"] > 50
 
 
+def test_a_chain_joined_one_pair_a_block_resolves_to_one_cluster(tmp_path, monkeypatch):
+    """A chain whose pairs come from its far end, one a block: each join hangs the chain so
+    far under a smaller root without compressing its far documents (a tree 30 deep), which the
+    end's resolution must follow to the root: one cluster of 31, its first document kept."""
+    monkeypatch.setattr(clusters, "BLOCK_PAIRS", 1)
+    chain = np.array([[0, i, 0, i + 1] for i in range(29, -1, -1)], np.uint32)
+    np.save(tmp_path / "chain.npy", chain)
+    stats = clusters.cluster([tmp_path / "chain.npy"], [31], tmp_path / "r.npy")
+    assert stats["cluster_sizes"] == {"31": 1} and stats["clusters"] == 1
+    assert np.load(tmp_path / "r.npy").tolist() == [[0, i] for i in range(1, 31)]
+
+
 CLUSTER_PEAK = """
 import json, sys, numpy as np
 from gptflow.data.quality import clusters
@@ -227,7 +239,8 @@ def cluster_growth(tmp_path: Path, pairs: int, documents: list[int]) -> int:
             p[:, end + 1] = rng.integers(0, min(documents), count)
         files.append(str(tmp_path / f"{pairs}-{band}.npy"))
         np.save(files[-1], p)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    src = Path(clusters.__file__).parents[3]  # the gptflow this test imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(REPO)])}
     out = subprocess.run(
         [sys.executable, "-c", CLUSTER_PEAK, str(tmp_path / "r.npy"), json.dumps(documents), *files],
         check=True, capture_output=True, text=True, env=env,
