@@ -56,6 +56,11 @@ def npy_header(path: str | os.PathLike, what: str = "array") -> Npy:
             shape, fortran, dtype = read(f)
             offset = f.tell()
         size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise GptflowError(
+            f"{path}: no such {what} file; the job that writes it has not run (Snakemake "
+            f"runs it first when the file is an input)"
+        ) from None
     except (OSError, ValueError) as e:
         raise GptflowError(
             f"{path}: not a {what} .npy file ({e}); delete it so that the job writing it runs again"
