@@ -341,6 +341,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="4,000-16,000 documents")
     parser.add_argument("--json", action="store_true", help="a JSON line of the figures, last")
     args = parser.parse_args()
+    if not (Path("/proc/self/clear_refs").exists() and hasattr(os, "posix_fadvise")):
+        sys.exit("bench/minhash_scale.py cannot run here: it needs Linux's /proc/self/io, "
+                 "/proc/self/clear_refs and posix_fadvise")  # fmt: skip
     sizes, at = ([4_000, 8_000, 16_000], 8_000) if args.smoke else (args.sizes, args.copies_at)
     sweep = [10_000, 40_000, 160_000] if args.smoke else args.cluster_documents
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; {SHARDS} shards, "
