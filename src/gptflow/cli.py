@@ -274,16 +274,23 @@ def add_quality_minhash_buckets_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_quality_minhash_buckets(a: argparse.Namespace) -> int:
-    from gptflow.data.quality.minhash import band_pairs
+    from gptflow.data.quality.buckets import band_pairs
 
     print(f"{a.out}: {band_pairs(a.input, a.band, a.rows, a.out)} candidate pairs")
     return 0
 
 
-def cmd_quality_minhash_clusters(a: argparse.Namespace) -> int:
-    from gptflow.data.quality.minhash import cluster
+def add_quality_minhash_clusters_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_group_arguments(s, "band pair files")
+    s.add_argument("--signatures", nargs="*", default=[], metavar="FILE",
+                   help="the group's signature files, in order (their document counts)")  # fmt: skip
 
-    return write_group_stats(a, cluster(a.input, a.out))
+
+def cmd_quality_minhash_clusters(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.clusters import cluster
+    from gptflow.data.quality.minhash import shard_documents
+
+    return write_group_stats(a, cluster(a.input, shard_documents(a.signatures), a.out))
 
 
 def add_quality_remove_arguments(s: argparse.ArgumentParser) -> None:
@@ -1091,8 +1098,7 @@ COMMANDS = (
     Command("quality-minhash-buckets", add_quality_minhash_buckets_arguments,
             cmd_quality_minhash_buckets,
             "data.quality minhash: one band's candidate duplicate pairs over a group"),
-    Command("quality-minhash-clusters",
-            functools.partial(add_quality_group_arguments, what="band pair files"),
+    Command("quality-minhash-clusters", add_quality_minhash_clusters_arguments,
             cmd_quality_minhash_clusters,
             "data.quality minhash: connected components of the pairs; all but the first removed"),
     Command("quality-filter-signals", add_quality_filter_signals_arguments,
