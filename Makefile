@@ -81,6 +81,8 @@ bench: setup
 	python bench/plan.py
 	python bench/quality.py
 	python bench/minhash_scale.py
+	python bench/parallel.py
+	python bench/import_megatron.py
 
 clean:
 	rm -rf results logs .snakemake
