@@ -79,6 +79,10 @@ bench: setup
 	python bench/tokenization.py
 	python bench/blend_index.py
 	python bench/plan.py
+	python bench/quality.py
+	python bench/minhash_scale.py
+	python bench/parallel.py
+	python bench/import_megatron.py
 
 clean:
 	rm -rf results logs .snakemake

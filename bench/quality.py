@@ -20,10 +20,10 @@ library's sources, Debian's common licences: tests/support/quality_corpus.py, ~5
   fed the same documents from memory, writing and sorting its 14 bucket files), both 5-grams,
   14 x 8; and on planted pairs (tests/support/planted.py) which pairs each finds (a band in
   common: the pair the buckets stage emits), recall at J >= 0.85, false positives at J <= 0.5;
-* with --cluster-pairs N: ``minhash.cluster`` of N synthetic duplicate pairs in 14 band files
-  in a child process: its CPU seconds and peak RSS (VmHWM).
+* the MinHash stages after the signatures (buckets, clustering, removal) at scale:
+  bench/minhash_scale.py.
 
-Usage: python bench/quality.py [--docs N] [--smoke] [--json] [--cluster-pairs N]
+Usage: python bench/quality.py [--docs N] [--smoke] [--json]
 --smoke: 40 documents, seconds; --json: one JSON object of the figures, last line.
 """
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -200,64 +199,12 @@ def planted_found(pairs: list, work: Path) -> dict:
     return out
 
 
-# The process's own peak RSS: VmHWM, which exec resets (ru_maxrss keeps the forking parent's)
-PEAK_RSS = """
-def peak_rss_mib():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM:'):
-            return int(line.split()[1]) / 1024
-"""
-
-
-def cluster_memory(pairs: int, work: Path, documents_per_shard: int = 1 << 20) -> dict:
-    """`pairs` synthetic duplicate pairs (random documents of 1,000 shards, each paired with
-    a lower one, as band_pairs writes them) in 14 band files; minhash.cluster in a child
-    process, so its peak RSS is the clustering's alone."""
-    rng = np.random.default_rng(39)
-    files = []
-    for band, count in enumerate(np.diff(np.linspace(0, pairs, 15).astype(np.int64))):
-        p = np.empty((count, 4), dtype=np.uint32)
-        p[:, 0] = rng.integers(0, 1000, count)
-        p[:, 1] = rng.integers(0, documents_per_shard, count)
-        p[:, 2] = p[:, 0] + rng.integers(0, 2, count)
-        p[:, 3] = rng.integers(0, documents_per_shard, count)
-        files.append(str(work / f"band{band:03d}.npy"))
-        np.save(files[-1], p)
-        del p
-    child = (
-        "import json, sys, time\n"
-        "from gptflow.data.quality import minhash\n"
-        "start = time.process_time()\n"
-        "stats = minhash.cluster(sys.argv[2:], sys.argv[1])\n"
-        "stats['cpu_s'] = time.process_time() - start\n"
-        f"{PEAK_RSS}\n"
-        "stats['maxrss_mib'] = peak_rss_mib()\n"
-        "stats.pop('cluster_sizes')\n"
-        "print(json.dumps(stats))\n"
-    )
-    baseline = (
-        "from gptflow.data.quality import minhash; import scipy.sparse.csgraph\n"
-        f"{PEAK_RSS}\n"
-        "print(peak_rss_mib())"
-    )
-    run = [sys.executable, "-c"]
-    out = subprocess.run([*run, child, str(work / "remove.npy"), *files], check=True,
-                         capture_output=True, text=True)  # fmt: skip
-    stats = json.loads(out.stdout)
-    base = subprocess.run([*run, baseline], check=True, capture_output=True, text=True)
-    stats["import_maxrss_mib"] = float(base.stdout)
-    stats["pair_files_mib"] = pairs * 16 / 2**20
-    return stats
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=2000, help="documents (at most ~1,520)")
     parser.add_argument("--smoke", action="store_true", help="40 documents: seconds")
     parser.add_argument("--json", action="store_true", help="a JSON line of the figures, last")
     parser.add_argument("--planted", type=int, default=400, help="planted MinHash pairs")
-    parser.add_argument("--cluster-pairs", type=int, default=0,
-                        help="cluster this many synthetic pairs (10**7: ~1 min)")  # fmt: skip
     args = parser.parse_args()
     docs = documents(40 if args.smoke else args.docs, max_bytes=12_000)
     mib = sum(len(d.encode()) for d in docs) / MIB
@@ -285,7 +232,6 @@ def main() -> None:
         planted = planted_found(
             planted_pairs(20 if args.smoke else args.planted, np.random.default_rng(39)), work
         )
-        cluster = cluster_memory(args.cluster_pairs, work) if args.cluster_pairs else None
 
     figures = {
         "documents": len(docs),
@@ -301,7 +247,6 @@ def main() -> None:
             "datatrove_minhash_signatures": mib / mh_seconds["datatrove"],
         },
         "minhash_planted": planted,
-        "cluster": cluster,
         "select_docs_per_s": len(docs) / max(select_seconds, 1e-9),
         "agreement": {"regex": agreement(regex, reference), "spacy": agreement(spacy, reference)},
     }
@@ -328,12 +273,6 @@ def main() -> None:
     differ = p["differ_at_jaccard"] or [float("nan")]
     print(f"  S-curve's false positives at J <= 0.5: {p['expected_fp_low']:.4f}; the two "
           f"differ on {len(p['differ_at_jaccard'])} pairs, at J {min(differ):.2f}-{max(differ):.2f}")  # fmt: skip
-    if cluster:
-        c = cluster
-        print(f"\nclustering {c['pairs']:,} pairs ({c['pair_files_mib']:.0f} MiB of pair files): "
-              f"{c['cpu_s']:.1f} CPU s, peak RSS {c['maxrss_mib']:.0f} MiB "
-              f"(imports alone {c['import_maxrss_mib']:.0f} MiB); {c['documents_in_clusters']:,} "
-              f"documents, {c['clusters']:,} clusters, {c['removed']:,} removed")  # fmt: skip
     print("\nper-document agreement with DataTrove (keep/drop and reason)")
     print(f"  {'rule':<18} {'regex':>8} {'spacy':>8}")
     for rule in F.RULES:

@@ -36,7 +36,7 @@ rule hash_documents:
 
 rule find_exact_repeats:
     input:
-        get_group_hashes,
+        hashes=get_group_hashes,
     output:
         removed=paths.QUALITY_REMOVED,
         stats=paths.QUALITY_GROUP_STATS,
@@ -46,8 +46,11 @@ rule find_exact_repeats:
         step=quality_recipe.step_pattern("exact"),
     conda:
         "../envs/gptflow.yaml"
+    resources:
+        mem_mb=get_repeats_mem_mb,
+        runtime=get_repeats_runtime,
     shell:
-        "gptflow quality-exact-repeats --input {input:q} --out {output.removed:q}"
+        "gptflow quality-exact-repeats --input {input.hashes:q} --out {output.removed:q}"
         " --stats {output.stats:q} > {log:q} 2>&1"
 
 
@@ -73,7 +76,7 @@ rule minhash_signatures:
 
 rule minhash_buckets:
     input:
-        get_group_signatures,
+        signatures=get_group_signatures,
     output:
         paths.MINHASH_PAIRS,
     log:
@@ -82,17 +85,21 @@ rule minhash_buckets:
         step=quality_recipe.step_pattern("minhash"),
     conda:
         "../envs/gptflow.yaml"
+    resources:
+        mem_mb=get_buckets_mem_mb,
+        runtime=get_buckets_runtime,
     params:
         band=get_band,
         rows=get_minhash_rows,
     shell:
-        "gptflow quality-minhash-buckets --input {input:q} --band {params.band:q}"
+        "gptflow quality-minhash-buckets --input {input.signatures:q} --band {params.band:q}"
         " --rows {params.rows:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule cluster_minhash_pairs:
     input:
-        get_group_pairs,
+        pairs=get_group_pairs,
+        signatures=get_group_signatures,
     output:
         removed=paths.QUALITY_REMOVED,
         stats=paths.QUALITY_GROUP_STATS,
@@ -102,8 +109,12 @@ rule cluster_minhash_pairs:
         step=quality_recipe.step_pattern("minhash"),
     conda:
         "../envs/gptflow.yaml"
+    resources:
+        mem_mb=get_clusters_mem_mb,
+        runtime=get_clusters_runtime,
     shell:
-        "gptflow quality-minhash-clusters --input {input:q} --out {output.removed:q}"
+        "gptflow quality-minhash-clusters --input {input.pairs:q}"
+        " --signatures {input.signatures:q} --out {output.removed:q}"
         " --stats {output.stats:q} > {log:q} 2>&1"
 
 

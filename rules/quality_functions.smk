@@ -159,6 +159,45 @@ def get_group_pairs(wildcards):
     ]
 
 
+def group_job_resources(job, wildcards, input, attempt):
+    """gptflow.data.quality.sizing.group_resources of a deduplication group job, from its
+    input files' sizes; a plan made before they exist shows <TBD> (the FileNotFoundError):
+    Snakemake evaluates it again when it submits the job."""
+    names = {"minhash_buckets": ["signatures"], "find_exact_repeats": ["hashes"]}
+    sizes = {
+        name: [os.path.getsize(f) for f in getattr(input, name)]
+        for name in names.get(job, ["signatures", "pairs"])
+    }
+    settings = quality_step(wildcards).settings
+    return quality_sizing.group_resources(
+        job, sizes, settings.get("bands", 14), settings.get("rows", 8), attempt
+    )
+
+
+def get_buckets_mem_mb(wildcards, input, attempt):
+    return group_job_resources("minhash_buckets", wildcards, input, attempt)["mem_mb"]
+
+
+def get_buckets_runtime(wildcards, input, attempt):
+    return group_job_resources("minhash_buckets", wildcards, input, attempt)["runtime"]
+
+
+def get_clusters_mem_mb(wildcards, input, attempt):
+    return group_job_resources("cluster_minhash_pairs", wildcards, input, attempt)["mem_mb"]
+
+
+def get_clusters_runtime(wildcards, input, attempt):
+    return group_job_resources("cluster_minhash_pairs", wildcards, input, attempt)["runtime"]
+
+
+def get_repeats_mem_mb(wildcards, input, attempt):
+    return group_job_resources("find_exact_repeats", wildcards, input, attempt)["mem_mb"]
+
+
+def get_repeats_runtime(wildcards, input, attempt):
+    return group_job_resources("find_exact_repeats", wildcards, input, attempt)["runtime"]
+
+
 def get_minhash_settings(wildcards):
     """The signature settings as flags: --ngram N --bands B --rows R --seed S --tokenizer T."""
     s = quality_step(wildcards).settings
@@ -209,9 +248,28 @@ def runs_by_recipe():
     return runs
 
 
+def collected_sizes():
+    """{dataset with quality steps: (bytes of its collected shards, whether one is compressed
+    or an archive), or None while one is not there}: the size of each step's copy, at -n."""
+    out = {}
+    for name in {name for name, _ in QUALITY_STEP}:
+        total, compressed = 0, False
+        for shard in DATASETS[name].shards:
+            path = Path(shard.input)
+            if not path.is_file():
+                total = None
+                break
+            total += path.stat().st_size
+            kind, compression = READER_FORMATS.get(shard.fmt, ("", None))
+            compressed |= compression is not None or kind in ("zip", "parquet")
+        out[name] = None if total is None else (total, compressed)
+    return out
+
+
 def quality_plan_lines():
-    """-n's lines: each recipe's steps and whether each will run (its manifests present); a
-    data ablation's recipes each once, after the runs that clean with it."""
+    """-n's lines: each recipe's steps and whether each will run (its manifests present), and
+    the copies its steps write; a data ablation's recipes each once, after the runs that
+    clean with it."""
     done = {
         (step.name, name): all(
             Path(
@@ -221,13 +279,18 @@ def quality_plan_lines():
         )
         for (name, _), step in QUALITY_STEP.items()
     }
+    sizes = collected_sizes()
     if all(recipe is QUALITY for recipe in RUN_QUALITY.values()):
-        return quality_recipe.plan_lines(QUALITY, done)
+        return quality_recipe.plan_lines(QUALITY, done, sizes)
     lines = []
     for names in runs_by_recipe().values():
         lines.append(f"gptflow: study runs {', '.join(names)}:")
         recipe = RUN_QUALITY[names[0]]
-        lines += quality_recipe.plan_lines(recipe, done) if recipe else ["  no data quality steps"]
+        lines += (
+            quality_recipe.plan_lines(recipe, done, sizes)
+            if recipe
+            else ["  no data quality steps"]
+        )
     return lines
 
 

@@ -26,6 +26,8 @@ from gptflow.container.image import (
 )
 from gptflow.data import hf as hf_datasets, sources
 from gptflow.data.quality import recipe as quality_recipe, selection as quality_selection
+from gptflow.data.quality import sizing as quality_sizing
+from gptflow.data.readers import FORMATS as READER_FORMATS
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 from gptflow.hardware import gpu_memory_mib, visible_gpus

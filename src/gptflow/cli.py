@@ -274,16 +274,23 @@ def add_quality_minhash_buckets_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_quality_minhash_buckets(a: argparse.Namespace) -> int:
-    from gptflow.data.quality.minhash import band_pairs
+    from gptflow.data.quality.buckets import band_pairs
 
     print(f"{a.out}: {band_pairs(a.input, a.band, a.rows, a.out)} candidate pairs")
     return 0
 
 
-def cmd_quality_minhash_clusters(a: argparse.Namespace) -> int:
-    from gptflow.data.quality.minhash import cluster
+def add_quality_minhash_clusters_arguments(s: argparse.ArgumentParser) -> None:
+    add_quality_group_arguments(s, "band pair files")
+    s.add_argument("--signatures", nargs="*", default=[], metavar="FILE",
+                   help="the group's signature files, in order (their document counts)")  # fmt: skip
 
-    return write_group_stats(a, cluster(a.input, a.out))
+
+def cmd_quality_minhash_clusters(a: argparse.Namespace) -> int:
+    from gptflow.data.quality.clusters import cluster
+    from gptflow.data.quality.minhash import shard_documents
+
+    return write_group_stats(a, cluster(a.input, shard_documents(a.signatures), a.out))
 
 
 def add_quality_remove_arguments(s: argparse.ArgumentParser) -> None:
@@ -673,13 +680,18 @@ def cmd_train(a: argparse.Namespace) -> int:
     from gptflow.train.device import leave
     from gptflow.train.main import train
 
-    code = train(
-        a.config,
-        threads=a.threads,
-        exit_interval=a.exit_interval,
-        wait_for_lock=a.wait_for_lock,
-    )
-    return leave(code)  # a rank's process ends here (without the interpreter's teardown)
+    try:
+        code = train(
+            a.config,
+            threads=a.threads,
+            exit_interval=a.exit_interval,
+            wait_for_lock=a.wait_for_lock,
+        )
+    except (Exception, KeyboardInterrupt) as e:  # reported here: leave below never returns
+        code = failure_code(a.command, e)
+    # a rank's process ends here, also after a failure (without the interpreter's teardown,
+    # which can abort a process that made a process group: gptflow.train.device.leave)
+    return leave(code)
 
 
 def rank_args(a: argparse.Namespace) -> list[str]:
@@ -1086,8 +1098,7 @@ COMMANDS = (
     Command("quality-minhash-buckets", add_quality_minhash_buckets_arguments,
             cmd_quality_minhash_buckets,
             "data.quality minhash: one band's candidate duplicate pairs over a group"),
-    Command("quality-minhash-clusters",
-            functools.partial(add_quality_group_arguments, what="band pair files"),
+    Command("quality-minhash-clusters", add_quality_minhash_clusters_arguments,
             cmd_quality_minhash_clusters,
             "data.quality minhash: connected components of the pairs; all but the first removed"),
     Command("quality-filter-signals", add_quality_filter_signals_arguments,
@@ -1168,11 +1179,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return a.func(a)
-    except GptflowError as e:
-        print(f"gptflow {a.command}: error: {e}", file=sys.stderr)
+    except (GptflowError, KeyboardInterrupt) as e:
+        return failure_code(a.command, e)
+
+
+def failure_code(command: str, e: BaseException) -> int:
+    """The exit status of subcommand `command` after `e`, said on stderr: bad input
+    (GptflowError) in one line, 130 after Ctrl-C, anything else (a bug) with its traceback."""
+    if isinstance(e, GptflowError):
+        print(f"gptflow {command}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    if isinstance(e, KeyboardInterrupt):
         return 130
+    import traceback
+
+    traceback.print_exception(e)
+    return 1
 
 
 if __name__ == "__main__":

@@ -79,7 +79,8 @@ def training_precision(
 
 # Compute capability by name fragment, as torch.cuda.get_device_name() or a Slurm gres type
 # ("gpu:a100:8") names the GPU, for the precision ``auto`` is planned in before any GPU is seen
-# (gptflow.plan.preflight). Longer fragments first: A100 before A10, L40 before L4.
+# (gptflow.plan.preflight). Longer fragments first: A100 before A10, L40 before L4, P40 before
+# P4. Not "RTX6000": the Quadro RTX 6000 is 7.5, the RTX 6000 Ada 8.9.
 CAPABILITY: tuple[tuple[str, tuple[int, int]], ...] = (
     ("GB200", (10, 0)),
     ("B200", (10, 0)),
@@ -88,29 +89,32 @@ CAPABILITY: tuple[tuple[str, tuple[int, int]], ...] = (
     ("L40", (8, 9)),
     ("L4", (8, 9)),
     ("A100", (8, 0)),
+    ("A6000", (8, 6)),
     ("A40", (8, 6)),
+    ("A30", (8, 0)),
     ("A10", (8, 6)),
     ("V100", (7, 0)),
     ("T4", (7, 5)),
     ("P100", (6, 0)),
+    ("P40", (6, 1)),
 )
-# GPUs planning cannot name are assumed to be those the GPU memory check assumes (80 GB
+# A gres without a GPU type is planned for the GPUs the GPU memory check assumes (80 GB
 # A100/H100)
 ASSUMED_CAPABILITY = (8, 0)
 
 
-def planned_gpu(gpu_type: str | None) -> tuple[str, tuple[int, int]]:
+def planned_gpu(gpu_type: str | None) -> tuple[str, tuple[int, int] | None]:
     """(name, compute capability) of the GPUs a run is planned for: the type the profile's
-    gres names (``a100`` of ``gpu:a100:8``) when :data:`CAPABILITY` knows it, else A100/H100s,
-    named as assumed and why."""
+    gres names (``a100`` of ``gpu:a100:8``) when :data:`CAPABILITY` knows it; A100/H100s,
+    named as assumed, for a gres without a type; None for a type the table does not know
+    (an A100 or H100 would have matched: its capability, and so ``auto``'s precision, cannot be
+    planned)."""
     for fragment, capability in CAPABILITY:
         if gpu_type and fragment in gpu_type.upper():
             return f"{gpu_type} GPUs (the gres's type)", capability
-    why = (
-        f"the gres's type {gpu_type!r} is not in gptflow.hardware's table"
-        if gpu_type
-        else "the profile's gres names no GPU type"
-    )
+    if gpu_type:
+        return f"{gpu_type} GPUs (the gres's type, not in gptflow.hardware's table)", None
+    why = "the profile's gres names no GPU type"
     return f"GPUs assumed to be A100/H100 (compute capability 8.0+: {why})", ASSUMED_CAPABILITY
 
 

@@ -6,14 +6,17 @@ bytes DeepSpeed keeps after the step (tests.support.memory.kept_bytes), the peak
 autograd kept for backward during it (saved_peak), and what an asynchronous save takes on the
 rank: the files DeepSpeed writes, taken as the trainer takes them (gptflow.train.checkpoint's
 _snapshots into a gptflow.train.snapshot.BufferPool), their tensors' bytes and buffers, and the
-bytes the pool then holds. One file per rank and setting: lines four ranks print to one pipe
-can interleave."""
+bytes the pool then holds, and the most bytes DeepSpeed's own host copies of a pipeline's layer
+files (``clone_tensors_for_torch_save`` in ``PipelineModule.save_state_dict``) held at once
+during it. One file per rank and setting: lines four ranks print to one pipe can interleave."""
 
 import json
 import sys
+import weakref
 from functools import partial
 from pathlib import Path
 
+import deepspeed.runtime.pipe.module as pipe_module
 import torch
 
 from gptflow.config.settings import ModelConfig, TrainConfig
@@ -33,6 +36,29 @@ def step(eng, x: torch.Tensor, y: torch.Tensor, pp: int) -> None:
         eng.step()
 
 
+class CloneCount:
+    """DeepSpeed's copies of a pipeline's layer files alive at once: each copy's tensors
+    counted from when ``clone_tensors_for_torch_save`` returns them until they are freed."""
+
+    def __init__(self) -> None:
+        self.live = self.peak = 0
+        self.clone = pipe_module.clone_tensors_for_torch_save
+        pipe_module.clone_tensors_for_torch_save = self
+
+    def __call__(self, item, *args, **kwargs):
+        copy = self.clone(item, *args, **kwargs)
+        for tensor in copy.values():  # a layer's state dict: flat
+            nbytes = tensor.untyped_storage().nbytes()
+            self.live += nbytes
+            weakref.finalize(tensor, self.freed, nbytes)
+        self.peak = max(self.peak, self.live)
+        return copy
+
+    def freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+CLONES = CloneCount()
 MODEL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
 MICRO, SEQ = 2, 16
 
@@ -58,11 +84,13 @@ for setting in sys.argv[4].split(","):
     stage = eng.stage_id if pp > 1 else 0
     record = {"rank": env.rank, "stage": stage, "kept": kept_bytes(eng), "saved_peak": peak}
     pool = BufferPool()  # a save's snapshot, as Saves.save takes it (nothing written)
+    CLONES.peak = 0
     taken = _snapshots(eng, str(Path(sys.argv[3]) / "checkpoints"), f"z{zero}{precision}", {}, pool)
     record["files"] = sorted(Path(snap.path).name for snap in taken)
     record["snapshot"] = sum(b.nbytes for snap in taken for _, b in snap.storages)
     record["buffers"] = sum(len(snap.storages) for snap in taken)
     record["held"] = pool.held_bytes()
+    record["clones"] = CLONES.peak
     out = Path(sys.argv[3]) / f"rank{env.rank}-{zero}-{precision}.json"
     out.write_text(json.dumps(record))
 dev.shutdown()

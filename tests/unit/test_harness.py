@@ -21,6 +21,7 @@ from gptflow.results.harness import (
     is_task_file,
     task_name,
 )
+from gptflow.results.harness_registry import max_gen_toks
 
 MC_TASK = """\
 task: my_mc
@@ -291,4 +292,121 @@ def test_a_generation_longer_than_the_trained_context_is_refused_at_planning(tmp
     )
     task.write_text(json.dumps({**spec, "generation_kwargs": {"max_gen_toks": 32}}))
     check_context(task_work(harness(tasks=[str(task)])), 256, "r", "c.yaml")
-    check_context(task_work(harness(tasks=["gsm8k"])), 64, "r", "c.yaml")  # not known: the job
+    # its generation set in the file it includes (the including file's keys win)
+    (tmp_path / "base.yaml").write_text(json.dumps({"generation_kwargs": {"max_new_tokens": 300}}))
+    task.write_text(json.dumps({**spec, "include": "base.yaml"}))
+    assert task_work(harness(tasks=[str(task)]))[0].generated_tokens == 300
+
+
+def test_a_generation_of_a_task_lm_evals_registry_names_is_checked_at_planning():
+    """A task *name* is read from the installed lm-evaluation-harness's own task files (no
+    network, not imported): gsm8k generates up to lm-eval's default 256 tokens, which a
+    train.seq_length of 256 cannot hold -- it passed -n and failed in the job (lm-eval's
+    assert) -- and the group bbh_cot_fewshot's 27 tasks 1024 each (their template's
+    max_gen_toks, through include:), which 1024 cannot hold; the refusal names the task, its
+    file and the ways on. hellaswag (multiple-choice) and a name the registry lacks plan."""
+    from gptflow.results.harness import check_context, task_work
+
+    work = task_work(harness(tasks=["gsm8k", "bbh_cot_fewshot", "hellaswag", "no_such_task"]))
+    assert [(w.name, w.output_type, w.generated_tokens) for w in work] == [
+        ("gsm8k", "generate_until", 256), ("bbh_cot_fewshot", "generate_until", 1024),
+        ("hellaswag", "multiple_choice", 0), ("no_such_task", "multiple_choice", 0)]  # fmt: skip
+    with pytest.raises(GptflowError) as e:
+        check_context(work, 256, "r", "c.yaml")
+    assert str(e.value) == (
+        "c.yaml: eval.harness.tasks: task 'gsm8k' generates up to 256 tokens (lm-eval's "
+        "lm_eval/tasks/gsm8k/gsm8k.yaml: no generation_kwargs.max_gen_toks: lm-eval's default "
+        "256), but the harness's context is run r's train.seq_length 256 and lm-eval needs "
+        "fewer; raise train.seq_length above 256, or give eval.harness.tasks a copy of that "
+        "task's YAML file with generation_kwargs.max_gen_toks below 256, or drop the task"
+    )
+    with pytest.raises(GptflowError, match=r"task 'bbh_cot_fewshot' generates up to 1024 tokens "
+                       r"\(its task bbh_cot_fewshot_\w+, lm-eval's lm_eval/tasks/bbh/cot_fewshot/"
+                       r"\w+\.yaml: generation_kwargs\.max_gen_toks\).* train\.seq_length 1024"):  # fmt: skip
+        check_context(work, 1024, "r", "c.yaml")
+    check_context(work, 2048, "r", "c.yaml")
+
+
+TEMPLATE = """dataset_path: json
+dataset_kwargs: {data_files: {test: DATA}}
+test_split: test
+doc_to_text: "{{q}}"
+doc_to_target: "{{a}}"
+output_type: generate_until
+generation_kwargs: {max_gen_toks: 100, until: ["Q:"]}
+tag: [short_generations]
+"""
+GROUP_FILES = {
+    "_template": TEMPLATE,  # an include target, not a task file (no .yaml): its tag inherited
+    "a.yaml": "task: my_a\ninclude: _template\n",
+    "b.yaml": '"task": "my_b"\n"include": "_template"\n"tag": "other"\n',
+    "c.yaml": "task: my_c\ninclude: _template\n",
+    "d.yaml": "task: my_d\ninclude: _template\ngeneration_kwargs: {max_new_tokens: 40}\n",
+    "mc.yaml": "task: my_mc\ninclude: _template\noutput_type: multiple_choice\n"
+               "doc_to_choice: ['1', '2']\ndoc_to_target: 1\ngeneration_kwargs: null\n",
+    "group.yaml": "group: my_group\ngeneration_kwargs: {max_gen_toks: 900, until: ['Q:']}\n"
+                  "task:\n  - task: my_c\n    generation_kwargs: {max_gen_toks: 50}\n  - my_a\n"
+                  "  - group: inner\n    task: [my_b]\n    generation_kwargs: {max_gen_toks: 700}\n"
+                  "  - group: other_group\n    generation_kwargs: {max_gen_toks: 300}\n",
+    "other.yaml": "group: other_group\ntask: [my_d, my_mc]\n",
+    "py.yaml": "group: ignored\ntask: my_py\nclass: !function task.Mine\n",  # a Python task
+}  # fmt: skip
+
+
+def test_the_registry_reads_groups_tags_includes_and_overrides_as_the_harness(
+    tmp_path, monkeypatch
+):
+    """Task files in eval.harness.include read as the harness reads them, checked against the
+    harness itself (its TaskManager over these files alone, building the tasks offline from a
+    local JSONL): a task's keys over its include: (quoted keys too), a tag inherited through
+    it, a group's generation_kwargs over its members, a member's own over the group's, an
+    inline group's under its parent's, a referenced group's under the reference's. The longest
+    generation of a group is its size and its check. A `class:` file is a Python task, not a
+    group; the index equals the harness's own (lm_eval.tasks._index.TaskIndex) on these files
+    and on four directories of the installed harness."""
+    import logging
+
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Kind, TaskIndex
+
+    from gptflow.results.harness import named_work
+    from gptflow.results.harness_registry import _index, harness_tasks_dir, registry_tasks
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the data is a local file: no network
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"q": "1 + 1 =", "a": "2"}\n')
+    files = tmp_path / "tasks"
+    files.mkdir()
+    for name, text in GROUP_FILES.items():
+        (files / name).write_text(text.replace("DATA", str(data)))
+    include = [str(files)]
+    manager = TaskManager(include_path=str(files), include_defaults=False)
+    for name in ("my_group", "short_generations", "other", "my_a", "my_mc"):
+        ours = {t.name: (t.output_type, max_gen_toks(t.spec)[0]) for t in
+                registry_tasks(name, include)}  # fmt: skip
+        theirs = {t: (task.config.output_type, max_gen_toks(vars(task.config))[0])
+                  for t, task in manager.load([name])["tasks"].items()}  # fmt: skip
+        assert ours == theirs, name
+    assert ours == {"my_mc": ("multiple_choice", 256)}  # its generation is never asked for
+    assert {t.name: max_gen_toks(t.spec)[0] for t in registry_tasks("my_group", include)} == {
+        "my_a": 900, "my_c": 50, "my_b": 900, "my_d": 300, "my_mc": 300}  # fmt: skip
+    work = named_work("my_group", include, None)  # the longest, not the first (my_c's 50)
+    assert (work.output_type, work.generated_tokens) == ("generate_until", 900)
+    assert work.generated_by.startswith("its task my_a, lm-eval's ")
+    assert [t.output_type for t in registry_tasks("my_py", include)] == [None]  # its class says
+    assert registry_tasks("ignored", include) == registry_tasks("nothing", include) == []
+    root = harness_tasks_dir().resolve()
+    logging.disable(logging.WARNING)  # the harness warns of duplicate names across its files
+    try:
+        for dirs in ([files.resolve()], [root / d for d in ("bbh", "gsm8k", "mmlu", "scrolls")]):
+            theirs = TaskIndex.build(dirs)
+            ours = _index(tuple(str(d) for d in dirs))
+            kinds = {Kind.TASK: ours.tasks, Kind.PY_TASK: ours.tasks, Kind.GROUP: ours.groups}
+            for name, entry in theirs.items():
+                if entry.kind == Kind.TAG:
+                    assert sorted(entry.tags) == sorted(ours.tags[name]), name
+                else:
+                    assert kinds[entry.kind][name] == entry.yaml_path, name
+            assert len(theirs) == len({*ours.tasks, *ours.groups, *ours.tags})
+    finally:
+        logging.disable(logging.NOTSET)

@@ -176,3 +176,30 @@ def test_the_memory_check_counts_the_factors(repo):
     assert fit.largest == "K-FAC factors" and not fit.fits
     with pytest.raises(GptflowError, match=r"the largest is K-FAC factors: set train\.kfac null"):
         gpu_memory.check_memory(fit)
+
+
+def test_under_bf16_the_preconditioned_gradient_stays_fp32():
+    """bf16 with BF16_Optimizer (ZeRO 1): the model and its ``param.grad`` are bf16, the
+    gradient the optimizer steps on is the fp32 buffer each parameter views (``_hp_grad``,
+    what gptflow.train.engine.full_grad reads and set_full_grad writes). The preconditioned
+    gradient is written there in fp32, to 1e-5 of the float64 solve: cast to the parameter's
+    bf16 on the way (2^-9 relative), the fp32 optimizer would step on a rounded gradient. The
+    fp32 buffers stand in for DeepSpeed's; everything else is the trainer's K-FAC."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4)).to(torch.bfloat16)
+    kfac = Kfac(model, KfacConfig(1, 1, 0.1, 0.0), torch.device("cpu"))
+    x, target = torch.randn(2, 16, 3, dtype=torch.bfloat16), torch.randn(2, 16, 4)
+    kfac.begin(0)
+    loss = ((model(x).float() - target) ** 2).sum(-1).mean()
+    loss.backward()
+    lin = model[0]
+    for p in lin.parameters():  # an fp32 gradient no bf16 number equals
+        p._hp_grad = torch.randn(p.shape, dtype=torch.float32) * (1 + 2**-12)
+    before = torch.cat([lin.weight._hp_grad, lin.bias._hp_grad[:, None]], 1).double()
+    kfac.step(0)
+    (ly,) = kfac.layers
+    after = torch.cat([lin.weight._hp_grad, lin.bias._hp_grad[:, None]], 1)
+    assert after.dtype == torch.float32
+    K = torch.kron(ly.G.double(), ly.A.double()) + 0.1 * torch.eye(16, dtype=torch.float64)
+    want = torch.linalg.solve(K, before.flatten()).reshape(4, 4)
+    torch.testing.assert_close(after.double(), want, rtol=1e-5, atol=1e-7)

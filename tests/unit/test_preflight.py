@@ -154,6 +154,9 @@ def test_the_shipped_profiles_fit_a_cluster_that_has_what_it_asks_for():
         ({"mem_mb": 2000000}, "asks for 2000000 MB of memory per node but the nodes of partition "
          "'gpu' have at most 1000000; lower mem_mb"),
         ({"nodes": 21}, "set-resources train_gpt nodes 21, but partition 'gpu' has 20"),
+        # two GPUs on each of 16 nodes as tasks over nodes: 2 ranks a node, not 1
+        ({"nodes": 16, "tasks_per_node": None, "tasks": 32, "gres": "gpu:2", "threads": 80},
+         r"asks for 160 CPUs per node \(set-threads train_gpt 80 x 2 ranks per node\)"),
     ],
 )  # fmt: skip
 def test_what_the_cluster_does_not_have_is_refused(change, message):
@@ -193,6 +196,13 @@ def test_launches_the_plugin_or_srun_would_refuse_are_refused(change, message):
 def test_one_gpu_on_each_of_several_nodes_and_cpus_against_threads():
     spread = dataclasses.replace(SLURM, nodes=4, tasks_per_node=None, tasks=4, gres="gpu:1")
     assert placement.check_launch(spread) == [] and spread.ranks == 4
+    assert spread.ranks_per_node == 1
+    # srun's block distribution of 3 tasks over 2 nodes: 2 on the first, which one GPU cannot take
+    uneven = dataclasses.replace(spread, nodes=2, tasks=3)
+    assert uneven.ranks_per_node == 2
+    with pytest.raises(GptflowError, match=r"2 training ranks per node but gres gpu:1"):
+        placement.check_launch(uneven)
+    assert dataclasses.replace(spread, nodes=None).ranks_per_node == 4  # srun may pack them
     (warning,) = placement.check_launch(dataclasses.replace(SLURM, cpus_per_task=4))
     assert "cpus_per_task 4 differs from set-threads train_gpt 12" in warning
 
@@ -388,6 +398,7 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
         want = [0, 1] if pp == 1 else [0, 2]  # rank = (stage x dp + data rank) x tp + tp rank
         assert sorted(r["rank"] for r in writers) == want, (setting, ranks)
         assert fit.writers == len(writers) == 2
+        assert fit.clones == sum(r["clones"] for r in ranks), setting
         for r in ranks:
             params = gpu_memory.stage_parameters(TINY, tp, pp, r["stage"])
             terms = gpu_memory.model_state_bytes(params, dp, zero, precision)
@@ -397,6 +408,13 @@ def test_kept_state_and_activations_on_4_ranks_are_the_estimate(repo, tmp_path, 
             snap = host_memory.snapshot_bytes(TINY, t, 4, precision, r["rank"])
             assert 0 <= r["snapshot"] - snap <= 64, (setting, r, snap)
             assert r["snapshot"] <= r["held"] <= r["snapshot"] + r["buffers"] * 2 * PAGE, (
+                setting,
+                r,
+            )
+            # under a pipeline DeepSpeed copies each layer file to the host first, one at a
+            # time: the stage's largest file (pipeline_clone_bytes)
+            clones = host_memory.pipeline_clone_bytes(TINY, t, 4, precision, r["rank"])
+            assert r["clones"] == clones and (clones > 0) == (pp > 1 and r in writers), (
                 setting,
                 r,
             )
@@ -468,9 +486,72 @@ def test_auto_precision_is_planned_as_the_trainer_decides_it():
         "bf16",
         "auto on h100 GPUs (the gres's type) (bf16 tensor cores, ZeRO stage 1)",
     )
-    unknown = dataclasses.replace(SLURM, gres="gpu:mi250:8")
-    assert "the gres's type 'mi250' is not in" in gpu_memory.planned_precision(zero1, unknown)[1]
     assert gpu_memory.planned_precision(zero1, Placement())[0] == "fp32"  # on this CPU
+
+
+@pytest.mark.parametrize("gpu", ["rtx6000", "mi250"])
+def test_auto_on_a_gpu_type_the_table_does_not_know_is_refused_at_planning(gpu):
+    """The trainer decides auto by the GPU's compute capability; a gres type gptflow.hardware
+    does not know (a Quadro RTX 6000 is 7.5, an RTX 6000 Ada 8.9) was planned as an A100's
+    bf16 where the trainer may train fp32 (twice the activations and weights counted short).
+    Such a type with auto is one line asking for an explicit precision; with one, it plans; a
+    P40 (6.1, now in the table) plans fp32, as the trainer trains it; a gres without a type
+    is still planned for the A100/H100s the memory check assumes, and says so."""
+    t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
+                    precision="auto")  # fmt: skip
+    unknown = dataclasses.replace(SLURM, gres=f"gpu:{gpu}:8")
+    with pytest.raises(GptflowError) as e:
+        gpu_memory.planned_precision(t, unknown)
+    assert str(e.value) == (
+        "train.precision is auto, which the trainer decides by the GPU's compute capability "
+        f"(bf16 on 8.0 and later at train.zero_stage 1+, else fp32), and the profile's gres "
+        f"gpu:{gpu}:8 names '{gpu}', a GPU type gptflow.hardware does not know: set "
+        "train.precision bf16 (Ampere or later) or fp32 (older GPUs)"
+    )
+    with pytest.raises(GptflowError, match=r"^train\.precision is auto, "):
+        preflight.memory_lines(preflight.Report(), TINY, t, 8, unknown, {})
+    for explicit in ("fp32", "bf16"):
+        given = dataclasses.replace(t, precision=explicit)
+        assert gpu_memory.planned_precision(given, unknown) == (explicit, "train.precision")
+    p40 = dataclasses.replace(SLURM, gres="gpu:p40:8")
+    assert gpu_memory.planned_precision(t, p40)[0] == "fp32"
+    assert "compute capability 6.1" in gpu_memory.planned_precision(t, p40)[1]
+    assert gpu_memory.planned_precision(t, SLURM) == (
+        "bf16",
+        "auto on GPUs assumed to be A100/H100 (compute capability 8.0+: the profile's gres "
+        "names no GPU type) (bf16 tensor cores, ZeRO stage 1)",
+    )
+
+
+def test_muons_refusal_of_bf16_at_zero_1_under_tensor_parallel_meets_auto_at_planning(tiny_config):
+    """train.precision auto at ZeRO 1 is bf16 on A100/H100-class GPUs: with Muon under tensor
+    parallel the trainer would refuse it at start (TrainConfig.check_muon, after auto is
+    decided), so snakemake -n refuses it, saying what auto became and why; the config's own
+    check could not (auto is not bf16). On CPUs (fp32) and on V100s (fp32) it plans."""
+    cfg = {
+        **tiny_config,
+        "model": {**tiny_config["model"], "num_layers": 2, "hidden_size": 64,
+                  "num_attention_heads": 4},
+        "train": {**tiny_config["train"], "optimizer": "muon", "clip_grad": 0.0,
+                  "precision": "auto", "zero_stage": 1, "tensor_parallel": 2,
+                  "global_batch_size": 4, "micro_batch_size": 1},
+    }  # fmt: skip
+    gpus = Placement(executor="slurm", nodes=1, tasks_per_node=2, gres="gpu:2", mpi="srun")
+    with pytest.raises(GptflowError) as e:
+        preflight.run(cfg, gpus, sinfo=lambda: None, accounts=lambda: None)
+    message = str(e.value)
+    assert message.startswith(
+        "train.precision auto is bf16 here (auto on GPUs assumed to be A100/H100 (compute "
+        "capability 8.0+: the profile's gres names no GPU type) (bf16 tensor cores, ZeRO stage "
+        "1)): train.optimizer muon is not supported with train.precision bf16 at "
+        "train.zero_stage 1 with 2-way tensor x pipeline parallel: "
+    )
+    assert "\n" not in message
+    with pytest.raises(GptflowError, match=r"^study run 'a': train\.precision auto is bf16 here"):
+        preflight.study({"a": cfg}, gpus, tokenizer_json=None, indexes=1, trained=set())
+    for planned in (Placement(executor="local", nproc_per_node=2),
+                    dataclasses.replace(gpus, gres="gpu:v100:2")):  # fmt: skip
+        preflight.run(cfg, planned, sinfo=lambda: None, accounts=lambda: None)
 
 
 def test_each_tensor_parallel_rank_holds_its_share_of_the_logits():
@@ -662,6 +743,78 @@ def test_an_asynchronous_saves_snapshot_is_counted_against_the_nodes_memory():
     assert "synchronous" in host_memory.check_saves(t, None)
     unknown = dataclasses.replace(node, mem_mb=None)  # a cluster's node: not known, not refused
     assert "not known" in host_memory.check_saves(t, host_memory.snapshot_fit(m, t, 8, unknown))
+
+
+def test_one_gpu_on_each_of_16_nodes_counts_one_rank_a_node(tiny_config):
+    """Pythia-12B in bf16 at ZeRO 1 on 16 nodes x 1 GPU, as `tasks: 16` and `nodes: 16` (what
+    check_launch asks for instead of tasks_per_node 1): each node holds one rank -- rank 0's
+    node its model file and its sixteenth of the fp32 partitions, 30.3 GiB, 32.3 GiB with its
+    process -- which a node of 64,000 MB holds. The 16 ranks were counted on one node: 186.4
+    GiB "per node", a refusal of the layout the launch check itself recommends."""
+    m = pythia_12b()
+    t = TrainConfig(train_iters=10, global_batch_size=16, micro_batch_size=1, zero_stage=1,
+                    precision="bf16")  # fmt: skip
+    spread = Placement(executor="slurm", nodes=16, tasks=16, gres="gpu:1", mpi="srun",
+                       mem_mb=64000)  # fmt: skip
+    assert placement.check_launch(spread) == []
+    fit = host_memory.snapshot_fit(m, t, 16, spread)
+    n = m.num_parameters()
+    assert (fit.ranks, fit.writers, fit.clones) == (1, 1, 0)
+    assert fit.snapshots == fit.largest == 2 * n + 12 * n // 16
+    assert round(fit.snapshots / GIB, 1) == 30.3 and round(fit.need / GIB, 1) == 32.3
+    assert host_memory.check_saves(t, fit).startswith(
+        "  checkpoint saves: in the background (train.async_save): about 32.3 GiB of host "
+        "memory per node, of 62.5 GiB (set-resources train_gpt mem_mb)"
+    )
+    packed = dataclasses.replace(spread, nodes=1, tasks=None, tasks_per_node=16, gres="gpu:16")
+    assert round(host_memory.snapshot_fit(m, t, 16, packed).need / GIB, 1) == 186.4
+    tiny = {**tiny_config, "model": {**tiny_config["model"], "num_layers": 2, "hidden_size": 64,
+                                      "num_attention_heads": 4},
+            "train": {**tiny_config["train"], "global_batch_size": 16, "micro_batch_size": 1}}  # fmt: skip
+    rep = preflight.run(tiny, spread, sinfo=lambda: None, accounts=lambda: None)
+    assert rep.lines[0].startswith("gptflow preflight: train_gpt on 16 node(s) x 1 rank(s) = 16")
+
+
+def test_a_pipelines_layer_file_copies_are_counted_on_the_nodes_that_write_them():
+    """Under a pipeline DeepSpeed copies each layer file to the host before the snapshot copies
+    it again (PipelineModule.save_state_dict, clone_tensors_for_torch_save), one file at a time
+    (measured on four CPU ranks: test_kept_state_and_activations_on_4_ranks_are_the_estimate):
+    on GPT-NeoX-20B as shipped (fp16, tensor 2 x pipeline 4, 12 nodes x 8 GPUs) rank 0's node
+    holds two writers (data-parallel rank 0 of the first stage's two tensor-parallel ranks),
+    each a decoder layer's half in fp16; it was not counted. Nothing without a pipeline."""
+    m = gpt_neox_20b()
+    t = TrainConfig(train_iters=10, global_batch_size=96, micro_batch_size=1, zero_stage=1,
+                    precision="fp16", tensor_parallel=2, pipeline_parallel=4)  # fmt: skip
+    nodes = dataclasses.replace(SLURM, nodes=12)
+    fit = host_memory.snapshot_fit(m, t, 96, nodes)
+    layer = gpu_memory.layer_parameters(m, 2)
+    assert layer > m.vocab_size * m.hidden_size // 2  # a layer outweighs the embedding's half
+    assert fit.writers == 2 and fit.clones == 2 * 2 * layer
+    assert fit.need == fit.snapshots + fit.clones + 8 * 2 * GIB
+    assert [host_memory.pipeline_clone_bytes(m, t, 96, "fp16", r) for r in range(4)] == [
+        2 * layer, 2 * layer, 0, 0]  # fmt: skip
+    assert f"+ {gpu_memory.human(fit.clones)} DeepSpeed's copy of a layer file" in (
+        host_memory.check_saves(t, fit)
+    )
+    flat = dataclasses.replace(t, tensor_parallel=8, pipeline_parallel=1)
+    assert host_memory.snapshot_fit(m, flat, 8, SLURM).clones == 0
+
+
+def test_the_snapshot_is_counted_in_the_precision_auto_becomes():
+    """train.precision auto at ZeRO 1 on A100/H100-class GPUs trains bf16: the snapshot is the
+    bf16 model file and the fp32 partitions, 154.4 GiB for Pythia-12B over 8 GPUs of a node --
+    not the 176.5 GiB of fp32 weights that counting the configured value ('auto', not a half
+    precision) gives, which refused nodes near the limit. At ZeRO 0 auto is fp32 either way."""
+    m = pythia_12b()
+    auto = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
+                       precision="auto")  # fmt: skip
+    fit = host_memory.snapshot_fit(m, auto, 8, SLURM)
+    bf16 = host_memory.snapshot_fit(m, dataclasses.replace(auto, precision="bf16"), 8, SLURM)
+    fp32 = host_memory.snapshot_fit(m, dataclasses.replace(auto, precision="fp32"), 8, SLURM)
+    assert fit == bf16 and round(fit.snapshots / GIB, 1) == 154.4
+    assert round(fp32.snapshots / GIB, 1) == 176.5
+    n = m.num_parameters()
+    assert host_memory.snapshot_bytes(m, auto, 8, "bf16") == 2 * n + 12 * n // 8
 
 
 def gpt_neox_20b() -> ModelConfig:

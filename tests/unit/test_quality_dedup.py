@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from gptflow.data.quality import exact, minhash, removal
+from gptflow.data.quality import buckets, clusters, exact, minhash, removal
 from gptflow.data.quality.recipe import detection_probability, jaccard_threshold
 from gptflow.errors import GptflowError
 from tests.support.planted import planted_pairs
@@ -112,11 +112,11 @@ def test_minhash_finds_planted_near_duplicates_on_the_s_curve(tmp_path, capsys):
         minhash.signatures_of_shard(shard, READER, DEFAULTS, out)
     bands = [tmp_path / f"band{b:03d}.npy" for b in range(DEFAULTS["bands"])]
     for b, out in enumerate(bands):
-        minhash.band_pairs(sigs, b, DEFAULTS["rows"], out)
-    stats = minhash.cluster(bands, tmp_path / "remove.npy")
+        buckets.band_pairs(sigs, b, DEFAULTS["rows"], out)
+    stats = clusters.cluster(bands, minhash.shard_documents(sigs), tmp_path / "remove.npy")
     removed = np.load(tmp_path / "remove.npy")
     # by hash range, a few hundred documents per pass: the same pairs
-    minhash.band_pairs(sigs, 3, DEFAULTS["rows"], tmp_path / "ranges.npy", rows_per_pass=300)
+    buckets.band_pairs(sigs, 3, DEFAULTS["rows"], tmp_path / "ranges.npy", rows_per_pass=300)
     assert len(np.load(bands[3])) and np.array_equal(
         np.load(tmp_path / "ranges.npy"), np.load(bands[3])
     )
@@ -153,8 +153,9 @@ def test_empty_shards_pass_through_every_stage(tmp_path):
     assert exact.hash_shard(empty, READER, tmp_path / "e.hashes") == 0
     assert exact.find_repeats([tmp_path / "e.hashes"], tmp_path / "x.npy")["repeats"] == 0
     assert minhash.signatures_of_shard(empty, READER, DEFAULTS, tmp_path / "e.npy") == 0
-    assert minhash.band_pairs([tmp_path / "e.npy"], 0, 8, tmp_path / "b.npy") == 0
-    assert minhash.cluster([tmp_path / "b.npy"], tmp_path / "r.npy")["removed"] == 0
+    assert buckets.band_pairs([tmp_path / "e.npy"], 0, 8, tmp_path / "b.npy") == 0
+    documents = minhash.shard_documents([tmp_path / "e.npy"])
+    assert clusters.cluster([tmp_path / "b.npy"], documents, tmp_path / "r.npy")["removed"] == 0
     m = removal.remove_documents(
         empty, READER, tmp_path / "r.npy", 0, tmp_path / "o.jsonl", tmp_path / "m.json",
         reason="minhash", about={},
@@ -165,9 +166,12 @@ def test_empty_shards_pass_through_every_stage(tmp_path):
 def test_minhash_documents_too_short_have_no_signature_and_stay(tmp_path):
     shard = write_shard(tmp_path / "s.jsonl", ["one two three", "one two three", "a b c d e f"])
     minhash.signatures_of_shard(shard, READER, DEFAULTS, tmp_path / "s.npy")
-    sig = np.load(tmp_path / "s.npy")
+    records = np.load(tmp_path / "s.npy")  # (bands, documents), each band sorted
+    sig = np.empty((3, 14, 8), np.uint64)
+    for band, r in enumerate(records):
+        sig[r["index"], band] = r["values"]
     assert (sig[:2] == minhash.NO_SIGNATURE).all() and (sig[2] != minhash.NO_SIGNATURE).all()
-    minhash.band_pairs([tmp_path / "s.npy"], 0, 8, tmp_path / "b.npy")
+    buckets.band_pairs([tmp_path / "s.npy"], 0, 8, tmp_path / "b.npy")
     assert np.load(tmp_path / "b.npy").shape == (0, 4)
 
 
@@ -175,7 +179,8 @@ def test_clustering_removes_all_but_the_earliest_of_each_component(tmp_path):
     # chains across bands: (0,5)-(1,2) in one band, (1,2)-(0,9) and (2,0)-(2,1) in another
     np.save(tmp_path / "b0.npy", np.array([[0, 5, 1, 2]], dtype=np.uint32))
     np.save(tmp_path / "b1.npy", np.array([[0, 9, 1, 2], [2, 0, 2, 1]], dtype=np.uint32))
-    stats = minhash.cluster([tmp_path / "b0.npy", tmp_path / "b1.npy"], tmp_path / "r.npy")
+    bands = [tmp_path / "b0.npy", tmp_path / "b1.npy"]
+    stats = clusters.cluster(bands, [10, 3, 2], tmp_path / "r.npy")
     assert np.load(tmp_path / "r.npy").tolist() == [[0, 9], [1, 2], [2, 1]]
     assert stats["clusters"] == 2 and stats["cluster_sizes"] == {"2": 1, "3": 1}
 
@@ -184,9 +189,38 @@ def test_clustering_removes_all_but_the_earliest_of_each_component(tmp_path):
     ("text", "simplified"),
     [
         ("Hello, World!", "hello world"),
-        ("Café costs 1,200 or 3.5 €", "cafe costs 0 or 0"),
+        ("Café costs 1,200 or 3.5 €", "cafe costs 0 or 0 €"),  # '€' is no punctuation of its
         ("tab\tand\n\nnewline", "tab and newline"),
+        ("Copyright © 2015", "copyright © 0"),  # issue 48: '©' stayed '© ' -> ' '
+        ("‘quoted’ x′ ±1 §2 ™ — ok", "‘quoted x′ ±0 §0 ™ ok"),  # '‘' kept, '’' and '—' spaced
+        ("1٫5 and 2⎖3 and 1,200,000", "0 and 0 and 0 0"),  # its decimal separators
+        ("a \u0301 b", "a  b"),  # a mark dropped between spaces leaves both, as in its
     ],
 )
-def test_simplify_follows_datatroves_normalization(text, simplified):
-    assert minhash.simplify(text) == simplified
+def test_simplify_is_datatroves_simplify_text(text, simplified):
+    from datatrove.utils.text import simplify_text
+
+    assert minhash.simplify(text) == simplified == simplify_text(text)
+
+
+def test_simplify_agrees_with_datatrove_on_every_assigned_character():
+    """Random text over every character Python's Unicode tables assign (its `regex` module's
+    tables may be newer: digits of scripts added since are the one known difference), mixed
+    with spaces, digits, separators and marks: DataTrove's fixed punctuation list, number and
+    whitespace rules, and mark removal, character for character."""
+    import unicodedata
+
+    from datatrove.utils.text import PUNCTUATION, simplify_text
+
+    assert minhash.PUNCTUATION == PUNCTUATION
+    rng = np.random.default_rng(48)
+    assigned = np.array(
+        [c for c in range(0x30000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    )
+    common = np.array([ord(c) for c in " abc1,.\u0301\t\n©٫"])
+    for _ in range(3000):
+        n = int(rng.integers(0, 40))
+        codes = np.where(rng.random(n) < 0.5, rng.choice(assigned, n), rng.choice(common, n))
+        text = "".join(map(chr, codes))
+        assert minhash.simplify(text) == simplify_text(text), repr(text)
+    assert minhash.shingle_hashes("a \u0301 b c d e", 5).size == 1  # five words, one shingle

@@ -81,9 +81,36 @@ def test_a_filters_steps_language_rule_is_refused_for_a_language_step():
 
 
 def test_a_threshold_below_the_least_score_kept_is_refused_at_the_plan():
-    """Scores below filters.LID_MIN_SCORE are not kept in the side file; the schema's minimum
-    is 0, so the plan asks the filters module."""
+    """Scores below filters.LID_MIN_SCORE are not kept in the side file: the filters module
+    refuses a lower threshold (`gptflow quality-select-language --threshold`), and so does the
+    plan, through it."""
     settings = {"languages": ["en"], "threshold": 0.001}
     with pytest.raises(GptflowError, match=r"^my\.yaml: data\.quality\.steps\[0\]\.threshold: .*language_threshold is 0\.001; scores below 0\.01"):  # fmt: skip
         selection.check_language(settings, "data.quality.steps[0]", "my.yaml")
     selection.check_language(settings | {"threshold": 0.65}, "data.quality.steps[0]", "my.yaml")
+
+
+def test_the_schema_and_the_filters_module_bound_the_threshold_alike(repo):
+    """One bound for a language step's threshold: the schema refuses at -n exactly the values
+    the filters module refuses (filters.LID_MIN_SCORE, the least score the side file keeps),
+    each with its key. The schema's minimum was 0: a threshold of 0 or 0.005 passed it and was
+    refused by the code."""
+    from gptflow.config.schema import load_yaml, validate
+    from gptflow.data.quality.filters import LID_MIN_SCORE
+
+    schema = load_yaml(repo / "config/schema/config.schema.yaml")
+    step = {"step": "language", "model": "lid.bin", "sha256": "0" * 64, "languages": ["en"]}
+    for threshold in (0, 0.005, LID_MIN_SCORE, 0.011, 0.65, 1):
+        try:
+            validate({**step, "threshold": threshold}, schema["$defs"]["language_step"],
+                     source="my.yaml", root=schema)  # fmt: skip
+            schema_takes = True
+        except GptflowError as e:
+            assert f"'threshold' is {threshold}; it must be >= {LID_MIN_SCORE}" in str(e)
+            schema_takes = False
+        try:
+            selection.check_language({**step, "threshold": threshold}, "steps[0]", "my.yaml")
+            code_takes = True
+        except GptflowError:
+            code_takes = False
+        assert schema_takes == code_takes == (threshold >= LID_MIN_SCORE), threshold

@@ -76,6 +76,23 @@ def test_the_plan_names_each_step_its_threshold_and_whether_it_runs():
         "  1. exact (BLAKE2b-128 of normalized text, scope blend): outputs present"
     )
     assert "Jaccard threshold (1/14)^(1/8) = 0.719" in lines[2] and ": will run" in lines[2]
+    assert len(lines) == 3  # without sizes, no copies line
+
+
+def test_the_plan_says_every_step_writes_a_full_copy_and_its_size():
+    """Issue 48: each step's kept documents are a full JSONL copy: -n says how many and how
+    large, from the collected shards' size (and that a compressed input grows as JSONL)."""
+    recipes = recipe.recipes(cfg([EXACT, MINHASH]), ["a", "b"], "my.yaml")
+    lines = recipe.plan_lines(recipes, {}, {"a": (2_500_000_000, False), "b": (500, True)})
+    assert lines[3] == (
+        "  every step writes the documents it keeps in full (JSONL): 2 copies of at most "
+        "2.5 GB (the collected shards, compressed: more as JSONL); tokenization reads the last"
+    )
+    lines = recipe.plan_lines(recipes, {}, {"a": (10, False), "b": None})
+    assert lines[3].endswith(
+        "2 copies of at most the collected documents' size (not known before they are "
+        "collected); tokenization reads the last"
+    )
 
 
 @pytest.mark.parametrize(

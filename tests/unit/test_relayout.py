@@ -5,9 +5,12 @@ order and the dropout masks do not depend on the number of ranks)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -73,7 +76,7 @@ def test_two_ranks_continue_on_one_and_zero1_continues_at_zero2(make_run, tmp_pa
     done = json.loads((series / "step00000008" / "COMPLETE").read_text())
     assert done["layout"] == {
         "world_size": 1, "zero_stage": 1, "precision": "fp32", "tensor_parallel": 1,
-        "pipeline_parallel": 1,
+        "pipeline_parallel": 1, "optimizer": "adamw",
     }  # fmt: skip
     assert_continues(want, losses(moved))
 
@@ -102,9 +105,9 @@ def test_which_layout_changes_load_how(tmp_path):
     from gptflow.errors import GptflowError
     from gptflow.train.checkpoint import resume_mode
 
-    def layout(world, zero, tp=1, pp=1):
+    def layout(world, zero, tp=1, pp=1, optimizer="adamw"):
         return {"world_size": world, "zero_stage": zero, "precision": "fp32",
-                "tensor_parallel": tp, "pipeline_parallel": pp}  # fmt: skip
+                "tensor_parallel": tp, "pipeline_parallel": pp, "optimizer": optimizer}  # fmt: skip
 
     assert resume_mode(None, layout(2, 1), tmp_path) == "native"  # no layout recorded
     assert resume_mode(layout(4, 0), layout(1, 0), tmp_path) == "native"  # whole states
@@ -139,7 +142,31 @@ def test_which_layout_changes_load_how(tmp_path):
         with pytest.raises(GptflowError, match=message):
             resume_mode(saved, now, tmp_path)
     # Muon's momentum is not in a universal checkpoint: its runs stay in their layout
-    assert resume_mode(layout(2, 1), layout(2, 1), tmp_path, "muon") == "native"
-    assert resume_mode(layout(4, 0), layout(1, 0), tmp_path, "muon") == "native"
-    with pytest.raises(GptflowError, match=r"not Muon's momentum .* Continue at ZeRO stage 1 on 2"):
-        resume_mode(layout(2, 1), layout(1, 1), tmp_path, "muon")
+    muon = functools.partial(layout, optimizer="muon")
+    assert resume_mode(layout(2, 1), muon(2, 1), tmp_path) == "native"
+    assert resume_mode(layout(4, 0), muon(1, 0), tmp_path) == "native"
+    for saved in (muon(2, 1), layout(2, 1)):  # saved before the optimizer was recorded too
+        with pytest.raises(
+            GptflowError, match=r"not Muon's momentum .* Continue at ZeRO stage 1 on 2"
+        ):
+            resume_mode(saved, muon(1, 1), tmp_path)
+
+
+def test_a_checkpoints_layout_records_the_optimizer_that_decides_how_it_moves():
+    """The trainer asks resume_mode with layout_of's record, which carries the run's optimizer:
+    without it a Muon run moved to another ZeRO stage reached DeepSpeed's universal conversion
+    and died there (KeyError: 'exp_avg', measured) instead of the one line with the way on."""
+    from gptflow.config.settings import TrainConfig
+    from gptflow.errors import GptflowError
+    from gptflow.train.checkpoint import resume_mode
+    from gptflow.train.loop import layout_of
+
+    muon = TrainConfig(train_iters=10, optimizer="muon", clip_grad=0.0, zero_stage=2)
+    assert layout_of(muon, 2)["optimizer"] == "muon"
+    saved = layout_of(dataclasses.replace(muon, zero_stage=1), 2)
+    with pytest.raises(GptflowError, match="cannot move layouts"):
+        resume_mode(saved, layout_of(muon, 2), Path("step00000002"))
+    adamw = dataclasses.replace(muon, optimizer="adamw")
+    assert (
+        resume_mode(saved | {"optimizer": "adamw"}, layout_of(adamw, 2), Path(".")) == "universal"
+    )

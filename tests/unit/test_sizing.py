@@ -3,6 +3,7 @@ GPUs for the models we ship layouts for, with the same margin as training's fit 
 the preflight prints and warns of. Arithmetic only: no GPU exists here, so the plans are checked
 against hand-computed figures, not against a GPU's allocator."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -133,6 +134,42 @@ def test_the_harness_work_is_counted_from_the_task_files(tmp_path):
     assert named.tokens(64, 0) == sizing.ASSUMED_DOCUMENTS * sizing.ASSUMED_CHOICES * 64
     limited = task_work({**cfg, "limit": 2})
     assert [w.documents for w in limited] == [2, 2, 1, 2]
+
+
+def test_a_counted_tasks_few_shot_examples_are_in_its_size(tmp_path, monkeypatch):
+    """eval.harness.num_fewshot puts that many examples like the question before it: a counted
+    task's request is its document and the examples (at most the context), so at 5-shot the
+    job does 6x the tokens and is given ~6x the minutes. Left out, the job would be sized 6x
+    short and killed at its time limit on Slurm/PBS. A rolling task has no examples."""
+    import types
+
+    from gptflow.results.evaluate import RunConfig, harness_resources
+
+    questions = [{"q": "x" * 400, "choices": ["a", "b", "c", "d"]} for _ in range(2000)]
+    cfg = {"tasks": [write_task(tmp_path, "mc", questions, output_type="multiple_choice",
+                                doc_to_choice="choices")],
+           "limit": None, "num_fewshot": 0, "batch_size": 8, "include": [], "every": None}  # fmt: skip
+    (mc,) = task_work(cfg)
+    doc = len(json.dumps(questions[0])) / 4  # tokens of one document
+    assert mc.tokens(2048, 0) == math.ceil(8000 * doc)
+    assert mc.tokens(2048, 5) == math.ceil(8000 * 6 * doc)  # 6 x 103.5 tokens a request
+    assert mc.tokens(256, 5) == 8000 * 256  # the examples fill the context at most
+    m = preset("pythia-12b")
+    many = dataclasses.replace(mc, documents=100_000)  # MMLU-sized and over: past the minimum
+    zero, five = (sizing.harness_runtime_min(m, [many], 2048, k, "bf16") for k in (0, 5))
+    assert 5.5 < five / zero <= 6, (zero, five)
+    ppl = sizing.TaskWork("ppl", "loglikelihood_rolling", 3, 1024.0)
+    assert ppl.tokens(64, 5) == ppl.tokens(64, 0)
+    # the job's size (rule harness's resources) and the -n line read eval.harness.num_fewshot
+    loaded = types.SimpleNamespace(model=m, train=types.SimpleNamespace(seq_length=2048))
+    monkeypatch.setattr(RunConfig, "load", lambda path: loaded)
+    minutes = [harness_resources("run.yaml", 80 * 1024, True, {**cfg, "num_fewshot": k}, [many])
+               ["runtime"] for k in (0, 5)]  # fmt: skip
+    assert 5.5 < minutes[1] / minutes[0] <= 6, minutes  # in the placement's dtype (fp32 here)
+    lines = [after_training.harness_line(m, 2048, 80 * 1024, {**cfg, "num_fewshot": k}, [many])
+             for k in (0, 5)]  # fmt: skip
+    assert [f", {n} min a job" in line for n, line in zip(minutes, lines, strict=True)] == [
+        True, True]  # fmt: skip
 
 
 def test_the_harness_jobs_are_sized_from_their_work_and_printed_at_plan_time():

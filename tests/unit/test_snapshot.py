@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -180,7 +181,9 @@ def test_pinned_buffers_are_registered_with_cuda_as_they_are(monkeypatch):
     monkeypatch.setattr(torch.cuda, "cudart", Cudart)
     pool = snapshot.BufferPool()
     sizes = [600_000_000, 3, snapshot.PAGE, 5 * snapshot.PAGE + 1, 0]
-    buffers = [pool.get(n, pinned=True) for n in sizes]  # not touched: the pages stay virtual
+    got = [pool.get(n, pinned=True) for n in sizes]  # not touched: the pages stay virtual
+    assert all(pinned for _, pinned in got) and pool.pin_failure is None
+    buffers = [buf for buf, _ in got]
     assert [b.nbytes for b in buffers] == sizes
     registered = [c for c in calls if c[0] == "register"]
     assert [(size, flags) for _, _, size, flags in registered] == [(n, 1) for n in sizes if n]
@@ -194,8 +197,162 @@ def test_pinned_buffers_are_registered_with_cuda_as_they_are(monkeypatch):
     assert held == pool.held_bytes(pinned=True) and pool.held_bytes(pinned=False) == 0
     assert sum(sizes) < held <= sum(sizes) + 2 * snapshot.PAGE * 4 < 2**30
     pool.give_back([(b, True) for b in buffers])  # reused, not allocated again
-    assert pool.get(3, pinned=True) is buffers[1] and pool.held_bytes() == held
+    again, pinned = pool.get(3, pinned=True)
+    assert again is buffers[1] and pinned and pool.held_bytes() == held
     ptrs = {ptr for _, ptr, _, _ in registered}
-    del buffers, buf, whole, pool
+    del buffers, got, again, buf, whole, pool
     gc.collect()
     assert {c[1] for c in calls if c[0] == "unregister"} == ptrs
+
+
+# ----------------------------------------------------------------------------- pinning refused
+
+
+def cuda_runtime(refuse_above: int | None, calls: list | None = None):
+    """A stand-in for torch.cuda.cudart() (no GPU here): cudaHostRegister refuses a buffer of
+    more than `refuse_above` bytes with cudaErrorMemoryAllocation (2), as a locked-memory
+    limit or a driver that does not allow it would; None refuses nothing."""
+    calls = [] if calls is None else calls
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            calls.append(("register", size))
+            return 2 if refuse_above is not None and size > refuse_above else 0
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    return Cudart
+
+
+def test_a_buffer_that_cannot_be_pinned_is_used_unpinned_and_recorded(monkeypatch):
+    """cudaHostRegister refusing a snapshot's buffer mid-save (the CUDA runtime is a stand-in:
+    no GPU here) raises nothing -- an exception there would leave its rank's peers waiting in
+    DeepSpeed's save -- the buffer is used unpinned and the refusal is kept; a later request is
+    served by the unpinned buffers the pool holds (reused: nothing more allocated)."""
+    monkeypatch.setattr(torch.cuda, "cudart", cuda_runtime(refuse_above=snapshot.PAGE))
+    pool = snapshot.BufferPool()
+    small, pinned = pool.get(100, pinned=True)
+    assert pinned and pool.pin_failure is None
+    large, pinned = pool.get(10 * snapshot.PAGE, pinned=True)
+    assert not pinned and large.nbytes == 10 * snapshot.PAGE
+    assert pool.pin_failure == (
+        f"pinning {10 * snapshot.PAGE:,} bytes of host memory for a checkpoint snapshot failed: "
+        "cudaHostRegister returned 2"
+    )
+    held = pool.held_bytes()
+    pool.give_back([(small, True), (large, False)])
+    again, pinned = pool.get(10 * snapshot.PAGE, pinned=True)
+    assert again is large and not pinned and pool.held_bytes() == held
+    reused, pinned = pool.get(100, pinned=True)  # a pinned one made before is still pinned
+    assert reused is small and pinned
+
+
+def test_pinning_is_probed_with_a_page_of_its_own(monkeypatch):
+    """What every rank asks when training starts on GPUs: a page registered with CUDA and
+    unregistered when the probe returns (a stand-in runtime: no GPU here); its refusal, or no
+    CUDA runtime at all, is why."""
+    import gc
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "cudart", cuda_runtime(None, calls))
+    assert snapshot.pinning_problem() is None
+    gc.collect()
+    assert [c[0] for c in calls] == ["register", "unregister"] and calls[0][1] == snapshot.PAGE
+    monkeypatch.setattr(torch.cuda, "cudart", cuda_runtime(refuse_above=0))
+    assert snapshot.pinning_problem() == (
+        f"pinning {snapshot.PAGE:,} bytes of host memory for a checkpoint snapshot failed: "
+        "cudaHostRegister returned 2"
+    )
+
+    def no_runtime():
+        raise RuntimeError("no CUDA GPUs are available")
+
+    monkeypatch.setattr(torch.cuda, "cudart", no_runtime)
+    assert snapshot.pinning_problem() == "no CUDA GPUs are available"
+
+
+SAVES_SCRIPT = r"""
+import json, os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from gptflow.train import snapshot
+from gptflow.train.checkpoint import CheckpointSeries
+from gptflow.train.device import Device
+from gptflow.train.saves import Saves
+
+out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
+dist.init_process_group("gloo")
+dev = Device(torch.device("cpu"), 2)
+for refused in ("everything", "large"):
+    class Cudart:  # stands for the CUDA runtime (no GPU here); rank 1's refuses to pin
+        def cudaHostRegister(self, ptr, size, flags):
+            refuse = rank == 1 and (refused == "everything" or size > snapshot.PAGE)
+            return 2 if refuse else 0  # cudaErrorMemoryAllocation
+        def cudaHostUnregister(self, ptr):
+            return 0
+
+    torch.cuda.cudart = Cudart
+    saves = Saves(CheckpointSeries(out / "checkpoints", {}, 2), rank, True, dev.any_rank,
+                  dev.barrier, pins=True)  # as training starts on GPUs
+    record = {"after_start": saves.in_background}
+    if saves.in_background:  # a save of step 1, as Saves.save makes it
+        step = saves.series.prepare(1, rank, dev.barrier)
+        step.mkdir(exist_ok=True)  # DeepSpeed's save_checkpoint makes it on every rank
+        pool = saves.writer.pool
+        record["pinned"] = pool.get(4 * snapshot.PAGE, pinned=True)[1]  # a GPU storage's
+        taken = snapshot.take({"w": torch.ones(3)}, str(step / f"rank{rank}.pt"), pool)
+        saves.writer.submit(snapshot.Batch("step1", [taken]))
+        saves.pending = (1, None)
+        flags = saves.flags()
+        saves.agreed(*dev.any_rank(*flags))  # the loop's per-step all-reduce (stop_reason)
+        dev.barrier()  # rank 0 marks the step complete after the others may have gone on
+        record.update(flags=flags, after_step=saves.in_background, complete=sorted(
+            p.name for p in step.iterdir()))  # fmt: skip
+    (out / f"{refused}-rank{rank}.json").write_text(json.dumps(record))
+    print(f"{refused} done", file=sys.stderr, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_saves_turn_synchronous_on_every_rank_when_one_cannot_pin(tmp_path):
+    """Two ranks (torchrun, gloo); rank 1's CUDA runtime (a stand-in: no GPU here) refuses to
+    pin host memory. Refusing everything, the probe at the start finds it and both ranks save
+    synchronously from the start; refusing only what is larger than the probe's page, rank 1's
+    snapshot is taken unpinned, the step's all-reduce carries it, and both ranks turn
+    synchronous after that same step. A save's collectives differ between the two modes, so
+    one rank alone switching would leave the other waiting in DeepSpeed's save. Each is said
+    once (rank 0), and rank 1 says why, once."""
+    import json
+    import subprocess
+
+    from .test_train import BIN
+
+    script = tmp_path / "saves.py"
+    script.write_text(SAVES_SCRIPT)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    def records(refused: str) -> list[dict]:
+        return [json.loads((tmp_path / f"{refused}-rank{r}.json").read_text()) for r in (0, 1)]
+
+    assert records("everything") == [{"after_start": False}] * 2
+    large = records("large")
+    assert [r["pinned"] for r in large] == [True, False]
+    assert [r["flags"][0] for r in large] == [False, False]  # no write failed
+    assert [r["flags"][2] for r in large] == [False, True]  # rank 1's snapshot is unpinned
+    assert [(r["after_start"], r["after_step"]) for r in large] == [(True, False)] * 2
+    # the save in flight is written and marked complete before the switch, on both ranks
+    assert [r["complete"] for r in large] == [["COMPLETE", "rank0.pt", "rank1.pt"]] * 2
+    warnings = [line for line in out.stderr.splitlines() if "synchronous from now on" in line]
+    assert len(warnings) == 2 and all("set train.async_save false" in w for w in warnings)
+    assert "could not be pinned when training started" in warnings[0], out.stderr
+    assert "the snapshot was taken unpinned and written" in warnings[1], out.stderr
+    for why in (f"checkpoint snapshots failed: pinning {snapshot.PAGE:,}", "a checkpoint snapshot failed: "
+                f"pinning {4 * snapshot.PAGE:,}"):  # fmt: skip
+        assert out.stderr.count(f"rank 1: pinning host memory for {why}") == 1, out.stderr
+    assert "rank 0: pinning" not in out.stderr

@@ -327,13 +327,14 @@ def test_two_ranks_match_one(match_runs, zero_stage):
 
 
 # DeepSpeed torch.compiles its Muon update (~17 s of inductor in every process on this CPU;
-# nothing else these runs call compiles): eager in the runs that train with it
+# nothing else these runs call compiles): eager in the runs that train with it, but for the
+# SIGKILLed Muon runs, compiled as users run them (compiled_as_users)
 NO_COMPILE = {"TORCH_COMPILE_DISABLE": "1"}
 
 
-def start_torchrun(run_dir: Path, log: Path) -> subprocess.Popen:
-    """Two gloo ranks under torchrun."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **NO_COMPILE}
+def start_torchrun(run_dir: Path, log: Path, compiled: bool = False) -> subprocess.Popen:
+    """Two gloo ranks under torchrun; `compiled`: torch.compile on, as users run."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({} if compiled else NO_COMPILE)}
     cmd = [
         str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "gptflow",
         "train", "--config", str(run_dir / "run.yaml"), "--threads", "1",
@@ -506,6 +507,13 @@ def sigkilled_settings(layout: str) -> dict:
     )  # fmt: skip
 
 
+def compiled_as_users(layout: str) -> bool:
+    """Whether a SIGKILLED layout's runs compile what a user's run compiles: Muon's (DeepSpeed
+    torch.compiles its Newton-Schulz in every Muon run; an AdamW run with train.compile false,
+    the default, compiles nothing)."""
+    return layout.endswith("-muon")
+
+
 def launch_of(layout: str) -> tuple:
     """What the uninterrupted runs trained in one launch share: the model split, and Muon or
     not. A Muon run trained in the process after the ZeRO 1-3 AdamW runs ends ~1 ulp away
@@ -528,8 +536,8 @@ def sigkilled_straight(make_module_run, tmp_path_factory):
             runs = {n: make_module_run(f"sigkilled-{n}", async_save=False, **sigkilled_settings(n))
                     for n in SIGKILLED if launch_of(n) == split}  # fmt: skip
             where = tmp_path_factory.mktemp("sigkilled") / "rec"
-            rec = train_in_turn([(r, None) for r in runs.values()], 2, where,
-                                env={**os.environ, **NO_COMPILE})  # fmt: skip
+            env = {**os.environ, **({} if compiled_as_users(layout) else NO_COMPILE)}
+            rec = train_in_turn([(r, None) for r in runs.values()], 2, where, env=env)
             assert [r["code"] for run in runs.values() for r in rec[run.name]] == [0] * 2 * len(
                 runs
             )
@@ -567,7 +575,7 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, sigkilled_straig
     interrupted = []  # the saves the kills interrupted
     resumes = []  # per attempt after the first: the step it must resume from (0: none saved)
     for kind in kills:
-        proc = start_torchrun(killed, log)
+        proc = start_torchrun(killed, log, compiled_as_users(layout))
         try:
             if kind == "step":  # a random step past where the last attempt was killed, once
                 # this attempt has completed a save of its own: the next one must resume
@@ -583,7 +591,8 @@ def test_sigkilled_ranks_resume_bit_for_bit(make_run, tmp_path, sigkilled_straig
         seen.update(p.name for p in killed.glob("checkpoints/*/step*"))
         reached = len(records(killed, "train"))
         resumes.append(complete_step(killed))
-    assert start_torchrun(killed, log).wait(timeout=600) == 0, log.read_text()[-3000:]
+    last = start_torchrun(killed, log, compiled_as_users(layout))
+    assert last.wait(timeout=600) == 0, log.read_text()[-3000:]
     text = log.read_text()
     # each attempt after a kill resumed from the newest complete save, a step kill's never 0
     starts = re.findall(r"(resuming from step \d+|starting at step 0)", text)

@@ -2,10 +2,14 @@
 run (-n): a tensor-parallel size that does not divide them stops the plan, not the queued job."""
 
 import re
+import subprocess
+import sys
 
 import pytest
 
 from gptflow.plan.placement import Placement
+
+from .conftest import snakemake_cmd
 
 
 @pytest.mark.parametrize(
@@ -78,15 +82,34 @@ def test_tensor_parallel_on_the_ranks_of_one_machine(
     ), out.out[-3000:]
 
 
+OFFERED = """
+import atexit, sys
+import snakemake.api  # first: snakemake.workflow imports it back
+import snakemake.workflow
+made = []
+init = snakemake.workflow.Workflow.__init__
+def keep(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    made.append(self)
+snakemake.workflow.Workflow.__init__ = keep
+atexit.register(lambda: print("offered:", {k: getattr(v, "value", v) for w in made
+                                           for k, v in w.global_resources.items() if k == "gpu"}))
+from snakemake.cli import main
+sys.argv = ["snakemake", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
 def test_the_local_profile_checks_the_model_against_this_machines_gpus(
     repo, tmp_path, snakemake, write_config, tiny_config
 ):
     """profiles/local on a machine whose nvidia-smi lists GPUs of 4 and 3 GiB (a stand-in
-    script, tests/support/fake_gpus.py: no GPU exists here): the plan reads their memory and
-    checks the model against the smallest as the Slurm profile does. pythia-160m is refused
-    before any job with the Slurm check's line for GPUs of that size, only where the memory
-    comes from differing; the tiny model plans, one rank per GPU, and its GPU jobs (train_gpt,
-    evaluate) each take both GPUs (`gpu=2`, the machine's count: they run one at a time)."""
+        script, tests/support/fake_gpus.py: no GPU exists here): the plan reads their memory and
+        checks the model against the smallest as the Slurm profile does. pythia-160m is refused
+        before any job with the Slurm check's line for GPUs of that size, only where the memory
+        comes from differing; the tiny model plans, one rank per GPU, and its GPU jobs (train_gpt,
+        evaluate) each take both GPUs (`gpu=2`, the machine's count), and the workflow offers 2 (so
+    they run one at a time)."""
     from gptflow.errors import GptflowError
     from gptflow.plan import preflight
     from gptflow.plan.workflow_config import load_workflow_config, run_configs
@@ -115,9 +138,14 @@ def test_the_local_profile_checks_the_model_against_this_machines_gpus(
     )
     assert "Traceback" not in plan.out and not (tmp_path / "wd" / "results").exists()
 
-    plan = snakemake(tmp_path / "wd", write_config(tmp_path / "tiny.yaml", tiny_config), "-n",
-                     env=gpus)  # fmt: skip
+    # what the workflow offers, as Snakemake holds it (an undeclared resource is unlimited:
+    # two trainers would start on the same GPUs), printed by the Snakemake process at its end
+    cmd = [sys.executable, "-c", OFFERED, *snakemake_cmd(
+        tmp_path / "wd", write_config(tmp_path / "tiny.yaml", tiny_config), "-n")[1:]]  # fmt: skip
+    plan = subprocess.run(cmd, capture_output=True, text=True, env=gpus, timeout=600)
+    plan.out = plan.stdout + plan.stderr
     assert plan.returncode == 0, plan.out[-3000:]
+    assert "offered: {'gpu': 2}" in plan.out.splitlines(), plan.out[-2000:]
     fits = rf"\n  memory per GPU: about .* of 3\.0 GiB \(.*; {re.escape(source)}\)\n"
     assert re.search(fits, plan.out), plan.out[:3000]
     ranks = "train_gpt: 2 rank(s) on this machine (one per visible GPU; 2 GPU(s): nvidia-smi -L)"

@@ -79,6 +79,17 @@ def test_the_plan_prints_the_recipe_and_its_threshold(cleaned):
         "2. minhash (5-gram words by regex, 14 bands x 8 rows, Jaccard threshold "
         "(1/14)^(1/8) = 0.719, scope blend): will run" in plan.out
     )
+    assert (
+        "  every step writes the documents it keeps in full (JSONL): 2 copies of at most the "
+        "collected documents' size (not known before they are collected); tokenization reads "
+        "the last" in plan.out
+    )
+    # the group jobs' resources: from their inputs' sizes, unknown before those exist
+    assert re.search(
+        r"rule cluster_minhash_pairs:\n(?:    .*\n)*?    resources: .*runtime=<TBD>, "
+        r"mem_mb=<TBD>",
+        plan.out,
+    ), plan.out[-3000:]
     counts = job_counts(plan.out)
     assert counts["hash_documents"] == counts["minhash_signatures"] == 4  # 2 shards x 2
     assert counts["find_exact_repeats"] == counts["cluster_minhash_pairs"] == 1  # blend
@@ -364,6 +375,19 @@ def test_a_killed_clustering_job_reruns_to_the_uninterrupted_result(cleaned, sna
         "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])
     }
     target = f"results/quality/{minhash}/groups/_blend.json"
+    # with its inputs there, -n prints the clustering's resources, sized from them
+    plan = snakemake(work, work / "config.yaml", "-n", target)
+    from gptflow.data.quality import sizing
+
+    step = work / "results/quality" / minhash
+    sizes = {
+        "signatures": [p.stat().st_size for d in ("a", "b") for p in sorted((step / d).glob("*.minhash.npy"))],
+        "pairs": [p.stat().st_size for p in sorted((groups / "_blend").glob("band*.pairs.npy"))],
+    }  # fmt: skip
+    sized = sizing.group_resources("cluster_minhash_pairs", sizes)
+    assert len(sizes["pairs"]) == 14 and (
+        f"runtime={sized['runtime']}, mem_mb={sized['mem_mb']}," in plan.out
+    ), plan.out[-3000:]
     cmd = snakemake_cmd(work, work / "config.yaml", target)
     with subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -132,16 +132,18 @@ def check_cluster(
     if not p.partition or PLACEHOLDER.match(p.partition):
         return
     nodes = [g for g in groups if g.partition == p.partition]
+    # ranks on a node: as the launch spreads them; `tasks` alone may be spread over any nodes
+    per_node = p.ranks_per_node if p.tasks_per_node or p.nodes else 1
     asks = {
         "gpus": (p.gpus_per_node or 0, "gres GPUs per node", "gres"),
-        "cpus": ((p.cpus or 1) * (p.tasks_per_node or 1), "CPUs per node", "set-threads train_gpt"),
+        "cpus": ((p.cpus or 1) * per_node, "CPUs per node", "set-threads train_gpt"),
         "mem_mb": (p.mem_mb or 0, "MB of memory per node", "mem_mb"),
     }
     for attr, (want, what, key) in asks.items():
         have = max(getattr(g, attr) for g in nodes)
         if want > have:
             how = (
-                f"(set-threads train_gpt {p.cpus} x {p.tasks_per_node} ranks per node) "
+                f"(set-threads train_gpt {p.cpus} x {per_node} ranks per node) "
                 if attr == "cpus"
                 else ""
             )

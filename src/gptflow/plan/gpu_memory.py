@@ -10,6 +10,7 @@ model split over ranks and against DeepSpeed's own ZeRO estimators.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats, muon_state_floats
@@ -23,17 +24,24 @@ GIB = 1024**3
 DEFAULT_GPU_MEMORY_MB = 80 * 1024  # A100 80GB / H100 80GB, when the profile does not say
 
 
+def layer_parameters(m: ModelConfig, tensor_parallel: int) -> int:
+    """Parameters of one decoder layer on a rank: each split matrix 1/tp of it, LayerNorms and
+    the row-parallel biases whole."""
+    h, f, t = m.hidden_size, m.ffn_size, tensor_parallel
+    split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
+    whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
+    return split + whole
+
+
 def stage_parameters(
     m: ModelConfig, tensor_parallel: int, pipeline_parallel: int, stage: int
 ) -> int:
     """Parameters a rank of pipeline stage `stage` holds: its decoder layers (balanced over the
-    stages, rounded up), each split matrix 1/tp of it, LayerNorms and the row-parallel biases
-    whole; the first stage also the embedding, the last the final LayerNorm and the head,
-    and each of those 1/tp of the vocabulary's rows (gptflow.train.engine.VOCAB_PARALLEL)."""
-    h, f, v, t = m.hidden_size, m.ffn_size, m.vocab_size, tensor_parallel
-    split = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t  # qkv, dense, mlp (+ biases)
-    whole = 2 * h + 4 * h  # the row-parallel biases, two LayerNorms
-    layers = -(-m.num_layers // pipeline_parallel) * (split + whole)
+    stages, rounded up; :func:`layer_parameters` each); the first stage also the embedding, the
+    last the final LayerNorm and the head, and each of those 1/tp of the vocabulary's rows
+    (gptflow.train.engine.VOCAB_PARALLEL)."""
+    h, v, t = m.hidden_size, m.vocab_size, tensor_parallel
+    layers = -(-m.num_layers // pipeline_parallel) * layer_parameters(m, t)
     embedding = v * h // t if stage == 0 else 0
     head = v * h // t + 2 * h if stage == pipeline_parallel - 1 else 0
     return layers + embedding + head
@@ -189,11 +197,35 @@ def activation_bytes(
 def planned_precision(t: TrainConfig, p: Placement) -> tuple[str, str]:
     """(the precision training runs in on `p`, why): the trainer's own decision
     (gptflow.hardware.training_precision) for the GPUs the profile's gres names, or for those
-    assumed (the reason then says so); on CPUs, the CPU's."""
-    if not p.trains_on_gpus:
+    assumed (the reason then says so); on CPUs, the CPU's. ``auto`` on a GPU type the table
+    does not know is refused: the trainer decides by the GPU's compute capability, which
+    planning cannot know, and a plan in the wrong precision is the wrong memory estimate."""
+    if t.precision != "auto" or not p.trains_on_gpus:
         return training_precision(t.precision, t.zero_stage, None, None)
     name, capability = planned_gpu(p.gpu_type)
+    if capability is None:
+        raise GptflowError(
+            f"train.precision is auto, which the trainer decides by the GPU's compute "
+            f"capability (bf16 on 8.0 and later at train.zero_stage 1+, else fp32), and the "
+            f"profile's gres {p.gres} names {p.gpu_type!r}, a GPU type gptflow.hardware does "
+            f"not know: set train.precision bf16 (Ampere or later) or fp32 (older GPUs)"
+        )
     return training_precision(t.precision, t.zero_stage, name, capability)
+
+
+def planned_train(t: TrainConfig, p: Placement) -> TrainConfig:
+    """`t` with train.precision as the trainer will decide it on `p` (:func:`planned_precision`),
+    refused where the trainer would refuse it (TrainConfig.check_trainable, which the config's
+    load checked before ``auto`` was decided: Muon's refusal of bf16 at ZeRO 1 under a
+    model-parallel grid, say)."""
+    precision, why = planned_precision(t, p)
+    planned = dataclasses.replace(t, precision=precision)
+    if t.precision == "auto":
+        try:
+            planned.check_trainable()
+        except GptflowError as e:
+            raise GptflowError(f"train.precision auto is {precision} here ({why}): {e}") from None
+    return planned
 
 
 # The margin a fit leaves free: gptflow.results.sizing's (one home, shared with the evaluation).

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats
 from gptflow.errors import GptflowError
 from gptflow.hardware import background_saves
-from gptflow.plan.gpu_memory import human, model_state_bytes, planned_precision, stage_parameters
+from gptflow.plan.gpu_memory import (
+    human,
+    layer_parameters,
+    model_state_bytes,
+    planned_precision,
+    stage_parameters,
+)
 from gptflow.plan.placement import Placement
 from gptflow.results import sizing
 
@@ -56,6 +62,29 @@ def snapshot_bytes(
     return model + kfac + partition
 
 
+def pipeline_clone_bytes(
+    m: ModelConfig, t: TrainConfig, ranks: int, precision: str, rank: int = 0
+) -> int:
+    """Host bytes global rank `rank` holds for a moment during a save beyond its snapshot: under
+    a pipeline, DeepSpeed's ``PipelineModule.save_state_dict`` copies each layer file's tensors
+    to the host (``clone_tensors_for_torch_save``) and the snapshot copies them again; one file's
+    copy at a time (the next is made after the last is dropped: measured), so the largest of
+    the rank's stage -- the embedding, a decoder layer, or the final LayerNorm with the head --
+    in the weights' precision, on the ranks that write them (:func:`writes_model_file`).
+    Nothing without a pipeline: the model file and the ZeRO partition are copied once, into
+    the snapshot."""
+    if t.pipeline_parallel == 1 or not writes_model_file(t, rank, ranks):
+        return 0
+    h, v, tp, pp = m.hidden_size, m.vocab_size, t.tensor_parallel, t.pipeline_parallel
+    stage = t.pipeline_stage(rank, ranks)
+    files = [layer_parameters(m, tp)]
+    if stage == 0:
+        files.append(v * h // tp)  # the embedding
+    if stage == pp - 1:
+        files.append(v * h // tp + 2 * h)  # the final LayerNorm and the head
+    return (2 if precision in ("bf16", "fp16") else 4) * max(files)
+
+
 def host_state_bytes(
     m: ModelConfig, t: TrainConfig, ranks: int, precision: str, rank: int, on_gpus: bool
 ) -> int:
@@ -89,6 +118,7 @@ class SnapshotFit:
     node_bytes: int | None  # None: not known (no mem_mb for a cluster's node)
     source: str
     on_cpu: bool
+    clones: int = 0  # DeepSpeed's copies of layer files under a pipeline, during a save
 
     @property
     def process(self) -> int:
@@ -96,7 +126,7 @@ class SnapshotFit:
 
     @property
     def need(self) -> int:
-        return self.snapshots + self.process + self.state
+        return self.snapshots + self.clones + self.process + self.state
 
     @property
     def fits(self) -> bool:
@@ -105,10 +135,11 @@ class SnapshotFit:
 
 def snapshot_fit(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> SnapshotFit:
     """The node of `p` whose ranks need the most host memory with background saves (ranks
-    are numbered node by node: srun's block distribution, torchrun's node rank)."""
+    are numbered node by node: srun's block distribution, torchrun's node rank; with
+    ``tasks`` over ``nodes``, ceil(tasks / nodes) a node: Placement.ranks_per_node)."""
     on_gpus = p.trains_on_gpus
     precision = planned_precision(t, p)[0]
-    per_node = p.tasks_per_node if p.mpi and p.tasks_per_node else ranks
+    per_node = p.ranks_per_node
     if p.mem_mb:
         node, source = p.mem_mb * 2**20, "set-resources train_gpt mem_mb"
     elif not p.on_cluster:
@@ -125,6 +156,7 @@ def snapshot_fit(m: ModelConfig, t: TrainConfig, ranks: int, p: Placement) -> Sn
             ranks=len(node_ranks),
             state=sum(host_state_bytes(m, t, ranks, precision, r, on_gpus) for r in node_ranks),
             node_bytes=node, source=source, on_cpu=not on_gpus,
+            clones=sum(pipeline_clone_bytes(m, t, ranks, precision, r) for r in node_ranks),
         ))  # fmt: skip
     return max(fits, key=lambda f: f.need)
 
@@ -139,9 +171,14 @@ def check_saves(t: TrainConfig, fit: SnapshotFit | None) -> str:
         what = "the training state (on CPUs)" if fit.on_cpu else "offloaded optimizer state"
         state = f" + {what} {human(fit.state)}"
     need = f"about {human(fit.need)} of host memory per node"
+    clones = (
+        f" + {human(fit.clones)} DeepSpeed's copy of a layer file on each writing rank (pipeline)"
+        if fit.clones
+        else ""
+    )
     parts = (
         f"snapshots {human(fit.snapshots)} ({fit.writers} of {fit.ranks} rank(s) write the model "
-        f"file; {human(fit.largest)} on the largest) + {fit.ranks} process(es) x "
+        f"file; {human(fit.largest)} on the largest){clones} + {fit.ranks} process(es) x "
         f"{human(PROCESS_HOST_BYTES)}{state}"
     )
     node = human(fit.node_bytes) if fit.node_bytes is not None else "?"

@@ -60,6 +60,18 @@ class Placement:
         return local_ranks(self.nproc_per_node, self.gpus or 0)
 
     @property
+    def ranks_per_node(self) -> int:
+        """Training ranks on the most loaded node: tasks_per_node under ``mpi``; with ``tasks``
+        over ``nodes`` (one GPU on each of several nodes), srun's block distribution puts
+        ceil(tasks / nodes) on each of the first nodes; every rank where nothing spreads them
+        (one machine, or ``tasks`` without ``nodes``: srun may pack them on one node)."""
+        if self.mpi and self.tasks_per_node:
+            return self.tasks_per_node
+        if self.mpi and self.tasks and self.nodes:
+            return -(-self.tasks // self.nodes)
+        return self.ranks
+
+    @property
     def gpus_per_node(self) -> int | None:
         """The GPU count of ``gres`` (``gpu:8``, ``gpu:a100:8``; ``gpu`` alone is one)."""
         if not self.gres:
@@ -148,9 +160,8 @@ def check_launch(p: Placement) -> list[str]:
                 "tasks_per_node; for a single GPU remove `mpi`, `tasks_per_node` and `tasks` "
                 "(the trainer then runs as one process in the job)"
             )
-    gpus = p.gpus_per_node
-    per_node = p.tasks_per_node or (p.tasks // p.nodes if p.tasks and p.nodes else p.tasks)
-    if gpus is not None and per_node and per_node != gpus:
+    gpus, per_node = p.gpus_per_node, p.ranks_per_node
+    if gpus is not None and p.mpi and per_node != gpus:
         raise GptflowError(
             f"{where}: {per_node} training ranks per node but gres {p.gres} ({gpus} GPU(s) per "
             "node); gptflow runs one rank per GPU: set tasks_per_node and the gres count to the "

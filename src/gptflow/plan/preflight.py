@@ -37,6 +37,7 @@ from gptflow.plan.gpu_memory import (
     margin_text,
     memory_per_gpu,
     planned_precision,
+    planned_train,
 )
 from gptflow.plan.host_memory import check_saves, snapshot_fit
 from gptflow.plan.muon import check_traffic
@@ -126,6 +127,7 @@ def run(
     launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
     ranks = p.ranks
     gas = check_layout(train, ranks)
+    planned_train(train, p)  # auto decided as the trainer will, and refused as it would be
     rep = Report(placement=asdict(p))
     if found := placeholders(p):
         rep.lines.append("gptflow: " + placeholder_message(found, p.executor))
@@ -138,11 +140,8 @@ def run(
     dp = train.data_parallel_size(ranks)
     split = [f"{n} {kind}" for n, kind in ((train.tensor_parallel, "tensor"),
                                           (train.pipeline_parallel, "pipeline")) if n > 1]  # fmt: skip
-    where = (
-        f"{p.nodes or 1} node(s) x {p.tasks_per_node} rank(s)"
-        if p.mpi and p.tasks_per_node
-        else f"{ranks} rank(s)"
-    )
+    spread = p.mpi and (p.tasks_per_node or (p.nodes and ranks % p.nodes == 0))
+    where = f"{p.nodes or 1} node(s) x {p.ranks_per_node} rank(s)" if spread else f"{ranks} rank(s)"
     rep.lines.append(
         f"gptflow preflight{label}: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
         f"parallel; micro batch {train.micro_batch_size} x grad accum {gas} x {dp} = global "
@@ -196,6 +195,7 @@ def study(
             train = TrainConfig(**cfg["train"])
             m = model_config(cfg, vocab)
             gas = check_layout(train, p.ranks)
+            planned_train(train, p)
             fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
             if fit is not None:
                 check_memory(fit)

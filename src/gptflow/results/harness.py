@@ -23,6 +23,12 @@ from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
 from gptflow.fsutil import write_json
 from gptflow.results import sizing
+from gptflow.results.harness_registry import (
+    load_task_yaml,
+    max_gen_toks,
+    registry_path,
+    registry_tasks,
+)
 
 INSTALL = "pip install 'gptflow[eval]'"
 
@@ -147,18 +153,23 @@ def _choices(task: dict, documents: list[bytes]) -> float | None:
 def task_work(harness_cfg: dict) -> list[sizing.TaskWork]:
     """Each task's work (gptflow.results.sizing.TaskWork), estimated at planning without lm-eval: a
     task file over local data files is counted (documents, their mean size, the choices of a
-    multiple-choice question, a generation's max_gen_toks); a harness task name, or data the
-    job downloads, is sizing.ASSUMED_DOCUMENTS documents at the full context. At most
-    eval.harness.limit documents a task."""
+    multiple-choice question, a generation's max_gen_toks); data the job downloads is
+    sizing.ASSUMED_DOCUMENTS documents at the full context. A harness task name is read from
+    lm-eval's registry (gptflow.results.harness_registry: its tasks' output type and the
+    longest generation among them; its documents assumed). At most eval.harness.limit
+    documents a task."""
     limit = harness_cfg["limit"]
+    dirs = include_dirs(harness_cfg["tasks"], harness_cfg["include"])  # as the job's
     work = []
     for i, task in enumerate(harness_cfg["tasks"]):
-        spec = read_task_file(task, f"eval.harness.tasks[{i}]") if is_task_file(task) else {}
-        kind = spec.get("output_type", "generate_until" if spec else "multiple_choice")
-        generated = 0
-        if kind == "generate_until":
-            gen = spec.get("generation_kwargs") or {}
-            generated = int(gen.get("max_gen_toks", sizing.GENERATED_TOKENS))
+        if not is_task_file(task):
+            work.append(named_work(task, dirs, limit))
+            continue
+        spec = read_task_file(task, f"eval.harness.tasks[{i}]")
+        if spec.get("include"):  # the generation may be set in the file it includes
+            spec = load_task_yaml(Path(task))
+        kind = spec.get("output_type", "generate_until")
+        generated = max_gen_toks(spec)[0] if kind == "generate_until" else 0
         files = _split_files(spec)
         docs = [_documents(f) for f in files if f.is_file()]
         if not files or len(docs) < len(files) or None in docs:  # not counted here
@@ -176,19 +187,50 @@ def task_work(harness_cfg: dict) -> list[sizing.TaskWork]:
     return work
 
 
+def named_work(task: str, include: list[str], limit: int | None) -> sizing.TaskWork:
+    """The work of harness task name `task` (a task, a group, a tag of lm-eval's registry, or
+    of eval.harness.include's files): its documents assumed (downloaded by the job), its
+    output type its tasks' (generate_until when one generates), the longest generation among
+    them and which one that is; a name the registry does not have is assumed multiple-choice
+    (the job names it)."""
+    members = registry_tasks(task, include)
+    kinds = [m.output_type for m in members if m.output_type]
+    generating = [m for m in members if m.output_type == "generate_until"]
+    kind = "generate_until" if generating else (kinds[0] if kinds else "multiple_choice")
+    generated, by = 0, ""
+    if generating:
+        longest = max(generating, key=lambda m: max_gen_toks(m.spec)[0])
+        generated, key = max_gen_toks(longest.spec)
+        of = f"its task {longest.name}, " if longest.name != task else ""
+        by = f"{of}lm-eval's {registry_path(longest.path)}: {key}"
+    documents = sizing.ASSUMED_DOCUMENTS if limit is None else limit
+    choices = sizing.ASSUMED_CHOICES if kind == "multiple_choice" else 1
+    return sizing.TaskWork(task, kind, documents, 0.0, choices, generated, counted=False,
+                           generated_by=by)  # fmt: skip
+
+
 def check_context(work: list[sizing.TaskWork], seq_length: int, run: str, source: str) -> None:
     """A generation must fit the harness's context (the run's train.seq_length): lm-eval
-    asserts max_gen_toks < max_length when the job runs. Task files only (a task name's
-    output type is not known at planning)."""
+    asserts max_gen_toks < max_length when the job runs. A task file says its own; a task name
+    its registry's (:func:`named_work`: the longest generation among its tasks)."""
     for w in work:
-        if w.output_type == "generate_until" and w.generated_tokens >= seq_length:
-            raise GptflowError(
-                f"{source}: eval.harness.tasks: task '{w.name}' generates up to "
-                f"{w.generated_tokens} tokens (generation_kwargs.max_gen_toks; lm-eval's default "
-                f"{sizing.GENERATED_TOKENS}), but the harness's context is run {run}'s "
-                f"train.seq_length {seq_length} and lm-eval needs fewer; set "
-                f"generation_kwargs.max_gen_toks below {seq_length} in the task file"
-            )
+        if w.output_type != "generate_until" or w.generated_tokens < seq_length:
+            continue
+        at = (
+            f"task '{w.name}' generates up to {w.generated_tokens} tokens "
+            + (f"({w.generated_by})" if w.generated_by else
+               f"(generation_kwargs.max_gen_toks; lm-eval's default {sizing.GENERATED_TOKENS})")
+            + f", but the harness's context is run {run}'s train.seq_length {seq_length} and "
+            "lm-eval needs fewer; "
+        )  # fmt: skip
+        fix = (
+            f"raise train.seq_length above {w.generated_tokens}, or give eval.harness.tasks a "
+            f"copy of that task's YAML file with generation_kwargs.max_gen_toks below "
+            f"{seq_length}, or drop the task"
+            if w.generated_by
+            else f"set generation_kwargs.max_gen_toks below {seq_length} in the task file"
+        )
+        raise GptflowError(f"{source}: eval.harness.tasks: {at}{fix}")
 
 
 def _import_problem() -> str | None:

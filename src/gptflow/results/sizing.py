@@ -169,6 +169,9 @@ class TaskWork:
     choices: float = 1.0  # requests per document (multiple_choice: its choices)
     generated_tokens: int = 0  # per request (generate_until)
     counted: bool = True
+    # for a task lm-eval's registry names: which of its tasks generates the most, where it is
+    # set ("" for a task file: its own generation_kwargs)
+    generated_by: str = ""
 
     def document_tokens(self, max_length: int) -> float:
         """A document's tokens: its bytes / BYTES_PER_TOKEN_OF_TEXT; the full context when its

@@ -207,122 +207,6 @@ class CheckpointSeries:
             shutil.rmtree(trash, ignore_errors=True)
 
 
-class Saves:
-    """How the loop saves a series: synchronously, or (``train.async_save``) from a snapshot
-    in host memory written by a thread of each rank (:mod:`gptflow.train.snapshot`).
-
-    An asynchronous save blocks training for the snapshot only: it waits for the previous
-    write first (one snapshot in flight, the wait logged), then DeepSpeed's
-    ``save_checkpoint`` runs with its checkpoint engine's ``save`` replaced by
-    :func:`gptflow.train.snapshot.take`, so every file DeepSpeed writes -- model, ZeRO partitions,
-    pipeline layers -- is taken as it would have been written, and written byte for byte so.
-    The step becomes COMPLETE, then ``latest``, only when every rank's files are on disk:
-    the loop's one per-step all-reduce (:meth:`flags`, :meth:`agreed`) carries whether any
-    rank is still writing or has failed, and when none is writing rank 0's writer thread
-    marks the step complete. Before an exit and before the next save :meth:`settle` waits for
-    the write on every rank and marks it complete at once. Until then resume reads the
-    previous complete step, so a rank killed mid-write loses that save and nothing else.
-
-    `any_rank` and `barrier` are the rank's collectives (:class:`gptflow.train.device.Device`).
-    """
-
-    def __init__(self, series: CheckpointSeries, rank: int, in_background: bool,
-                 any_rank, barrier) -> None:  # fmt: skip
-        # gptflow.train.snapshot (and with it torch) is imported where a save needs it: the CLI
-        # imports this module (LOCK_WAIT_S), and every subcommand -- tokenize, download, each a
-        # Snakemake job -- would otherwise pay ~1.3 s of CPU to import torch
-        from gptflow.train.snapshot import BackgroundWriter
-
-        self.series, self.rank = series, rank
-        self.any_rank, self.barrier = any_rank, barrier
-        self.writer = BackgroundWriter(rank) if in_background else None
-        self.pending: tuple[int, dict | None] | None = None  # written, not yet COMPLETE
-
-    @property
-    def in_background(self) -> bool:
-        return self.writer is not None
-
-    def save(
-        self, engine, step: int, client_state: dict, layout: dict | None
-    ) -> tuple[Path, float]:
-        """Save `step`; returns its directory and the seconds spent waiting for the previous
-        write (0 for a synchronous save)."""
-        if self.writer is None:
-            path = self.series.save(engine, step, client_state, self.rank, self.barrier, layout)
-            return path, 0.0
-        from gptflow.train.snapshot import Batch
-
-        waited = self.settle()
-        path = self.series.prepare(step, self.rank, self.barrier)
-        snapshots = _snapshots(engine, str(self.series.dir), tag_for(step), client_state,
-                               self.writer.pool)  # fmt: skip
-        self.writer.submit(Batch(tag_for(step), snapshots))
-        self.pending = (step, layout)
-        return path, waited
-
-    def flags(self) -> tuple[bool, bool]:
-        """(this rank's write failed, this rank is still writing): for the per-step all-reduce."""
-        if self.writer is None:
-            return False, False
-        writing = self.writer.busy()  # read first: a write that ends has set its failure
-        return self.writer.failure() is not None, writing
-
-    def agreed(self, failed: bool, writing: bool) -> None:
-        """The flags OR-ed over the ranks: a failure stops training; when no rank is writing,
-        rank 0's writer thread marks the pending step complete (and prunes)."""
-        if failed:
-            raise GptflowError(self.failure_message())
-        if writing or self.pending is None:
-            return
-        step, layout = self.pending
-        self.pending = None
-        if self.rank == 0:
-            from gptflow.train.snapshot import Batch
-
-            self.writer.submit(Batch(tag_for(step), [], then=lambda: self._complete(step, layout)))
-
-    def settle(self) -> float:
-        """Every rank: wait for this rank's write, agree that none failed, and (rank 0) mark
-        the pending step complete. Returns the seconds waited. Call on every rank."""
-        if self.writer is None:
-            return 0.0
-        waited = self.writer.wait()
-        (failed,) = self.any_rank(self.writer.failure() is not None)
-        if failed:
-            raise GptflowError(self.failure_message())
-        if self.pending is not None:
-            step, layout = self.pending
-            self.pending = None
-            if self.rank == 0:
-                self._complete(step, layout)
-                log.info("checkpoint %s complete after a wait of %.2f s for its write",
-                         self.series.dir / tag_for(step), waited)  # fmt: skip
-        return waited
-
-    def _complete(self, step: int, layout: dict | None) -> None:
-        self.series.mark_complete(step, layout)
-        self.series.start_pruning(step)
-
-    def failure_message(self) -> str:
-        step = self.pending[0] if self.pending else None
-        what = f"checkpoint step {step}" if step is not None else "a checkpoint"
-        last = self.series.latest_step()
-        kept = (f"the last complete checkpoint is step {last}, which a resume reads"
-                if last is not None else "no checkpoint is complete yet")  # fmt: skip
-        own = self.writer.failure() if self.writer else None
-        why = (f"rank {self.rank} could not write its files: {own}" if own
-               else "another rank could not write its files (its log says why)")  # fmt: skip
-        return (
-            f"{self.series.dir}: {what}: {why}; {kept}. Training stopped: fix the cause (free "
-            f"space, permissions of {self.series.dir}) and run again, or set train.async_save "
-            f"false to save synchronously"
-        )
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 def universal_dir(step_dir: Path, convert, num_layers: int) -> Path:
     """``stepN/universal``: the step in DeepSpeed's universal format (one file per parameter
     and optimizer state, tensor-parallel slices and pipeline stages merged), converted by
@@ -659,12 +543,14 @@ class RunLock:
         self.release()
 
 
-def resume_mode(saved: dict | None, now: dict, path: Path, optimizer: str = "adamw") -> str:
-    """How a step saved in layout `saved` loads into layout `now` ({world_size, zero_stage,
-    precision, tensor_parallel, pipeline_parallel}): "native" (DeepSpeed's own files, as
-    saved) or "universal" (converted, for a change of the number of ranks, of the tensor- or
-    pipeline-parallel size or of the ZeRO stage among 1-3). A change DeepSpeed cannot carry the optimizer state across is an error
-    naming the way on."""
+def resume_mode(saved: dict | None, now: dict, path: Path) -> str:
+    """How a step saved in layout `saved` loads into layout `now` (gptflow.train.loop.layout_of:
+    {world_size, zero_stage, precision, tensor_parallel, pipeline_parallel, optimizer}):
+    "native" (DeepSpeed's own files, as saved) or "universal" (converted, for a change of the
+    number of ranks, of the tensor- or pipeline-parallel size or of the ZeRO stage among 1-3).
+    A change DeepSpeed cannot carry the optimizer state across is an error naming the way on.
+    The optimizer is the run's own (a series' fingerprint holds it), read from `now`: a layout
+    saved before it was recorded has none."""
     if not saved:
         return "native"  # saved before layouts were recorded: DeepSpeed checks what it can
     was_zero, now_zero = saved.get("zero_stage", 0), now["zero_stage"]
@@ -692,7 +578,7 @@ def resume_mode(saved: dict | None, now: dict, path: Path, optimizer: str = "ada
             f"unmoved run's from the second step after the move). Continue at ZeRO stage "
             f"{was_zero} on {was_world} ranks; layouts move freely among ZeRO stages 1 and 2"
         )
-    if optimizer == "muon":
+    if now["optimizer"] == "muon":
         raise GptflowError(
             f"{path}: {where}: DeepSpeed's universal checkpoint carries Adam's moments, not "
             f"Muon's momentum (ds_to_universal knows fp32, exp_avg and exp_avg_sq), so this "

@@ -146,11 +146,22 @@ def leave(code: int) -> int:
     a tensor takes the GIL of an interpreter being torn down: SIGABRT, "terminate called without
     an active exception" (pytorch/pytorch#179291), exit code 134 after a finished run, which
     srun's --kill-on-bad-exit or torchrun turn into a failed job. Seen here under load: rank 1
-    of a two-rank launch, after "done". So a process that created a process group does what a
-    normal exit does that matters -- stops a ThreadPoolExecutor's idle workers and waits for its
-    other non-daemon threads (a background save's writers), runs the atexit handlers (logging's flush, W&B's finish), flushes its
-    streams -- and ends with ``os._exit(code)``, skipping only the teardown. A process
-    without a process group returns `code` to exit as usual."""
+    of a two-rank launch, after "done". So a process that created a process group (recorded by
+    :func:`gptflow.train.engine.init_distributed`, where every group is made) does what a
+    normal exit does that matters -- stops a ThreadPoolExecutor's idle workers, joins its
+    other non-daemon threads, runs the atexit handlers (logging's flush, W&B's finish), flushes
+    its streams -- and ends with ``os._exit(code)``, skipping only the teardown. A process
+    without a process group returns `code` to exit as usual.
+
+    What holds for checkpoint writes: the background writer's thread is a daemon
+    (gptflow.train.snapshot.BackgroundWriter), which this does not wait for. After a normal
+    return the loop has already waited for it (``Saves.settle``: every rank's files written,
+    the step marked complete) and joined it (``Saves.close``). After a failure (``gptflow
+    train`` reports the exception, then ends through here too: gptflow.cli.cmd_train) a write
+    still in flight is abandoned: its files stay in the step's hidden ``.writing-rank{r}``
+    directory (the next save of that step removes it), the step is not complete (that takes
+    every rank's agreement), and a resume reads the last complete one. The process group is
+    not destroyed on that path: its peers see the rank leave."""
     if not ds.group_started():
         return code
     import atexit

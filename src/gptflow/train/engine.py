@@ -1,4 +1,4 @@
-"""Our train config -> a DeepSpeed config -> a DeepSpeed engine. The only module importing deepspeed.
+"""Our train config -> a DeepSpeed config -> a DeepSpeed engine: where training talks to DeepSpeed.
 
 The DeepSpeed JSON is rendered from :class:`gptflow.config.settings.TrainConfig`, never
 hand-written: batch sizes and gradient accumulation are derived and checked, gradient clipping is
@@ -6,8 +6,10 @@ explicit (DeepSpeed silently clips at 1.0 when the key is absent), the optimizer
 C++ build needed on CPU) and the learning-rate schedule is ours (warmup + cosine/linear), stepped by
 DeepSpeed once per optimizer step and saved in its checkpoints.
 
-Over 500 lines: the only module that imports deepspeed, so everything that talks to it lives
-here: the config, the engine, tensor and pipeline parallel, the dropout RNG of split regions.
+Over 500 lines: everything training asks of DeepSpeed lives here: the config, the engine,
+tensor and pipeline parallel, the dropout RNG of split regions. What gptflow changes in
+DeepSpeed's own code is :mod:`gptflow.train.deepspeed_patches`, applied in
+:func:`init_distributed`; export reads DeepSpeed's checkpoints in gptflow.results.export.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gptflow.config.settings import (
     muon_reduce_bucket_size,
 )
 from gptflow.errors import GptflowError
+from gptflow.train import deepspeed_patches
 
 # How tensor parallelism splits each layer (Megatron's scheme; DeepSpeed AutoTP's layer
 # specs, matched against gptflow.train.model's parameter names). Column-parallel: the output rows
@@ -264,7 +267,10 @@ def skipping_muon():
     BF16_Optimizer) while the gradient partitions are filled, gathering each matrix's slices,
     so the partition holds the update and ``step`` only applies lr and decay; at ZeRO 3 per
     sub-group on the gathered gradients. Its momentum is optimizer state: in DeepSpeed's
-    checkpoints with Adam's moments."""
+    checkpoints with Adam's moments, kept in fp32 at every stage
+    (:func:`gptflow.train.deepspeed_patches.muon_momentum_in_fp32`), which, with the fix of
+    ZeRO 1/2's bucket merge, a Muon run requires."""
+    deepspeed_patches.require("train.optimizer muon")
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 
     class SkippingMuon(MuonWithAuxAdam):
@@ -626,43 +632,6 @@ def muon_largest(param_groups: list[dict]) -> int:
                 for p in g["params"]), default=0)  # fmt: skip
 
 
-def import_muon_compiling_on_first_call() -> None:
-    """Import DeepSpeed's Muon module with its ``torch.compile`` decorators deferred to the
-    first call of each function they decorate.
-
-    DeepSpeed 0.19.8 imports that module in every ZeRO engine (``is_zero_supported_optimizer``
-    at start, ZeRO 1/2's ``average_tensor`` each step), Muon or not, and the module decorates
-    three functions with ``torch.compile``, whose decoration imports ``torch._inductor``: 1.1 s of
-    CPU per rank measured here, for kernels only a Muon run calls. Deferred, a Muon run compiles
-    the same functions with the same arguments at their first call; the others never pay."""
-    import functools
-    import sys
-
-    name = "deepspeed.runtime.zero.muon.original_muon"
-    if name in sys.modules:
-        return
-    compile_now = torch.compile
-
-    def compile_later(model=None, **kwargs):
-        if model is None:  # @torch.compile(mode=...)
-            return functools.partial(compile_later, **kwargs)
-        compiled = []
-
-        @functools.wraps(model)
-        def call(*args, **kw):
-            if not compiled:
-                compiled.append(compile_now(model, **kwargs))
-            return compiled[0](*args, **kw)
-
-        return call
-
-    torch.compile = compile_later
-    try:
-        __import__(name)
-    finally:
-        torch.compile = compile_now
-
-
 _GROUP_STARTED = False  # whether this process created a process group (init_distributed)
 
 
@@ -686,7 +655,8 @@ def init_distributed(backend: str | None = None) -> None:
     from deepspeed.utils import logger as ds_logger
 
     ds_logger.setLevel(logging.WARNING)  # its INFO lines would drown the training log
-    import_muon_compiling_on_first_call()
+    deepspeed_patches.import_muon_compiling_on_first_call()
+    deepspeed_patches.apply()
     _GROUP_STARTED = True  # set first: a failure half-way may have made the group already
     deepspeed.init_distributed(
         dist_backend=backend or get_accelerator().communication_backend_name(),

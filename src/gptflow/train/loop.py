@@ -39,17 +39,12 @@ from gptflow.fsutil import write_json
 from gptflow.hardware import background_saves, peak_tflops
 from gptflow.train import distributed
 from gptflow.train import engine as ds
-from gptflow.train.checkpoint import (
-    CheckpointSeries,
-    Saves,
-    checkpoint_digest,
-    resume_mode,
-    tag_for,
-)
+from gptflow.train.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
 from gptflow.train.device import Device
 from gptflow.train.kfac import Kfac
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
 from gptflow.train.run_config import RunConfig
+from gptflow.train.saves import Saves
 
 log = logging.getLogger("gptflow.train")
 
@@ -139,7 +134,7 @@ def build(
     if resume_from is not None:
         saved = series.saved_layout(resume_from)
         now = layout_of(t, dev.world_size)
-        mode = resume_mode(saved, now, series.dir / tag_for(resume_from), t.optimizer)
+        mode = resume_mode(saved, now, series.dir / tag_for(resume_from))
     # The indices are normally built by the build_data_index rule before this job; rank 0
     # builds any that are missing (a direct `gptflow train`), the others then load them.
     data = run_split_datasets(cfg) if rank == 0 else None
@@ -186,7 +181,9 @@ def build(
         exit_interval=exit_interval,
         resume_from=resume_from,
         resume_mode=mode,
-        saves=Saves(series, rank, in_background, dev.any_rank, dev.barrier),
+        saves=Saves(
+            series, rank, in_background, dev.any_rank, dev.barrier, pins=dev.device.type == "cuda"
+        ),
         kfac=kfac,
     )
 
@@ -254,13 +251,16 @@ def initial_weights(cfg: RunConfig, rank: int, resume_from: int | None):
 
 
 def layout_of(t, world_size: int) -> dict:
-    """What a checkpoint's files depend on beyond the trajectory (kept in its COMPLETE)."""
+    """What a checkpoint's files depend on beyond the trajectory (kept in its COMPLETE), and
+    what decides how it loads into another layout (:func:`gptflow.train.checkpoint.resume_mode`):
+    the optimizer too, whose state a layout change must carry."""
     return {
         "world_size": world_size,
         "zero_stage": t.zero_stage,
         "precision": t.precision,
         "tensor_parallel": t.tensor_parallel,
         "pipeline_parallel": t.pipeline_parallel,
+        "optimizer": t.optimizer,
     }
 
 
@@ -438,8 +438,8 @@ def stop_reason(tr: Trainer, step: int) -> str | None:
     (Slurm's warning before the time limit, a preemption), or the exit interval is due. The
     same all-reduce carries the background checkpoint write's state (:class:`Saves`): a
     failed write stops training here, a finished one is marked complete."""
-    signalled, failed, writing = tr.dev.any_rank(bool(signals_received), *tr.saves.flags())
-    tr.saves.agreed(failed, writing)
+    signalled, *saves = tr.dev.any_rank(bool(signals_received), *tr.saves.flags())
+    tr.saves.agreed(*saves)
     if signalled:
         return f"received signal {signals_received[0] if signals_received else 'on another rank'}"
     if tr.exit_interval and step % tr.exit_interval == 0 and step < tr.cfg.train.train_iters:

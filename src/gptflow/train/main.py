@@ -40,6 +40,7 @@ def train(
     step that is a multiple of it, for time-boxed allocations. `wait_for_lock`: seconds to wait
     for a live trainer of the same run to finish before taking the lock (0: refuse at once).
     """
+    compile_each_shape_alone()
     cfg = RunConfig.load(config_path)
     env = distributed.resolve()
     distributed.export(env)
@@ -72,6 +73,25 @@ def train(
     finally:
         if env.rank == 0:
             lock.release()
+
+
+def compile_each_shape_alone() -> None:
+    """Every ``torch.compile`` in this process (DeepSpeed's Muon update and Newton-Schulz in
+    every Muon run; the model with train.compile) compiles one kernel per input shape, never
+    a shape-generic one, so which kernel computes a step depends on the step's shapes only,
+    not on what the process compiled before: a resumed process computes its first step as
+    the uninterrupted one did (the bit-exact resume that checkpoints promise).
+
+    With torch's default (``automatic_dynamic_shapes``), the first shape a function sees
+    gets a kernel for that shape, and a second shape recompiles it shape-generic, which then
+    serves the first shape too: DeepSpeed's Newton-Schulz gave a (192, 64) matrix a result
+    1e-4 away on its first call from every later one (measured here), so a run resumed at
+    step N rounded step N differently from its uninterrupted twin (seen at ZeRO 1: 10 of 27
+    losses equal). The cost is a compile per distinct shape (four matrix shapes a GPT-NeoX
+    layer), within torch's recompile limit (8 per function)."""
+    import torch._dynamo.config
+
+    torch._dynamo.config.automatic_dynamic_shapes = False
 
 
 def setup_logging(rank: int, history: Path | None = None) -> None:

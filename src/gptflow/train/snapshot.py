@@ -15,7 +15,12 @@ link's speed. Each buffer starts a page of its own and is pinned by registering 
 at its own size: it takes its storage's bytes and at most two pages more, which is what the
 preflight counts (gptflow.plan.host_memory.snapshot_fit). Not ``pin_memory=True``: PyTorch's caching
 host allocator rounds every pinned allocation up to a power of two (``CachingHostAllocator.h``), so
-a 10.3 GB fp32 partition would pin 16 GiB. One snapshot is in flight at a time:
+a 10.3 GB fp32 partition would pin 16 GiB. Pinning can fail (a driver or a container that
+does not allow it, a locked-memory limit): :func:`pinning_problem` probes it when training starts,
+and a buffer that cannot be pinned mid-snapshot is used unpinned (the copy waits for the GPU;
+the file is the same) and recorded (:attr:`BufferPool.pin_failure`): never an exception in the
+middle of DeepSpeed's save, whose collectives every rank must reach (gptflow.train.saves.Saves
+turns either into synchronous saves on every rank). One snapshot is in flight at a time:
 :class:`BackgroundWriter` refuses a second before the first is written, and its caller waits (and
 says how long).
 
@@ -86,28 +91,51 @@ def pin(buf: torch.Tensor) -> None:
     weakref.finalize(buf, cudart.cudaHostUnregister, ptr).atexit = False
 
 
+def pinning_problem() -> str | None:
+    """Why host memory cannot be pinned for a GPU's copies here, or None: a page of its own,
+    registered with CUDA as :func:`pin` registers a snapshot's buffers (and unregistered when
+    this returns). Every rank asks when training starts, on a GPU only."""
+    try:
+        pin(host_buffer(PAGE))
+    except Exception as e:  # cudaHostRegister's error, or no CUDA runtime to ask
+        return str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+    return None
+
+
 class BufferPool:
-    """Host buffers by size, reused across snapshots (pinned when `pinned`).
+    """Host buffers by size, reused across snapshots (pinned when asked, and pinning works).
 
     :meth:`held_bytes` is what the pool holds: each buffer's :func:`buffer_bytes`, pinned or
-    not (what the preflight's estimate is tested against)."""
+    not (what the preflight's estimate is tested against). :attr:`pin_failure` is why a buffer
+    could not be pinned: that buffer and every later one are not (pinned ones already made are
+    still reused)."""
 
     def __init__(self) -> None:
         self._free: dict[tuple[int, bool], list[torch.Tensor]] = {}
         self._lock = threading.Lock()
         self._held = {False: 0, True: 0}  # buffer_bytes of its buffers, by pinned
+        self.pin_failure: str | None = None
 
-    def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
+    def get(self, nbytes: int, pinned: bool) -> tuple[torch.Tensor, bool]:
+        """A buffer of `nbytes` and whether it is pinned: pinned when `pinned` asks and it can
+        be (else unpinned: its copy from a GPU then waits, the bytes are the same)."""
         with self._lock:
-            free = self._free.get((nbytes, pinned))
-            if free:
-                return free.pop()
+            # once pinning failed, an unpinned buffer stands in for a pinned one
+            for kind in (pinned, False) if self.pin_failure else (pinned,):
+                free = self._free.get((nbytes, kind))
+                if free:
+                    return free.pop(), kind
         buf = host_buffer(nbytes)
         if pinned and nbytes:
-            pin(buf)
+            if self.pin_failure is None:
+                try:
+                    pin(buf)
+                except RuntimeError as e:
+                    self.pin_failure = str(e)
+            pinned = self.pin_failure is None
         with self._lock:
             self._held[pinned] += buffer_bytes(nbytes)
-        return buf
+        return buf, pinned
 
     def give_back(self, buffers: list[tuple[torch.Tensor, bool]]) -> None:
         with self._lock:
@@ -162,13 +190,13 @@ def take(obj, path: str, pool: BufferPool) -> Snapshot:
     devices = set()
     for key, storage in found.items():
         on_host = storage.device.type == "cpu"
-        buf = pool.get(storage.nbytes(), pinned=not on_host)
+        buf, pinned = pool.get(storage.nbytes(), pinned=not on_host)
         source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        buf.copy_(source, non_blocking=not on_host)
+        buf.copy_(source, non_blocking=pinned)  # into pageable memory it waits for the GPU
         if not on_host:
             devices.add(storage.device)
         snap.storages.append((key, buf))
-        snap.buffers.append((buf, not on_host))
+        snap.buffers.append((buf, pinned))
     for device in devices:  # the copies have landed before anything reads the buffers
         torch.accelerator.current_stream(device.index).synchronize()
     return snap

@@ -20,6 +20,7 @@ from gptflow.data.quality.removal import documents, write_removed
 from gptflow.fsutil import atomic_write
 
 DIGEST_BYTES = 16
+ROWS_PER_PASS = 1 << 26  # digests held at once by find_repeats (~100 bytes each at its peak)
 
 
 def normalize(text: str) -> str:
@@ -43,7 +44,7 @@ def hash_shard(path: str | os.PathLike, reader: dict, out: str | os.PathLike) ->
 
 
 def find_repeats(
-    hash_files: list[str | os.PathLike], out: str | os.PathLike, rows_per_pass: int = 1 << 26
+    hash_files: list[str | os.PathLike], out: str | os.PathLike, rows_per_pass: int = ROWS_PER_PASS
 ) -> dict:
     """The removal list of a group (its shards' hash files in the group's order): every
     document whose digest an earlier (shard ordinal, index) has.

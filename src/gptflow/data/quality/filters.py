@@ -664,7 +664,11 @@ def _batches(texts: Iterable[object], batch_chars: int) -> Iterator[list[object]
 # ---------------------------------------------------------------------------------------------
 # Language identification
 
-LID_MIN_SCORE = 0.01  # language scores below are not kept; a threshold is at least this
+# Language scores below are not kept, so a threshold is at least this: the schema's minimum of a
+# language step's threshold (config/schema/config.schema.yaml, $defs/language_step) is this
+# value, refused at -n by the schema; the check in thresholds_for covers `gptflow
+# quality-select-language --threshold` (tests/unit/test_quality_language.py holds them equal)
+LID_MIN_SCORE = 0.01
 
 
 def shipped_lid_model() -> Path:

@@ -2,8 +2,8 @@
 shard, candidate pairs per band, one clustering job, removal per shard
 (:mod:`gptflow.data.quality.removal`).
 
-Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (lowercase, numbers
-as ``0``, punctuation as space, accents stripped), words split on whitespace (the recipe's
+Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (:func:`simplify`:
+lowercase, numbers as ``0``, its fixed list of punctuation as space, accents stripped), words split on whitespace (the recipe's
 ``tokenizer: regex``). Each word is hashed (a polynomial hash of its characters, all words at
 once in numpy: :func:`gptflow.data.quality.filters.char_hashes`, then splitmix64; modulo 2**64
 such a hash has known colliding strings, Thue-Morse words of 2**11 characters and more, and a
@@ -14,10 +14,14 @@ the product's high bits, which depend on all of the shingle's): bands x rows 64-
 A document with fewer than n words
 has no signature (all ones, :data:`NO_SIGNATURE`) and is never a duplicate, as in DataTrove.
 
-Files: a shard's signatures ``.npy`` (documents, bands*rows) uint64; a band's pairs ``.npy``
-(pairs, 4) uint32 (ordinal, index, ordinal, index), each pair's first document the earliest of
-its bucket; the clustering reads only the pairs, so its memory grows with them, not with the
-documents.
+Files (VERSIONS["minhash"] 3 on): a shard's signatures ``.npy``, band-major: shape (bands,
+documents) of records (:func:`record_dtype`: a band's rows values and the document's index in
+the shard, 68 bytes at 8 rows), each band's records sorted by their first value, so that a
+bucket job reads its band alone, each byte once, one pass's run at a time
+(:mod:`gptflow.data.quality.buckets`);
+a band's pairs ``.npy`` (pairs, 4) uint32 (ordinal, index, ordinal, index), each pair's first
+document the earliest of its bucket. The clustering (:mod:`gptflow.data.quality.clusters`)
+streams the pairs through a union-find over the group's documents.
 """
 
 from __future__ import annotations
@@ -30,29 +34,48 @@ import unicodedata
 
 import numpy as np
 
+from gptflow.data.quality import arrays
 from gptflow.data.quality.filters import char_hashes
-from gptflow.data.quality.removal import documents, write_removed
+from gptflow.data.quality.removal import documents
+from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
 
 NO_SIGNATURE = np.uint64(0xFFFFFFFFFFFFFFFF)
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 _CHUNK = 2048  # shingles hashed at once: (2048, bands*rows) uint64 temporaries
+
+# DataTrove 0.10.1's datatrove.utils.text.PUNCTUATION, character for character: the fixed list
+# its simplify_text turns into spaces (not every Unicode punctuation or symbol: '©', '€', '‘'
+# and '′' stay), and the C0/C1 control characters but tab and newline
+PUNCTUATION = (
+    "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»"
+    + ("".join(chr(c) for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for c in range(a, b)))
+)
+_PUNCTUATION_TABLE = str.maketrans(PUNCTUATION, " " * len(PUNCTUATION))
+# its NUMBERS_PATTERN: `\d` of Python's re is Unicode's Nd, as its \p{Nd} (the regex module's
+# Unicode tables may be a version newer: digits of scripts added since are the difference)
+_NUMBER = re.compile(r"\d+(?:[.,،٫⎖⎗⎘]\d+)?")
 
 
 @functools.cache
-def _punctuation_table() -> dict[int, str]:
-    """Every Unicode punctuation and symbol character -> space."""
-    return {c: " " for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] in "PS"}
+def _marks() -> dict[int, None]:
+    """Every nonspacing mark (category Mn) -> deleted (str.translate: in C, not per character
+    in Python)."""
+    return dict.fromkeys(
+        c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Mn"
+    )
 
 
 def simplify(text: str) -> str:
-    """DataTrove's simplify_text (default TextNormConfig), on the standard library."""
-    text = _NUMBER.sub("0", text.lower())
-    text = text.translate(_punctuation_table())
-    if not text.isascii():
-        text = unicodedata.normalize("NFD", text)
-        text = "".join(c for c in text if not unicodedata.combining(c))
-    return " ".join(text.split())
+    """DataTrove's simplify_text with its default TextNormConfig, step for step and in its
+    order: lowercase, numbers as ``0``, :data:`PUNCTUATION` as spaces, whitespace runs as one
+    space (its ``\\s+``: str.split's whitespace), then NFD with the nonspacing marks (category
+    Mn) dropped. As in DataTrove, a mark dropped between two spaces leaves both
+    (``'a \u0301 b'`` -> ``'a  b'``); words are split on whitespace, so the shingles do not
+    see it."""
+    text = " ".join(_NUMBER.sub("0", text.lower()).translate(_PUNCTUATION_TABLE).split())
+    if not text.isascii():  # NFD leaves ASCII as it is, and it has no marks
+        text = unicodedata.normalize("NFD", text).translate(_marks())
+    return text.strip()
 
 
 def words(text: str, tokenizer: str = "regex") -> list[str]:
@@ -77,6 +100,8 @@ def shingle_hashes(text: str, ngram: int, tokenizer: str = "regex") -> np.ndarra
     if tokenizer != "regex":
         raise ValueError(f"unknown word tokenizer {tokenizer!r}")
     simple = simplify(text)
+    if "  " in simple:  # a dropped mark between two spaces: one space between words
+        simple = " ".join(simple.split())
     if not simple:
         return np.zeros(0, dtype=np.uint64)
     codes = np.frombuffer(simple.encode("utf-32-le"), np.uint32)
@@ -122,134 +147,70 @@ def text_signature(text: str, settings: dict) -> np.ndarray:
     return signature(shingles, seeds(s["seed"], s["bands"] * s["rows"]))
 
 
+def record_dtype(rows: int) -> np.dtype:
+    """One document's record in one band of a signature file: the band's `rows` values and
+    the document's index in its shard, packed (DataTrove's ``<8Q I``: 68 bytes at 8 rows)."""
+    return np.dtype([("values", "<u8", (rows,)), ("index", "<u4")])
+
+
+def pass_of(first: np.ndarray | np.uint64, passes: int) -> np.ndarray | np.uint64:
+    """The bucket pass (of `passes`) a band's records go to, by the top 32 bits of its first
+    value: non-decreasing in it, so a band sorted by its first value holds each pass's records
+    in one run, and a bucket (equal values) in one pass."""
+    return ((np.uint64(first) >> np.uint64(32)) * np.uint64(passes)) >> np.uint64(32)
+
+
 def signatures_of_shard(
     path: str | os.PathLike, reader: dict, settings: dict, out: str | os.PathLike
 ) -> int:
-    """Write the signatures of a shard's documents; returns the document count."""
-    seed_values = seeds(settings["seed"], settings["bands"] * settings["rows"])
+    """Write the signatures of a shard's documents, band-major (the module's docstring);
+    returns the document count. Held: the signatures (8 * bands * rows bytes a document) and
+    one band's records at a time."""
+    bands, rows = settings["bands"], settings["rows"]
+    seed_values = seeds(settings["seed"], bands * rows)
     ngram, tokenizer = settings["ngram"], settings["tokenizer"]
-    rows = [
-        signature(shingle_hashes(t, ngram, tokenizer), seed_values) for t in documents(path, reader)
-    ]
-    sigs = np.stack(rows) if rows else np.zeros((0, seed_values.shape[1]), dtype=np.uint64)
+    chunks, chunk = [], []
+    for text in documents(path, reader):
+        chunk.append(signature(shingle_hashes(text, ngram, tokenizer), seed_values))
+        if len(chunk) == 4096:  # a list of small arrays costs ~100 bytes each beside them
+            chunks.append(np.stack(chunk))
+            chunk = []
+    if chunk:
+        chunks.append(np.stack(chunk))
+    return write_signatures(out, chunks, bands, rows)
+
+
+def write_signatures(out: str | os.PathLike, chunks: list, bands: int, rows: int) -> int:
+    """Write a shard's signatures (`chunks`: (k, bands * rows) uint64 arrays, in document
+    order) band-major: (bands, documents) records (:func:`record_dtype`), each band's sorted
+    by its first value, ties by index. Returns the document count."""
+    n = sum(len(c) for c in chunks)
+    record = record_dtype(rows)
     with atomic_write(out, "wb") as f:
-        np.save(f, sigs)
-    return len(rows)
+        f.write(arrays.npy_header_bytes(record, (bands, n)))
+        for band in range(bands):
+            part = [c[:, band * rows : (band + 1) * rows] for c in chunks]
+            part = np.concatenate(part) if part else np.zeros((0, rows), np.uint64)
+            order = np.argsort(part[:, 0], kind="stable")  # ties: by index
+            records = np.empty(n, dtype=record)
+            records["values"], records["index"] = part[order], order
+            f.write(records.data)
+    return n
 
 
-def band_pairs(
-    signature_files: list,
-    band: int,
-    rows: int,
-    out: str | os.PathLike,
-    rows_per_pass: int = 1 << 24,
-) -> int:
-    """The candidate pairs of one band over a group's shards (in the group's order): the
-    documents whose `rows` values in this band agree, each paired with its bucket's first.
-
-    By hash range, as exact deduplication: pass p of P takes the documents whose band starts
-    with a value in the p-th of P ranges (a bucket's documents all fall in one), so at most
-    about `rows_per_pass` documents' band values (8 * rows + 8 bytes each) are held at once."""
-    sigs = [np.load(path, mmap_mode="r") for path in signature_files]
-    total = sum(len(s) for s in sigs)
-    passes = max(1, -(-total // rows_per_pass))
-    pairs = [_band_pairs_in_range(sigs, band, rows, p, passes) for p in range(passes)]
-    pairs = np.concatenate(pairs) if pairs else np.zeros((0, 4), dtype=np.uint32)
-    with atomic_write(out, "wb") as f:
-        np.save(f, pairs)
-    return len(pairs)
+def signature_header(path: str | os.PathLike, rows: int) -> arrays.Npy:
+    """A signature file's header, checked against the step's `rows` (a file of another
+    layout -- an older version's row-major signatures -- is refused in one line)."""
+    header = arrays.npy_header(path, "MinHash signature")
+    if header.dtype != record_dtype(rows) or len(header.shape) != 2:
+        raise GptflowError(
+            f"{path}: not band-major MinHash signatures of {rows} rows a band (dtype "
+            f"{header.dtype}, shape {header.shape}); delete it so that minhash_signatures "
+            f"writes it again"
+        )
+    return header
 
 
-def _band_pairs_in_range(sigs: list, band: int, rows: int, p: int, passes: int) -> np.ndarray:
-    values, places = [], []
-    for ordinal, sig in enumerate(sigs):
-        part = np.asarray(sig[:, band * rows : (band + 1) * rows])
-        first = part[:, 0] if len(part) else np.zeros(0, dtype=np.uint64)
-        in_range = ((first >> np.uint64(32)) * np.uint64(passes)) >> np.uint64(32) == p
-        valid = np.flatnonzero((first != NO_SIGNATURE) & in_range)
-        values.append(part[valid])
-        place = np.empty((len(valid), 2), dtype=np.uint32)
-        place[:, 0], place[:, 1] = ordinal, valid
-        places.append(place)
-    v = np.concatenate(values) if values else np.zeros((0, rows), dtype=np.uint64)
-    pl = np.concatenate(places) if places else np.zeros((0, 2), dtype=np.uint32)
-    # by the band's values, then place: each bucket's first row is its earliest document
-    order = np.lexsort((pl[:, 1], pl[:, 0], *v.T[::-1]))
-    v, pl = v[order], pl[order]
-    same = np.zeros(len(v), dtype=bool)
-    same[1:] = (v[1:] == v[:-1]).all(axis=1)
-    first = np.maximum.accumulate(np.where(~same, np.arange(len(v)), 0))
-    return np.concatenate([pl[first[same]], pl[same]], axis=1).astype(np.uint32).reshape(-1, 4)
-
-
-def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(keys, return_inverse=True) in half its memory (the inverse int32 below 2**31
-    keys): the
-    keys sorted by one argsort, the distinct ones, and each key's rank among them."""
-    rank = np.int32 if len(keys) < 2**31 else np.int64
-    order = np.argsort(keys)
-    ranked = keys[order]
-    new = np.empty(len(ranked), dtype=bool)
-    new[:1] = True
-    np.not_equal(ranked[1:], ranked[:-1], out=new[1:])
-    nodes = ranked[new]
-    del ranked
-    ids = np.cumsum(new, dtype=rank)
-    ids -= 1
-    del new
-    inverse = np.empty(len(ids), dtype=rank)
-    inverse[order] = ids
-    return nodes, inverse
-
-
-def cluster(pair_files: list, out: str | os.PathLike) -> dict:
-    """Connected components of the duplicate pairs (scipy); every document of a component
-    but its earliest is removed. Memory grows with the pairs (bench/quality.py
-    --cluster-pairs: 10**7 pairs in a peak RSS of ~0.9 GiB): the pair files are
-    read one at a time into one array of 64-bit document keys (ordinal << 32 | index), the
-    edges are int32 ranks among the distinct keys, and documents in no pair are never seen."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    files = [np.load(path, mmap_mode="r") for path in pair_files]
-    count = sum(len(f) for f in files)
-    keys = np.empty(2 * count, dtype=np.uint64)  # a of every pair, then b of every pair
-    at = 0
-    for f in files:
-        part = np.asarray(f)
-        for end in (0, 1):
-            k = keys[end * count + at : end * count + at + len(part)]
-            np.left_shift(part[:, 2 * end].astype(np.uint64), np.uint64(32), out=k)
-            k |= part[:, 2 * end + 1]
-        at += len(part)
-        del part
-    del files
-    nodes, inverse = _distinct(keys)
-    del keys
-    n = len(nodes)
-    edges = coo_matrix(
-        (np.ones(count, dtype=np.int8), (inverse[:count], inverse[count:])), shape=(n, n)
-    )
-    del inverse
-    components, labels = connected_components(edges, directed=False)
-    del edges
-    # nodes are sorted by (ordinal, index): a component's first node is its kept document
-    first = np.full(components, n, dtype=np.int32 if n < 2**31 else np.int64)
-    np.minimum.at(first, labels, np.arange(n, dtype=first.dtype))
-    drop = np.ones(n, dtype=bool)
-    drop[first] = False
-    del first
-    gone = nodes[drop]
-    del nodes
-    removed = np.empty((len(gone), 2), dtype=np.uint32)
-    removed[:, 0], removed[:, 1] = gone >> np.uint64(32), gone & np.uint64(0xFFFFFFFF)
-    del gone
-    write_removed(out, removed)
-    sizes = np.bincount(np.bincount(labels)) if n else np.zeros(0, dtype=int)
-    return {
-        "pairs": count,
-        "documents_in_clusters": n,
-        "clusters": int(components),
-        "removed": int(drop.sum()),
-        "cluster_sizes": {str(s): int(c) for s, c in enumerate(sizes) if c},
-    }
+def shard_documents(signature_files: list) -> list[int]:
+    """The document count of each shard, from its signature file's header alone."""
+    return [arrays.npy_header(p, "MinHash signature").shape[1] for p in signature_files]

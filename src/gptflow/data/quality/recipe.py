@@ -22,11 +22,12 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file
+from gptflow.progress import human_bytes
 
 KINDS = ("exact", "minhash", "filters", "language")
 BLEND_GROUP = "_blend"  # not a dataset name: those start with a letter or digit
 # bump when a step's output for the same settings changes (its key changes with it)
-VERSIONS = {"exact": 1, "minhash": 2, "filters": 1, "language": 1}
+VERSIONS = {"exact": 1, "minhash": 3, "filters": 1, "language": 1}
 # steps whose stage is not in this branch: refused at -n
 NOT_YET: dict[str, str] = {}
 
@@ -216,11 +217,16 @@ def group_members(
 
 
 def plan_lines(
-    recipes: dict[str, tuple[Step, ...]], done: dict[tuple[str, str], bool]
+    recipes: dict[str, tuple[Step, ...]],
+    done: dict[tuple[str, str], bool],
+    sizes: dict[str, tuple[int, bool] | None] | None = None,
 ) -> list[str]:
     """What -n prints: each recipe's steps (datasets sharing one recipe on one line) and
     whether each will run. `done[(step name, dataset)]`: the step's outputs for the dataset
-    are all there (Snakemake may still rerun them when an input changed)."""
+    are all there (Snakemake may still rerun them when an input changed). With `sizes`
+    ({dataset: (bytes of its collected shards, whether any is compressed), or None while not
+    collected}), a line saying that every step writes a full copy of the documents it keeps
+    (:func:`copies_line`)."""
     by_recipe: dict[tuple[str, ...], list[str]] = {}
     for name, steps in recipes.items():
         by_recipe.setdefault(tuple(s.name for s in steps), []).append(name)
@@ -237,7 +243,24 @@ def plan_lines(
             lines.append(
                 f"  {step.index}. {step.describe()}: {state} (results/quality/{step.name})"
             )
+        if sizes is not None:
+            lines.append(copies_line(len(steps), [sizes.get(n) for n in names]))
     return lines
+
+
+def copies_line(steps: int, sizes: list[tuple[int, bool] | None]) -> str:
+    """Every step writes the documents it keeps as a full JSONL copy (its outputs are the next
+    step's input and the cache an edit restarts from: README, Data quality): `steps` copies,
+    each at most the collected documents' size (`sizes`, per dataset; None: not collected)."""
+    if any(size is None for size in sizes):
+        size = "the collected documents' size (not known before they are collected)"
+    else:
+        size = human_bytes(sum(n for n, _ in sizes)) + " (the collected shards"
+        size += ", compressed: more as JSONL)" if any(z for _, z in sizes) else ")"
+    return (
+        f"  every step writes the documents it keeps in full (JSONL): {steps} "
+        f"cop{'y' if steps == 1 else 'ies'} of at most {size}; tokenization reads the last"
+    )
 
 
 # --------------------------------------------------------------------------- data ablations

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from gptflow.data.quality import arrays
 from gptflow.data.quality.origins import compose, read_origins, write_origins
 from gptflow.data.readers import batch_texts, iter_batches
 from gptflow.errors import GptflowError
@@ -47,12 +48,24 @@ def write_removed(path: str | os.PathLike, pairs: np.ndarray) -> None:
 
 
 def removed_in_shard(path: str | os.PathLike, ordinal: int) -> np.ndarray:
-    """The sorted document indices a removal list removes from shard `ordinal`."""
-    pairs = np.load(path, mmap_mode="r")
-    if not len(pairs):
-        return np.zeros(0, dtype=np.uint32)
-    lo, hi = np.searchsorted(pairs[:, 0], [ordinal, ordinal + 1])
-    return np.array(pairs[lo:hi, 1])
+    """The sorted document indices a removal list removes from shard `ordinal`: its rows found
+    by bisection of the ordinals (a few 4-byte reads) and read alone, so that each of a group's
+    removal jobs reads its slice, not the list (~1 TB over 2,000 shards of the Pile before)."""
+    header = arrays.npy_header(path, "removal list")
+    if header.dtype != np.uint32 or len(header.shape) != 2 or header.shape[1] != 2:
+        raise GptflowError(
+            f"{path}: not a removal list ((n, 2) uint32; dtype {header.dtype}, shape "
+            f"{header.shape}); delete it so that its group's job writes it again"
+        )
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # a bisection's page, not readahead
+        n = header.shape[0]
+        lo = arrays.bisect(fd, header, 0, n, lambda o: o < ordinal, stride=2)
+        hi = arrays.bisect(fd, header, lo, n, lambda o: o <= ordinal, stride=2)
+        return arrays.read_items(fd, header, 2 * lo, 2 * (hi - lo))[1::2].copy()
+    finally:
+        os.close(fd)
 
 
 def write_documents(out: str | os.PathLike, texts: Iterator[str]) -> tuple[int, int]:
