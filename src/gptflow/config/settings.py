@@ -580,8 +580,8 @@ def muon_reduce_bucket_size(train: TrainConfig, dp: int, largest: int) -> int | 
     round (no rank sits a round out for want of matrices but at a bucket's end), and its
     gathers (about 3 dp x the largest matrix) stay below what a round takes on GPUs anyway
     ((4 dp + 2) x the largest matrix: DeepSpeed's padded buffers and NCCL's flat copies). At
-    Pythia-1.4B bf16 on 8 ranks (on paper) it lowers the update's peak from 4.7 to 2.8 GB for
-    12 % more of its traffic (10.0 -> 11.2 GB, against the step's 317 GB). DeepSpeed's default
+    Pythia-1.4B bf16 on 8 ranks (on paper) it lowers the update's peak from 6.7 to 4.0 GB for
+    12 % more of its traffic (15.0 -> 16.7 GB, against the step's 317 GB). DeepSpeed's default
     caps it: where dp x the largest matrix is more (Pythia-6.9B from 8 ranks), a smaller
     bucket pads more rounds and a larger one gathers more, so the default stays and the
     preflight weighs the update's memory and traffic (gptflow.plan.muon.check_traffic). It

@@ -61,17 +61,13 @@ def muon_groups(m: ModelConfig, t: TrainConfig) -> list[list[Shape]]:
 
 
 def muon_widths(zero: int, precision: str) -> tuple[int, int]:
-    """(bytes of a gradient element, of a momentum element) where DeepSpeed 0.19.8's Muon
-    combines them. ZeRO 3 gathers both in its communication dtype (bf16 under bf16) and keeps
-    the momentum in it (stage3.py l. 1066 ``_create_momentum_buffer``); ZeRO 1/2's
-    DeepSpeedZeroOptimizer keeps it in the dtype of the gradient it lerps it with
-    (stage_1_and_2.py l. 2805 ``_muon_momentum_buffer``): fp32 at ZeRO 1 and 2 in fp32, bf16 at
-    ZeRO 2 in bf16 (``param.grad``); BF16_Optimizer (bf16 at ZeRO 1) fp32; ZeRO 0 the
-    parameter's (fp32). One place: a patch that moves the momentum to fp32 changes this."""
-    half = 2 if precision in ("bf16", "fp16") else 4
-    if zero == 3 or (zero == 2 and half == 2):
-        return half, half
-    return half, 4
+    """(bytes of a gradient element, of a momentum element) where Muon combines them, as
+    gptflow runs DeepSpeed 0.19.8: ZeRO 3 gathers the gradients in its communication dtype
+    (bf16 under bf16); the momentum is fp32 at every stage
+    (:func:`gptflow.train.deepspeed_patches.muon_momentum_in_fp32`: DeepSpeed alone kept it in
+    the gradients' dtype at bf16 ZeRO 2 and in the communication dtype at ZeRO 3, each 2
+    bytes), also where ZeRO 3 gathers it and returns the update."""
+    return (2 if precision in ("bf16", "fp16") else 4), 4
 
 
 class _Ledger:
@@ -184,7 +180,8 @@ def zero3_update(
       matrices differ in shape, or that has fewer than dp, makes a zero-padded send buffer of
       its largest matrix for the gradient and one for the momentum, and dp receive buffers of
       it for each: (2 dp + 2) x the largest matrix. Each collective's work handle holds its
-      buffers until the next round's handle replaces it, so a round's buffers live into the
+      buffers until the next round's handle replaces it, and the copy loop's variables one
+      received buffer each until the next round's copy, so a round's buffers live into the
       next round's;
     - the momentum written back: a zero-padded fp32 buffer of the partition where the rank's
       slice runs past the matrix.
@@ -293,25 +290,32 @@ class _Zero3Replay:
             if uniform:  # views of the gathered matrices
                 size = ns[base]
                 sends, outs = (rg[rank], rm[rank]), (rg, rm)
-            else:  # zero-padded: a send buffer and dp receive buffers each; the previous
-                # round's are held by its handles, so nothing is freed here
+            else:  # zero-padded: a send buffer and dp receive buffers each (the one of index
+                # count - 1, which a copy loop's variable keeps, apart); the previous round's
+                # are held by its handles, so nothing is freed here
                 size = max(ns[base : base + p])
                 sends = (ledger.new(size * wg), ledger.new(size * wm))
-                outs = ([ledger.new(p * size * wg)], [ledger.new(p * size * wm)])
+                outs = ([ledger.new((p - 1) * size * wg), ledger.new(size * wg)],
+                        [ledger.new((p - 1) * size * wm), ledger.new(size * wm)])  # fmt: skip
             ledger.hold("local_grad", sends[0])
             ledger.hold("local_momentum", sends[1])
             ledger.hold("grad_out", *outs[0])
             ledger.hold("momentum_out", *outs[1])
             self.round_gather("grad_handle", sends[0], outs[0], size * wg)
             self.round_gather("momentum_handle", sends[1], outs[1], size * wm)
+            if not uniform:  # copied back from the padded buffers (l. 1780)
+                ledger.hold("gathered_grad", outs[0][1])
+                ledger.hold("gathered_momentum", outs[1][1])
         for j, n in enumerate(ns):  # the momentum written back (l. 1791)
+            ledger.hold("gathered_momentum", moms[j])
             if rank * parts[j] + parts[j] > n:
                 ledger.hold("buffer_to_update", ledger.new(parts[j] * self.acc))
             else:
                 ledger.hold("buffer_to_update", moms[j])
         ledger.drop("momentum_buffer", "gathered_params_momentums", "update", "local_grad",
                     "local_momentum", "grad_out", "momentum_out", "grad_handle",
-                    "momentum_handle", "buffer_to_update")  # fmt: skip
+                    "momentum_handle", "gathered_grad", "gathered_momentum",
+                    "buffer_to_update")  # fmt: skip
         ledger.hold("update (l. 1858)", grads[-1])  # the copy-back loop's variable
 
 
