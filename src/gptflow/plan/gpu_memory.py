@@ -312,8 +312,9 @@ FIXES = {
     "Newton-Schulz": "raise train.tensor_parallel: each rank orthogonalizes its block of the "
     "largest matrix",
     "Muon momentum": "raise train.zero_stage (1 partitions it over the data-parallel ranks)",
-    "Muon staged momentum": "use more data-parallel ranks: ZeRO 1/2 holds each partition's "
-    "Muon momentum twice (committed and staged)",
+    "Muon staged momentum": "raise train.tensor_parallel (smaller matrices) or use more "
+    "data-parallel ranks: ZeRO 1/2 holds the Muon matrices a partition touches whole, twice "
+    "(committed and staged)",
     "Muon gather cache": "use train.zero_stage 1 or 2: ZeRO 3's Muon update keeps its gather "
     "buffers up to 256 MiB",
     "Muon update": "use train.zero_stage 1 or 2, or fewer data-parallel ranks: ZeRO 3's Muon "

@@ -1,6 +1,6 @@
-"""What DeepSpeed 0.19.8's Muon holds and moves on a rank, by ZeRO stage: its momentum (held
-twice at ZeRO 1/2), and at ZeRO 3 the buffers its update gathers and the bytes those gathers
-move. :func:`muon_memory` is what :mod:`gptflow.plan.gpu_memory` adds to a rank's memory;
+"""What DeepSpeed 0.19.8's Muon holds and moves on a rank, by ZeRO stage, as gptflow runs it
+(gptflow.train.deepspeed_patches): its momentum (held twice at ZeRO 1/2), and at ZeRO 3 the
+buffers its update gathers and the bytes those gathers move. :func:`muon_memory` is what :mod:`gptflow.plan.gpu_memory` adds to a rank's memory;
 :func:`check_traffic` is the preflight's refusal where the update's traffic would dominate a
 step.
 
@@ -171,10 +171,9 @@ def zero3_update(
 
     - the gradients' gather: a send buffer L and a receive buffer dp x L -- kept in
       DeepSpeed's cache (keyed by L and dtype, oldest evicted first) while all it keeps fits
-      256 MiB, else made each call -- and the
-      result, dp x L, which lives until the next chunk's result is copied back (the loop
-      variable ``update`` of l. 1858 holds a view of it); at dp 1 a copy where the dtype
-      changes, else views;
+      256 MiB, else made each call -- and the result, dp x L, which lives until the next
+      chunk's result is copied back (the loop variable ``update`` of l. 1858 holds a view of
+      it); at dp 1 a copy where the dtype changes, else views;
     - the momenta: a clone of each partition (L), gathered alike;
     - rounds of dp matrices, one per rank: the rank's update (its matrix); a round whose
       matrices differ in shape, or that has fewer than dp, makes a zero-padded send buffer of
