@@ -507,6 +507,16 @@ def muon_lr_scale(rows: int, cols: int) -> float:
     return MUON_MATCHED_RMS * math.sqrt(max(rows, cols)) / math.sqrt(max(1.0, rows / cols))
 
 
+def muon_lr(train: TrainConfig, rows: int, cols: int) -> float:
+    """The peak lr of a (rows x cols) Muon matrix (as the rank holds it): train.muon.lr, or
+    under RMS matching train.lr x :func:`muon_lr_scale`. The engine groups Muon's matrices by
+    it (gptflow.train.engine.optimizer_groups), the preflight counts those groups
+    (gptflow.plan.muon.muon_groups)."""
+    if train.muon.lr is not None:
+        return train.muon.lr
+    return train.lr * muon_lr_scale(rows, cols)
+
+
 def newton_schulz_flops(rows: int, cols: int, method: str, steps: int = MUON_NS_STEPS) -> float:
     """Matrix-multiply FLOPs (2 per multiply-add) of DeepSpeed's Newton-Schulz on one (rows x
     cols) matrix, n = min, m = max of the two. ``standard`` (zeropower_via_newtonschulz5): per

@@ -20,7 +20,7 @@ from gptflow.config.settings import (
     ModelConfig,
     TrainConfig,
     muon_layer_shapes,
-    muon_lr_scale,
+    muon_lr,
     muon_reduce_bucket_size,
 )
 from gptflow.errors import GptflowError
@@ -40,8 +40,8 @@ TRAFFIC_SHARE = 1.0
 def muon_groups(m: ModelConfig, t: TrainConfig) -> list[list[Shape]]:
     """Muon's matrices on a rank as DeepSpeed's ZeRO optimizer holds them: one parameter group
     per peak learning rate, in increasing lr, as :func:`gptflow.train.engine.optimizer_groups`
-    makes them (its ``muon_lr``: train.muon.lr, or train.lr x muon_lr_scale, whose rounding can
-    set apart matrices of equal scale), each in the model's order (layer by layer,
+    makes them (:func:`gptflow.config.settings.muon_lr`: train.muon.lr, or train.lr x
+    muon_lr_scale, whose rounding can set apart matrices of equal scale), each in the model's order (layer by layer,
     :data:`gptflow.config.settings.MUON_LAYER` within a layer), then sorted by DeepSpeed's
     ``MuonWithAuxAdam`` (original_muon.py l. 380): by shape, largest first (rows, then
     columns). Under ZeRO 3 the parameters it sorts are already partitioned (empty, all of one
@@ -52,8 +52,7 @@ def muon_groups(m: ModelConfig, t: TrainConfig) -> list[list[Shape]]:
     by_lr: dict[float, list[Shape]] = {}
     for _ in range(-(-m.num_layers // t.pipeline_parallel)):
         for rows, cols in shapes.values():
-            lr = t.muon.lr if t.muon.lr is not None else t.lr * muon_lr_scale(rows, cols)
-            by_lr.setdefault(lr, []).append((rows, cols))
+            by_lr.setdefault(muon_lr(t, rows, cols), []).append((rows, cols))
     groups = [group for _, group in sorted(by_lr.items())]
     if t.zero_stage == 3:
         return groups

@@ -27,7 +27,7 @@ from gptflow.config.settings import (
     MUON_LAYER,
     TrainConfig,
     muon_layer_shapes,
-    muon_lr_scale,
+    muon_lr,
     muon_reduce_bucket_size,
 )
 from gptflow.errors import GptflowError
@@ -211,7 +211,7 @@ def optimizer_groups(module: torch.nn.Module, model_cfg, train: TrainConfig) -> 
     which parameters Muon steps: those whose GPTNeoX name is a hidden matrix
     (:data:`MUON_PATTERNS`; by name, not by shape: under ZeRO 3 every parameter is a flat
     partition), taken out of AdamW's groups into Muon groups, one per learning rate
-    (:func:`muon_lr`), each parameter tagged ``use_muon`` as DeepSpeed's ZeRO optimizers read
+    (:func:`gptflow.config.settings.muon_lr`), each parameter tagged ``use_muon`` as DeepSpeed's ZeRO optimizers read
     it."""
     from gptflow.train.model import decay_groups
 
@@ -245,14 +245,6 @@ def muon_weight_decay(train: TrainConfig, lr: float) -> float:
     train.muon.lr DeepSpeed's own, train.muon.lr x weight decay."""
     decay = train.weight_decay if train.muon.weight_decay is None else train.muon.weight_decay
     return decay if train.muon.lr is not None else decay * train.lr / lr
-
-
-def muon_lr(train: TrainConfig, rows: int, cols: int) -> float:
-    """The peak lr of a (rows x cols) Muon matrix (as the rank holds it): train.muon.lr, or
-    under RMS matching train.lr x :func:`gptflow.config.settings.muon_lr_scale`."""
-    if train.muon.lr is not None:
-        return train.muon.lr
-    return train.lr * muon_lr_scale(rows, cols)
 
 
 @functools.cache
