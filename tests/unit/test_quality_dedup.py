@@ -68,10 +68,11 @@ def test_exact_removes_exactly_the_repeats_keeping_the_first_copy(tmp_path):
 def test_exact_copies_in_another_unicode_form_are_repeats(tmp_path):
     """Issue 49: exact's normalization is NFC first (exact.normalize), so a copy in decomposed
     form ('e' + U+0301, as macOS file names and some extractors write it; Hangul as jamo) is a
-    repeat; the text without its accent is not."""
+    repeat; the text without its accent is not, nor one in another compatibility form (NFC, not
+    NFKC: a ligature, full-width letters)."""
     composed = ["Un café crème à Noël.", "한국어 문서"]
     texts = [*composed, "Un cafe\u0301 cre\u0300me a\u0300 Noe\u0308l.", "Un cafe creme a Noel."]
-    texts.append(unicodedata.normalize("NFD", composed[1]))
+    texts += [unicodedata.normalize("NFD", composed[1]), "a ﬁne ｆｉｌｅ", "a fine file"]
     assert texts[2] != composed[0] and texts[4] != composed[1]  # the shard's bytes differ
     shard = write_shard(tmp_path / "s.jsonl", texts)
     exact.hash_shard(shard, READER, tmp_path / "s.hashes")
@@ -96,6 +97,10 @@ def test_each_step_records_where_its_kept_documents_come_from(tmp_path):
                                  tmp_path / "2.jsonl", tmp_path / "2.json", {}, second)  # fmt: skip
     assert kept_texts(tmp_path / "2.jsonl") == ["a", "b", "d"] and stats["documents_out"] == 3
     assert read_origins(second[1]).tolist() == [0, 1, 4]  # a, b, d of the collected shard
+    for bad in ([0, 2, 2], [[0, 1]], [0.0, 1.0]):  # a document twice, not 1-D, not integers
+        np.save(tmp_path / "bad.npy", np.array(bad))
+        with pytest.raises(GptflowError, match=r"bad\.npy: not a document origins file"):
+            read_origins(tmp_path / "bad.npy")
     wrong = (first[1], tmp_path / "3.origins.npy")  # the collected shard holds 7, not 5
     with pytest.raises(GptflowError, match=r"1\.origins\.npy: the origins of 5 documents, but "):
         removal.filter_shard(shard, READER, lambda *_: None, tmp_path / "3.jsonl",
@@ -109,7 +114,7 @@ def test_a_manifest_counts_utf8_bytes_and_what_the_reader_skipped(tmp_path):
     """Issue 49: a manifest's bytes are the texts' UTF-8 bytes, not characters (on a
     non-ASCII corpus a step that removes nothing shows no bytes removed), and `unreadable`
     counts by reason the documents the reader skipped (on_bad: skip)."""
-    texts = ["Un café crème.", "中文的文档", "emoji 🙂 ok", "plain"]
+    texts = ["Un café crème. " * 30, "中文的文档", "emoji 🙂 ok", "plain"]
     lines = [json.dumps({"text": t}, ensure_ascii=False).encode() for t in texts]
     lines[1:1] = [b'{"text": null}', b'{"body": "no text"}', b'{"text": "bad \xff byte"}']
     shard = tmp_path / "s.jsonl"
@@ -127,6 +132,13 @@ def test_a_manifest_counts_utf8_bytes_and_what_the_reader_skipped(tmp_path):
     m = removal.filter_shard(shard, reader, lambda i, _: "x" if i == 1 else None,
                              tmp_path / "p.jsonl", tmp_path / "p.json", {})  # fmt: skip
     assert m["bytes_in"] - m["bytes_out"] == len("中文的文档".encode()) == 15
+    # every one removed: the first three shown, shortened; without on_bad: skip, a refusal
+    m = removal.filter_shard(shard, reader, lambda *_: "x", tmp_path / "q.jsonl",
+                             tmp_path / "q.json", {})  # fmt: skip
+    assert m["removed"] == {"x": 4} and m["examples"] == {"x": [texts[0][:300], *texts[1:3]]}
+    with pytest.raises(GptflowError, match=r"s\.jsonl:2: 'text' is NoneType, not a string; "):
+        removal.filter_shard(shard, READER, lambda *_: None, tmp_path / "r.jsonl",
+                             tmp_path / "r.json", {})  # fmt: skip
 
 
 def test_exact_scope_order_decides_which_copy_is_kept(tmp_path):
