@@ -269,7 +269,8 @@ def collected_sizes():
 def quality_plan_lines():
     """-n's lines: each recipe's steps and whether each will run (its manifests present), and
     the copies its steps write; a data ablation's recipes each once, after the runs that
-    clean with it."""
+    clean with it, and the base config's when no run trains on it (its shards are the
+    held-out text: its steps run too), as the report's page shows them."""
     done = {
         (step.name, name): all(
             Path(
@@ -283,7 +284,8 @@ def quality_plan_lines():
     if all(recipe is QUALITY for recipe in RUN_QUALITY.values()):
         return quality_recipe.plan_lines(QUALITY, done, sizes)
     lines = []
-    for names in runs_by_recipe().values():
+    runs = runs_by_recipe()
+    for names in runs.values():
         lines.append(f"gptflow: study runs {', '.join(names)}:")
         recipe = RUN_QUALITY[names[0]]
         lines += (
@@ -291,6 +293,9 @@ def quality_plan_lines():
             if recipe
             else ["  no data quality steps"]
         )
+    if QUALITY and tuple(BASE_VARIANTS.values()) not in runs:
+        lines.append("gptflow: the base config (the held-out text):")
+        lines += quality_recipe.plan_lines(QUALITY, done, sizes)
     return lines
 
 

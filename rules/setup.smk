@@ -380,25 +380,32 @@ QUALITY_STEP = {
     for step in steps
 }
 QUALITY_KEY = {(name, step.key): step for (name, _), step in QUALITY_STEP.items()}
-# a filters step's signals, shared by the recipes that differ only in thresholds
+# a filters step's signals (of every recipe: a data ablation's runs' too, as QUALITY_STEP),
+# shared by the recipes that differ only in thresholds
 SIGNALS_STEP = {
     (name, step.signals_name): step
     for (name, _), step in QUALITY_STEP.items()
     if step.kind == "filters"
 }
-# a language step's scores, shared by the recipes that differ only in languages or threshold
+# a language step's scores (of every recipe, as the signals), shared by the recipes that
+# differ only in languages or threshold
 SCORES_STEP = {
     (name, step.scores_name): step
-    for name, steps in QUALITY.items()
-    for step in steps
+    for (name, _), step in QUALITY_STEP.items()
     if step.kind == "language"
 }
+# every recipe's rules and languages as the filters module takes them, at -n: each recipe's
+# own (recipes differing only in thresholds share one SIGNALS_STEP entry), named by its config
 try:
-    for step in SIGNALS_STEP.values():
-        quality_selection.check_rules(step.settings["rules"], step.where, CONFIG_SOURCE)
-    for step in QUALITY_STEP.values():
-        if step.kind == "language":
-            quality_selection.check_language(step.settings, step.where, CONFIG_SOURCE)
+    for run, recipe in (("", QUALITY), *RUN_QUALITY.items()):
+        source = CONFIG_SOURCE
+        if recipe is not QUALITY:
+            source = f"{CONFIG_SOURCE} (study run '{run}')"
+        for step in (step for steps in recipe.values() for step in steps):
+            if step.kind == "filters":
+                quality_selection.check_rules(step.settings["rules"], step.where, source)
+            elif step.kind == "language":
+                quality_selection.check_language(step.settings, step.where, source)
 except GptflowError as e:
     raise WorkflowError(f"gptflow config: {e}") from None
 # The data index each run reads (gptflow.paths.DATA_INDEX): runs reading the same samples of

@@ -6,6 +6,7 @@ functions run on files in tmp_path, as the rules run them."""
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import numpy as np
 import pytest
@@ -64,6 +65,21 @@ def test_exact_removes_exactly_the_repeats_keeping_the_first_copy(tmp_path):
     assert kept == ["alpha beta", "gamma", "delta", "epsilon.", "zeta", "epsilon"]
 
 
+def test_exact_copies_in_another_unicode_form_are_repeats(tmp_path):
+    """Issue 49: exact's normalization is NFC first (exact.normalize), so a copy in decomposed
+    form ('e' + U+0301, as macOS file names and some extractors write it; Hangul as jamo) is a
+    repeat; the text without its accent is not, nor one in another compatibility form (NFC, not
+    NFKC: a ligature, full-width letters)."""
+    composed = ["Un café crème à Noël.", "한국어 문서"]
+    texts = [*composed, "Un cafe\u0301 cre\u0300me a\u0300 Noe\u0308l.", "Un cafe creme a Noel."]
+    texts += [unicodedata.normalize("NFD", composed[1]), "a ﬁne ｆｉｌｅ", "a fine file"]
+    assert texts[2] != composed[0] and texts[4] != composed[1]  # the shard's bytes differ
+    shard = write_shard(tmp_path / "s.jsonl", texts)
+    exact.hash_shard(shard, READER, tmp_path / "s.hashes")
+    assert exact.find_repeats([tmp_path / "s.hashes"], tmp_path / "r.npy")["repeats"] == 2
+    assert np.load(tmp_path / "r.npy").tolist() == [[0, 2], [0, 4]]
+
+
 def test_each_step_records_where_its_kept_documents_come_from(tmp_path):
     """filter_shard's origins: each kept document's ordinal in the collected shard, composed
     through the steps (gptflow.data.quality.origins); a mismatched input's origins refused."""
@@ -81,10 +97,48 @@ def test_each_step_records_where_its_kept_documents_come_from(tmp_path):
                                  tmp_path / "2.jsonl", tmp_path / "2.json", {}, second)  # fmt: skip
     assert kept_texts(tmp_path / "2.jsonl") == ["a", "b", "d"] and stats["documents_out"] == 3
     assert read_origins(second[1]).tolist() == [0, 1, 4]  # a, b, d of the collected shard
+    for bad in ([0, 2, 2], [[0, 1]], [0.0, 1.0]):  # a document twice, not 1-D, not integers
+        np.save(tmp_path / "bad.npy", np.array(bad))
+        with pytest.raises(GptflowError, match=r"bad\.npy: not a document origins file"):
+            read_origins(tmp_path / "bad.npy")
     wrong = (first[1], tmp_path / "3.origins.npy")  # the collected shard holds 7, not 5
     with pytest.raises(GptflowError, match=r"1\.origins\.npy: the origins of 5 documents, but "):
         removal.filter_shard(shard, READER, lambda *_: None, tmp_path / "3.jsonl",
                              tmp_path / "3.json", {}, wrong)  # fmt: skip
+    # refused before the kept documents are published: no 3.jsonl without its origins
+    # (issue 49), no manifest, no temporary
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("3.")] == []
+
+
+def test_a_manifest_counts_utf8_bytes_and_what_the_reader_skipped(tmp_path):
+    """Issue 49: a manifest's bytes are the texts' UTF-8 bytes, not characters (on a
+    non-ASCII corpus a step that removes nothing shows no bytes removed), and `unreadable`
+    counts by reason the documents the reader skipped (on_bad: skip)."""
+    texts = ["Un café crème. " * 30, "中文的文档", "emoji 🙂 ok", "plain"]
+    lines = [json.dumps({"text": t}, ensure_ascii=False).encode() for t in texts]
+    lines[1:1] = [b'{"text": null}', b'{"body": "no text"}', b'{"text": "bad \xff byte"}']
+    shard = tmp_path / "s.jsonl"
+    shard.write_bytes(b"\n".join(lines) + b"\n")
+    size = sum(len(t.encode()) for t in texts)
+    assert size > sum(len(t) for t in texts)
+    reader = READER | {"on_bad": "skip"}
+    m = removal.filter_shard(shard, reader, lambda *_: None, tmp_path / "o.jsonl",
+                             tmp_path / "o.json", {})  # fmt: skip
+    assert m["documents_in"] == m["documents_out"] == 4
+    assert kept_texts(tmp_path / "o.jsonl") == texts
+    assert m["bytes_in"] == m["bytes_out"] == size
+    assert m["unreadable"] == {"invalid_utf8": 1, "missing_key": 1, "not_string": 1}
+    assert json.loads((tmp_path / "o.json").read_text()) == m
+    m = removal.filter_shard(shard, reader, lambda i, _: "x" if i == 1 else None,
+                             tmp_path / "p.jsonl", tmp_path / "p.json", {})  # fmt: skip
+    assert m["bytes_in"] - m["bytes_out"] == len("中文的文档".encode()) == 15
+    # every one removed: the first three shown, shortened; without on_bad: skip, a refusal
+    m = removal.filter_shard(shard, reader, lambda *_: "x", tmp_path / "q.jsonl",
+                             tmp_path / "q.json", {})  # fmt: skip
+    assert m["removed"] == {"x": 4} and m["examples"] == {"x": [texts[0][:300], *texts[1:3]]}
+    with pytest.raises(GptflowError, match=r"s\.jsonl:2: 'text' is NoneType, not a string; "):
+        removal.filter_shard(shard, READER, lambda *_: None, tmp_path / "r.jsonl",
+                             tmp_path / "r.json", {})  # fmt: skip
 
 
 def test_exact_scope_order_decides_which_copy_is_kept(tmp_path):
@@ -164,15 +218,19 @@ def test_empty_shards_pass_through_every_stage(tmp_path):
 
 
 def test_minhash_documents_too_short_have_no_signature_and_stay(tmp_path):
-    shard = write_shard(tmp_path / "s.jsonl", ["one two three", "one two three", "a b c d e f"])
+    """Below `ngram` (5) words no signature, never a duplicate; at exactly 5 words one
+    shingle, a signature, and its copy found (as in DataTrove: issue 49)."""
+    texts = ["one two three four", "one two three four", "a b c d e f",
+             "The quick brown fox jumps.", "the QUICK brown fox, jumps"]  # fmt: skip
+    shard = write_shard(tmp_path / "s.jsonl", texts)
     minhash.signatures_of_shard(shard, READER, DEFAULTS, tmp_path / "s.npy")
     records = np.load(tmp_path / "s.npy")  # (bands, documents), each band sorted
-    sig = np.empty((3, 14, 8), np.uint64)
+    sig = np.empty((len(texts), 14, 8), np.uint64)
     for band, r in enumerate(records):
         sig[r["index"], band] = r["values"]
-    assert (sig[:2] == minhash.NO_SIGNATURE).all() and (sig[2] != minhash.NO_SIGNATURE).all()
+    assert (sig[:2] == minhash.NO_SIGNATURE).all() and (sig[2:] != minhash.NO_SIGNATURE).all()
     buckets.band_pairs([tmp_path / "s.npy"], 0, 8, tmp_path / "b.npy")
-    assert np.load(tmp_path / "b.npy").shape == (0, 4)
+    assert np.load(tmp_path / "b.npy").tolist() == [[0, 3, 0, 4]]  # the 5-word pair alone
 
 
 def test_clustering_removes_all_but_the_earliest_of_each_component(tmp_path):

@@ -142,14 +142,25 @@ FINEWEB_CHAIN = {
 }  # fmt: skip
 
 
+# issue 49: a rule between C4 and FineWeb (its checks off: a Gopher rule judges the whole text
+# wherever it stands, see F.select), after which FineWeb still judges the text C4 left
+C4_RULE_FINEWEB = {
+    "c4": {"filter_no_terminal_punct": False},
+    "gopher_repetition": {"dup_line_frac": None, "dup_para_frac": None, "dup_line_char_frac": None,
+                          "dup_para_char_frac": None, "top_n_grams": {}, "dup_n_grams": {}},
+    "fineweb": {},
+}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "recipe",
-    [FINEWEB_CHAIN, {"c4": {"filter_no_terminal_punct": False}, "fineweb": {}}],
-    ids=["fineweb-chain", "c4-then-fineweb"],
+    [FINEWEB_CHAIN, {"c4": {"filter_no_terminal_punct": False}, "fineweb": {}}, C4_RULE_FINEWEB],
+    ids=["fineweb-chain", "c4-then-fineweb", "c4-a-rule-then-fineweb"],
 )
 def test_a_recipe_decides_as_datatrove_s_pipeline_of_its_filters(corpus, spacy_signals, recipe):
-    """In a pipeline, FineWeb's filter after C4's judges the text C4 left of the document;
-    a recipe's selection does the same from the one set of signals."""
+    """In a pipeline, FineWeb's filter after C4's judges the text C4 left of the document,
+    also with another rule between them; a recipe's selection does the same from the one set
+    of signals."""
     filters = [_reference(rule, thresholds) for rule, thresholds in recipe.items()]
     thresholds = F.thresholds_for(recipe)
     wrong, reasons = [], Counter()

@@ -55,6 +55,24 @@ def test_language_scores_are_keyed_by_the_models_digest_only():
     assert a.scores_name.startswith("02-lid-")
 
 
+def test_signals_and_scores_are_keyed_by_the_step_before():
+    """Issue 49: a filters step's signals and a language step's scores are those of its
+    input, the documents the step before kept: after another step, or the same kind with
+    other settings, they are others (never one side file for two inputs: a count mismatch at
+    best, another input's signals selecting documents at worst)."""
+    lid = {"step": "language", "model": "/a/lid.176.ftz", "sha256": "a" * 64,
+           "languages": ["en"], "threshold": 0.65}  # fmt: skip
+    before = [EXACT, MINHASH, MINHASH | {"bands": 20}, EXACT | {"scope": "dataset"}]
+    signals = {recipe.chain([b, FILTERS])[1].signals_name for b in before}
+    scores = {recipe.chain([b, lid])[1].scores_name for b in before}
+    assert len(signals) == len(scores) == len(before)
+    # and two steps back: the whole recipe before it, not the step before alone
+    assert (
+        recipe.chain([EXACT, MINHASH, FILTERS])[2].signals_name
+        != recipe.chain([EXACT | {"scope": "dataset"}, MINHASH, FILTERS])[2].signals_name
+    )
+
+
 def test_datasets_with_one_recipe_share_steps_and_blend_groups():
     steps = [EXACT, MINHASH | {"scope": "dataset"}]
     recipes = recipe.recipes(cfg(steps, {"c": [EXACT]}), ["a", "b", "c"], "my.yaml")

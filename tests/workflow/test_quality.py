@@ -151,28 +151,41 @@ def test_an_edit_reruns_its_step_and_what_follows_and_off_adds_no_job(cleaned, s
 
 # one of each path to -n's line (the schema, the recipe, the filters module); the recipe's other
 # refusals (a dataset not blended, a language model missing) are in tests/unit/test_quality_recipe.py
+GOOD_FILTERS = {"step": "filters", "rules": {"gopher_quality": {}}}
+BAD_FILTERS = {"step": "filters", "rules": {"gopher_quality": {"min_words": 50}}}
+
+
 @pytest.mark.parametrize(
-    ("quality", "message"),
+    ("quality", "runs", "message"),
     [
         (
-            {"steps": [{"step": "minhash", "bandz": 3}]},
+            {"steps": [{"step": "minhash", "bandz": 3}]}, None,
             "unknown key 'data.quality.steps[0].bandz'",
         ),
         (
-            {"steps": [{"step": "minhash", "rows": 0}]},
+            {"steps": [{"step": "minhash", "rows": 0}]}, None,
             "'data.quality.steps[0].rows' is 0",
         ),
         (
-            {"steps": [{"step": "exact"}, {"step": "filters", "rules": {"gopher_quality": {"min_words": 50}}}]},
+            {"steps": [{"step": "exact"}, BAD_FILTERS]}, None,
             "data.quality.steps[1].rules: quality filter gopher_quality: threshold 'min_words' is unknown",
+        ),
+        (  # a study run's, whose signals the base's filters step shares (issue 49)
+            {"steps": [{"step": "exact"}, GOOD_FILTERS]},
+            {"bad": {"data": {"quality": {"steps": [{"step": "exact"}, BAD_FILTERS]}}}, "base": {}},
+            "(study run 'bad'): data.quality.steps[1].rules: quality filter gopher_quality: "
+            "threshold 'min_words' is unknown",
         ),
     ],
 )  # fmt: skip
 def test_a_bad_recipe_stops_the_plan_with_one_line(
-    quality, message, tmp_path, snakemake, write_config, tiny
+    quality, runs, message, tmp_path, snakemake, write_config, tiny
 ):
     cfg = copy.deepcopy(tiny)
     cfg["data"]["quality"] = quality
+    if runs is not None:
+        cfg["run"] = "ablation"
+        cfg["study"] = {"runs": runs}
     plan = snakemake(tmp_path, write_config(tmp_path / "config.yaml", cfg), "-n")
     assert plan.returncode != 0
     assert message in plan.out, plan.out[-2000:]
@@ -458,7 +471,8 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     reused as they are; every run is validated on the base's shards, and trains on none of
     the base's held-out documents (by identity, and by text: the recipes remove the repeats);
     editing one threshold in one run's recipe replans that recipe's selection and shards and
-    that run alone; a step output made again replans the runs reading it."""
+    that run alone; a step output made again replans the runs reading it; a run adding a step
+    kind the base's recipe lacks (a language step) plans, the base's recipe printed too."""
     from gptflow.data.dataset import run_split_datasets
     from gptflow.data.quality.origins import read_origins, write_origins
     from gptflow.train.run_config import RunConfig
@@ -529,3 +543,26 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     # filtered: its edited recipe; filtered-lr: its changed origins (the base not at all)
     assert counts["render_run_config"] == counts["build_data_index"] == 2
     assert "results/runs/base/run.yaml" not in plan.out
+
+    # issue 49: a run's language step, which the base's recipe lacks, plans (its scores' jobs
+    # are looked up among every recipe's steps, not the base's alone: it was a KeyError); no
+    # run trains on the base's recipe, whose steps still run for the held-out text: -n says so
+    from gptflow.data.quality.filters import shipped_lid_model
+    from gptflow.fsutil import sha256_file
+
+    model = shipped_lid_model()
+    language = {"step": "language", "model": str(model), "sha256": sha256_file(model),
+                "languages": ["en"]}  # fmt: skip
+    study["study"]["runs"] = {
+        "language": {"data": {"quality": {"steps": [{"step": "exact"}, language]}}}
+    }
+    plan = snakemake(wd, write_config(wd / "language.yaml", study), "-n", *until)
+    assert plan.returncode == 0, plan.out[-3000:]
+    counts = job_counts(plan.out)
+    assert counts["compute_language_scores"] == counts["select_language"] == 4
+    assert "gptflow: study runs language:" in plan.out
+    assert "  2. language (en above 0.65, model " in plan.out
+    assert (
+        "gptflow: the base config (the held-out text):\ngptflow: data quality of a, b:\n"
+        "  1. exact (BLAKE2b-128 of normalized text, scope blend): outputs present"
+    ) in plan.out

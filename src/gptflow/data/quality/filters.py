@@ -14,7 +14,7 @@ thresholds)` applies a recipe's thresholds, rule by rule in the recipe's order, 
 recomputes nothing. Each rule's own `decide` stops at the first failing check in DataTrove's
 order, so the reason is the one DataTrove names, not merely a failing one. As in a DataTrove
 pipeline, FineWeb's rule after C4's judges the text C4 left (``fineweb_after_c4_*``, for C4
-as FineWeb runs it). Language identification (`language_signals`: fastText LID-176, DataTrove's
+as FineWeb runs it); Gopher's rules judge the whole text wherever they stand. Language identification (`language_signals`: fastText LID-176, DataTrove's
 LanguageFilter decision) needs a model file, so its signals are asked for separately.
 
 The word tokenizer is named (`TOKENIZERS`): ``spacy`` is DataTrove's own (spaCy's blank
@@ -941,7 +941,10 @@ def decide(rule: str, sig: dict[str, Any], thresholds: dict[str, Any]) -> tuple[
 def select(sig: dict[str, Any], thresholds: dict[str, dict[str, Any]]) -> tuple[bool, str]:
     """A recipe's decision: its rules in order (`thresholds_for`), the first that drops the
     document gives the reason (``"<rule>:<DataTrove's reason>"``); ``(True, "")`` kept. As in
-    a DataTrove pipeline, FineWeb's rule after C4's judges the text C4 left."""
+    a DataTrove pipeline, FineWeb's rule after C4's judges the text C4 left, also with other
+    rules between them. Gopher's rules judge the whole text wherever they stand (their
+    signals are of it alone), where DataTrove's pipeline would judge C4's after C4: FineWeb's
+    order puts them before C4."""
     after_c4 = False
     for rule, rule_thresholds in thresholds.items():
         if rule == "fineweb" and after_c4 and UNPARSABLE not in sig:
