@@ -914,6 +914,17 @@ def thresholds_for(recipe: dict[str, dict[str, Any] | None]) -> dict[str, dict[s
                 )
         out[rule] = merged
     rules = list(out)
+    late = (
+        [r for r in rules[rules.index("c4") + 1 :] if r.startswith("gopher_")]
+        if "c4" in out
+        else []
+    )
+    if late:
+        raise GptflowError(
+            f"quality filters: {late[0]} after c4 would judge the whole text (gptflow computes "
+            "Gopher's signals of the text as read), where DataTrove's pipeline judges what C4 "
+            f"leaves; put {late[0]} before c4, as FineWeb does"
+        )
     if (
         "c4" in out
         and "fineweb" in rules[rules.index("c4") :]
@@ -941,10 +952,10 @@ def decide(rule: str, sig: dict[str, Any], thresholds: dict[str, Any]) -> tuple[
 def select(sig: dict[str, Any], thresholds: dict[str, dict[str, Any]]) -> tuple[bool, str]:
     """A recipe's decision: its rules in order (`thresholds_for`), the first that drops the
     document gives the reason (``"<rule>:<DataTrove's reason>"``); ``(True, "")`` kept. As in
-    a DataTrove pipeline, FineWeb's rule after C4's judges the text C4 left, also with other
-    rules between them. Gopher's rules judge the whole text wherever they stand (their
-    signals are of it alone), where DataTrove's pipeline would judge C4's after C4: FineWeb's
-    order puts them before C4."""
+    a DataTrove pipeline, FineWeb's rule after C4's judges the text C4 left. Gopher's rules
+    judge the whole text (their signals are of it alone), so `thresholds_for` refuses them
+    after C4, where DataTrove's pipeline would judge C4's text: FineWeb's order puts them
+    before C4."""
     after_c4 = False
     for rule, rule_thresholds in thresholds.items():
         if rule == "fineweb" and after_c4 and UNPARSABLE not in sig:
