@@ -186,6 +186,29 @@ def test_checksum_recorded_by_the_first_download_guards_later_ones(server, polic
     assert not (tmp_path / "a.bin").exists()
 
 
+def test_a_given_sha256_the_lock_contradicts_is_refused_before_downloading(
+    server, policy, tmp_path
+):
+    """The catalog's sha256 and the SHA256SUMS lock disagree (a catalog entry updated for a
+    new upstream file, the lock still the old one's): refused before any request -- checked
+    after the download, it was refused only once the whole file had been fetched, and
+    published under its name."""
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text(f"{'0' * 64}  a.bin\n")
+    url = server.add("a.bin", DATA)
+    with pytest.raises(GptflowError) as e:
+        fetch(url, tmp_path / "a.bin", policy, sha256=SHA, sha256sums=sums)
+    assert str(e.value) == (
+        f"{sums}: records sha256 {'0' * 64} for a.bin, but {SHA} is given (the catalog's "
+        f"sha256, or --sha256): one of them is out of date. If the given one is right, delete "
+        f"that line; nothing was downloaded"
+    )
+    assert server.requests("a.bin") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["SHA256SUMS"]
+    sums.write_text(f"{SHA}  a.bin\n")  # the lock agrees: downloaded and checked
+    assert fetch(url, tmp_path / "a.bin", policy, sha256=SHA, sha256sums=sums).sha256 == SHA
+
+
 def test_host_published_sha256_is_checked(server, policy, tmp_path):
     url = server.add("a.bin", DATA, headers={"X-Linked-Etag": f'"{"f" * 64}"'})
     with pytest.raises(GptflowError, match=r"expected f{64} \(published by 127\.0\.0\.1\)"):
