@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gptflow.data.download import CHUNK, Policy, download, read_sha256sums
+from gptflow.data.download import CHUNK, Policy, download, read_sha256sums, record_sha256
 from gptflow.errors import GptflowError
 from tests.support.faultserver import FaultServer
 from tests.support.ports import refused_port
@@ -207,6 +207,20 @@ def test_a_given_sha256_the_lock_contradicts_is_refused_before_downloading(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["SHA256SUMS"]
     sums.write_text(f"{SHA}  a.bin\n")  # the lock agrees: downloaded and checked
     assert fetch(url, tmp_path / "a.bin", policy, sha256=SHA, sha256sums=sums).sha256 == SHA
+
+
+def test_the_lock_never_changes_a_recorded_sha256(tmp_path):
+    """record_sha256 adds a file's first verified sha256 and refuses another one for it later
+    (two jobs racing past the check before the download, the upstream file changed between
+    them): the recorded line stays, the others are kept."""
+    sums = tmp_path / "SHA256SUMS"
+    record_sha256(sums, "a.bin", SHA)
+    record_sha256(sums, "b.bin", "1" * 64)
+    record_sha256(sums, "a.bin", SHA)  # the same again: nothing to do
+    with pytest.raises(GptflowError, match=rf"records sha256 {SHA} for a\.bin, the download has "
+                       rf"{'2' * 64}; the upstream file changed"):  # fmt: skip
+        record_sha256(sums, "a.bin", "2" * 64)
+    assert read_sha256sums(sums) == {"a.bin": SHA, "b.bin": "1" * 64}
 
 
 def test_host_published_sha256_is_checked(server, policy, tmp_path):
