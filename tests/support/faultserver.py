@@ -10,6 +10,8 @@ consumed one request at a time (then the path is served correctly):
     ("retry_after", s)  429 with Retry-After: s
     "ignore_range"      always 200 with the whole body
     "corrupt"           serve other bytes of the same length
+    ("from", n)         answer a Range request with a 206 from byte n instead of the byte
+                        asked for (a cache or proxy that gets ranges wrong)
     ("slow", bps)       serve at about bps bytes per second
     ("no_length", bps)  like slow, without Content-Length: the body ends when the connection
                         closes (HTTP/1.1 servers streaming a body of unknown size do this)
@@ -102,6 +104,8 @@ class FaultServer:
             start = int(rng.split("=")[1].split("-")[0])
             if start >= len(data):
                 return self._status(h, 416, {"Content-Range": f"bytes */{len(data)}"})
+            if name == "from":
+                start = arg
         body = data[start:]
         h.send_response(206 if start else 200)
         if name == "no_length":

@@ -11,7 +11,7 @@ import pytest
 
 from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
-from gptflow.train.checkpoint import COMPLETE, CheckpointSeries, RunLock
+from gptflow.train.checkpoint import COMPLETE, CheckpointSeries, RunLock, checkpoint_digest
 
 
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
@@ -179,3 +179,50 @@ def test_a_requeued_job_never_takes_over_a_different_live_jobs_lock(tmp_path, mo
         ):  # fmt: skip
             RunLock(path).acquire()
         assert json.loads(path.read_text()) == holder  # left as it was
+
+
+def test_a_lock_whose_pid_now_belongs_to_another_process_is_stale(tmp_path):
+    """Same host, the recorded pid alive -- but started at another time than the recorded
+    holder (the pid was reused, e.g. after a reboot): the lock is taken over, not waited for."""
+    path = tmp_path / "train.lock"
+    holder = {"host": socket.gethostname(), "pid": os.getppid(), "proc_start": "1"}
+    path.write_text(json.dumps(holder))
+    lock = RunLock(path)
+    assert lock.stale_reason(holder) == f"pid {os.getppid()} was reused by another process"
+    lock.acquire()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_release_leaves_a_lock_another_trainer_took_over(tmp_path):
+    """A trainer whose lock was taken over (its heartbeat stopped: a stalled file system)
+    does not delete the new holder's lock when it exits."""
+    path = tmp_path / "train.lock"
+    lock = RunLock(path)
+    lock.acquire()
+    theirs = {"host": "node7", "pid": 4242, "slurm_job_id": "555"}
+    path.write_text(json.dumps(theirs))
+    lock.release()
+    assert json.loads(path.read_text()) == theirs
+
+
+def test_the_digest_of_a_step_is_its_saved_files_and_nothing_derived_later(tmp_path):
+    """checkpoint_digest hashes each file the save wrote, by name and content; what is added
+    inside the step later (the universal conversion, DeepSpeed's pointer to it, a hidden
+    temporary) leaves it as it was."""
+    step = tmp_path / "step00000004"
+    step.mkdir()
+    (step / COMPLETE).write_text('{"step": 4}')
+    (step / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    digest = checkpoint_digest(step)
+    (step / "universal" / "zero" / "w").mkdir(parents=True)
+    (step / "universal" / "zero" / "w" / "fp32.pt").write_bytes(b"converted")
+    (step / "latest_universal").write_text("universal.host.1234.tmp")
+    (step / ".writing-rank0").mkdir()
+    (step / ".writing-rank0" / "x.pt").write_bytes(b"half")
+    assert checkpoint_digest(step) == digest
+    (step / "mp_rank_00_model_states.pt").write_bytes(b"weightz")
+    assert checkpoint_digest(step) != digest
+    (step / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    (step / "mp_rank_00_model_states.pt").rename(step / "mp_rank_01_model_states.pt")
+    assert checkpoint_digest(step) != digest

@@ -6,6 +6,7 @@ import pytest
 from gptflow.data.dataset import (
     ShardSet,
     blending_indices,
+    build_gpt_indices,
     build_sample_index,
     build_split_datasets,
     heldout_train_end,
@@ -232,3 +233,81 @@ def test_a_shard_must_hold_the_documents_its_origins_list(tmp_path):
         heldout_train_ends("90,9,1", {"d": [run]}, {"d": [base]}, origins)
     write_origins(tmp_path / "o.npy", np.array([0, 3, 4, 7, 19]))
     assert heldout_train_ends("90,9,1", {"d": [run]}, {"d": [base]}, origins) == {"d": 4}
+
+
+def test_an_index_holds_the_samples_asked_for_when_they_end_on_an_epoch(tmp_path):
+    """Samples of seq_length + 1 tokens overlap by one: 4 samples of 8 need 33 tokens, so 32
+    tokens an epoch make 2 epochs, not 1 (Megatron counts the extra token), and the run's
+    last sample exists."""
+    lengths = np.full(4, 8, dtype=np.int32)
+    index = build_gpt_indices(lengths, 0, 4, num_samples=4, seq_length=8, seed=1)
+    assert len(index) >= 4
+    assert len(index.document_index) == 2 * 4
+
+
+# what a dataset split's index depends on, one input changed at a time (the blend's too)
+INDEX_INPUTS = {
+    "seed": {"seed": 2},
+    "seq_length": {"seq_length": 32},
+    # as many sequences, one of them longer: another index over the same range
+    "shards": {"datasets": [("a", 0.3, "a2", ["sa2"]), ("b", 0.7, "b", ["sb"])]},
+    "split": {"split": "80,19,1"},
+    "samples": {"num_samples": {**SIZES, "train": 2000}},
+    "weights": {"datasets": [("a", 0.5, "a", ["sa"]), ("b", 0.5, "b", ["sb"])]},
+}
+
+
+@pytest.mark.parametrize("changed", INDEX_INPUTS)
+def test_a_cached_index_is_never_read_for_other_inputs(tmp_path, changed):
+    """The cache key holds every input of an index: after the indices of one setting are
+    cached, those of a setting that differs in one input are the ones built without a cache,
+    not the cached ones (a run whose seed, sequence length, shards, split, samples or blend
+    weights changed reads the same cache directory: the run's own data-index/)."""
+    prefixes = {n: make_prefix(tmp_path / n, docs, seed=s)[0] for n, docs, s in
+                (("a", 150, 12), ("b", 90, 13))}  # fmt: skip
+    docs = [d for d in make_prefix(tmp_path / "a", 150, seed=12)[1] if len(d)]
+    prefixes["a2"] = str(tmp_path / "a2")
+    with IndexedDatasetWriter(prefixes["a2"], np.uint16) as w:
+        w.add_documents([np.append(docs[0], 7), *docs[1:]])
+        w.finalize()
+
+    def build(cache, datasets=(("a", 0.3, "a", ["sa"]), ("b", 0.7, "b", ["sb"])),
+              split="90,9,1", num_samples=SIZES, seq_length=16, seed=1):  # fmt: skip
+        blend = [(name, w, [prefixes[p]], shas) for name, w, p, shas in datasets]
+        return build_split_datasets(blend, split, num_samples, seq_length, seed, cache)
+
+    cache = tmp_path / "cache"
+    build(cache)
+    cached, fresh = build(cache, **INDEX_INPUTS[changed]), build(None, **INDEX_INPUTS[changed])
+    for split in ("train", "valid"):
+        for ours, theirs in zip(cached[split].datasets, fresh[split].datasets, strict=True):
+            assert np.array_equal(ours.index.shuffle_index, theirs.index.shuffle_index)
+            assert np.array_equal(ours.index.document_index, theirs.index.document_index)
+            assert np.array_equal(ours.index.sample_index, theirs.index.sample_index)
+        assert np.array_equal(cached[split].dataset_index, fresh[split].dataset_index)
+        assert all(np.array_equal(cached[split][i], fresh[split][i]) for i in (0, 7, 99))
+
+
+def test_an_index_cut_short_by_a_kill_is_built_again(tmp_path):
+    """Each array is published whole, one after the other: a build killed between them leaves
+    some; the next build (rank 0) makes the missing ones instead of failing to load them."""
+    prefix, _ = make_prefix(tmp_path / "d", 200, seed=14)
+    cache = tmp_path / "cache"
+    first = build_split_datasets([("d", 1.0, [prefix], ["s"])], "90,9,1", SIZES, 16, 1, cache)
+    (gone,) = cache.glob("*-train-shuffle_index.npy")
+    gone.unlink()
+    again = build_split_datasets([("d", 1.0, [prefix], ["s"])], "90,9,1", SIZES, 16, 1, cache)
+    assert gone.is_file()
+    assert np.array_equal(first["train"][5], again["train"][5])
+
+
+def test_a_held_out_split_that_starts_a_shard(tmp_path):
+    """The base's train split ends exactly where a shard ends: its held-out documents start
+    at the next shard's first, whether or not the base's shards have origins of their own."""
+    split = "50,25,25"  # 8 sequences: the train split is the first 4, shard 0 exactly
+    raw = [documents([1] * 4), documents([1] * 4)]
+    own = [documents([1] * 4, [0, 1, 2, 3]), documents([1] * 4, [0, 2, 4, 5])]
+    for base in (raw, own):
+        assert heldout_train_end("d", split, base, raw) == 4
+        cleaned = [documents([1] * 3, [0, 2, 3]), documents([1] * 2, [1, 3])]
+        assert heldout_train_end("d", split, base, cleaned) == 3

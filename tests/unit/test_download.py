@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gptflow.data.download import CHUNK, Policy, download, read_sha256sums
+from gptflow.data.download import CHUNK, Policy, download, read_sha256sums, record_sha256
 from gptflow.errors import GptflowError
 from tests.support.faultserver import FaultServer
 from tests.support.ports import refused_port
@@ -186,6 +186,43 @@ def test_checksum_recorded_by_the_first_download_guards_later_ones(server, polic
     assert not (tmp_path / "a.bin").exists()
 
 
+def test_a_given_sha256_the_lock_contradicts_is_refused_before_downloading(
+    server, policy, tmp_path
+):
+    """The catalog's sha256 and the SHA256SUMS lock disagree (a catalog entry updated for a
+    new upstream file, the lock still the old one's): refused before any request -- checked
+    after the download, it was refused only once the whole file had been fetched, and
+    published under its name."""
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text(f"{'0' * 64}  a.bin\n")
+    url = server.add("a.bin", DATA)
+    with pytest.raises(GptflowError) as e:
+        fetch(url, tmp_path / "a.bin", policy, sha256=SHA, sha256sums=sums)
+    assert str(e.value) == (
+        f"{sums}: records sha256 {'0' * 64} for a.bin, but {SHA} is given (the catalog's "
+        f"sha256, or --sha256): one of them is out of date. If the given one is right, delete "
+        f"that line; nothing was downloaded"
+    )
+    assert server.requests("a.bin") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["SHA256SUMS"]
+    sums.write_text(f"{SHA}  a.bin\n")  # the lock agrees: downloaded and checked
+    assert fetch(url, tmp_path / "a.bin", policy, sha256=SHA, sha256sums=sums).sha256 == SHA
+
+
+def test_the_lock_never_changes_a_recorded_sha256(tmp_path):
+    """record_sha256 adds a file's first verified sha256 and refuses another one for it later
+    (two jobs racing past the check before the download, the upstream file changed between
+    them): the recorded line stays, the others are kept."""
+    sums = tmp_path / "SHA256SUMS"
+    record_sha256(sums, "a.bin", SHA)
+    record_sha256(sums, "b.bin", "1" * 64)
+    record_sha256(sums, "a.bin", SHA)  # the same again: nothing to do
+    with pytest.raises(GptflowError, match=rf"records sha256 {SHA} for a\.bin, the download has "
+                       rf"{'2' * 64}; the upstream file changed"):  # fmt: skip
+        record_sha256(sums, "a.bin", "2" * 64)
+    assert read_sha256sums(sums) == {"a.bin": SHA, "b.bin": "1" * 64}
+
+
 def test_host_published_sha256_is_checked(server, policy, tmp_path):
     url = server.add("a.bin", DATA, headers={"X-Linked-Etag": f'"{"f" * 64}"'})
     with pytest.raises(GptflowError, match=r"expected f{64} \(published by 127\.0\.0\.1\)"):
@@ -193,6 +230,55 @@ def test_host_published_sha256_is_checked(server, policy, tmp_path):
     good = server.add("b.bin", DATA, headers={"X-Linked-Etag": f'"{SHA}"'})
     r = fetch(good, tmp_path / "b.bin", policy)
     assert r.checksum_source == "published by 127.0.0.1"
+
+
+def test_a_file_already_there_is_checked_not_trusted(server, policy, tmp_path):
+    """A file under the final name (copied in by hand, or left by another tool) is checked
+    against the sha256 the catalog gives or the lock recorded; a wrong one is an error naming
+    both and the fix, and nothing is fetched over it."""
+    url = server.add("a.bin", DATA)
+    out = tmp_path / "a.bin"
+    out.write_bytes(DATA[:-1] + b"!")
+    wrong = hashlib.sha256(out.read_bytes()).hexdigest()
+    with pytest.raises(GptflowError, match=rf"a\.bin: exists but its sha256 is {wrong}, "
+                       rf"expected {SHA} \(given\); delete it"):  # fmt: skip
+        fetch(url, out, policy, sha256=SHA)
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text(f"{SHA}  a.bin\n")
+    with pytest.raises(GptflowError, match=rf"expected {SHA} \(recorded in {sums}\)"):
+        fetch(url, out, policy, sha256sums=sums)
+    assert server.requests("a.bin") == [] and out.read_bytes() != DATA
+
+
+def test_a_sha256_in_capitals_is_the_same_sha256(server, policy, tmp_path):
+    """sha256 values are compared as hex, whatever their case (sha256sum writes lowercase,
+    some catalogs and web pages uppercase)."""
+    url = server.add("a.bin", DATA)
+    r = fetch(url, tmp_path / "a.bin", policy, sha256=SHA.upper())
+    assert r.sha256 == SHA and r.checksum_source == "given"
+    fetch(url, tmp_path / "a.bin", policy, sha256=SHA.upper())  # present: checked, not fetched
+    assert len(server.requests("a.bin")) == 1
+
+
+def test_a_partial_file_longer_than_the_file_is_not_taken_for_it(server, policy, tmp_path):
+    """A .part longer than the file now is (the upstream file was replaced by a shorter one):
+    the server answers the resume with 416 and the file's length, and the download starts
+    again from byte 0 -- with no sha256 to catch it, the stale bytes would be published."""
+    url = server.add("a.bin", DATA)
+    (tmp_path / "a.bin.part").write_bytes(os.urandom(len(DATA) + 10))
+    fetch(url, tmp_path / "a.bin", policy)
+    assert (tmp_path / "a.bin").read_bytes() == DATA
+    assert [q["range"] for q in server.requests("a.bin")] == [f"bytes={len(DATA) + 10}-", None]
+
+
+def test_a_resume_answered_from_another_byte_restarts(server, policy, tmp_path):
+    """A 206 whose Content-Range starts elsewhere than the Range asked (a cache or proxy that
+    gets ranges wrong) is not appended: the file starts again from byte 0. Without a sha256
+    to catch it, a splice would be published."""
+    url = server.add("a.bin", DATA, ("drop", 1_000_000), ("from", 1_500_000))
+    fetch(url, tmp_path / "a.bin", policy)
+    assert (tmp_path / "a.bin").read_bytes() == DATA
+    assert [q["range"] for q in server.requests("a.bin")] == [None, "bytes=1000000-", None]
 
 
 def test_dead_primary_fails_over_to_the_mirror(server, policy, tmp_path):

@@ -10,6 +10,7 @@ from gptflow.data.indexed import (
     IndexedDataset,
     IndexedDatasetWriter,
     dtype_for_vocab,
+    merge_datasets,
 )
 from gptflow.errors import GptflowError
 
@@ -108,3 +109,56 @@ def test_ambiguous_float_dtype_code_is_refused(tmp_path):
     (tmp_path / "f.idx").write_bytes(bytes(idx))
     with pytest.raises(GptflowError, match="ambiguous"):
         IndexedDataset(prefix)
+
+
+def test_a_file_longer_than_its_pair_implies_is_refused(tmp_path):
+    """A .bin longer than its .idx says (a pair from two tokenizations: the samples would be
+    read from the wrong bytes) and an .idx longer than its header says (other than Megatron's
+    one byte a sequence of multimodal modes) are refused, not read."""
+    prefix = tmp_path / "t"
+    write(prefix, [[1, 2, 3], [4, 5]])
+    data = (tmp_path / "t.bin").read_bytes()
+    (tmp_path / "t.bin").write_bytes(data + b"\x07\x00")
+    with pytest.raises(GptflowError, match=r"t\.bin: 12 bytes, index implies 10"):
+        IndexedDataset(prefix)
+    (tmp_path / "t.bin").write_bytes(data)
+    idx = (tmp_path / "t.idx").read_bytes()
+    (tmp_path / "t.idx").write_bytes(idx + bytes(2))  # the multimodal modes: N = 2 bytes more
+    assert len(IndexedDataset(prefix)) == 2
+    (tmp_path / "t.idx").write_bytes(idx + bytes(8))
+    with pytest.raises(GptflowError, match=r"t\.idx: .*header implies .*truncated or corrupt"):
+        IndexedDataset(prefix)
+
+
+def test_a_document_index_that_does_not_end_at_the_sequences_is_refused(tmp_path):
+    """doc[-1] must be N: an index whose last document stops short would hide sequences from
+    every reader that walks documents (Megatron's GPTDataset does)."""
+    prefix = tmp_path / "d"
+    write(prefix, [[1, 2], [3], [4, 5, 6]])
+    idx = bytearray((tmp_path / "d.idx").read_bytes())
+    idx[-8:] = struct.pack("<q", 2)  # doc index [0, 1, 2, 2]: sequence 2 in no document
+    (tmp_path / "d.idx").write_bytes(bytes(idx))
+    with pytest.raises(GptflowError, match=r"d\.idx: document index does not span the 3"):
+        IndexedDataset(prefix)
+
+
+def test_a_merge_of_shards_of_two_token_dtypes_is_refused(tmp_path):
+    """uint16 and int32 shards (two tokenizers) concatenated would read one's bytes in the
+    other's dtype: the merge names both and writes nothing."""
+    write(tmp_path / "small", [[1, 2, 3]], np.uint16)
+    write(tmp_path / "large", [[70_000, 2]], np.int32)
+    with pytest.raises(GptflowError, match=r"different token dtypes .*small=uint16, .*large=int32"):
+        merge_datasets([tmp_path / "small", tmp_path / "large"], tmp_path / "merged")
+    assert not list(tmp_path.glob("merged*"))
+
+
+def test_a_merge_keeps_every_shards_document_boundaries(tmp_path):
+    """The merged document index is each shard's shifted by the sequences before it: empty
+    documents stay documents (GPT-NeoX's merge_datasets.py writes one document a sequence)."""
+    write(tmp_path / "a", [[1, 2], [], [3]])
+    write(tmp_path / "b", [[], [4, 5, 6]])
+    counts = merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    merged = IndexedDataset(tmp_path / "m")
+    assert merged.document_indices.tolist() == [0, 1, 1, 2, 2, 3]
+    assert [merged[i].tolist() for i in range(len(merged))] == [[1, 2], [3], [4, 5, 6]]
+    assert (counts["documents"], counts["sequences"], counts["tokens"]) == (5, 3, 6)

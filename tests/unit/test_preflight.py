@@ -800,6 +800,21 @@ def test_a_pipelines_layer_file_copies_are_counted_on_the_nodes_that_write_them(
     assert host_memory.snapshot_fit(m, flat, 8, SLURM).clones == 0
 
 
+def test_the_most_loaded_node_is_checked_not_the_first():
+    """Pythia-12B in bf16 at ZeRO 1, pipeline parallel 2 over 2 nodes x 1 GPU: the last
+    stage holds the final LayerNorm and the head besides its layers, so its node needs more
+    host memory than rank 0's; that node is the one checked against mem_mb."""
+    m = pythia_12b()
+    t = TrainConfig(train_iters=10, global_batch_size=8, micro_batch_size=1, zero_stage=1,
+                    precision="bf16", pipeline_parallel=2)  # fmt: skip
+    two = Placement(executor="slurm", nodes=2, tasks=2, gres="gpu:1", mpi="srun", mem_mb=64000)
+    per_rank = [host_memory.snapshot_bytes(m, t, 2, "bf16", r) for r in (0, 1)]
+    assert per_rank[1] > per_rank[0]
+    fit = host_memory.snapshot_fit(m, t, 2, two)
+    assert fit.snapshots == fit.largest == per_rank[1]
+    assert fit.clones == host_memory.pipeline_clone_bytes(m, t, 2, "bf16", 1)
+
+
 def test_the_snapshot_is_counted_in_the_precision_auto_becomes():
     """train.precision auto at ZeRO 1 on A100/H100-class GPUs trains bf16: the snapshot is the
     bf16 model file and the fp32 partitions, 154.4 GiB for Pythia-12B over 8 GPUs of a node --

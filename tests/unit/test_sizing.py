@@ -199,3 +199,19 @@ def test_the_harness_jobs_are_sized_from_their_work_and_printed_at_plan_time():
         f"job (harness_step: + the export's {sizing.export_runtime_min(m)} min)"
     )
     assert len(after_training.after_training(m, 2048, node, eval_cfg)) == 2  # no tasks: no line
+
+
+def test_the_harness_jobs_host_memory_holds_the_model_in_its_placements_dtype():
+    """transformers may build the model in host memory before placing it: the weights in the
+    plan's dtype (fp32 on one GPU: 4 bytes a parameter; bf16: 2), on a CPU the fp32 model and
+    one batch of logits, each plus the process's overhead."""
+    m = preset("pythia-1.4b")
+    n, overhead = m.num_parameters(), sizing.HOST_OVERHEAD_BYTES
+    fp32, bf16 = sizing.eval_plan(m, 2048, 80 * GIB), sizing.eval_plan(m, 2048, 8 * GIB)
+    assert (fp32.dtype, bf16.dtype) == ("fp32", "bf16")
+    assert sizing.harness_host_mb(m, 2048, 8, fp32) == math.ceil((4 * n + overhead) / 2**20)
+    assert sizing.harness_host_mb(m, 2048, 8, bf16) == math.ceil((2 * n + overhead) / 2**20)
+    logits = sizing.logits_bytes(m, 2048, 8)
+    assert sizing.harness_host_mb(m, 2048, 8, None) == math.ceil(
+        (4 * n + logits + overhead) / 2**20
+    )

@@ -237,3 +237,23 @@ def test_eval_extra_takes_files_on_disk_and_shards_the_plan_makes(tmp_path):
             check_eval_extra({"a": [str(on_disk), bad]}, made, "t", parts, "c.yaml")
         assert str(e.value).startswith(f"c.yaml: eval.extra.a[1] is {bad!r}, but {bad}.bin does ")
         assert "\n" not in str(e.value)
+
+
+def test_a_local_datasets_files_and_shards_are_in_path_order(tmp_path):
+    """The files a local dataset matches, in sorted path order, each once however many
+    patterns match it, cut into contiguous shards: the plan and every collection job are
+    separate processes, each with its own string hashing, so an order that came from a set
+    of paths would cut other shards in each of them."""
+    from gptflow.data.sources import local_shards
+
+    names = [f"{d}/{i:02d}.py" for d in ("b", "a", "c/deep") for i in (7, 3, 11, 0, 5)]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(f"# {name}\n")
+    spec = {"root": str(tmp_path), "include": ["**/*.py", "a/*.py"], "exclude": ["**/05.py"],
+            "shards": 4}  # fmt: skip
+    shards = local_shards("d", spec)
+    assert [p for shard in shards for p in shard] == sorted(
+        tmp_path / n for n in names if not n.endswith("05.py")
+    )
+    assert [len(shard) for shard in shards] == [3, 3, 3, 3]

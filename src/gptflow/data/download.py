@@ -405,12 +405,20 @@ def _expected_sha256(
     sha256: str | None, sums_path: Path | None, name: str
 ) -> tuple[str | None, str | None]:
     """The sha256 the file must have and where that comes from: given, recorded in the
-    SHA256SUMS lock by an earlier verified download, or (None, None): not known yet."""
+    SHA256SUMS lock by an earlier verified download, or (None, None): not known yet. A given
+    sha256 the lock contradicts is refused here, before any byte is fetched (checked after the
+    download, it cost a whole download, and its retries, to be refused)."""
+    recorded = read_sha256sums(sums_path).get(name) if sums_path else None
     if sha256:
         if not HEX64.match(sha256.lower()):
             raise GptflowError(f"--sha256 {sha256!r} is not a sha256 (64 hex digits)")
+        if recorded and recorded != sha256.lower():
+            raise GptflowError(
+                f"{sums_path}: records sha256 {recorded} for {name}, but {sha256.lower()} is "
+                f"given (the catalog's sha256, or --sha256): one of them is out of date. If the "
+                f"given one is right, delete that line; nothing was downloaded"
+            )
         return sha256.lower(), "given"
-    recorded = read_sha256sums(sums_path).get(name) if sums_path else None
     return (recorded, f"recorded in {sums_path}") if recorded else (None, None)
 
 
