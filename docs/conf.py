@@ -46,3 +46,16 @@ html_theme_options = {"description": "raw text to a trained GPT checkpoint", "fi
 html_sidebars = {"**": ["about.html", "navigation.html", "searchbox.html"]}
 html_copy_source = False
 html_show_sourcelink = False
+
+REDIRECT = '<!doctype html><meta http-equiv="refresh" content="0; url=docs/index.html">\n'
+
+
+def setup(app):
+    """The site's root index.html: its front page is docs/index.html (the pages keep their
+    places in the repository, so that their relative links work on a code host too)."""
+
+    def write_redirect(app, exception):
+        if exception is None and app.builder.format == "html":
+            (Path(app.outdir) / "index.html").write_text(REDIRECT)
+
+    app.connect("build-finished", write_redirect)
