@@ -34,9 +34,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted(
-    [REPO / "README.md", REPO / "config" / "README.md", REPO / "profiles" / "README.md"]
-    + list((REPO / "docs").glob("*.md"))
-)
+    [REPO / "README.md", REPO / "config" / "README.md", REPO / "profiles" / "README.md",
+     *(REPO / "docs").glob("*.md")]
+)  # fmt: skip
 SCHEMA = yaml.safe_load((REPO / "config" / "schema" / "config.schema.yaml").read_text())
 SECTIONS = set(SCHEMA["properties"])
 FENCE = re.compile(r"^(`{3,})([^\n`]*)\n(.*?)^\1[ \t]*$", re.M | re.S)
@@ -95,7 +95,9 @@ def copy_of_the_pages(tmp_path: Path) -> Path:
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
     copy = copy_of_the_pages(tmp_path)
     page = copy / "docs" / "cli.md"
-    page.write_text(page.read_text() + "\n[gone](no-such-page.md) and [moved](data.md#no-such-heading)\n")
+    page.write_text(
+        page.read_text() + "\n[gone](no-such-page.md) and [moved](data.md#no-such-heading)\n"
+    )
     build = sphinx_build(copy, tmp_path / "out", "dummy")
     assert build.returncode != 0
     found = warnings(build)
@@ -121,7 +123,7 @@ def test_the_front_page_lists_every_page_of_its_tables_of_contents():
     entries = {line.strip() for tree in trees for line in tree.splitlines()
                if line.strip() and not line.startswith(":")}  # fmt: skip
     listed = set(re.findall(r"^- \[[^]]+\]\(([^)#]+)\.md\)", index, re.M))
-    assert entries - {"../README"} == listed, (entries ^ listed)
+    assert entries - {"../README"} == listed, entries ^ listed
     assert {rel(p) for p in PAGES} == {
         str(Path("docs", e).with_suffix(".md")).replace("docs/../", "") for e in entries
     } | {"docs/index.md"}
@@ -244,7 +246,7 @@ def named_keys(text: str) -> set[str]:
         m = re.match(r"([a-z_]+(?:\.[a-z_][a-z0-9_]*)+)(?=$|[\s:=\[,)])", span)
         if not m or m[1].split(".")[0] not in SECTIONS:
             continue
-        if m[1].rsplit(".", 1)[1] in FILE_SUFFIXES or span[m.end():].startswith("/"):
+        if m[1].rsplit(".", 1)[1] in FILE_SUFFIXES or span[m.end() :].startswith("/"):
             continue
         names.add(m[1])
     return names
@@ -277,7 +279,9 @@ def test_the_key_check_finds_a_wrong_key():
                           "train: {lr: 1, kfac: {damping: 1, dampin: 2}}\n")  # fmt: skip
     assert sorted(unknown_keys(SCHEMA, tree, ())) == ["datasets.a.includ", "train.kfac.dampin"]
     assert named_keys("set `train.lr` or `eval.json`, `train.precision bf16`") == {
-        "train.lr", "train.precision"}
+        "train.lr",
+        "train.precision",
+    }
 
 
 # --------------------------------------------------------------------------- commands
@@ -419,10 +423,13 @@ def test_every_snakemake_command_shown_uses_real_flags_and_targets(snakemake_hel
 
 
 def test_the_snakemake_check_finds_a_wrong_flag_or_target(snakemake_help):
-    assert snakemake_problems(["snakemake -n --profile p --set-resource a:b=1 trian",
-                               "gptflow why -- --profile p --confgfile x.yaml all"],
-                              snakemake_help) == [  # fmt: skip
-        "snakemake --set-resource", "snakemake target trian", "snakemake --confgfile"]
+    shown = ["snakemake -n --profile p --set-resource a:b=1 trian",
+             "gptflow why -- --profile p --confgfile x.yaml all"]  # fmt: skip
+    assert snakemake_problems(shown, snakemake_help) == [
+        "snakemake --set-resource",
+        "snakemake target trian",
+        "snakemake --confgfile",
+    ]
 
 
 def test_every_make_target_shown_is_in_the_makefile():
@@ -465,9 +472,9 @@ def test_every_repository_path_and_module_the_pages_name_exists():
         for span in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", text):
             for word in span.split():
                 path = word.strip("(),;:")
-                if path.startswith(TOP) and not is_placeholder(path):
-                    if not (REPO / path).exists() and path not in ABSENT_ON_PURPOSE:
-                        problems.append(f"{rel(page)}: {path}")
+                if (path.startswith(TOP) and not is_placeholder(path)
+                        and not (REPO / path).exists() and path not in ABSENT_ON_PURPOSE):  # fmt: skip
+                    problems.append(f"{rel(page)}: {path}")
             for name in re.findall(r"(?<![\w/.-])gptflow(?:\.\w+)+", span):
                 if not module_name_exists(name):
                     problems.append(f"{rel(page)}: {name}")
@@ -480,7 +487,9 @@ def module_name_exists(dotted: str) -> bool:
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         base = REPO / "src" / Path(*parts[:cut])
-        source = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        source = (
+            base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        )
         if not source.is_file():
             continue
         rest = parts[cut:]
