@@ -15,12 +15,12 @@ PROFILE ?= profiles/local
 TORCH_INDEX ?=
 SNAKEMAKE_ARGS ?=
 PYTEST_ARGS ?=
-# make test runs the suite on this many pytest-xdist workers (README, Development): one more than
+# make test runs the suite on this many pytest-xdist workers (docs/development.md): one more than
 # the 2-core machine's cores, so that a worker's waits (Slurm's queue, dockerd) leave no core idle;
 # 0: serially
 TEST_WORKERS ?= 3
 
-.PHONY: setup run study ablation test test-changed lint format bench clean
+.PHONY: setup run study ablation test test-changed lint format bench docs clean
 
 setup: $(STAMP)
 
@@ -36,13 +36,13 @@ run: setup
 	gptflow summary
 
 # A study on this machine: 3 model sizes x 2 learning rates on the embedded corpus, compared in
-# results/studies/stdlib-sweep/study.html (README, Studies)
+# results/studies/stdlib-sweep/study.html (docs/studies.md)
 study: setup
 	snakemake study --profile $(PROFILE) $(SNAKEMAKE_ARGS) --configfile config/config.yaml config/examples/studies/cpu-sweep.yaml
 	gptflow summary
 
 # A data ablation: raw vs exact dedup vs exact + minhash + filters on Debian's copyright files,
-# compared on the same held-out text in results/studies/copyright-ablation/ (README, Data quality)
+# compared on the same held-out text in results/studies/copyright-ablation/ (docs/data-quality.md)
 ablation: setup
 	snakemake study --profile $(PROFILE) $(SNAKEMAKE_ARGS) --configfile config/config.yaml config/examples/studies/data-ablation.yaml
 	gptflow summary
@@ -84,5 +84,12 @@ bench: setup
 	python bench/parallel.py
 	python bench/import_megatron.py
 
+# The documentation site (docs/, README.md, config/README.md, profiles/README.md), built
+# strictly: a broken link or a page in no table of contents fails (docs/conf.py,
+# tests/unit/test_docs.py)
+docs: setup
+	sphinx-build -W --keep-going -n -q -c docs -b html . docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
 clean:
-	rm -rf results logs .snakemake
+	rm -rf results logs .snakemake docs/_build

@@ -594,7 +594,7 @@ def muon_loss_table(a, preset_cfg) -> None:
           f"{'':<32} held-out")  # fmt: skip
     # Built first, then stepped in turn (step i of each, the order rotating), so that load
     # from other processes hits all three alike: timed one after another (as until issue 40's
-    # second round), the ratio also measured how the machine's load changed (README, Muon).
+    # second round), the ratio also measured how the machine's load changed (docs/optimizers.md).
     runners = [
         deepspeed(dataclasses.replace(train, optimizer="adamw")),
         deepspeed(dataclasses.replace(train, optimizer="muon")),

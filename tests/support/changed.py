@@ -12,7 +12,8 @@ The changed files are those of ``git diff BASE`` and the untracked ones. Each ma
   change to ``gptflow.config.settings`` selects what names ``gptflow.train.engine``, not the whole suite);
 - a rule file, the Snakefile, a profile, a script of ``workflow/``, the schema, an example, the
   README, a benchmark: the test files that name it (``setup.smk``, ``profiles/pbs``,
-  ``config.schema.yaml``, ...), and for the rules the workflow's own pipeline test.
+  ``config.schema.yaml``, ...), and for the rules the workflow's own pipeline test;
+- a page of the documentation (``*.md``, ``docs/conf.py``): ``tests/unit/test_docs.py``.
 
 Workflow tests that run the whole pipeline through Snakemake exercise every module without
 naming it; a change to the package selects only the tests that name what changed. That is the
@@ -34,6 +35,8 @@ IMPORT = re.compile(
 )
 # what runs every rule: a change to the rules selects it besides the tests naming the file
 RULE_TESTS = ["tests/unit/test_rules_quoting.py", "tests/workflow/test_pipeline.py"]
+# what builds the documentation site and holds its pages to the code: a changed page selects it
+DOCS_TEST = "tests/unit/test_docs.py"
 
 
 def changed_files(base: str) -> list[str]:
@@ -117,6 +120,8 @@ def select(changed: list[str]) -> list[str]:
             chosen |= naming(needle)
         if p.parts[:1] == ("rules",) or path == "Snakefile":
             chosen |= set(RULE_TESTS)
+        if p.suffix == ".md" or path == "docs/conf.py":  # a page of the documentation site
+            chosen.add(DOCS_TEST)
     return sorted(chosen)
 
 

@@ -347,7 +347,7 @@ def test_the_group_jobs_resources_follow_every_input():
 
 
 def test_the_readme_s_pile_figures_are_the_sizing_function_s():
-    """README, "MinHash at Pile scale": the mem_mb and runtime of each row are
+    """docs/data-quality.md, "What the group jobs ask for": the mem_mb and runtime of each row are
     group_resources' for 210 M documents in 2,000 shards (14 x 8), worked, not typed in."""
     import re
 
@@ -368,7 +368,7 @@ def test_the_readme_s_pile_figures_are_the_sizing_function_s():
             "cluster_minhash_pairs", {"signatures": signatures, "pairs": pairs(10**9)}),
         "`find_exact_repeats`": ("find_exact_repeats", {"hashes": [documents // shards * 16] * shards}),
     }  # fmt: skip
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "data-quality.md").read_text()
     for row, (job, sizes) in expected.items():
         found = re.search(rf"^\| {re.escape(row)} \| [^|]+ \| (\d+) \| (\d+) \|$", readme, re.M)
         assert found, row

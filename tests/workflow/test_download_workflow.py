@@ -175,7 +175,7 @@ CORPUS = b"(zstd frame of a corpus, bytes only)"
 def test_download_localrule_runs_downloads_on_the_machine_running_snakemake(
     tmp_path, write_config, tiny_config, localrule
 ):
-    """README: "Set download.localrule: true when compute nodes have no internet: downloads
+    """docs/data.md: "Set download.localrule: true when compute nodes have no internet: downloads
     then run on the machine running Snakemake."
 
     Snakemake through profiles/slurm (the Slurm executor, the quick start's edits) on a PATH

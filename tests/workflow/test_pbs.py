@@ -19,7 +19,7 @@ from tests.support.hub import Hub
 from .conftest import BIN, REPO, job_counts
 
 PROFILE = REPO / "profiles" / "pbs"
-README = REPO / "README.md"
+PBS_PAGE = REPO / "docs" / "pbs.md"  # its quick start names the Torque edit
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
@@ -69,13 +69,13 @@ def test_the_pbs_profile_plans_mpiexec_per_node_and_refuses_its_placeholders(tmp
 
 
 def readme_torque_edit(profile_text: str) -> str:
-    """The README's Torque edit of profiles/pbs/config.yaml, applied as written: the sentence
-    of its PBS quick start that begins "On Torque", each code span in it that starts with ','
+    """docs/pbs.md's Torque edit of profiles/pbs/config.yaml, applied as written: the sentence
+    of its quick start that begins "On Torque", each code span in it that starts with ','
     deleted from the submit line ('…' standing for the rest of that resource) and each that
     ends with ':' a line deleted from the profile (the other spans name where)."""
-    section = README.read_text().split("## PBS: ", 1)[1].split("\n## ", 1)[0]
+    section = PBS_PAGE.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
     match = re.search(r"On Torque,[^.]*\.", " ".join(section.split()))
-    assert match, "the README's PBS section has no Torque edit"
+    assert match, "docs/pbs.md's quick start has no Torque edit"
     text = profile_text
     for span in re.findall(r"`([^`]+)`", match.group()):
         if span.startswith(","):
@@ -92,7 +92,7 @@ def readme_torque_edit(profile_text: str) -> str:
 
 
 def test_the_readmes_torque_edit_plans_without_a_placeholder(tmp_path, tiny_config):
-    """profiles/pbs edited for Torque as the README says (extracted from the README, applied
+    """profiles/pbs edited for Torque as docs/pbs.md says (extracted from the page, applied
     to a copy), every other placeholder filled: the plan names no placeholder, so a real run
     submits (gptflow.plan.placement.placeholders decides both), and the submit line still names
     only resources the profile gives and no filesystems (a Torque qsub refuses one)."""
