@@ -202,7 +202,7 @@ def study(
             check_traffic(m, train, p.ranks, planned_precision(train, p)[0])
         except GptflowError as e:
             raise GptflowError(f"study run '{name}': {e}") from None
-        s = size(cfg, m, 0, 0, peak_tflops, mfu)
+        s = size(m, train, 0, 0, peak_tflops, mfu)
         total_flops += s["training_flops"]
         total_hours += s["gpu_hours"]
         memory = f"{human(fit.total)} of {human(fit.gpu_bytes)}" if fit else "-"

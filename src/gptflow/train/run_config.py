@@ -22,6 +22,7 @@ from gptflow.config.settings import (
     ModelConfig,
     TrainConfig,
     architecture,
+    check_context,
     padded_vocab_size,
     training_flops_per_token,
 )
@@ -76,11 +77,7 @@ class RunConfig:
     train_ends: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.train.seq_length > self.model.max_position_embeddings:
-            raise GptflowError(
-                f"train.seq_length {self.train.seq_length} exceeds model.max_position_embeddings "
-                f"{self.model.max_position_embeddings}; raise the latter or shorten the sequences"
-            )
+        check_context(self.model, self.train)
         if self.model.vocab_size < self.tokenizer.vocab_size:
             raise GptflowError(
                 f"model vocab {self.model.vocab_size} is smaller than the tokenizer's "
