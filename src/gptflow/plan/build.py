@@ -233,7 +233,7 @@ def build_plan(
                     quality_selection.check_language(step.settings, step.where, where)
 
     # the data index each run reads: runs reading the same samples of the same shards share one
-    settings = {name: data_index_settings(r.config, run_variants[name], base_variants)
+    settings = {name: data_index_settings(r.config, run_variants[name], base_variants, r.train)
                 for name, r in runs.items()}  # fmt: skip
     index_of = {name: data_index_name(s) for name, s in settings.items()}
     # model.init_from's tokenizer against the run's, when the run's is on disk already

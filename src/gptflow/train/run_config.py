@@ -239,7 +239,10 @@ class RunConfig:
 
 
 def data_index_settings(
-    cfg: dict, variants: dict[str, str] | None = None, heldout: dict[str, str] | None = None
+    cfg: dict,
+    variants: dict[str, str] | None = None,
+    heldout: dict[str, str] | None = None,
+    train: TrainConfig | None = None,
 ) -> dict:
     """What a run's data index depends on, from its validated workflow config: the tokenizer,
     the blend, the split, the sequence length, the seed and the samples each split gives
@@ -248,10 +251,11 @@ def data_index_settings(
     that differ in model or learning rate share one index. A data ablation's run trains on
     the shards of its own recipe (`variants`, dataset -> gptflow.data.quality.recipe.variant)
     and is validated on the base's (`heldout`): where the two differ they are part of the
-    settings (and so of the index's name); where they agree, the settings are as before."""
+    settings (and so of the index's name); where they agree, the settings are as before.
+    `train`: the run's settings made already (a plan's), else made from `cfg`."""
     from gptflow.data.dataset import split_samples
 
-    train = TrainConfig(**cfg["train"])
+    train = train if train is not None else TrainConfig(**cfg["train"])
     ablation = {"variants": variants, "heldout": heldout} if variants != heldout else {}
     return {
         "tokenizer": cfg["tokenizer"]["name"],
