@@ -12,6 +12,7 @@ import pytest
 from gptflow.config import settings
 from gptflow.plan.build import PlanError, build_plan
 from gptflow.plan.profile import Profile
+from tests.workflow.test_bad_input import CASES
 
 NO_GPU = (lambda: (0, "no nvidia-smi on PATH"), lambda: (None, "no nvidia-smi"))
 
@@ -121,3 +122,17 @@ def test_a_refusal_is_one_line_with_its_stages_prefix(plan_of, tiny_config):
     assert str(e.value).startswith("gptflow preflight (") and "micro_batch_size 4 x 3 ranks" in str(
         e.value
     )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_bad_config_is_one_line_naming_the_key_and_the_file(case, plan_of, tmp_path):
+    """tests/workflow/test_bad_input.py's cases, each as the line -n prints; two of them also
+    through Snakemake there."""
+    cfg, message = CASES[case]
+    with pytest.raises(PlanError) as e:
+        plan_of(cfg)
+    line = str(e.value)
+    assert line.startswith("gptflow config:") and "\n" not in line
+    assert message in line
+    assert str(tmp_path / "config.yaml") in line  # names the file to fix
+    assert not (tmp_path / "wd" / "results").exists()
