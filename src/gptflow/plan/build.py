@@ -179,8 +179,6 @@ def build_plan(
     cluster are read (gptflow.hardware's, gptflow.plan.cluster's by default)."""
     from gptflow import hardware
     from gptflow.data import sources
-    from gptflow.data.quality import recipe as quality_recipe
-    from gptflow.data.quality import selection as quality_selection
     from gptflow.results import harness
     from gptflow.train import init_from
     from gptflow.train.run_config import data_index_name, data_index_settings
@@ -207,33 +205,10 @@ def build_plan(
                                             schema=load_yaml(schema), source=source)  # fmt: skip
     imported = [name for name, d in datasets.items() if d.kind == "megatron"]
 
-    # data.quality: each blended dataset's cleaning steps; a data ablation's study run its own
-    # (the base's object where it has none); equal recipes share their steps and shards
-    with stage("gptflow config: "):
-        quality = quality_recipe.recipes(cfg, blended, source, imported=imported)
-        run_quality = {
-            name: quality if r.config["data"] is cfg["data"] else quality_recipe.recipes(
-                r.config, blended, f"{source} (study run '{name}')", imported=imported)
-            for name, r in runs.items()
-        }  # fmt: skip
-        quality_recipe.check_groups({"the base config": quality, **run_quality}, blended, source)
-    base_variants = quality_recipe.variants(quality, blended)
-    run_variants = {name: quality_recipe.variants(r, blended) for name, r in run_quality.items()}
-    quality_step = {(name, step.name): step for recipe in (quality, *run_quality.values())
-                    for name, steps in recipe.items() for step in steps}  # fmt: skip
-    # every recipe's rules and languages as the filters module takes them, each recipe's own
-    # (recipes differing only in thresholds share one signals_step entry), named by its config
-    with stage("gptflow config: "):
-        for name, recipe in (("", quality), *run_quality.items()):
-            where = source if recipe is quality else f"{source} (study run '{name}')"
-            for step in (step for steps in recipe.values() for step in steps):
-                if step.kind == "filters":
-                    quality_selection.check_rules(step.settings["rules"], step.where, where)
-                elif step.kind == "language":
-                    quality_selection.check_language(step.settings, step.where, where)
-
+    quality = recipes(cfg, runs, blended, imported, source)
     # the data index each run reads: runs reading the same samples of the same shards share one
-    settings = {name: data_index_settings(r.config, run_variants[name], base_variants, r.train)
+    settings = {name: data_index_settings(r.config, quality["run_variants"][name],
+                                          quality["base_variants"], r.train)
                 for name, r in runs.items()}  # fmt: skip
     index_of = {name: data_index_name(s) for name, s in settings.items()}
     # model.init_from's tokenizer against the run's, when the run's is on disk already
@@ -247,13 +222,7 @@ def build_plan(
                       gpu_memory_mib or hardware.gpu_memory_mib)  # fmt: skip
     plan = Plan(
         repo=repo, source=source, config=cfg, runs=runs, harness_steps=steps,
-        datasets=datasets, quality=quality, run_quality=run_quality,
-        base_variants=base_variants, run_variants=run_variants, quality_step=quality_step,
-        quality_key={(name, step.key): step for (name, _), step in quality_step.items()},
-        signals_step={(name, step.signals_name): step for (name, _), step in quality_step.items()
-                      if step.kind == "filters"},
-        scores_step={(name, step.scores_name): step for (name, _), step in quality_step.items()
-                     if step.kind == "language"},
+        datasets=datasets, **quality,
         index_of=index_of, indexes={index_of[name]: s for name, s in settings.items()},
         index_run={index: name for name, index in reversed(index_of.items())},
         profile=profile, placement=where,
@@ -261,6 +230,47 @@ def build_plan(
     if not main_process:
         return plan
     return checked(plan, sinfo=sinfo, accounts=accounts)
+
+
+def recipes(cfg: dict, runs: dict[str, RunPlan], blended: list[str], imported: list[str],
+            source: str) -> dict:  # fmt: skip
+    """The plan's data.quality fields: each blended dataset's cleaning steps; a data ablation's
+    study run its own (the base's object where it has none); equal recipes share their steps
+    and shards. Every recipe's rules and languages are checked as the filters module takes
+    them, each recipe's own (recipes differing only in thresholds share one signals entry)."""
+    from gptflow.data.quality import recipe as quality_recipe
+    from gptflow.data.quality import selection as quality_selection
+
+    with stage("gptflow config: "):
+        quality = quality_recipe.recipes(cfg, blended, source, imported=imported)
+        run_quality = {
+            name: quality if r.config["data"] is cfg["data"] else quality_recipe.recipes(
+                r.config, blended, f"{source} (study run '{name}')", imported=imported)
+            for name, r in runs.items()
+        }  # fmt: skip
+        quality_recipe.check_groups({"the base config": quality, **run_quality}, blended, source)
+    steps = {(name, step.name): step for recipe in (quality, *run_quality.values())
+             for name, steps in recipe.items() for step in steps}  # fmt: skip
+    with stage("gptflow config: "):
+        for name, recipe in (("", quality), *run_quality.items()):
+            where = source if recipe is quality else f"{source} (study run '{name}')"
+            for step in (step for steps in recipe.values() for step in steps):
+                if step.kind == "filters":
+                    quality_selection.check_rules(step.settings["rules"], step.where, where)
+                elif step.kind == "language":
+                    quality_selection.check_language(step.settings, step.where, where)
+    return {
+        "quality": quality,
+        "run_quality": run_quality,
+        "base_variants": quality_recipe.variants(quality, blended),
+        "run_variants": {name: quality_recipe.variants(r, blended) for name, r in run_quality.items()},
+        "quality_step": steps,
+        "quality_key": {(name, step.key): step for (name, _), step in steps.items()},
+        "signals_step": {(name, step.signals_name): step for (name, _), step in steps.items()
+                         if step.kind == "filters"},
+        "scores_step": {(name, step.scores_name): step for (name, _), step in steps.items()
+                        if step.kind == "language"},
+    }  # fmt: skip
 
 
 def checked(plan: Plan, *, sinfo: Callable | None, accounts: Callable | None) -> Plan:
