@@ -16,6 +16,7 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
+include: "rules/snakemake_patches.smk"
 include: "rules/setup.smk"
 include: "rules/common.smk"
 include: "rules/download.smk"

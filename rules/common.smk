@@ -22,11 +22,11 @@ def dataset_shards(dataset, variant=None):
     once checkpoint count_documents has counted it. An input not counted yet is returned as its
     count file, not raised: all counts are planned at once, not one per DAG update. A
     `variant` other than the base config's (a data ablation's run) has its own shards."""
-    shards = DATASETS[dataset].shards
-    if variant is not None and variant != BASE_VARIANTS[dataset]:
-        return [paths.variant_prefix(TOKENIZER, dataset, variant, s.name) for s in shards], []
-    if not DOCUMENTS_PER_SHARD or dataset in IMPORTED:
-        return [paths.shard_prefix(TOKENIZER, dataset, s.name) for s in shards], []
+    shards = PLAN.datasets[dataset].shards
+    if variant is not None and variant != PLAN.base_variants[dataset]:
+        return [paths.variant_prefix(PLAN.tokenizer, dataset, variant, s.name) for s in shards], []
+    if not PLAN.config["tokenize"]["documents_per_shard"] or dataset in PLAN.imported:
+        return [paths.shard_prefix(PLAN.tokenizer, dataset, s.name) for s in shards], []
     prefixes, pending = [], []
     for s in shards:
         try:
@@ -34,8 +34,8 @@ def dataset_shards(dataset, variant=None):
         except IncompleteCheckpointException as e:
             pending.append(e.targetfile)
             continue
-        parts = sources.counted_parts(counted, DOCUMENTS_PER_SHARD)
-        prefixes += [paths.part_prefix(TOKENIZER, dataset, s.name, p) for p in range(parts)]
+        parts = sources.counted_parts(counted, PLAN.config["tokenize"]["documents_per_shard"])
+        prefixes += [paths.part_prefix(PLAN.tokenizer, dataset, s.name, p) for p in range(parts)]
     return prefixes, pending
 
 
@@ -47,7 +47,7 @@ def dataset_files(dataset, variant=None):
 
 def job_run(wildcards):
     """The run a job serves: its {run}, or a run reading its data index {index}."""
-    return wildcards.run if "run" in wildcards.keys() else INDEX_RUN[wildcards.index]
+    return wildcards.run if "run" in wildcards.keys() else PLAN.index_run[wildcards.index]
 
 
 def dataset_manifests(dataset, variant=None):
@@ -62,30 +62,32 @@ def get_blend_manifests(wildcards):
     """The manifests of the shards a run trains on (its recipe's) and, in a data ablation, of
     the base's it is evaluated on: the inputs of render_run_config and build_data_index."""
     run = job_run(wildcards)
-    files = [f for name in BLENDED for f in dataset_manifests(name, RUN_VARIANTS[run][name])]
-    if RUN_VARIANTS[run] != BASE_VARIANTS:
-        files += [f for name in BLENDED for f in dataset_manifests(name)]
+    files = [
+        f for name in PLAN.blended for f in dataset_manifests(name, PLAN.run_variants[run][name])
+    ]
+    if PLAN.run_variants[run] != PLAN.base_variants:
+        files += [f for name in PLAN.blended for f in dataset_manifests(name)]
     return files
 
 
 def get_local_gpus(wildcards):
-    """A GPU job's `gpu` resource on this machine: all its GPUs (LOCAL_GPUS, setup.smk);
+    """A GPU job's `gpu` resource on this machine: all its GPUs (PLAN.local_gpus, setup.smk);
     none declared on a cluster or without a GPU."""
-    return LOCAL_GPUS or None
+    return PLAN.local_gpus or None
 
 
 def container_image_file(wildcards=None):
-    return paths.IMAGE.format(hash=container_hash(), format=CONTAINER["format"])
+    return paths.IMAGE.format(hash=container_hash(), format=PLAN.container_config["format"])
 
 
 def get_final_outputs():
     outputs = [paths.DONE, paths.EVAL, paths.HF_EXPORT, paths.REPORT_CARD]
     # eval.harness: a study's runs too
-    outputs += [paths.HARNESS, paths.HARNESS_PAGE] if HARNESS["tasks"] else []
-    quality = [paths.QUALITY_PAGE] if QUALITY_STEP else []  # the report's "Data quality" page
-    return expand(outputs, run=RUNS) + get_study_outputs() + quality
+    outputs += [paths.HARNESS, paths.HARNESS_PAGE] if PLAN.harness["tasks"] else []
+    quality = [paths.QUALITY_PAGE] if PLAN.quality_step else []  # the report's "Data quality" page
+    return expand(outputs, run=PLAN.runs) + get_study_outputs() + quality
 
 
 def get_study_outputs():
     """The study's comparison (rule study_report), or nothing without a study."""
-    return [STUDY_PAGE.format(study=STUDY)] if STUDY else []
+    return [STUDY_PAGE.format(study=PLAN.study)] if PLAN.study else []

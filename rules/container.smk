@@ -28,11 +28,11 @@ rule build_image:
     params:
         repo=verbatim(str(REPO)),
         dockerfile=verbatim(str(container_dockerfile())),
-        builder=CONTAINER["builder"],
-        base_image=verbatim(CONTAINER["base_image"]),
-        build_args=verbatim(build_arg_args(CONTAINER["build_args"])),
-        build_options=verbatim(build_option_args(CONTAINER["build_options"])),
-        registry_login=verbatim(registry_login_args(CONTAINER["registry_login"])),
+        builder=PLAN.container_config["builder"],
+        base_image=verbatim(PLAN.container_config["base_image"]),
+        build_args=verbatim(build_arg_args(PLAN.container_config["build_args"])),
+        build_options=verbatim(build_option_args(PLAN.container_config["build_options"])),
+        registry_login=verbatim(registry_login_args(PLAN.container_config["registry_login"])),
     shell:
         "gptflow build-image --repo {params.repo:q} --dockerfile {params.dockerfile:q}"
         " --builder {params.builder:q} --base-image {params.base_image:q}"
@@ -50,8 +50,8 @@ rule squash_image:
     conda:
         "../envs/gptflow.yaml"
     params:
-        method=CONTAINER["squash"],
-        squash_options=verbatim(squash_options_arg(CONTAINER["squash_options"])),
+        method=PLAN.container_config["squash"],
+        squash_options=verbatim(squash_options_arg(PLAN.container_config["squash_options"])),
     shell:
         "gptflow squash-image --image {input:q} --out {output:q} --format {wildcards.format:q}"
         " --method {params.method:q} {params.squash_options:q} > {log:q} 2>&1"

@@ -8,7 +8,7 @@ survives failed jobs and retries, so every attempt resumes where the last one st
 include: "download_functions.smk"
 
 
-if CFG["download"]["localrule"]:
+if PLAN.config["download"]["localrule"]:
 
     localrules:
         download_dataset,
@@ -32,7 +32,7 @@ rule download_dataset:
         token_origins=get_token_origins,
         token_allow_http=get_token_allow_http,
         sums=paths.RAW_SHA256SUMS,
-        attempts=CFG["download"]["attempts"],
+        attempts=PLAN.config["download"]["attempts"],
     shell:
         "gptflow download {params.url:q} --out {output.file:q} {params.mirrors:q}"
         " {params.sha256:q} {params.token_env:q} {params.token_origins:q}"
@@ -56,7 +56,7 @@ rule download_tokenizer_file:
         mirrors=get_download_mirrors,
         sha256=get_download_sha256,
         sums=paths.TOKENIZER_SHA256SUMS,
-        attempts=CFG["download"]["attempts"],
+        attempts=PLAN.config["download"]["attempts"],
     shell:
         "gptflow download {params.url:q} {params.mirrors:q} {params.sha256:q}"
         " --out {output.file:q} --sha256sums {params.sums:q} --attempts {params.attempts:q}"

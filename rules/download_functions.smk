@@ -6,7 +6,7 @@ def get_remote_file(wildcards):
     """What a download job fetches: tokenizer file {key}, or file {file} of {dataset}."""
     if "key" in wildcards.keys():
         return tokenizer_remote(wildcards.key)
-    remote = DATASETS[wildcards.dataset].remote_files.get(wildcards.file)
+    remote = PLAN.datasets[wildcards.dataset].remote_files.get(wildcards.file)
     if remote is None:
         raise WorkflowError(f"{wildcards.file} is not a file of dataset {wildcards.dataset}")
     return remote
@@ -25,12 +25,12 @@ def get_download_sha256(wildcards):
 
 
 def get_token_env(wildcards):
-    return DATASETS[wildcards.dataset].token_env_args()
+    return PLAN.datasets[wildcards.dataset].token_env_args()
 
 
 def get_token_origins(wildcards):
-    return DATASETS[wildcards.dataset].token_origin_args()
+    return PLAN.datasets[wildcards.dataset].token_origin_args()
 
 
 def get_token_allow_http(wildcards):
-    return DATASETS[wildcards.dataset].token_allow_http_args()
+    return PLAN.datasets[wildcards.dataset].token_allow_http_args()

@@ -10,7 +10,7 @@ rule evaluate:
     input:
         config=paths.RUN_YAML,
         done=paths.DONE,
-        extra=verbatim(extra_files(CFG["eval"]["extra"])),
+        extra=verbatim(extra_files(PLAN.config["eval"]["extra"])),
     output:
         paths.EVAL,
     log:
@@ -23,10 +23,10 @@ rule evaluate:
         runtime=get_eval_runtime,
         gpu=get_local_gpus,
     params:
-        prompts=verbatim(prompt_args(CFG["eval"]["prompts"])),
-        extra=verbatim(extra_args(CFG["eval"]["extra"])),
-        new_tokens=CFG["eval"]["new_tokens"],
-        max_windows=CFG["eval"]["max_windows"],
+        prompts=verbatim(prompt_args(PLAN.config["eval"]["prompts"])),
+        extra=verbatim(extra_args(PLAN.config["eval"]["extra"])),
+        new_tokens=PLAN.config["eval"]["new_tokens"],
+        max_windows=PLAN.config["eval"]["max_windows"],
     shell:
         "gptflow evaluate --config {input.config:q} --out {output:q} {params.prompts:q}"
         " {params.extra:q} --new-tokens {params.new_tokens:q}"
@@ -73,11 +73,11 @@ rule harness:
         pbs_queue=get_harness_pbs_queue,
         pbs_select=get_harness_pbs_select,
     params:
-        tasks=verbatim(harness.task_args(HARNESS)),
-        include=verbatim(harness.include_args(HARNESS)),
-        num_fewshot=HARNESS["num_fewshot"],
-        batch_size=HARNESS["batch_size"],
-        limit=verbatim(harness.limit_args(HARNESS)),
+        tasks=verbatim(harness.task_args(PLAN.harness)),
+        include=verbatim(harness.include_args(PLAN.harness)),
+        num_fewshot=PLAN.harness["num_fewshot"],
+        batch_size=PLAN.harness["batch_size"],
+        limit=verbatim(harness.limit_args(PLAN.harness)),
     shell:
         "gptflow harness --config {input.config:q} --hf {input.hf:q} --out {output:q}"
         " {params.tasks:q} {params.include:q}"
@@ -110,11 +110,11 @@ rule harness_step:
         pbs_queue=get_harness_pbs_queue,
         pbs_select=get_harness_pbs_select,
     params:
-        tasks=verbatim(harness.task_args(HARNESS)),
-        include=verbatim(harness.include_args(HARNESS)),
-        num_fewshot=HARNESS["num_fewshot"],
-        batch_size=HARNESS["batch_size"],
-        limit=verbatim(harness.limit_args(HARNESS)),
+        tasks=verbatim(harness.task_args(PLAN.harness)),
+        include=verbatim(harness.include_args(PLAN.harness)),
+        num_fewshot=PLAN.harness["num_fewshot"],
+        batch_size=PLAN.harness["batch_size"],
+        limit=verbatim(harness.limit_args(PLAN.harness)),
     shell:
         "gptflow harness --config {input.config:q} --step {wildcards.step:q} --out {output:q}"
         " {params.tasks:q} {params.include:q}"
@@ -205,6 +205,6 @@ rule report_assets:
     params:
         metrics=paths.METRICS,
         out_dir=paths.REPORT_DIR,
-        datasets=REPORT_DATASETS,
+        datasets=PLAN.report_datasets,
     script:
         "../workflow/scripts/report_assets.py"

@@ -9,9 +9,9 @@ def eval_resources(config_file):
     open(config_file).close()
     return run_eval_resources(
         config_file,
-        PLACEMENT.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
-        PLACEMENT.on_cluster or bool(LOCAL_GPUS),
-        CFG["eval"],
+        PLAN.placement.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
+        PLAN.placement.on_cluster or bool(PLAN.local_gpus),
+        PLAN.config["eval"],
     )
 
 
@@ -30,15 +30,16 @@ def get_eval_runtime(wildcards, input):
 def get_harness_files(wildcards):
     """eval.harness's task files and the local data files they name (gptflow.results.harness)."""
     try:
-        return harness.input_files(HARNESS)
+        return harness.input_files(PLAN.harness)
     except GptflowError as e:
-        raise WorkflowError(f"gptflow config: {CONFIG_SOURCE}: {e}") from None
+        raise WorkflowError(f"gptflow config: {PLAN.source}: {e}") from None
 
 
 def get_harness_step_files(wildcards):
     """The run's harness_step outputs: one per checkpoint eval.harness.every names."""
     return [
-        paths.HARNESS_STEP.format(run=wildcards.run, step=s) for s in HARNESS_STEPS[wildcards.run]
+        paths.HARNESS_STEP.format(run=wildcards.run, step=s)
+        for s in PLAN.harness_steps[wildcards.run]
     ]
 
 
@@ -48,9 +49,9 @@ def harness_resources(config_file):
     open(config_file).close()
     return run_harness_resources(
         config_file,
-        PLACEMENT.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
-        PLACEMENT.on_cluster or bool(LOCAL_GPUS),
-        HARNESS,
+        PLAN.placement.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
+        PLAN.placement.on_cluster or bool(PLAN.local_gpus),
+        PLAN.harness,
         harness_work(),
     )
 
@@ -105,4 +106,4 @@ def get_export_runtime(wildcards, input):
 
 def get_train_container_record(wildcards):
     """The image record (tag, image id) of the image training ran in, or nothing."""
-    return [paths.IMAGE_RECORD.format(hash=container_hash())] if CONTAINER["enabled"] else []
+    return [paths.IMAGE_RECORD.format(hash=container_hash())] if PLAN.container_config["enabled"] else []

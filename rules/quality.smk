@@ -10,7 +10,7 @@ runs without data.quality."""
 include: "quality_functions.smk"
 
 
-if QUALITY_STEP and workflow.is_main_process:
+if PLAN.quality_step and workflow.is_main_process:
     for line in quality_plan_lines():
         logger.info(line)
 
@@ -28,7 +28,7 @@ rule hash_documents:
         "../envs/gptflow.yaml"
     params:
         reader=get_step_reader,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
     shell:
         "gptflow quality-exact-hashes --input {input:q} {params.reader:q}"
         " --on-bad-document {params.on_bad:q} --out {output:q} > {log:q} 2>&1"
@@ -67,7 +67,7 @@ rule minhash_signatures:
         "../envs/gptflow.yaml"
     params:
         reader=get_step_reader,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
         settings=get_minhash_settings,
     shell:
         "gptflow quality-minhash-signatures --input {input:q} {params.reader:q}"
@@ -136,7 +136,7 @@ rule remove_duplicates:
         "../envs/gptflow.yaml"
     params:
         reader=get_step_reader,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
         ordinal=get_ordinal,
         reason=get_step_kind,
     shell:
@@ -161,7 +161,7 @@ rule compute_filter_signals:
         "../envs/gptflow.yaml"
     params:
         reader=get_signals_reader,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
         tokenizer=get_signals_tokenizer,
     shell:
         "gptflow quality-filter-signals --input {input:q} {params.reader:q}"
@@ -186,7 +186,7 @@ rule select_documents:
         "../envs/gptflow.yaml"
     params:
         reader=get_step_reader,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
         rules=get_filter_rules,
     shell:
         "gptflow quality-filter-select --input {input.documents:q} {params.reader:q}"
@@ -210,7 +210,7 @@ rule compute_language_scores:
         "../envs/gptflow.yaml"
     params:
         reader=get_scores_reader,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
         sha256=get_language_sha256,
         where=get_scores_where,
     shell:
@@ -236,7 +236,7 @@ rule select_language:
         "../envs/gptflow.yaml"
     params:
         reader=get_step_reader,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
         languages=get_languages,
         threshold=get_language_threshold,
     shell:

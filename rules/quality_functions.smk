@@ -1,22 +1,22 @@
 """Input functions of the data-quality stage's rules (rules/quality.smk, which includes this
 file): a step's input (the shard, or the previous step's documents) and how to read it, a
 deduplication group's shards in order, a shard's place in its group. The recipe and its
-groups are gptflow.data.quality.recipe's (QUALITY, setup.smk)."""
+groups are gptflow.data.quality.recipe's (PLAN.quality, setup.smk)."""
 
 
 def quality_step(wildcards):
     """The job's recipe step (its {dataset} and {step}, or its group's first dataset)."""
     dataset = wildcards.dataset if "dataset" in wildcards.keys() else group_datasets(wildcards)[0]
-    return QUALITY_STEP[(dataset, wildcards.step)]
+    return PLAN.quality_step[(dataset, wildcards.step)]
 
 
 def step_source(dataset, shard, step):
     """(the file step `step` reads for a shard, its reader options): the collected shard
     first, then the previous step's JSONL documents."""
     if step.index == 1:
-        raw = DATASETS[dataset].shard(shard)
+        raw = PLAN.datasets[dataset].shard(shard)
         return raw.input, raw.reader_args()
-    before = QUALITY_KEY[(dataset, step.previous)]
+    before = PLAN.quality_key[(dataset, step.previous)]
     documents = paths.QUALITY_DOCUMENTS.format(step=before.name, dataset=dataset, shard=shard)
     return documents, ["--format", "jsonl", "--json-key", "text"]
 
@@ -27,7 +27,7 @@ def get_step_origins(wildcards):
     step = quality_step(wildcards)
     if step.index == 1:
         return []
-    before = QUALITY_KEY[(wildcards.dataset, step.previous)]
+    before = PLAN.quality_key[(wildcards.dataset, step.previous)]
     return paths.QUALITY_ORIGINS.format(
         step=before.name, dataset=wildcards.dataset, shard=wildcards.shard
     )
@@ -35,7 +35,7 @@ def get_step_origins(wildcards):
 
 def signals_step(wildcards):
     """The filters step whose signals the job computes ({dataset}, {signals})."""
-    return SIGNALS_STEP[(wildcards.dataset, wildcards.signals)]
+    return PLAN.signals_step[(wildcards.dataset, wildcards.signals)]
 
 
 def get_signals_input(wildcards):
@@ -65,7 +65,7 @@ def get_filter_rules(wildcards):
 
 def scores_step(wildcards):
     """The language step whose scores the job computes ({dataset}, {scores})."""
-    return SCORES_STEP[(wildcards.dataset, wildcards.scores)]
+    return PLAN.scores_step[(wildcards.dataset, wildcards.scores)]
 
 
 def get_scores_input(wildcards):
@@ -118,15 +118,15 @@ def group_shards(step, group):
     """A group's shards in order, {(dataset, shard): ordinal}: datasets in blend order, then
     shards; the first copy in this order is kept."""
     datasets = step_group_members(step, group)
-    places = [(d, s.name) for d in datasets for s in DATASETS[d].shards]
+    places = [(d, s.name) for d in datasets for s in PLAN.datasets[d].shards]
     return {place: i for i, place in enumerate(places)}
 
 
 def step_group_members(step, group):
     """A group's datasets, from the recipe (the base's or a study run's) that has the step:
     the recipes having it agree (quality_recipe.check_groups, setup.smk)."""
-    for recipe in (QUALITY, *RUN_QUALITY.values()):
-        members = quality_recipe.group_members(recipe, BLENDED, step, group)
+    for recipe in (PLAN.quality, *PLAN.run_quality.values()):
+        members = quality_recipe.group_members(recipe, PLAN.blended, step, group)
         if members:
             return members
     return []
@@ -243,7 +243,7 @@ def runs_by_recipe():
     """A data ablation's recipes, each with the runs cleaning with it: {recipe (its datasets'
     variants): [run names]}, in the runs' order."""
     runs = {}
-    for name, variants in RUN_VARIANTS.items():
+    for name, variants in PLAN.run_variants.items():
         runs.setdefault(tuple(variants.values()), []).append(name)
     return runs
 
@@ -252,9 +252,9 @@ def collected_sizes():
     """{dataset with quality steps: (bytes of its collected shards, whether one is compressed
     or an archive), or None while one is not there}: the size of each step's copy, at -n."""
     out = {}
-    for name in {name for name, _ in QUALITY_STEP}:
+    for name in {name for name, _ in PLAN.quality_step}:
         total, compressed = 0, False
-        for shard in DATASETS[name].shards:
+        for shard in PLAN.datasets[name].shards:
             path = Path(shard.input)
             if not path.is_file():
                 total = None
@@ -276,26 +276,26 @@ def quality_plan_lines():
             Path(
                 paths.QUALITY_MANIFEST.format(step=step.name, dataset=name, shard=s.name)
             ).is_file()
-            for s in DATASETS[name].shards
+            for s in PLAN.datasets[name].shards
         )
-        for (name, _), step in QUALITY_STEP.items()
+        for (name, _), step in PLAN.quality_step.items()
     }
     sizes = collected_sizes()
-    if all(recipe is QUALITY for recipe in RUN_QUALITY.values()):
-        return quality_recipe.plan_lines(QUALITY, done, sizes)
+    if all(recipe is PLAN.quality for recipe in PLAN.run_quality.values()):
+        return quality_recipe.plan_lines(PLAN.quality, done, sizes)
     lines = []
     runs = runs_by_recipe()
     for names in runs.values():
         lines.append(f"gptflow: study runs {', '.join(names)}:")
-        recipe = RUN_QUALITY[names[0]]
+        recipe = PLAN.run_quality[names[0]]
         lines += (
             quality_recipe.plan_lines(recipe, done, sizes)
             if recipe
             else ["  no data quality steps"]
         )
-    if QUALITY and tuple(BASE_VARIANTS.values()) not in runs:
+    if PLAN.quality and tuple(PLAN.base_variants.values()) not in runs:
         lines.append("gptflow: the base config (the held-out text):")
-        lines += quality_recipe.plan_lines(QUALITY, done, sizes)
+        lines += quality_recipe.plan_lines(PLAN.quality, done, sizes)
     return lines
 
 
@@ -303,8 +303,8 @@ def get_quality_manifests(wildcards):
     """Every step's shard manifests, of every recipe (a data ablation's runs' too)."""
     return [
         paths.QUALITY_MANIFEST.format(step=step.name, dataset=name, shard=shard.name)
-        for (name, _), step in QUALITY_STEP.items()
-        for shard in DATASETS[name].shards
+        for (name, _), step in PLAN.quality_step.items()
+        for shard in PLAN.datasets[name].shards
     ]
 
 
@@ -312,7 +312,7 @@ def get_quality_group_stats(wildcards):
     """The deduplication groups' counts (minhash's hold its cluster sizes)."""
     groups = {
         (step.name, step.group(name))
-        for (name, _), step in QUALITY_STEP.items()
+        for (name, _), step in PLAN.quality_step.items()
         if step.kind in ("exact", "minhash")
     }
     return sorted(paths.QUALITY_GROUP_STATS.format(step=s, group=g) for s, g in groups)
@@ -329,14 +329,14 @@ def get_quality_report_recipes():
             for name, steps in recipe.items()
         }
 
-    if all(recipe is QUALITY for recipe in RUN_QUALITY.values()):
-        return [[None, steps_of(QUALITY)]]
+    if all(recipe is PLAN.quality for recipe in PLAN.run_quality.values()):
+        return [[None, steps_of(PLAN.quality)]]
     runs = runs_by_recipe()
     out = [
-        [f"study runs {', '.join(names)}", steps_of(RUN_QUALITY[names[0]])]
+        [f"study runs {', '.join(names)}", steps_of(PLAN.run_quality[names[0]])]
         for names in runs.values()
-        if RUN_QUALITY[names[0]]
+        if PLAN.run_quality[names[0]]
     ]
-    if QUALITY and tuple(BASE_VARIANTS.values()) not in runs:
-        out.append(["the base config (the held-out text)", steps_of(QUALITY)])
+    if PLAN.quality and tuple(PLAN.base_variants.values()) not in runs:
+        out.append(["the base config (the held-out text)", steps_of(PLAN.quality)])
     return out

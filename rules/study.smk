@@ -12,9 +12,9 @@ rule study:
 # after the run's DONE.json, written last; with eval.harness, each run's harness.json too.
 rule study_report:
     input:
-        configs=expand(paths.RUN_YAML, run=RUNS),
-        done=expand(paths.DONE, run=RUNS),
-        harness=expand(paths.HARNESS, run=RUNS) if HARNESS["tasks"] else [],
+        configs=expand(paths.RUN_YAML, run=PLAN.runs),
+        done=expand(paths.DONE, run=PLAN.runs),
+        harness=expand(paths.HARNESS, run=PLAN.runs) if PLAN.harness["tasks"] else [],
     output:
         loss_tokens=report(
             f"{paths.STUDY_DIR}/loss_tokens.svg",
@@ -58,10 +58,10 @@ rule study_report:
     conda:
         "../envs/gptflow.yaml"
     params:
-        study=STUDY,
-        runs=list(RUNS),
-        metrics=expand(paths.METRICS, run=RUNS),
+        study=PLAN.study,
+        runs=list(PLAN.runs),
+        metrics=expand(paths.METRICS, run=PLAN.runs),
         out_dir=paths.STUDY_DIR,
-        budgets=(CFG.get("study") or {}).get("budgets", []),
+        budgets=(PLAN.config.get("study") or {}).get("budgets", []),
     script:
         "../workflow/scripts/study_report.py"

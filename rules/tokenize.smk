@@ -9,7 +9,7 @@ include: "tokenize_functions.smk"
 
 rule data:
     input:
-        paths.tokenizer_json(TOKENIZER),
+        paths.tokenizer_json(PLAN.tokenizer),
         get_data_shard_files,
         get_merged_files,
 
@@ -24,7 +24,7 @@ rule collect_local_documents:
     log:
         paths.log("collect_local_documents", "{dataset}/{shard}"),
     wildcard_constraints:
-        dataset=dataset_choice(COLLECTED),
+        dataset=dataset_choice(PLAN.collected),
     conda:
         "../envs/gptflow.yaml"
     params:
@@ -44,7 +44,7 @@ rule collect_hf_documents:
     log:
         paths.log("collect_hf_documents", "{dataset}/{shard}"),
     wildcard_constraints:
-        dataset=dataset_choice(HF_COLLECTED),
+        dataset=dataset_choice(PLAN.hf_collected),
     conda:
         "../envs/gptflow.yaml"
     params:
@@ -55,7 +55,7 @@ rule collect_hf_documents:
         "../workflow/scripts/collect_hf_documents.py"
 
 
-if TOKENIZER_SOURCE == "train":
+if PLAN.config["tokenizer"]["source"] == "train":
 
     rule sample_documents:
         input:
@@ -72,7 +72,7 @@ if TOKENIZER_SOURCE == "train":
             member=get_member,
             member_format=get_member_format,
             max_mb=get_sample_mb,
-            on_bad=CFG["tokenize"]["on_bad_document"],
+            on_bad=PLAN.config["tokenize"]["on_bad_document"],
         shell:
             "gptflow sample-documents --input {input:q} --format {params.format:q}"
             " --json-key {params.json_key:q} {params.member:q} {params.member_format:q}"
@@ -83,7 +83,7 @@ if TOKENIZER_SOURCE == "train":
         input:
             expand(
                 paths.TOKENIZER_SAMPLE,
-                dataset=CFG["tokenizer"]["train"]["datasets"],
+                dataset=PLAN.config["tokenizer"]["train"]["datasets"],
                 allow_missing=True,
             ),
         output:
@@ -94,18 +94,18 @@ if TOKENIZER_SOURCE == "train":
             "../envs/gptflow.yaml"
         threads: 2
         params:
-            vocab_size=CFG["tokenizer"]["train"]["vocab_size"],
-            min_frequency=CFG["tokenizer"]["train"]["min_frequency"],
-            sample_mb=CFG["tokenizer"]["train"]["sample_mb"],
-            special_tokens=verbatim(CFG["tokenizer"]["special_tokens"]),
-            eod_token=verbatim(CFG["tokenizer"]["eod_token"]),
+            vocab_size=PLAN.config["tokenizer"]["train"]["vocab_size"],
+            min_frequency=PLAN.config["tokenizer"]["train"]["min_frequency"],
+            sample_mb=PLAN.config["tokenizer"]["train"]["sample_mb"],
+            special_tokens=verbatim(PLAN.config["tokenizer"]["special_tokens"]),
+            eod_token=verbatim(PLAN.config["tokenizer"]["eod_token"]),
         shell:
             "RAYON_NUM_THREADS={threads:q} gptflow train-tokenizer --input {input:q}"
             " --vocab-size {params.vocab_size:q} --min-frequency {params.min_frequency:q}"
             " --sample-mb {params.sample_mb:q} --special-tokens {params.special_tokens:q}"
             " --eod-token={params.eod_token:q} --out {output:q} > {log:q} 2>&1"
 
-elif TOKENIZER_SOURCE == "gpt2":
+elif PLAN.config["tokenizer"]["source"] == "gpt2":
 
     rule convert_gpt2_tokenizer:
         input:
@@ -146,12 +146,12 @@ rule tokenize_shard:
     log:
         paths.log("tokenize_shard", "{tokenizer}/{dataset}/{shard}"),
     wildcard_constraints:
-        dataset=dataset_choice(TOKENIZED),
+        dataset=dataset_choice(PLAN.tokenized),
     conda:
         "../envs/gptflow.yaml"
-    threads: CFG["tokenize"]["workers"]
+    threads: PLAN.config["tokenize"]["workers"]
     resources:
-        mem_mb=CFG["tokenize"]["max_rss_mb"],
+        mem_mb=PLAN.config["tokenize"]["max_rss_mb"],
     params:
         prefix=paths.SHARD,
         format=get_format,
@@ -160,9 +160,9 @@ rule tokenize_shard:
         member_format=get_member_format,
         append_eod=APPEND_EOD,
         document_range=[],  # tokenize_part: --documents START:STOP --counts FILE
-        eod_token=verbatim(CFG["tokenizer"]["eod_token"]),
-        engine=CFG["tokenize"]["engine"],
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        eod_token=verbatim(PLAN.config["tokenizer"]["eod_token"]),
+        engine=PLAN.config["tokenize"]["engine"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
     shell:
         "gptflow tokenize --input {input.documents:q} --tokenizer {input.tokenizer:q}"
         " --output-prefix {params.prefix:q} --format {params.format:q}"
@@ -186,7 +186,7 @@ checkpoint count_documents:
         json_key=get_json_key,
         member=get_member,
         member_format=get_member_format,
-        on_bad=CFG["tokenize"]["on_bad_document"],
+        on_bad=PLAN.config["tokenize"]["on_bad_document"],
     shell:
         "gptflow count-documents --input {input:q} --format {params.format:q}"
         " --json-key {params.json_key:q} {params.member:q} {params.member_format:q}"
@@ -216,7 +216,7 @@ use rule tokenize_shard as tokenize_variant_shard with:
     log:
         paths.log("tokenize_variant_shard", "{tokenizer}/{dataset}/{variant}/{shard}"),
     wildcard_constraints:
-        dataset=dataset_choice(TOKENIZED),
+        dataset=dataset_choice(PLAN.tokenized),
         variant=f"{quality_recipe.STEP_NAME}|{quality_recipe.RAW}",
     params:
         prefix=paths.VARIANT_SHARD,
@@ -234,7 +234,7 @@ rule import_megatron_shard:
     log:
         paths.log("import_megatron_shard", "{tokenizer}/{dataset}/{shard}"),
     wildcard_constraints:
-        dataset=dataset_choice(IMPORTED),
+        dataset=dataset_choice(PLAN.imported),
         shard=imported_shard_choice(),
     conda:
         "../envs/gptflow.yaml"
@@ -242,7 +242,7 @@ rule import_megatron_shard:
     params:
         source=get_shard_input,
         prefix=paths.SHARD,
-        eod_token=verbatim(CFG["tokenizer"]["eod_token"]),
+        eod_token=verbatim(PLAN.config["tokenizer"]["eod_token"]),
     shell:
         "gptflow import-megatron --input {params.source:q} --tokenizer {input.tokenizer:q}"
         " --eod-token={params.eod_token:q} --output-prefix {params.prefix:q} > {log:q} 2>&1"

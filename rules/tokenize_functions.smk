@@ -7,14 +7,14 @@ def shard_of(wildcards):
     """The job's shard; of a whole dataset (sample_documents) the first: they read alike. A
     dataset with data.quality steps is tokenized from their last step's documents: the base
     config's recipe's, or those of the job's {variant} (tokenize_variant_shard)."""
-    dataset = DATASETS[wildcards.dataset]
+    dataset = PLAN.datasets[wildcards.dataset]
     if "shard" not in wildcards.keys():
         return dataset.shards[0]
     shard = dataset.shard(wildcards.shard)
     if "variant" in wildcards.keys():
         variant = wildcards.variant
     else:
-        variant = BASE_VARIANTS.get(wildcards.dataset, quality_recipe.RAW)
+        variant = PLAN.base_variants.get(wildcards.dataset, quality_recipe.RAW)
     if variant == quality_recipe.RAW:
         return shard
     return cleaned_shard(wildcards.dataset, shard, variant)
@@ -23,8 +23,8 @@ def shard_of(wildcards):
 def get_data_shard_files(wildcards):
     """Every shard a run trains or is evaluated on: the base config's, then those of each
     other recipe of a data ablation (each once)."""
-    wanted = dict.fromkeys([(name, BASE_VARIANTS[name]) for name in BLENDED])
-    wanted.update(dict.fromkeys(item for r in RUN_VARIANTS.values() for item in r.items()))
+    wanted = dict.fromkeys([(name, PLAN.base_variants[name]) for name in PLAN.blended])
+    wanted.update(dict.fromkeys(item for r in PLAN.run_variants.values() for item in r.items()))
     return [f for name, variant in wanted for f in dataset_files(name, variant)]
 
 
@@ -49,11 +49,11 @@ def get_member_format(wildcards):
 
 
 def get_sample_inputs(wildcards):
-    return [s.input for s in DATASETS[wildcards.dataset].shards]
+    return [s.input for s in PLAN.datasets[wildcards.dataset].shards]
 
 
 def get_local_root(wildcards):
-    return DATASETS[wildcards.dataset].root
+    return PLAN.datasets[wildcards.dataset].root
 
 
 def get_local_shard_stamps(wildcards):
@@ -62,16 +62,16 @@ def get_local_shard_stamps(wildcards):
 
 def get_hf_source(wildcards):
     """What collect_hf_documents reads: load_dataset's arguments and the text column."""
-    return DATASETS[wildcards.dataset].hf.settings()
+    return PLAN.datasets[wildcards.dataset].hf.settings()
 
 
 def get_hf_shard_count(wildcards):
-    return len(DATASETS[wildcards.dataset].shards)
+    return len(PLAN.datasets[wildcards.dataset].shards)
 
 
 def get_hf_local_stamps(wildcards):
     """A local directory's files (sources.file_stamps): a changed file reruns the job."""
-    directory = hf_datasets.local_directory(DATASETS[wildcards.dataset].hf)
+    directory = hf_datasets.local_directory(PLAN.datasets[wildcards.dataset].hf)
     if directory is None:
         return []  # a Hub dataset: its revision (in get_hf_source) pins it
     return sources.file_stamps(sorted(str(p) for p in directory.rglob("*") if p.is_file()))
@@ -84,7 +84,9 @@ def get_megatron_shard_files(wildcards):
 
 def get_document_range(wildcards, input):
     """tokenize_part's `--documents START:STOP --counts FILE` (whole shards: nothing)."""
-    documents = sources.part_documents(int(wildcards.part), DOCUMENTS_PER_SHARD)
+    documents = sources.part_documents(
+        int(wildcards.part), PLAN.config["tokenize"]["documents_per_shard"]
+    )
     return ["--documents", documents, "--counts", input.counts]
 
 
@@ -98,14 +100,24 @@ def get_dataset_shard_files(wildcards):
 
 def get_merged_files(wildcards):
     """tokenize.merge's merged shards; not of imported datasets (a merge would copy them)."""
-    names = [d for d in BLENDED if d not in IMPORTED] if CFG["tokenize"]["merge"] else []
-    return [f for d in names for f in paths.shard_files(paths.merged_prefix(TOKENIZER, d))]
+    names = (
+        [d for d in PLAN.blended if d not in PLAN.imported]
+        if PLAN.config["tokenize"]["merge"]
+        else []
+    )
+    return [f for d in names for f in paths.shard_files(paths.merged_prefix(PLAN.tokenizer, d))]
 
 
 def get_sample_mb(wildcards):
     """tokenizer.train.sample_mb, shared by the datasets it samples."""
-    return CFG["tokenizer"]["train"]["sample_mb"] / len(CFG["tokenizer"]["train"]["datasets"])
+    return PLAN.config["tokenizer"]["train"]["sample_mb"] / len(
+        PLAN.config["tokenizer"]["train"]["datasets"]
+    )
 
 
 def get_tokenizer_file(wildcards):
-    return tokenizer_asset("url") if TOKENIZER_SOURCE == "url" else CFG["tokenizer"]["path"]
+    return (
+        tokenizer_asset("url")
+        if PLAN.config["tokenizer"]["source"] == "url"
+        else PLAN.config["tokenizer"]["path"]
+    )

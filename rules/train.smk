@@ -12,7 +12,7 @@ include: "train_functions.smk"
 
 rule train:
     input:
-        expand(paths.DONE, run=RUNS),
+        expand(paths.DONE, run=PLAN.runs),
 
 
 # The shards' input of this rule and of build_data_index is each shard's manifest
@@ -22,7 +22,7 @@ rule train:
 # the shards through run.yaml and the index, which a changed shard renews.
 rule render_run_config:
     input:
-        tokenizer=paths.tokenizer_json(TOKENIZER),
+        tokenizer=paths.tokenizer_json(PLAN.tokenizer),
         shards=get_blend_manifests,
         init_from=get_init_from_files,
         origins=get_origin_files,
@@ -49,7 +49,7 @@ rule render_run_config:
 # only memory-map them. The same code as `gptflow build-index --config RUN.yaml`.
 rule build_data_index:
     input:
-        tokenizer=paths.tokenizer_json(TOKENIZER),
+        tokenizer=paths.tokenizer_json(PLAN.tokenizer),
         shards=get_blend_manifests,
         origins=get_origin_files,
     output:

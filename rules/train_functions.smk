@@ -6,14 +6,14 @@ training runs in."""
 def get_blend_prefixes(wildcards):
     """The run's training shards by dataset: its recipe's (gptflow.data.quality.recipe.variant)."""
     run = job_run(wildcards)
-    return {name: dataset_shards(name, RUN_VARIANTS[run][name])[0] for name in BLENDED}
+    return {name: dataset_shards(name, PLAN.run_variants[run][name])[0] for name in PLAN.blended}
 
 
 def get_heldout_prefixes(wildcards):
     """A data ablation's run: the base's shards, its validation and test text; else {}."""
-    if RUN_VARIANTS[job_run(wildcards)] == BASE_VARIANTS:
+    if PLAN.run_variants[job_run(wildcards)] == PLAN.base_variants:
         return {}
-    return {name: dataset_shards(name)[0] for name in BLENDED}
+    return {name: dataset_shards(name)[0] for name in PLAN.blended}
 
 
 def variant_origins(dataset, variant):
@@ -23,7 +23,7 @@ def variant_origins(dataset, variant):
         return []
     return [
         paths.QUALITY_ORIGINS.format(step=variant, dataset=dataset, shard=s.name)
-        for s in DATASETS[dataset].shards
+        for s in PLAN.datasets[dataset].shards
     ]
 
 
@@ -31,14 +31,14 @@ def get_document_origins(wildcards):
     """A data ablation's run: per dataset whose recipe differs from the base's, its shards'
     origins files and the base's, {dataset: {"run": files, "base": files}}: its train split
     ends before the base's held-out documents (gptflow.data.dataset.heldout_train_ends)."""
-    run = RUN_VARIANTS[job_run(wildcards)]
+    run = PLAN.run_variants[job_run(wildcards)]
     return {
         name: {
             "run": variant_origins(name, run[name]),
-            "base": variant_origins(name, BASE_VARIANTS[name]),
+            "base": variant_origins(name, PLAN.base_variants[name]),
         }
-        for name in BLENDED
-        if run[name] != BASE_VARIANTS[name]
+        for name in PLAN.blended
+        if run[name] != PLAN.base_variants[name]
     }
 
 
@@ -50,17 +50,17 @@ def get_origin_files(wildcards):
 
 def get_data_index(wildcards):
     """The data index a run reads (gptflow.paths.DATA_INDEX, shared by runs like it)."""
-    return paths.DATA_INDEX.format(index=INDEX_OF[wildcards.run])
+    return paths.DATA_INDEX.format(index=PLAN.index_of[wildcards.run])
 
 
 def get_index_settings(wildcards):
     """What data index {index} is built from (gptflow.train.run_config.data_index_settings)."""
-    return INDEXES[wildcards.index]
+    return PLAN.indexes[wildcards.index]
 
 
 def get_init_from_files(wildcards):
     """model.init_from's files: run.yaml records them, so a changed file re-renders it."""
-    path = RUNS[wildcards.run]["model"].get("init_from")
+    path = PLAN.runs[wildcards.run].config["model"].get("init_from")
     return init_from.input_files(path) if path else []
 
 
@@ -75,7 +75,7 @@ def get_train_threads(wildcards):
 def get_local_ranks(wildcards):
     """train_gpt's ranks on one machine unless the profile sets nproc_per_node: one per visible
     GPU (none: one); under the Slurm profile one (srun starts the ranks)."""
-    return PLACEMENT.ranks if PLACEMENT.executor == "local" and not PLACEMENT.mpi else 1
+    return PLAN.placement.ranks if PLAN.placement.executor == "local" and not PLAN.placement.mpi else 1
 
 
 def get_rank_options(wildcards, resources, threads):
@@ -85,7 +85,7 @@ def get_rank_options(wildcards, resources, threads):
 
 def get_train_launcher(wildcards, resources, threads):
     """Argv words before `gptflow train` (srun, the container's): distributed.train_launcher."""
-    section = CONTAINER if CONTAINER["enabled"] else None
+    section = PLAN.container_config if PLAN.container_config["enabled"] else None
     image = os.path.abspath(container_image_file()) if section else None
     try:
         return train_launcher(dict(resources.items()), threads, section, image, os.getcwd())
@@ -95,4 +95,4 @@ def get_train_launcher(wildcards, resources, threads):
 
 def get_train_container(wildcards):
     """The image training runs in (an input of train_gpt), or nothing."""
-    return [container_image_file()] if CONTAINER["enabled"] else []
+    return [container_image_file()] if PLAN.container_config["enabled"] else []

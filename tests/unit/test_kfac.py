@@ -109,6 +109,7 @@ def test_unsupported_layouts_are_refused_at_planning(tiny_config, train, model, 
     """preflight.run (snakemake -n) refuses each in one line naming the key and the fix."""
     from gptflow.plan import preflight
     from gptflow.plan.placement import Placement
+    from gptflow.plan.runs import run_plan
 
     cfg = {
         **tiny_config,
@@ -118,7 +119,9 @@ def test_unsupported_layouts_are_refused_at_planning(tiny_config, train, model, 
     }  # fmt: skip
     placement = Placement(executor="local", nproc_per_node=2)
     with pytest.raises(GptflowError) as err:
-        preflight.run(cfg, placement, sinfo=lambda: None, accounts=lambda: None)
+        preflight.run(
+            run_plan("kfac", cfg, None), placement, sinfo=lambda: None, accounts=lambda: None
+        )
     message = str(err.value)
     assert message.startswith(f"train.kfac is not supported with {refused}: ")
     assert "\n" not in message and message.endswith("or train.kfac null")

@@ -222,10 +222,13 @@ def test_a_plan_refuses_it_and_prints_the_traffic(repo, tiny_config):
     and prints the update's traffic for the test config's tiny model at ZeRO 3 on 2 ranks."""
     from gptflow.plan import preflight
     from gptflow.plan.placement import Placement
+    from gptflow.plan.runs import run_plan
 
     def plan(model: dict, train: dict, placement: Placement) -> list[str]:
         cfg = {**tiny_config, "model": model, "train": {**tiny_config["train"], **train, **MUON}}
-        return preflight.run(cfg, placement, sinfo=lambda: None, accounts=lambda: None).lines
+        return preflight.run(
+            run_plan("muon", cfg, None), placement, sinfo=lambda: None, accounts=lambda: None
+        ).lines
 
     tiny = {"preset": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
     lines = plan(tiny, {"zero_stage": 3}, Placement(executor="local", nproc_per_node=2))

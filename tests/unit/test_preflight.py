@@ -19,6 +19,7 @@ from gptflow.plan import cluster, gpu_memory, host_memory, placement, preflight,
 from gptflow.plan.cluster import PartitionNodes, check_cluster, parse_sinfo
 from gptflow.plan.gpu_memory import GIB
 from gptflow.plan.placement import Placement
+from gptflow.plan.runs import run_plan
 from gptflow.train.snapshot import PAGE
 from tests.support.memory import kept_bytes, saved_peak
 
@@ -538,7 +539,7 @@ def test_muons_refusal_of_bf16_at_zero_1_under_tensor_parallel_meets_auto_at_pla
     }  # fmt: skip
     gpus = Placement(executor="slurm", nodes=1, tasks_per_node=2, gres="gpu:2", mpi="srun")
     with pytest.raises(GptflowError) as e:
-        preflight.run(cfg, gpus, sinfo=lambda: None, accounts=lambda: None)
+        preflight.run(run_plan("a", cfg, None), gpus, sinfo=lambda: None, accounts=lambda: None)
     message = str(e.value)
     assert message.startswith(
         "train.precision auto is bf16 here (auto on GPUs assumed to be A100/H100 (compute "
@@ -548,10 +549,10 @@ def test_muons_refusal_of_bf16_at_zero_1_under_tensor_parallel_meets_auto_at_pla
     )
     assert "\n" not in message
     with pytest.raises(GptflowError, match=r"^study run 'a': train\.precision auto is bf16 here"):
-        preflight.study({"a": cfg}, gpus, tokenizer_json=None, indexes=1, trained=set())
+        preflight.study({"a": run_plan("a", cfg, None)}, gpus, indexes=1, trained=set())
     for planned in (Placement(executor="local", nproc_per_node=2),
                     dataclasses.replace(gpus, gres="gpu:v100:2")):  # fmt: skip
-        preflight.run(cfg, planned, sinfo=lambda: None, accounts=lambda: None)
+        preflight.run(run_plan("a", cfg, None), planned, sinfo=lambda: None, accounts=lambda: None)
 
 
 def test_each_tensor_parallel_rank_holds_its_share_of_the_logits():
@@ -771,7 +772,9 @@ def test_one_gpu_on_each_of_16_nodes_counts_one_rank_a_node(tiny_config):
     tiny = {**tiny_config, "model": {**tiny_config["model"], "num_layers": 2, "hidden_size": 64,
                                       "num_attention_heads": 4},
             "train": {**tiny_config["train"], "global_batch_size": 16, "micro_batch_size": 1}}  # fmt: skip
-    rep = preflight.run(tiny, spread, sinfo=lambda: None, accounts=lambda: None)
+    rep = preflight.run(
+        run_plan("tiny", tiny, None), spread, sinfo=lambda: None, accounts=lambda: None
+    )
     assert rep.lines[0].startswith("gptflow preflight: train_gpt on 16 node(s) x 1 rank(s) = 16")
 
 

@@ -12,6 +12,7 @@ from gptflow.config.settings import TrainConfig
 from gptflow.data.dataset import split_samples
 from gptflow.errors import GptflowError
 from gptflow.plan import preflight, run_size
+from gptflow.plan.runs import run_plan
 from gptflow.plan.workflow_config import run_configs
 from gptflow.train.run_config import data_index_name, data_index_settings
 
@@ -175,7 +176,8 @@ def test_the_plan_lists_every_run_and_names_the_one_that_does_not_fit(repo, stud
     cfg = study(grid={"model.preset": ["tiny", "small"]})
     cfg["train"].update(micro_batch_size=1, global_batch_size=16)  # 1 x 2 x 8 ranks
     runs = run_configs(load(repo, cfg))
-    lines = preflight.study(runs, SLURM, tokenizer_json=None, indexes=1, trained={"tiny"})
+    plans = {name: run_plan(name, c, None) for name, c in runs.items()}
+    lines = preflight.study(plans, SLURM, indexes=1, trained={"tiny"})
     assert lines[0].startswith(
         "gptflow study: 2 run(s), 1 finished (a DONE.json; one whose settings changed trains again); 1 data index(es) shared"
     )
@@ -189,9 +191,14 @@ def test_the_plan_lists_every_run_and_names_the_one_that_does_not_fit(repo, stud
     assert small.split()[:2] == ["small", f"{parameters:,}"]
     assert small.endswith("to train") and "1 x 2 x 8" in small
     tight = {**runs, "small": {**runs["small"], "train": {**runs["small"]["train"],
-                                                          "micro_batch_size": 3}}}  # fmt: skip
+                                                          "micro_batch_size": 4}}}  # fmt: skip
     with pytest.raises(GptflowError, match=r"\Astudy run 'small': .*global_batch_size"):
-        preflight.study(tight, SLURM, tokenizer_json=Path("none"), indexes=1, trained=set())
+        preflight.study(
+            {name: run_plan(name, c, Path("none")) for name, c in tight.items()},
+            SLURM,
+            indexes=1,
+            trained=set(),
+        )
 
 
 def test_a_data_ablation_run_has_its_own_recipe_and_index_and_the_base_held_out(repo, study):

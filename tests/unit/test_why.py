@@ -55,12 +55,13 @@ def test_dry_run_jobs_and_reasons_are_parsed():
 
 def size_of(cfg: dict, tmp_path, peak_tflops: float, mfu: float, shards: int = 0) -> dict:
     """The plan's size figures (gptflow.plan.preflight), as `gptflow why` prints them."""
+    from gptflow.config.settings import TrainConfig
     from gptflow.plan import run_size
 
     vocab, _ = run_size.vocab_size(cfg, None)
     model = run_size.model_config(cfg, vocab)
     free = shutil.disk_usage(tmp_path).free
-    return run_size.size(cfg, model, shards, free, peak_tflops, mfu)
+    return run_size.size(model, TrainConfig(**cfg["train"]), shards, free, peak_tflops, mfu)
 
 
 def test_preflight_figures_of_the_tiny_config_equal_a_hand_calculation(tmp_path):
@@ -138,7 +139,7 @@ def test_shard_bytes_come_from_the_corpus_in_the_token_dtype_of_the_unpadded_voc
         "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
                   "make_vocab_size_divisible_by": 128},
         "tokenizer": {"source": "train", "train": {"vocab_size": 65_450}},
-        "train": {"train_iters": 10, "global_batch_size": 4, "seq_length": 32},
+        "train": {"train_iters": 10, "global_batch_size": 4, "micro_batch_size": 4, "seq_length": 32},
     }  # fmt: skip
     # 2 x 65,536 x 32 + (4 x 32 + 3 x 32^2 + 3 x 32 + 32^2 + 32 + 32 x 128 + 128 + 128 x 32
     # + 32) + 2 x 32

@@ -112,6 +112,7 @@ def test_the_local_profile_checks_the_model_against_this_machines_gpus(
     they run one at a time)."""
     from gptflow.errors import GptflowError
     from gptflow.plan import preflight
+    from gptflow.plan.runs import run_plan
     from gptflow.plan.workflow_config import load_workflow_config, run_configs
     from tests.support.fake_gpus import fake_nvidia_smi, path_with
 
@@ -129,7 +130,7 @@ def test_the_local_profile_checks_the_model_against_this_machines_gpus(
     slurm = Placement(executor="slurm", nodes=1, tasks_per_node=2, gres="gpu:2", mpi="srun",
                       gpu_mem_mb=3072)  # fmt: skip
     with pytest.raises(GptflowError) as refused:
-        preflight.run(run, slurm, sinfo=lambda: None)
+        preflight.run(run_plan("tiny", run, None), slurm, sinfo=lambda: None)
     said = str(refused.value)
     assert "(set-resources train_gpt gpu_mem_mb)" in said
     assert line == (

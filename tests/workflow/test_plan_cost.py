@@ -1,4 +1,4 @@
-"""What a plan pays per job, where Snakemake repeats work for each job that rules/setup.smk
+"""What a plan pays per job, where Snakemake repeats work for each job that rules/snakemake_patches.smk
 does once: it reads an input, params or resources function's signature (inspect.signature)
 twice each time it calls one, several times per job (read_signatures_once); it formats a
 job's shell command three times to print it once in a dry run (format_commands_once); it

@@ -428,7 +428,7 @@ class TrainConfig:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch_size * self.seq_length
+        return tokens_per_step(self.global_batch_size, self.seq_length)
 
 
 def check_kfac(model: ModelConfig, train: TrainConfig) -> None:
@@ -601,6 +601,27 @@ def muon_reduce_bucket_size(train: TrainConfig, dp: int, largest: int) -> int | 
     if train.optimizer != "muon" or train.zero_stage != 3:
         return None
     return min(DEEPSPEED_REDUCE_BUCKET_SIZE, dp * largest)
+
+
+def tokens_per_step(global_batch_size: int, seq_length: int) -> int:
+    """The tokens one optimizer step trains on (TrainConfig.tokens_per_step)."""
+    return global_batch_size * seq_length
+
+
+def steps_for_tokens(tokens: int, global_batch_size: int, seq_length: int) -> int:
+    """The steps that train on at least `tokens` tokens (a study's `tokens`), 1 or more; from
+    the train keys, before a run's settings are a TrainConfig (its checks read train_iters)."""
+    return max(1, math.ceil(tokens / tokens_per_step(global_batch_size, seq_length)))
+
+
+def check_context(model: ModelConfig, train: TrainConfig) -> None:
+    """A sequence fits the model's positions (checked when a run is planned, and when its
+    run.yaml is read)."""
+    if train.seq_length > model.max_position_embeddings:
+        raise GptflowError(
+            f"train.seq_length {train.seq_length} exceeds model.max_position_embeddings "
+            f"{model.max_position_embeddings}; raise the latter or shorten the sequences"
+        )
 
 
 def check_model_parallel(model: ModelConfig, train: TrainConfig) -> None:

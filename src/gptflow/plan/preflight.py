@@ -24,7 +24,6 @@ DeepSpeed's own ZeRO estimators.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from gptflow.config.settings import ModelConfig, TrainConfig
 from gptflow.errors import GptflowError
@@ -48,14 +47,8 @@ from gptflow.plan.placement import (
     placeholder_message,
     placeholders,
 )
-from gptflow.plan.run_size import (
-    ASSUMED_MFU,
-    ASSUMED_PEAK_TFLOPS,
-    model_config,
-    size,
-    token_bytes,
-    vocab_size,
-)
+from gptflow.plan.run_size import ASSUMED_MFU, ASSUMED_PEAK_TFLOPS, size, token_bytes
+from gptflow.plan.runs import RunPlan
 from gptflow.results import sizing
 
 
@@ -107,10 +100,9 @@ def memory_lines(
 
 
 def run(
-    cfg: dict,
+    run: RunPlan,
     p: Placement,
     *,
-    tokenizer_json: Path | None = None,
     datasets: dict | None = None,
     tokenizer: str | None = None,
     config_threads: dict[str, int] | None = None,
@@ -121,9 +113,9 @@ def run(
     accounts=read_accounts,
     label: str = "",
 ) -> Report:
-    """Every check above for `cfg` placed by `p`; raises GptflowError at the first failure
+    """Every check above for `run` placed by `p`; raises GptflowError at the first failure
     (the key and the fix named), else returns the lines to print at -n."""
-    train = TrainConfig(**cfg["train"])
+    train, m, vocab = run.train, run.model, run.vocab
     launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
     ranks = p.ranks
     gas = check_layout(train, ranks)
@@ -135,8 +127,6 @@ def run(
     if p.executor == "slurm" and (groups := sinfo()) is not None:
         cpu = dict(p.settings).get("default-resources slurm_partition")
         check_cluster(p, cpu, groups, accounts(), runtimes)
-    vocab, vocab_source = vocab_size(cfg, tokenizer_json)
-    m = model_config(cfg, vocab)
     dp = train.data_parallel_size(ranks)
     split = [f"{n} {kind}" for n, kind in ((train.tensor_parallel, "tensor"),
                                           (train.pipeline_parallel, "pipeline")) if n > 1]  # fmt: skip
@@ -146,9 +136,9 @@ def run(
         f"gptflow preflight{label}: train_gpt on {where} = {' x '.join([*split, f'{dp} data'])} "
         f"parallel; micro batch {train.micro_batch_size} x grad accum {gas} x {dp} = global "
         f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
-        f"{vocab:,}: {vocab_source})"
+        f"{vocab:,}: {run.vocab_source})"
     )
-    rep.lines += memory_lines(rep, m, train, ranks, p, cfg, harness_work)
+    rep.lines += memory_lines(rep, m, train, ranks, p, run.config, harness_work)
     for rule, n in sorted((profile_threads or {}).items()):
         given = (config_threads or {}).get(rule)
         if given is not None and given != n:
@@ -170,16 +160,15 @@ def run(
     if datasets is not None:
         made, missing = token_bytes(datasets, vocab, tokenizer)
         rep.size = {"parameters": m.num_parameters(), "vocab": vocab,
-                    "vocab_source": vocab_source, "shard_bytes": made,
+                    "vocab_source": run.vocab_source, "shard_bytes": made,
                     "inputs_not_on_disk": missing}  # fmt: skip
     return rep
 
 
 def study(
-    runs: dict[str, dict],
+    runs: dict[str, RunPlan],
     p: Placement,
     *,
-    tokenizer_json: Path | None,
     indexes: int,
     trained: set[str],
     peak_tflops: float = ASSUMED_PEAK_TFLOPS,
@@ -188,12 +177,10 @@ def study(
     """A study's plan, one line a run (parameters, tokens, batch split, memory per GPU where
     the run goes to GPUs, GPU-hours, finished or not) under the study's totals. Every run's
     layout and memory are checked as a single run's are (the error names the run)."""
-    vocab = vocab_size(next(iter(runs.values())), tokenizer_json)[0]
     rows, total_flops, total_hours = [], 0.0, 0.0
-    for name, cfg in runs.items():
+    for name, run in runs.items():
+        train, m = run.train, run.model
         try:
-            train = TrainConfig(**cfg["train"])
-            m = model_config(cfg, vocab)
             gas = check_layout(train, p.ranks)
             planned_train(train, p)
             fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
@@ -202,7 +189,7 @@ def study(
             check_traffic(m, train, p.ranks, planned_precision(train, p)[0])
         except GptflowError as e:
             raise GptflowError(f"study run '{name}': {e}") from None
-        s = size(cfg, m, 0, 0, peak_tflops, mfu)
+        s = size(m, train, 0, 0, peak_tflops, mfu)
         total_flops += s["training_flops"]
         total_hours += s["gpu_hours"]
         memory = f"{human(fit.total)} of {human(fit.gpu_bytes)}" if fit else "-"

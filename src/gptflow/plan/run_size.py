@@ -66,20 +66,14 @@ ASSUMED_PEAK_TFLOPS = 989.0
 ASSUMED_MFU = 0.4
 
 
-def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, mfu: float) -> dict:
+def size(m: ModelConfig, t: TrainConfig, shards: int, free: int, peak_tflops: float,
+         mfu: float) -> dict:  # fmt: skip
     """Parameters, tokens, FLOPs, GPU-hours, checkpoint and shard bytes, free disk."""
-    t = cfg["train"]
     n = m.num_parameters()
-    tokens = t["train_iters"] * t["global_batch_size"] * t["seq_length"]
-    # what the FLOPs depend on: the step's tokens, the optimizer, the tensor-parallel blocks
-    counted = ("train_iters", "seq_length", "global_batch_size", "optimizer", "muon",
-               "tensor_parallel")  # fmt: skip
-    step = TrainConfig(**{k: t[k] for k in counted if k in t}, micro_batch_size=1)
-    flops = training_flops_per_token(m, step) * tokens
-    keys = ("train_iters", "save_interval", "keep_last", "keep_every")  # what it depends on
-    checkpoints = TrainConfig(**{k: t[k] for k in keys if k in t}).checkpoints_on_disk()
+    tokens = t.train_iters * t.tokens_per_step
+    flops = training_flops_per_token(m, t) * tokens
     # Muon's matrices keep one moment, not Adam's two (4 bytes a parameter less)
-    muon = muon_state_floats(m)[0] if t.get("optimizer") == "muon" else 0
+    muon = muon_state_floats(m)[0] if t.optimizer == "muon" else 0
     return {
         "parameters": n,
         "training_tokens": tokens,
@@ -90,7 +84,7 @@ def size(cfg: dict, m: ModelConfig, shards: int, free: int, peak_tflops: float, 
         # a checkpoint: fp32 weights + Adam's two moments (+ the half-precision copy, counted
         # as fp32): 16 bytes a parameter, for keep_last steps, the one being written and
         # those kept for good (train.keep_every)
-        "checkpoint_bytes": (n * 16 - 4 * muon) * checkpoints,
+        "checkpoint_bytes": (n * 16 - 4 * muon) * t.checkpoints_on_disk(),
         "shard_bytes": shards,
         "free_bytes": free,
     }

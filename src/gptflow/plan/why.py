@@ -161,6 +161,7 @@ def size(cfg: dict, plan: dict, workdir: Path, peak_tflops, mfu) -> dict:
     """The run's size (gptflow.plan.run_size.size) from the plan's own preflight: its parameter
     count with the tokenizer's real vocabulary, and the token shards' bytes; GPU-hours at
     the preflight's assumed peak and MFU unless given."""
+    from gptflow.config.settings import TrainConfig
     from gptflow.plan.run_size import ASSUMED_MFU, ASSUMED_PEAK_TFLOPS, model_config, size
 
     peak_tflops, mfu = peak_tflops or ASSUMED_PEAK_TFLOPS, mfu or ASSUMED_MFU
@@ -169,8 +170,8 @@ def size(cfg: dict, plan: dict, workdir: Path, peak_tflops, mfu) -> dict:
     model = model_config(cfg, found.get("vocab") or 0) if found.get("vocab") else None
     if model is None:
         return {}
-    out = size(cfg, model, found.get("shard_bytes", 0), shutil.disk_usage(workdir).free,
-               peak_tflops, mfu)  # fmt: skip
+    out = size(model, TrainConfig(**cfg["train"]), found.get("shard_bytes", 0),
+               shutil.disk_usage(workdir).free, peak_tflops, mfu)  # fmt: skip
     out["vocab_source"] = found.get("vocab_source")
     out["inputs_not_on_disk"] = found.get("inputs_not_on_disk", 0)
     return out

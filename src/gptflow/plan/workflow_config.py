@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import os
 import re
 from pathlib import Path
@@ -18,9 +17,11 @@ from gptflow.config.settings import (
     ModelConfig,
     TrainConfig,
     architecture,
+    check_context,
     check_kfac,
     check_model_parallel,
     check_wandb,
+    steps_for_tokens,
 )
 from gptflow.data.tokenizer import BYTE_ALPHABET, check_tokenizer_file, smallest_trained_vocab
 from gptflow.errors import GptflowError
@@ -84,6 +85,7 @@ def _check_run(model: dict, train: dict, cfg: dict, schema: dict, models, source
         t = TrainConfig(**train)
         t.check_trainable()
         m = ModelConfig(**architecture(model))
+        check_context(m, t)
         check_model_parallel(m, t)
         check_kfac(m, t)
         if model.get("init_from"):  # its directory, architecture, weights and rows
@@ -92,11 +94,6 @@ def _check_run(model: dict, train: dict, cfg: dict, schema: dict, models, source
             check_planned(model["init_from"], m)
     except GptflowError as e:
         raise GptflowError(f"{source}: {e}. Fix {source}.") from None
-    if t.seq_length > model["max_position_embeddings"]:
-        raise GptflowError(
-            f"{source}: train.seq_length {t.seq_length} exceeds "
-            f"model.max_position_embeddings {model['max_position_embeddings']}. Fix {source}."
-        )
     _check_split(cfg["data"]["split"], t, source)
     check_wandb(t.wandb, source)
     # Not errors: log, eval and save intervals longer than train_iters (the last step logs,
@@ -178,17 +175,18 @@ def _study_run(
     # the base's own model keys stay over another preset (as they do over the base's preset)
     model = {**raw_model, **overrides.get("model", {})}
     train = {**cfg["train"], **overrides.get("train", {})}
-    if "tokens" in overrides:
-        if "train_iters" in overrides.get("train", {}):
-            raise GptflowError(
-                f"{where} sets both tokens and train.train_iters; keep one. Fix {source}."
-            )
-        per_step = train["global_batch_size"] * train["seq_length"]
-        train["train_iters"] = max(1, math.ceil(overrides["tokens"] / per_step))
+    if "tokens" in overrides and "train_iters" in overrides.get("train", {}):
+        raise GptflowError(
+            f"{where} sets both tokens and train.train_iters; keep one. Fix {source}."
+        )
     props = schema["properties"]
     validate(model, props["model"], source=where, root=schema)
     validate(train, props["train"], source=where, root=schema)
     fill_defaults(train, props["train"], schema)
+    if "tokens" in overrides:  # the base's train_iters (validated) gives way to the tokens'
+        train["train_iters"] = steps_for_tokens(
+            overrides["tokens"], train["global_batch_size"], train["seq_length"]
+        )
     run = {"model": _check_run(model, train, cfg, schema, models, where), "train": train}
     if "data" in overrides:
         run["data"] = _run_data(overrides["data"], cfg, schema, where, source)

@@ -22,6 +22,7 @@ from gptflow.config.settings import (
     ModelConfig,
     TrainConfig,
     architecture,
+    check_context,
     padded_vocab_size,
     training_flops_per_token,
 )
@@ -76,11 +77,7 @@ class RunConfig:
     train_ends: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.train.seq_length > self.model.max_position_embeddings:
-            raise GptflowError(
-                f"train.seq_length {self.train.seq_length} exceeds model.max_position_embeddings "
-                f"{self.model.max_position_embeddings}; raise the latter or shorten the sequences"
-            )
+        check_context(self.model, self.train)
         if self.model.vocab_size < self.tokenizer.vocab_size:
             raise GptflowError(
                 f"model vocab {self.model.vocab_size} is smaller than the tokenizer's "
@@ -242,7 +239,10 @@ class RunConfig:
 
 
 def data_index_settings(
-    cfg: dict, variants: dict[str, str] | None = None, heldout: dict[str, str] | None = None
+    cfg: dict,
+    variants: dict[str, str] | None = None,
+    heldout: dict[str, str] | None = None,
+    train: TrainConfig | None = None,
 ) -> dict:
     """What a run's data index depends on, from its validated workflow config: the tokenizer,
     the blend, the split, the sequence length, the seed and the samples each split gives
@@ -251,10 +251,11 @@ def data_index_settings(
     that differ in model or learning rate share one index. A data ablation's run trains on
     the shards of its own recipe (`variants`, dataset -> gptflow.data.quality.recipe.variant)
     and is validated on the base's (`heldout`): where the two differ they are part of the
-    settings (and so of the index's name); where they agree, the settings are as before."""
+    settings (and so of the index's name); where they agree, the settings are as before.
+    `train`: the run's settings made already (a plan's), else made from `cfg`."""
     from gptflow.data.dataset import split_samples
 
-    train = TrainConfig(**cfg["train"])
+    train = train if train is not None else TrainConfig(**cfg["train"])
     ablation = {"variants": variants, "heldout": heldout} if variants != heldout else {}
     return {
         "tokenizer": cfg["tokenizer"]["name"],
