@@ -136,3 +136,15 @@ def test_each_bad_config_is_one_line_naming_the_key_and_the_file(case, plan_of, 
     assert message in line
     assert str(tmp_path / "config.yaml") in line  # names the file to fix
     assert not (tmp_path / "wd" / "results").exists()
+
+
+def test_a_rules_own_resource_wins_even_when_only_its_job_knows_it():
+    """Profile.value reads a resource as the executor plugin will: the rule's set-resources,
+    else default-resources. A set-resources the plan cannot evaluate (a function of the job:
+    None here) is the rule's, known when the job runs: not the default's value."""
+    profile = Profile(resources={"train_gpt": {"runtime": None, "nodes": 2}},
+                      defaults={"runtime": 60, "nodes": 1, "mem_mb": 8000})  # fmt: skip
+    assert profile.value("train_gpt", "runtime") is None and profile.sets("train_gpt", "runtime")
+    assert profile.value("train_gpt", "nodes") == 2
+    assert profile.value("train_gpt", "mem_mb") == 8000  # not set for the rule: the default
+    assert profile.value("evaluate", "runtime") == 60 and not profile.sets("evaluate", "runtime")
