@@ -124,9 +124,10 @@ class Plan:
 
     @property
     def local_gpus(self) -> int:
-        """The GPUs the jobs on this machine share (without srun): each GPU job takes all."""
-        p = self.placement
-        return (p.gpus or 0) if p.executor == "local" and not p.mpi else 0
+        """The GPUs the jobs on this machine share (each GPU job takes all): those counted
+        where training runs here without srun (gptflow.plan.profile.placement counts none
+        elsewhere)."""
+        return self.placement.gpus or 0
 
     # lazy: read only when a job needs them --------------------------------------------
     @functools.cached_property
