@@ -153,6 +153,25 @@ def test_a_rules_own_resource_wins_even_when_only_its_job_knows_it():
     assert profile.value("evaluate", "runtime") == 60 and not profile.sets("evaluate", "runtime")
 
 
+def test_a_nodes_memory_is_what_its_job_is_given():
+    """The node memory the background saves' check holds training to: Slurm's plugin passes
+    default-resources mem_mb as train_gpt's --mem, so there it counts; PBS's submit line and
+    this machine pass none, so only train_gpt's own mem_mb does (profiles/pbs's default 8000
+    is the CPU jobs': counted, it refused every 4-GPU node)."""
+    from gptflow.plan.profile import placement
+
+    no_gpus = lambda: (None, "none")  # noqa: E731
+    defaults = {"mem_mb": 8000}
+    slurm = Profile(resources={"train_gpt": {"slurm_partition": "gpu"}}, defaults=defaults)
+    pbs = Profile(resources={"train_gpt": {"pbs_queue": "gpuq"}}, defaults=defaults)
+    pbs_own = Profile(resources={"train_gpt": {"pbs_queue": "gpuq", "mem_mb": 500000}},
+                      defaults=defaults)  # fmt: skip
+    local = Profile(defaults=defaults)
+    mem = {name: placement(p, no_gpus, no_gpus).mem_mb
+           for name, p in [("slurm", slurm), ("pbs", pbs), ("pbs_own", pbs_own), ("local", local)]}
+    assert mem == {"slurm": 8000, "pbs": None, "pbs_own": 500000, "local": None}
+
+
 def test_a_pbs_queue_for_every_job_places_training_on_pbs(plan_of, tiny_config):
     """profiles/pbs gives its queue to every job (default-resources pbs_queue), or to
     train_gpt alone; either way training is placed on PBS."""
