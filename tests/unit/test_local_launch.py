@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from gptflow.cli import build_parser, rank_args
+from gptflow.cli import build_parser
+from gptflow.cli.train import rank_args
 from gptflow.plan.status import RunFiles, live_trainer
 from gptflow.train.launch import exit_code
 
