@@ -30,7 +30,7 @@ from gptflow.data.quality import sizing as quality_sizing
 from gptflow.data.readers import FORMATS as READER_FORMATS
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
-from gptflow.plan import gpu_memory, placement, submission, why
+from gptflow.plan import gpu_memory, placement, records, submission
 from gptflow.plan.build import PlanError, build_plan
 from gptflow.plan.profile import Profile
 from gptflow.results import harness
@@ -95,7 +95,7 @@ except PlanError as e:
 if PLAN.preflight is not None:
     for line in PLAN.preflight.lines:
         logger.info(line)
-    why.dump_preflight(PLAN.preflight)
+    records.dump_preflight(PLAN.preflight)
     for warning in PLAN.warnings:
         logger.warning(f"gptflow: WARNING: {warning}")
 # The GPU jobs on this machine (train_gpt, evaluate, harness, harness_step) each place their
@@ -207,7 +207,7 @@ def refuse_placeholders():
 
 def record_config():
     """Snakefile onsuccess: the config `gptflow why` compares the next plan against."""
-    why.record_config(PLAN.config)
+    records.record_config(PLAN.config)
 
 
 def record_refused_submissions(log):

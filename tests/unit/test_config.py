@@ -317,7 +317,7 @@ def test_a_json_config_loads_as_plain_data_and_is_recorded(repo, tiny_config, tm
     import collections
     import json
 
-    from gptflow.plan.why import RECORD, record_config
+    from gptflow.plan.records import RECORD, record_config
 
     ordered = json.loads(json.dumps(tiny_config), object_pairs_hook=collections.OrderedDict)
     cfg = load(repo, ordered)  # as Snakemake reads a JSON --configfile

@@ -20,7 +20,7 @@ from pathlib import Path
 from gptflow import paths
 from gptflow.config.schema import load_yaml
 from gptflow.errors import GptflowError
-from gptflow.plan import preflight, why
+from gptflow.plan import preflight, records
 from gptflow.plan.placement import Placement
 from gptflow.plan.profile import Profile, placement
 from gptflow.plan.runs import RunPlan, run_plan
@@ -188,7 +188,7 @@ def build_plan(
     with stage("gptflow config: "):
         cfg = load_workflow_config(config, schema_path=schema, models_dir=repo / "config" / "models",
                                    source=source, config_files=config_files)  # fmt: skip
-    why.dump_config(cfg)  # `gptflow why`: its dry run asks for the config this plan uses
+    records.dump_config(cfg)  # `gptflow why`: its dry run asks for the config this plan uses
 
     tokenizer_json = Path(paths.tokenizer_json(cfg["tokenizer"]["name"]))
     with stage("gptflow config: "):
