@@ -12,8 +12,8 @@ import pytest
 
 from gptflow.cli import build_parser
 from gptflow.cli.train import rank_args
-from gptflow.plan.status import RunFiles, live_trainer
 from gptflow.train.launch import exit_code
+from gptflow.watch.status import RunFiles, live_trainer
 
 from .test_train import BIN, records, wait_for
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from gptflow.errors import GptflowError
-from gptflow.plan.status import RunFiles, eta_seconds, read_records, seconds_per_step, stage
 from gptflow.progress import human_bytes
+from gptflow.watch.status import RunFiles, eta_seconds, read_records, seconds_per_step, stage
 
 from .test_train import BIN, gptflow_train, records, wait_for
 

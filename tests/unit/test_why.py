@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from gptflow.plan.why import config_changes, parse_dry_run
+from gptflow.watch.why import config_changes, parse_dry_run
 
 DRY_RUN = """Building DAG of jobs...
 Job stats:

@@ -26,7 +26,7 @@ def add_why_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_why(a: argparse.Namespace) -> int:
-    from gptflow.plan.why import why
+    from gptflow.watch.why import why
 
     args = a.snakemake_args[1:] if a.snakemake_args[:1] == ["--"] else a.snakemake_args
     result = why(args, workdir=a.directory, peak_tflops=a.peak_tflops, mfu=a.mfu)
@@ -42,7 +42,7 @@ def add_summary_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_summary(a: argparse.Namespace) -> int:
-    from gptflow.plan.status import by_study, finished_runs, outputs
+    from gptflow.watch.status import by_study, finished_runs, outputs
 
     for study, runs in by_study([outputs(d) for d in finished_runs(a.results)]):
         if study is not None:
@@ -97,7 +97,7 @@ def add_status_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    from gptflow.plan.status import NO_SQUEUE, by_study, statuses
+    from gptflow.watch.status import NO_SQUEUE, by_study, statuses
 
     result = statuses(a.runs_dir, a.runs)
     if a.json:
