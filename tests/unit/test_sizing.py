@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gptflow import hardware
 from gptflow.config.schema import load_yaml
 from gptflow.config.settings import ModelConfig
 from gptflow.plan import after_training, gpu_memory, placement
@@ -62,8 +63,8 @@ def test_the_evaluation_fits_its_gpus_with_the_training_margin(name, gpu_gib, dt
 
 
 def test_the_fit_check_and_the_evaluation_leave_one_margin():
-    """One home: the preflight's margin is gptflow.results.sizing's."""
-    assert gpu_memory.fit_margin is sizing.fit_margin
+    """One home: the preflight's margin and the evaluation's are gptflow.hardware's."""
+    assert gpu_memory.fit_margin is sizing.fit_margin is hardware.fit_margin
     assert sizing.fit_margin(80 * GIB) == 2 * GIB + 8 * GIB
 
 

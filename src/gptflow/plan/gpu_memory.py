@@ -15,10 +15,15 @@ from dataclasses import dataclass
 
 from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats, muon_state_floats
 from gptflow.errors import GptflowError
-from gptflow.hardware import planned_gpu, training_precision
+from gptflow.hardware import (
+    FRAGMENTATION_SHARE,
+    RUNTIME_OVERHEAD_BYTES,
+    fit_margin,
+    planned_gpu,
+    training_precision,
+)
 from gptflow.plan.muon import muon_memory
 from gptflow.plan.placement import Placement
-from gptflow.results import sizing
 
 GIB = 1024**3
 DEFAULT_GPU_MEMORY_MB = 80 * 1024  # A100 80GB / H100 80GB, when the profile does not say
@@ -226,12 +231,6 @@ def planned_train(t: TrainConfig, p: Placement) -> TrainConfig:
         except GptflowError as e:
             raise GptflowError(f"train.precision auto is {precision} here ({why}): {e}") from None
     return planned
-
-
-# The margin a fit leaves free: gptflow.results.sizing's (one home, shared with the evaluation).
-RUNTIME_OVERHEAD_BYTES = sizing.RUNTIME_OVERHEAD_BYTES
-FRAGMENTATION_SHARE = sizing.FRAGMENTATION_SHARE
-fit_margin = sizing.fit_margin
 
 
 @dataclass(frozen=True)
