@@ -168,7 +168,7 @@ def test_gpt2_vocab_and_merges_become_an_equivalent_tokenizer(
 
 def test_a_long_document_without_newlines_is_still_cut_near_the_target(tokenizer_json):
     """One 12 MB line would take ~1.5 GB in one hf encode; cuts fall back to spaces."""
-    from gptflow.data.backends import _safe_cuts
+    from gptflow.data.engines import _safe_cuts
     from gptflow.data.tokenize import encode_long
     from gptflow.data.tokenizer import load_tokenizer
 
@@ -185,22 +185,22 @@ def test_indented_long_documents_find_safe_cuts_without_a_search(tokenizer_json)
     """In indented text (JSON, code) a cut right after a newline splits the indentation run
     that the pre-tokenizer joins to it, so it is never safe; trying those first cost 114 s on a
     7 MB JSON document of the bench corpus. Cuts before a non-space line start come first."""
-    from gptflow.data import backends
+    from gptflow.data import engines
     from gptflow.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_json)
     text = "{\n" + "".join(f'    "key{i}": {{"value": {i * 31 % 997}}},\n' for i in range(4_000))
     text += "}\n"
     checks = []
-    real = backends._cut_is_safe
+    real = engines._cut_is_safe
     try:
-        backends._cut_is_safe = lambda *a: checks.append(a[3]) or real(*a)
-        cuts = list(backends._safe_cuts(tok, text, 3_000))
+        engines._cut_is_safe = lambda *a: checks.append(a[3]) or real(*a)
+        cuts = list(engines._safe_cuts(tok, text, 3_000))
     finally:
-        backends._cut_is_safe = real
+        engines._cut_is_safe = real
     assert len(cuts) >= len(text) // 6_000
     assert len(checks) <= 3 * len(cuts), f"{len(checks)} cut checks for {len(cuts)} cuts"
-    assert backends.encode_long(tok, text, piece_chars=3_000).tolist() == tok.encode(text).ids
+    assert engines.encode_long(tok, text, piece_chars=3_000).tolist() == tok.encode(text).ids
 
 
 @pytest.mark.parametrize(
@@ -244,10 +244,10 @@ def test_progress_lines_and_the_closing_totals(
 
 
 def test_the_backend_names_have_one_home():
-    """tokenize.engine's choices in the schema are gptflow.data.backends.BACKENDS (the CLI's
+    """tokenize.engine's choices in the schema are gptflow.data.engines.BACKENDS (the CLI's
     --engine choices are that tuple itself)."""
     from gptflow.config.schema import load_yaml
-    from gptflow.data.backends import BACKENDS
+    from gptflow.data.engines import BACKENDS
 
     schema = load_yaml(Path(__file__).parents[2] / "config/schema/config.schema.yaml")
     assert tuple(schema["properties"]["tokenize"]["properties"]["engine"]["enum"]) == BACKENDS

@@ -72,7 +72,7 @@ def cmd_train_tokenizer(a: argparse.Namespace) -> int:
 
 
 def add_tokenize_arguments(s: argparse.ArgumentParser) -> None:
-    from gptflow.data.backends import BACKENDS
+    from gptflow.data.engines import BACKENDS
 
     s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
     s.add_argument("--tokenizer", required=True, help="tokenizer.json")

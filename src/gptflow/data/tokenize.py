@@ -9,7 +9,7 @@ The pipeline, in bounded memory whatever the input size:
 1. a reader thread reads chunks of whole lines (``batch_bytes``), decompresses and parses them
    (msgspec) -- a document range (``documents=(start, stop)``) is applied here, before any
    encoding;
-2. the engine (:mod:`gptflow.data.backends`) encodes each batch: gigatoken on ``workers``
+2. the engine (:mod:`gptflow.data.engines`) encodes each batch: gigatoken on ``workers``
    threads in this process, or hf in ``workers`` processes;
 3. EOD is appended and the tokens are streamed to ``PREFIX.bin``; the ``.idx`` is written at
    the end, and the three files appear, by atomic rename, only when complete.
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from gptflow import paths
-from gptflow.data.backends import (
+from gptflow.data.engines import (
     LONG_DOCUMENT_CHARS,
     GigatokenBackend,
     HFBackend,
