@@ -243,11 +243,11 @@ def test_progress_lines_and_the_closing_totals(
         assert "(100.0%)" in lines[-2]
 
 
-def test_the_backend_names_have_one_home():
-    """tokenize.engine's choices in the schema are gptflow.data.engines.BACKENDS (the CLI's
+def test_the_engine_names_have_one_home():
+    """tokenize.engine's choices in the schema are gptflow.data.engines.ENGINES (the CLI's
     --engine choices are that tuple itself)."""
     from gptflow.config.schema import load_yaml
-    from gptflow.data.engines import BACKENDS
+    from gptflow.data.engines import ENGINES
 
     schema = load_yaml(Path(__file__).parents[2] / "config/schema/config.schema.yaml")
-    assert tuple(schema["properties"]["tokenize"]["properties"]["engine"]["enum"]) == BACKENDS
+    assert tuple(schema["properties"]["tokenize"]["properties"]["engine"]["enum"]) == ENGINES

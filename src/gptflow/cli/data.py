@@ -72,7 +72,7 @@ def cmd_train_tokenizer(a: argparse.Namespace) -> int:
 
 
 def add_tokenize_arguments(s: argparse.ArgumentParser) -> None:
-    from gptflow.data.engines import BACKENDS
+    from gptflow.data.engines import ENGINES
 
     s.add_argument("--input", nargs="+", required=True, metavar="FILE", help="inputs, in order")
     s.add_argument("--tokenizer", required=True, help="tokenizer.json")
@@ -92,7 +92,7 @@ def add_tokenize_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--engine",
-        choices=BACKENDS,
+        choices=ENGINES,
         default="auto",
         help="auto: gigatoken where it supports the tokenizer and agrees with hf on the first "
         "documents of each input (a disagreement is an error), else hf",

@@ -1,7 +1,7 @@
-"""Tokenizer backends: texts in, one flat token array and per-document lengths out.
+"""Tokenizing engines: texts in, one flat token array and per-document lengths out.
 
-(The config key ``tokenize.engine`` and ``gptflow tokenize --engine`` choose one; "backend" here
-keeps the word "engine" for DeepSpeed's training engine, :mod:`gptflow.train.engine`.)
+The config key ``tokenize.engine`` and ``gptflow tokenize --engine`` choose one of
+:data:`ENGINES` (DeepSpeed's training engine is another thing: :mod:`gptflow.train.engine`).
 
 ``hf``
     The Hugging Face ``tokenizers`` package: the reference, the token stream of Megatron-LM's
@@ -13,9 +13,9 @@ keeps the word "engine" for DeepSpeed's training engine, :mod:`gptflow.train.eng
     and rebuilds its tokenizer, then returns the freed memory to the OS, whenever the process
     RSS passes a limit. Cache contents never change tokens.
 
-:func:`select_backend` resolves ``auto``: gigatoken where it can load the tokenizer and the
+:func:`select_engine` resolves ``auto``: gigatoken where it can load the tokenizer and the
 tokenizer adds no tokens of its own (a BOS/EOS post-processor), else hf. Whichever way gigatoken
-was chosen, :meth:`GigatokenBackend.check_parity` compares it with hf on the first documents of
+was chosen, :meth:`GigatokenEngine.check_parity` compares it with hf on the first documents of
 each input; a mismatch is an error naming the document, never a silent fallback.
 """
 
@@ -37,7 +37,7 @@ from gptflow.errors import GptflowError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "gigatoken", "hf")  # the choices of tokenize.engine and --engine
+ENGINES = ("auto", "gigatoken", "hf")  # the choices of tokenize.engine and --engine
 LONG_DOCUMENT_CHARS = 1 << 18  # hf encodes longer documents piecewise (see encode_long)
 _CUT_WINDOW = 512  # characters each side of a cut that are re-encoded to prove it safe
 PARITY_DOCUMENTS = 64  # documents of each input compared between gigatoken and hf ...
@@ -80,7 +80,7 @@ def _lengths_of(docs: list[list[int]]) -> np.ndarray:
     return np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
 
 
-class HFBackend:
+class HFEngine:
     """Hugging Face ``tokenizers``, one process; run several for parallelism."""
 
     name = "hf"
@@ -115,7 +115,7 @@ class HFBackend:
         return flat, lengths
 
 
-class GigatokenBackend:
+class GigatokenEngine:
     """gigatoken in this process; `threads` > 1 encodes each batch on that many threads."""
 
     name = "gigatoken"
@@ -166,7 +166,7 @@ class GigatokenBackend:
 
     def check_parity(
         self,
-        reference: HFBackend,
+        reference: HFEngine,
         texts: list[str],
         flat: np.ndarray,
         lengths: np.ndarray,
@@ -202,7 +202,7 @@ class GigatokenBackend:
         return len(picked)
 
 
-def load_gigatoken(hf: HFBackend):
+def load_gigatoken(hf: HFEngine):
     """(gigatoken tokenizer, None) when gigatoken can stand in for hf, else (None, why not)."""
     try:
         import gigatoken
@@ -216,18 +216,18 @@ def load_gigatoken(hf: HFBackend):
         return None, f"gigatoken cannot load it ({str(e).splitlines()[0][:200]})"
 
 
-def select_backend(
-    requested: str, tokenizer_path: str, hf: HFBackend, *, threads: int = 1, reset_rss: int = 0
-) -> tuple[GigatokenBackend | None, str | None]:
+def select_engine(
+    requested: str, tokenizer_path: str, hf: HFEngine, *, threads: int = 1, reset_rss: int = 0
+) -> tuple[GigatokenEngine | None, str | None]:
     """For `requested` (auto|gigatoken|hf): the gigatoken engine to run, or None for hf, and
     why gigatoken was not taken."""
-    if requested not in BACKENDS:
-        raise GptflowError(f"engine '{requested}' is not one of {', '.join(BACKENDS)}")
+    if requested not in ENGINES:
+        raise GptflowError(f"engine '{requested}' is not one of {', '.join(ENGINES)}")
     if requested == "hf":
         return None, None
     tok, reason = load_gigatoken(hf)
     if tok is not None:
-        return GigatokenBackend(tokenizer_path, threads=threads, reset_rss=reset_rss, tok=tok), None
+        return GigatokenEngine(tokenizer_path, threads=threads, reset_rss=reset_rss, tok=tok), None
     if requested == "gigatoken":
         raise GptflowError(
             f"{tokenizer_path}: --engine gigatoken cannot be used: {reason}; "

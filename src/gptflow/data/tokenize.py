@@ -39,11 +39,11 @@ import numpy as np
 from gptflow import paths
 from gptflow.data.engines import (
     LONG_DOCUMENT_CHARS,
-    GigatokenBackend,
-    HFBackend,
+    GigatokenEngine,
+    HFEngine,
     encode_long,
     peak_rss_bytes,
-    select_backend,
+    select_engine,
 )
 from gptflow.data.indexed import IndexedDatasetWriter, dtype_for_vocab
 from gptflow.data.readers import (
@@ -221,7 +221,7 @@ _hf_worker: dict = {}
 
 
 def _init_hf_worker(tokenizer_path: str) -> None:
-    _hf_worker["engine"] = HFBackend(tokenizer_path)
+    _hf_worker["engine"] = HFEngine(tokenizer_path)
 
 
 def _hf_encode(p: Parsed) -> tuple[np.ndarray, np.ndarray, Parsed]:
@@ -258,7 +258,7 @@ def _regrouped(parsed: Iterable[Parsed], max_chars: int) -> Iterator[Parsed]:
 
 
 def _encoded(
-    parsed: Iterator[Parsed], hf: HFBackend, gt: GigatokenBackend | None, workers: int
+    parsed: Iterator[Parsed], hf: HFEngine, gt: GigatokenEngine | None, workers: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray, Parsed]]:
     """(tokens, lengths, batch) for every parsed batch, in order."""
     if gt is not None:
@@ -328,9 +328,9 @@ def tokenize_to_shard(
     # reading and parsing start now, on the reader thread, while the tokenizers load
     parsed = _Prefetch(_parsed(inputs, reader, batch_bytes, on_bad_document, documents, digests))
     with contextlib.closing(parsed):
-        hf = HFBackend(tokenizer_path)  # the reference, also for vocabulary size and EOD
+        hf = HFEngine(tokenizer_path)  # the reference, also for vocabulary size and EOD
         info = tokenizer_info(tokenizer_path, eod_token, tok=hf.tok)
-        gt, auto_reason = select_backend(
+        gt, auto_reason = select_engine(
             engine,
             tokenizer_path,
             hf,
@@ -361,7 +361,7 @@ def tokenize_to_shard(
         "dropped": dict(sorted(dropped.items())),
         "bin_sha256": writer.bin_sha256,
         "idx_sha256": sha256_file(f"{prefix}.idx"),
-        "engine": _backend_record(hf, gt, auto_reason, workers),
+        "engine": _engine_record(hf, gt, auto_reason, workers),
         **_speed(seconds, progress.nbytes, writer.documents),
     }
     write_json(paths.shard_manifest(str(prefix)), manifest)  # last
@@ -438,8 +438,8 @@ def _write_shard(prefix: Path, encoded, hf, gt, info, append_eod: bool, progress
     return writer, dropped
 
 
-def _backend_record(hf, gt, auto_reason: str | None, workers: int) -> dict:
-    """The manifest's record of the backend that encoded the shard (key "engine")."""
+def _engine_record(hf, gt, auto_reason: str | None, workers: int) -> dict:
+    """The manifest's record of the engine that encoded the shard (key "engine")."""
     if gt is not None:
         return {"name": "gigatoken", "workers": workers, "version": gt.version,
                 "parity_documents": gt.parity_documents, "cache_resets": gt.cache_resets}  # fmt: skip
