@@ -74,8 +74,8 @@ SMOKE = dict(preset="tiny", vocab=512, steps=4, save_interval=2, precision="fp32
 def prepare_data(out: Path, vocab: int) -> tuple[dict, Path, list[str]]:
     """The tests' workflow config, its stdlib slice as one shard, a `vocab`-id BPE."""
     from gptflow.data.readers import collect_local_documents
+    from gptflow.data.shards import tokenize_to_shard
     from gptflow.data.sources import expand_root, local_shards
-    from gptflow.data.tokenize import tokenize_to_shard
     from gptflow.data.tokenizer import sample_texts, train_bpe
 
     config = yaml.safe_load((REPO / "tests/config/config.yaml").read_text())

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from gptflow.data.indexed import IndexedDataset
-from gptflow.data.tokenize import tokenize_to_shard
+from gptflow.data.shards import tokenize_to_shard
 from gptflow.errors import GptflowError
 
 EDGE_TEXTS = [
@@ -267,7 +267,7 @@ def test_counted_ranges_cover_the_input_exactly(tmp_path, tokenizer_json, on_bad
     """count-documents, then one CLI job per range (as the tokenize_part rule runs them), equals
     one pass: in 'error' mode the lines before a range are skipped unparsed, in 'skip' mode
     they are parsed so that skipped lines do not shift the ranges."""
-    from gptflow.data.tokenize import count_documents
+    from gptflow.data.shards import count_documents
 
     lines = [json.dumps({"text": f"document {i} " + "word " * (i % 7)}) for i in range(40)]
     if on_bad == "skip":
@@ -303,7 +303,7 @@ def test_counted_ranges_cover_the_input_exactly(tmp_path, tokenizer_json, on_bad
 
 
 def test_counting_fails_on_a_bad_line_and_a_changed_input_is_refused(tmp_path, tokenizer_json):
-    from gptflow.data.tokenize import count_documents, read_counts
+    from gptflow.data.shards import count_documents, read_counts
 
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"text": "a"}\n{"text": 1}\n')
@@ -365,7 +365,7 @@ def test_merge_keeps_document_boundaries_and_equals_one_pass(tmp_path, tokenizer
     empty documents included (GPT-NeoX's merge_datasets.py loses the document index)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
 
-    from gptflow.data.tokenize import merge_shards
+    from gptflow.data.shards import merge_shards
 
     paths, texts = edge_corpus
     cuts = [0, 1, 2, len(texts) - 3, len(texts)]
@@ -388,7 +388,7 @@ def test_merge_keeps_document_boundaries_and_equals_one_pass(tmp_path, tokenizer
 def test_merge_refuses_shards_of_different_tokenizers(tmp_path, tokenizer_json, write_jsonl):
     from tokenizers import Tokenizer
 
-    from gptflow.data.tokenize import merge_shards
+    from gptflow.data.shards import merge_shards
 
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
     other = Tokenizer.from_file(str(tokenizer_json))
@@ -403,7 +403,7 @@ def test_merge_refuses_shards_of_different_tokenizers(tmp_path, tokenizer_json, 
 
 @pytest.mark.parametrize("doc_tokens", [2, 5_000])  # the mask path, the per-document path
 def test_with_eod_equals_insert_then_cast(doc_tokens):
-    from gptflow.data.tokenize import with_eod
+    from gptflow.data.shards import with_eod
 
     rng = np.random.default_rng(doc_tokens)
     lengths = rng.integers(0, 2 * doc_tokens, 300)

@@ -15,8 +15,8 @@ import pytest
 
 from gptflow.data.hf import collect_hf_documents
 from gptflow.data.readers import collect_local_documents
+from gptflow.data.shards import tokenize_to_shard
 from gptflow.data.sources import local_shards, resolve_dataset
-from gptflow.data.tokenize import tokenize_to_shard
 from tests.support.hub import Hub
 from tests.support.ports import refused_port
 

@@ -22,8 +22,8 @@ import yaml
 from gptflow.cli import main
 from gptflow.data.indexed import HEADER_SIZE, IndexedDataset, IndexedDatasetWriter
 from gptflow.data.shard_import import import_shard, sample_sequences
+from gptflow.data.shards import read_manifest, tokenize_to_shard
 from gptflow.data.sources import resolve_dataset
-from gptflow.data.tokenize import read_manifest, tokenize_to_shard
 from gptflow.data.tokenizer import load_tokenizer, sample_texts, train_bpe
 from gptflow.errors import GptflowError
 from gptflow.fsutil import publish_symlink

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gptflow.data.indexed import IndexedDataset
-from gptflow.data.tokenize import reference_tokens, tokenize_to_shard
+from gptflow.data.shards import reference_tokens, tokenize_to_shard
 from gptflow.errors import GptflowError
 
 TEXTS = ["def f(x):\n    return x + 1\n", "", "import os\nprint(os.getcwd())", "ünïcödé ✓ " * 20]
@@ -136,7 +136,7 @@ def test_empty_tokenizer_corpus_is_an_error(tmp_path):
 def test_long_documents_are_encoded_piecewise_with_identical_tokens(tokenizer_json, corpus_jsonl):
     """A document is cut only where the tokenizer provably does not merge across the cut."""
     from gptflow.data.readers import iter_texts
-    from gptflow.data.tokenize import encode_long
+    from gptflow.data.shards import encode_long
     from gptflow.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_json)
@@ -169,7 +169,7 @@ def test_gpt2_vocab_and_merges_become_an_equivalent_tokenizer(
 def test_a_long_document_without_newlines_is_still_cut_near_the_target(tokenizer_json):
     """One 12 MB line would take ~1.5 GB in one hf encode; cuts fall back to spaces."""
     from gptflow.data.engines import _safe_cuts
-    from gptflow.data.tokenize import encode_long
+    from gptflow.data.shards import encode_long
     from gptflow.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_json)
@@ -221,9 +221,9 @@ def test_progress_lines_and_the_closing_totals(
     import gzip
     import re
 
-    import gptflow.data.tokenize as tokenize
+    import gptflow.data.shards as shards
 
-    monkeypatch.setattr(tokenize, "Progress", functools.partial(tokenize.Progress, every=0))
+    monkeypatch.setattr(shards, "Progress", functools.partial(shards.Progress, every=0))
     src = tmp_path / f"in{suffix}"
     data = corpus_jsonl[0].read_bytes()
     src.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)

@@ -126,7 +126,7 @@ def add_tokenize_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_tokenize(a: argparse.Namespace) -> int:
-    from gptflow.data.tokenize import read_counts, tokenize_to_shard
+    from gptflow.data.shards import read_counts, tokenize_to_shard
 
     known = read_counts(a.counts, a.input) if a.counts else None
     m = tokenize_to_shard(
@@ -162,7 +162,7 @@ def add_count_documents_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_count_documents(a: argparse.Namespace) -> int:
-    from gptflow.data.tokenize import count_documents
+    from gptflow.data.shards import count_documents
 
     m = count_documents(
         a.input,
@@ -188,7 +188,7 @@ def add_merge_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_merge(a: argparse.Namespace) -> int:
-    from gptflow.data.tokenize import merge_shards
+    from gptflow.data.shards import merge_shards
 
     m = merge_shards(a.input, a.output_prefix)
     print(

@@ -1,4 +1,6 @@
-"""Documents -> one Megatron ``.bin``/``.idx`` shard + a ``.json`` manifest.
+"""Tokenized shards made: documents -> one Megatron ``.bin``/``.idx`` shard + a ``.json`` manifest
+(``gptflow tokenize``); shards merged; documents counted for ranges. The tokenizer itself is
+:mod:`gptflow.data.tokenizer`, the shard format :mod:`gptflow.data.indexed`.
 
 Same token stream as Megatron-LM ``tools/preprocess_data.py --append-eod`` with the same
 tokenizer.json: each document is one sequence, EOD appended to every non-empty document, an
