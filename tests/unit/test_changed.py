@@ -8,7 +8,7 @@ def test_a_package_module_selects_the_tests_naming_it_and_its_direct_importers()
     # test_kfac imports it; test_kfac_layouts only in its probe script's string
     assert {"tests/unit/test_kfac.py", "tests/unit/test_kfac_layouts.py"} <= set(chosen)
     assert "tests/workflow/test_pipeline.py" not in chosen  # the whole suite is make test
-    by_importer = select(["src/gptflow/train/snapshot.py"])  # gptflow.train.checkpoint imports it
+    by_importer = select(["src/gptflow/train/async_save.py"])  # gptflow.train.checkpoint imports it
     assert "tests/unit/test_checkpoint.py" in by_importer
 
 

@@ -20,7 +20,7 @@ from gptflow.plan.cluster import PartitionNodes, check_cluster, parse_sinfo
 from gptflow.plan.gpu_memory import GIB
 from gptflow.plan.placement import Placement
 from gptflow.plan.runs import run_plan
-from gptflow.train.snapshot import PAGE
+from gptflow.train.async_save import PAGE
 from tests.support.memory import kept_bytes, saved_peak
 
 from .test_train import BIN
@@ -301,9 +301,9 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     each on a page of its own; at ZeRO 0, a buffer per tensor, this tiny model's 112 tensors)."""
     from gptflow.train import device, distributed
     from gptflow.train import engine as ds
+    from gptflow.train.async_save import BufferPool
     from gptflow.train.checkpoint import _snapshots
     from gptflow.train.model import decay_groups
-    from gptflow.train.snapshot import BufferPool
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.setenv(name, "")  # export sets them; monkeypatch takes them away after

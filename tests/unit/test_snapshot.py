@@ -1,4 +1,5 @@
-"""gptflow.train.snapshot: a file taken now and written later is the file torch.save writes now.
+"""gptflow.train.async_save (train.async_save): a file taken now and written later is the file
+torch.save writes now.
 
 torch.save's output is compared byte for byte; the object graph is changed between the take
 and the write, as the training does to its tensors and optimizer while a checkpoint is written.
@@ -17,7 +18,7 @@ import pytest
 import torch
 from torch import serialization as ts
 
-from gptflow.train import snapshot
+from gptflow.train import async_save
 
 
 class Holder:
@@ -53,12 +54,12 @@ def sha(path: Path) -> str:
 
 
 def take_and_write(obj, tmp_path: Path, change=None) -> Path:
-    pool = snapshot.BufferPool()
-    snap = snapshot.take(obj, str(tmp_path / "out" / "model_states.pt"), pool)
+    pool = async_save.BufferPool()
+    snap = async_save.take(obj, str(tmp_path / "out" / "model_states.pt"), pool)
     if change is not None:
         change(obj)
     (tmp_path / "out" / ".tmp").mkdir(parents=True)
-    return snapshot.write(snap, tmp_path / "out" / ".tmp")
+    return async_save.write(snap, tmp_path / "out" / ".tmp")
 
 
 def mutate(s: dict) -> None:
@@ -105,14 +106,14 @@ def test_the_file_records_the_tensors_device_not_the_host_buffers(tmp_path):
 
 
 def test_host_buffers_are_reused_from_one_snapshot_to_the_next(tmp_path):
-    w = snapshot.BackgroundWriter(rank=0)
+    w = async_save.BackgroundWriter(rank=0)
     (tmp_path / "a").mkdir()
     for step in range(3):
         s = state()
-        snaps = [snapshot.take(s, str(tmp_path / "a" / f"{step}.pt"), w.pool)]
+        snaps = [async_save.take(s, str(tmp_path / "a" / f"{step}.pt"), w.pool)]
         if step == 0:
             first = w.pool.held_bytes()
-        w.submit(snapshot.Batch(f"step{step}", snaps))
+        w.submit(async_save.Batch(f"step{step}", snaps))
         w.wait()
         assert w.failure() is None
     assert first > 4000 and w.pool.held_bytes() == first  # nothing allocated after the first
@@ -121,11 +122,11 @@ def test_host_buffers_are_reused_from_one_snapshot_to_the_next(tmp_path):
 
 
 def test_one_snapshot_in_flight(tmp_path):
-    w = snapshot.BackgroundWriter(rank=0)
+    w = async_save.BackgroundWriter(rank=0)
     release = __import__("threading").Event()
-    w.submit(snapshot.Batch("a", [], then=release.wait))
+    w.submit(async_save.Batch("a", [], then=release.wait))
     with pytest.raises(RuntimeError, match="still being written"):
-        w.submit(snapshot.Batch("b", []))
+        w.submit(async_save.Batch("b", []))
     assert w.busy()
     release.set()
     w.wait()
@@ -137,22 +138,22 @@ def test_a_failed_write_is_reported_and_leaves_no_file_under_its_name(tmp_path):
     """The second file's directory is a file: the write fails, the failure names the file,
     the files before it are renamed into place, nothing is left under the failed name and
     no hidden temporary directory stays behind; the writer writes nothing after a failure."""
-    w = snapshot.BackgroundWriter(rank=3)
+    w = async_save.BackgroundWriter(rank=3)
     (tmp_path / "ok").mkdir()
     (tmp_path / "blocked").write_text("a file, not a directory")
     s = state()
     snaps = [
-        snapshot.take(s, str(tmp_path / "ok" / "a.pt"), w.pool),
-        snapshot.take(s, str(tmp_path / "blocked" / "b.pt"), w.pool),
+        async_save.take(s, str(tmp_path / "ok" / "a.pt"), w.pool),
+        async_save.take(s, str(tmp_path / "blocked" / "b.pt"), w.pool),
     ]
-    w.submit(snapshot.Batch("step1", snaps))
+    w.submit(async_save.Batch("step1", snaps))
     w.wait()
     message = w.failure()
     assert message is not None and str(tmp_path / "blocked" / "b.pt") in message
     assert "failed" in message
     assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["a.pt"]
-    later = [snapshot.take(s, str(tmp_path / "ok" / "c.pt"), w.pool)]
-    w.submit(snapshot.Batch("step2", later))
+    later = [async_save.take(s, str(tmp_path / "ok" / "c.pt"), w.pool)]
+    w.submit(async_save.Batch("step2", later))
     w.wait()
     assert not (tmp_path / "ok" / "c.pt").exists()
     w.close()
@@ -179,8 +180,8 @@ def test_pinned_buffers_are_registered_with_cuda_as_they_are(monkeypatch):
             return 0
 
     monkeypatch.setattr(torch.cuda, "cudart", Cudart)
-    pool = snapshot.BufferPool()
-    sizes = [600_000_000, 3, snapshot.PAGE, 5 * snapshot.PAGE + 1, 0]
+    pool = async_save.BufferPool()
+    sizes = [600_000_000, 3, async_save.PAGE, 5 * async_save.PAGE + 1, 0]
     got = [pool.get(n, pinned=True) for n in sizes]  # not touched: the pages stay virtual
     assert all(pinned for _, pinned in got) and pool.pin_failure is None
     buffers = [buf for buf, _ in got]
@@ -190,12 +191,12 @@ def test_pinned_buffers_are_registered_with_cuda_as_they_are(monkeypatch):
     for (_, ptr, size, _), buf in zip(registered, buffers, strict=False):
         # its pages are inside its own allocation: registering them touches no one else's
         whole = buf.untyped_storage()
-        assert ptr == buf.data_ptr() and ptr % snapshot.PAGE == 0
-        last_page = ptr + -(-size // snapshot.PAGE) * snapshot.PAGE
+        assert ptr == buf.data_ptr() and ptr % async_save.PAGE == 0
+        last_page = ptr + -(-size // async_save.PAGE) * async_save.PAGE
         assert whole.data_ptr() <= ptr and last_page <= whole.data_ptr() + whole.nbytes()
     held = pool.held_bytes()
     assert held == pool.held_bytes(pinned=True) and pool.held_bytes(pinned=False) == 0
-    assert sum(sizes) < held <= sum(sizes) + 2 * snapshot.PAGE * 4 < 2**30
+    assert sum(sizes) < held <= sum(sizes) + 2 * async_save.PAGE * 4 < 2**30
     pool.give_back([(b, True) for b in buffers])  # reused, not allocated again
     again, pinned = pool.get(3, pinned=True)
     assert again is buffers[1] and pinned and pool.held_bytes() == held
@@ -231,19 +232,19 @@ def test_a_buffer_that_cannot_be_pinned_is_used_unpinned_and_recorded(monkeypatc
     no GPU here) raises nothing -- an exception there would leave its rank's peers waiting in
     DeepSpeed's save -- the buffer is used unpinned and the refusal is kept; a later request is
     served by the unpinned buffers the pool holds (reused: nothing more allocated)."""
-    monkeypatch.setattr(torch.cuda, "cudart", cuda_runtime(refuse_above=snapshot.PAGE))
-    pool = snapshot.BufferPool()
+    monkeypatch.setattr(torch.cuda, "cudart", cuda_runtime(refuse_above=async_save.PAGE))
+    pool = async_save.BufferPool()
     small, pinned = pool.get(100, pinned=True)
     assert pinned and pool.pin_failure is None
-    large, pinned = pool.get(10 * snapshot.PAGE, pinned=True)
-    assert not pinned and large.nbytes == 10 * snapshot.PAGE
+    large, pinned = pool.get(10 * async_save.PAGE, pinned=True)
+    assert not pinned and large.nbytes == 10 * async_save.PAGE
     assert pool.pin_failure == (
-        f"pinning {10 * snapshot.PAGE:,} bytes of host memory for a checkpoint snapshot failed: "
+        f"pinning {10 * async_save.PAGE:,} bytes of host memory for a checkpoint snapshot failed: "
         "cudaHostRegister returned 2"
     )
     held = pool.held_bytes()
     pool.give_back([(small, True), (large, False)])
-    again, pinned = pool.get(10 * snapshot.PAGE, pinned=True)
+    again, pinned = pool.get(10 * async_save.PAGE, pinned=True)
     assert again is large and not pinned and pool.held_bytes() == held
     reused, pinned = pool.get(100, pinned=True)  # a pinned one made before is still pinned
     assert reused is small and pinned
@@ -257,12 +258,12 @@ def test_pinning_is_probed_with_a_page_of_its_own(monkeypatch):
 
     calls = []
     monkeypatch.setattr(torch.cuda, "cudart", cuda_runtime(None, calls))
-    assert snapshot.pinning_problem() is None
+    assert async_save.pinning_problem() is None
     gc.collect()
-    assert [c[0] for c in calls] == ["register", "unregister"] and calls[0][1] == snapshot.PAGE
+    assert [c[0] for c in calls] == ["register", "unregister"] and calls[0][1] == async_save.PAGE
     monkeypatch.setattr(torch.cuda, "cudart", cuda_runtime(refuse_above=0))
-    assert snapshot.pinning_problem() == (
-        f"pinning {snapshot.PAGE:,} bytes of host memory for a checkpoint snapshot failed: "
+    assert async_save.pinning_problem() == (
+        f"pinning {async_save.PAGE:,} bytes of host memory for a checkpoint snapshot failed: "
         "cudaHostRegister returned 2"
     )
 
@@ -270,14 +271,14 @@ def test_pinning_is_probed_with_a_page_of_its_own(monkeypatch):
         raise RuntimeError("no CUDA GPUs are available")
 
     monkeypatch.setattr(torch.cuda, "cudart", no_runtime)
-    assert snapshot.pinning_problem() == "no CUDA GPUs are available"
+    assert async_save.pinning_problem() == "no CUDA GPUs are available"
 
 
 SAVES_SCRIPT = r"""
 import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
-from gptflow.train import snapshot
+from gptflow.train import async_save
 from gptflow.train.checkpoint import CheckpointSeries
 from gptflow.train.device import Device
 from gptflow.train.saves import Saves
@@ -288,7 +289,7 @@ dev = Device(torch.device("cpu"), 2)
 for refused in ("everything", "large"):
     class Cudart:  # stands for the CUDA runtime (no GPU here); rank 1's refuses to pin
         def cudaHostRegister(self, ptr, size, flags):
-            refuse = rank == 1 and (refused == "everything" or size > snapshot.PAGE)
+            refuse = rank == 1 and (refused == "everything" or size > async_save.PAGE)
             return 2 if refuse else 0  # cudaErrorMemoryAllocation
         def cudaHostUnregister(self, ptr):
             return 0
@@ -301,9 +302,9 @@ for refused in ("everything", "large"):
         step = saves.series.prepare(1, rank, dev.barrier)
         step.mkdir(exist_ok=True)  # DeepSpeed's save_checkpoint makes it on every rank
         pool = saves.writer.pool
-        record["pinned"] = pool.get(4 * snapshot.PAGE, pinned=True)[1]  # a GPU storage's
-        taken = snapshot.take({"w": torch.ones(3)}, str(step / f"rank{rank}.pt"), pool)
-        saves.writer.submit(snapshot.Batch("step1", [taken]))
+        record["pinned"] = pool.get(4 * async_save.PAGE, pinned=True)[1]  # a GPU storage's
+        taken = async_save.take({"w": torch.ones(3)}, str(step / f"rank{rank}.pt"), pool)
+        saves.writer.submit(async_save.Batch("step1", [taken]))
         saves.pending = (1, None)
         flags = saves.flags()
         saves.agreed(*dev.any_rank(*flags))  # the loop's per-step all-reduce (stop_reason)
@@ -352,7 +353,7 @@ def test_saves_turn_synchronous_on_every_rank_when_one_cannot_pin(tmp_path):
     assert len(warnings) == 2 and all("set train.async_save false" in w for w in warnings)
     assert "could not be pinned when training started" in warnings[0], out.stderr
     assert "the snapshot was taken unpinned and written" in warnings[1], out.stderr
-    for why in (f"checkpoint snapshots failed: pinning {snapshot.PAGE:,}", "a checkpoint snapshot failed: "
-                f"pinning {4 * snapshot.PAGE:,}"):  # fmt: skip
+    for why in (f"checkpoint snapshots failed: pinning {async_save.PAGE:,}",
+                f"a checkpoint snapshot failed: pinning {4 * async_save.PAGE:,}"):  # fmt: skip
         assert out.stderr.count(f"rank 1: pinning host memory for {why}") == 1, out.stderr
     assert "rank 0: pinning" not in out.stderr

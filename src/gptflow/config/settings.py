@@ -196,7 +196,7 @@ class TrainConfig:
     save_interval: int = 100
     keep_last: int = 2
     keep_every: int | None = None  # checkpoints at multiples of it are never pruned
-    # snapshot to host memory, write in the background (gptflow.train.snapshot); auto: with GPUs
+    # snapshot to host memory, write in the background (gptflow.train.async_save); auto: with GPUs
     async_save: bool | str = "auto"
     kfac: KfacConfig | None = None  # K-FAC preconditioning; None = off
     optimizer: str = "adamw"  # adamw | muon (Muon on the hidden matrices, AdamW on the rest)

@@ -48,7 +48,7 @@ def snapshot_bytes(
       rank (offloaded or not: the snapshot copies it either way).
 
     Not counted: the pickles (under 32 KiB a file, measured) and what a host buffer takes
-    beyond its bytes (gptflow.train.snapshot.buffer_bytes: under two pages, 8 KiB, a storage)."""
+    beyond its bytes (gptflow.train.async_save.buffer_bytes: under two pages, 8 KiB, a storage)."""
     dp = t.data_parallel_size(ranks)
     stage = t.pipeline_stage(rank, ranks)
     params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)

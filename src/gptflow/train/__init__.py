@@ -18,7 +18,7 @@ The package, in the order a run meets it:
   log -> eval -> save, each a short function; :mod:`gptflow.train.metrics` -- the log
   interval's sums, the iteration line, metrics.jsonl, tokens/s, TFLOP/s and MFU;
 - :mod:`gptflow.train.checkpoint` -- saves, resume, retention, the run lock;
-  :mod:`gptflow.train.snapshot` -- a save's files taken into host memory and written by a
+  :mod:`gptflow.train.async_save` -- a save's files taken into host memory and written by a
   thread per rank.
 
 This file imports nothing: planning imports :mod:`gptflow.train.distributed` and must not pull

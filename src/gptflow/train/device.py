@@ -154,7 +154,7 @@ def leave(code: int) -> int:
     without a process group returns `code` to exit as usual.
 
     What holds for checkpoint writes: the background writer's thread is a daemon
-    (gptflow.train.snapshot.BackgroundWriter), which this does not wait for. After a normal
+    (gptflow.train.async_save.BackgroundWriter), which this does not wait for. After a normal
     return the loop has already waited for it (``Saves.settle``: every rank's files written,
     the step marked complete) and joined it (``Saves.close``). After a failure (``gptflow
     train`` reports the exception, then ends through here too: gptflow.cli.train.cmd_train)

@@ -1,4 +1,5 @@
-"""Checkpoint files written in the background: a snapshot in host memory, then a writer thread.
+"""Checkpoint files written in the background (``train.async_save``): a snapshot in host memory,
+then a writer thread.
 
 ``torch.save(obj, path)`` does two things: it pickles `obj` (tensors become references to
 their storages) and writes the pickle and each storage's bytes into a zip archive. Here they
