@@ -14,7 +14,7 @@ import yaml
 from gptflow import hardware
 from gptflow.config.schema import load_yaml
 from gptflow.config.settings import ModelConfig
-from gptflow.plan import after_training, gpu_memory, placement
+from gptflow.plan import eval_size, gpu_memory, placement
 from gptflow.results import sizing
 from gptflow.results.harness import task_work
 
@@ -72,11 +72,11 @@ def test_the_preflight_prints_the_jobs_after_training_and_warns_past_one_node():
     m = preset("gpt-neox-20b")
     node = placement.Placement(gres="gpu:8", gpu_mem_mb=40 * 1024)
     eval_cfg = {"max_windows": 256, "prompts": ["a"], "new_tokens": 32}
-    lines = after_training.after_training(m, 2048, node, eval_cfg)
+    lines = eval_size.after_training(m, 2048, node, eval_cfg)
     assert lines[0].startswith("  evaluate: bf16 on 2 GPU(s), about 28.4 GiB on the most loaded;")
     assert lines[1].startswith(f"  export_hf: {sizing.export_mb(m):,} MB,")
     assert len(lines) == 2
-    big = after_training.after_training(preset("megatron-gpt3-310.1b"), 2048, node, eval_cfg)
+    big = eval_size.after_training(preset("megatron-gpt3-310.1b"), 2048, node, eval_cfg)
     assert (
         big[-1].startswith("  WARNING: evaluating 310,906,486,784 ")
         and "32 GPU(s) of 40 GiB" in big[-1]
@@ -167,7 +167,7 @@ def test_a_counted_tasks_few_shot_examples_are_in_its_size(tmp_path, monkeypatch
     minutes = [harness_resources("run.yaml", 80 * 1024, True, {**cfg, "num_fewshot": k}, [many])
                ["runtime"] for k in (0, 5)]  # fmt: skip
     assert 5.5 < minutes[1] / minutes[0] <= 6, minutes  # in the placement's dtype (fp32 here)
-    lines = [after_training.harness_line(m, 2048, 80 * 1024, {**cfg, "num_fewshot": k}, [many])
+    lines = [eval_size.harness_line(m, 2048, 80 * 1024, {**cfg, "num_fewshot": k}, [many])
              for k in (0, 5)]  # fmt: skip
     assert [f", {n} min a job" in line for n, line in zip(minutes, lines, strict=True)] == [
         True, True]  # fmt: skip
@@ -190,7 +190,7 @@ def test_the_harness_jobs_are_sized_from_their_work_and_printed_at_plan_time():
     node = placement.Placement(gres="gpu:8", gpu_mem_mb=80 * 1024)
     eval_cfg = {"max_windows": 256, "prompts": [], "new_tokens": 32,
                 "harness": {"batch_size": 8, "num_fewshot": 0}}  # fmt: skip
-    lines = after_training.after_training(m, 2048, node, eval_cfg, [*small, *big])
+    lines = eval_size.after_training(m, 2048, node, eval_cfg, [*small, *big])
     assert lines[2] == (
         f"  harness: 2 task(s), about 40,400 requests, {400 * 100 + tokens:,} tokens of at most "
         "2048 (train.seq_length) (estimated from the task files' documents at 4 bytes a token; "
@@ -199,7 +199,7 @@ def test_the_harness_jobs_are_sized_from_their_work_and_printed_at_plan_time():
         f"MB host memory, {sizing.harness_runtime_min(m, [*small, *big], 2048, 0, 'fp32')} min a "
         f"job (harness_step: + the export's {sizing.export_runtime_min(m)} min)"
     )
-    assert len(after_training.after_training(m, 2048, node, eval_cfg)) == 2  # no tasks: no line
+    assert len(eval_size.after_training(m, 2048, node, eval_cfg)) == 2  # no tasks: no line
 
 
 def test_the_harness_jobs_host_memory_holds_the_model_in_its_placements_dtype():

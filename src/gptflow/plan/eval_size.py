@@ -1,6 +1,6 @@
-"""The jobs after training at ``-n``: the evaluate, export_hf and harness jobs as the rules
-size them (:mod:`gptflow.results.sizing`), and a warning when the evaluation needs more GPUs
-than one node has.
+"""The evaluation stage's jobs sized at ``-n`` (the jobs after training): the evaluate,
+export_hf and harness jobs as the rules size them (:mod:`gptflow.results.sizing`), and a warning
+when the evaluation needs more GPUs than one node has.
 """
 
 from __future__ import annotations
