@@ -148,7 +148,7 @@ rule remove_duplicates:
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
-# The filters step (gptflow.data.quality.filters): every document's signals once per input
+# The filters step (gptflow.data.quality.signals, filters): every document's signals once per input
 # and word tokenizer, then the recipe's thresholds applied to them per shard
 rule compute_filter_signals:
     input:

@@ -18,6 +18,8 @@ import pytest
 from datatrove.data import Document
 
 from gptflow.data.quality import filters as F
+from gptflow.data.quality import signals as S
+from gptflow.data.quality import words as W
 from gptflow.errors import GptflowError
 from tests.support.quality_corpus import documents
 
@@ -66,7 +68,7 @@ def _decision(filter_, text: str) -> tuple[bool, str]:
     try:
         result = filter_.filter(Document(text=text, id="0"))  # C4 rewrites the text: a copy
     except ZeroDivisionError:
-        return False, F.UNPARSABLE  # DataTrove cannot evaluate it; we count it
+        return False, S.UNPARSABLE  # DataTrove cannot evaluate it; we count it
     return (True, "") if result is True else tuple(result)
 
 
@@ -104,7 +106,7 @@ def corpus() -> list[str]:
 
 @pytest.fixture(scope="module")
 def spacy_signals(corpus) -> list[dict]:
-    return [F.signals(text, "spacy") for text in corpus]
+    return [S.signals(text, "spacy") for text in corpus]
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +196,7 @@ def test_the_sample_exercises_every_rule_both_ways(reference):
 def test_the_regex_tokenizer_agrees_per_rule_above_a_floor(corpus, reference):
     """The fast tokenizer decides differently on some documents (bench/quality.py prints by
     how much on the whole corpus); per document and rule, at least 95 % agree here."""
-    sigs = [F.signals(text, "regex") for text in corpus]
+    sigs = [S.signals(text, "regex") for text in corpus]
     for rule in F.RULES:
         wrong = _disagreements(corpus, sigs, reference["default"][rule], rule, {})
         assert len(wrong) <= 0.05 * len(corpus), (rule, len(wrong), wrong[:3])
@@ -205,11 +207,11 @@ def test_a_batch_s_signals_are_each_document_s_alone(corpus):
     alone, whatever the batch (an unparsable one among them: a lone surrogate in its n-grams'
     words, as alone)."""
     texts = [*corpus[:60], None, "", "x \ud800 " * 8, "a \ud800 b", *corpus[-20:]]
-    alone = [F.signals(text) for text in texts]
-    assert alone[62][F.UNPARSABLE].startswith("regex tokenizer: UnicodeEncodeError")
-    assert F.UNPARSABLE not in alone[63]
-    for batch_chars in (1, 5_000, F.BATCH_CHARS):
-        assert list(F.iter_signals(texts, batch_chars=batch_chars)) == alone
+    alone = [S.signals(text) for text in texts]
+    assert alone[62][S.UNPARSABLE].startswith("regex tokenizer: UnicodeEncodeError")
+    assert S.UNPARSABLE not in alone[63]
+    for batch_chars in (1, 5_000, S.BATCH_CHARS):
+        assert list(S.iter_signals(texts, batch_chars=batch_chars)) == alone
 
 
 def test_a_document_no_rule_can_evaluate_is_counted_never_a_crash(tmp_path):
@@ -218,14 +220,14 @@ def test_a_document_no_rule_can_evaluate_is_counted_never_a_crash(tmp_path):
     filter_ = _reference("gopher_quality", quality["gopher_quality"])
     with pytest.raises(ZeroDivisionError):
         filter_.filter(Document(text="", id="0"))
-    assert F.select(F.signals("", "spacy"), F.thresholds_for(quality)) == (
+    assert F.select(S.signals("", "spacy"), F.thresholds_for(quality)) == (
         False, "gopher_quality:unparsable")  # fmt: skip
     texts = ["", None, b"bytes", {"text": "x"}, "The river and the stone"]
-    for tokenizer in F.TOKENIZERS:
+    for tokenizer in W.TOKENIZERS:
         path = tmp_path / f"{tokenizer}.signals.jsonl"
-        counts = F.write_signals(texts, path, tokenizer)
+        counts = S.write_signals(texts, path, tokenizer)
         assert counts == {"documents": 5, "unparsable": 3, "tokenizer": tokenizer}
-        rows = list(F.read_signals(path))
+        rows = list(S.read_signals(path))
         assert [r["doc"] for r in rows] == [0, 1, 2, 3, 4]
         kept, dropped = F.select_rows(rows, F.thresholds_for(quality))
         assert kept == [4] and dropped == Counter({"gopher_quality:unparsable": 4})
@@ -233,25 +235,25 @@ def test_a_document_no_rule_can_evaluate_is_counted_never_a_crash(tmp_path):
 
 def test_signals_read_back_from_the_side_file_decide_the_same(tmp_path, corpus, spacy_signals):
     path = tmp_path / "shard.signals.jsonl"
-    F.write_signals(corpus[:40], path, "spacy")
+    S.write_signals(corpus[:40], path, "spacy")
     thresholds = F.thresholds_for(FINEWEB_CHAIN)
-    assert [F.select(r, thresholds) for r in F.read_signals(path)] == [
+    assert [F.select(r, thresholds) for r in S.read_signals(path)] == [
         F.select(s, thresholds) for s in spacy_signals[:40]]  # fmt: skip
     path.write_text(path.read_text()[:-20])
     with pytest.raises(GptflowError, match=r"shard.signals.jsonl:40: not a signals line"):
-        list(F.read_signals(path))
+        list(S.read_signals(path))
 
 
 def test_the_constants_are_datatrove_0_10_1s():
     from datatrove.pipeline.filters import c4_filters, gopher_quality_filter
     from datatrove.utils import text
 
-    assert F.PUNCTUATION == text.PUNCTUATION
-    assert F.TERMINAL_PUNCTUATION == text.TERMINAL_PUNCTUATION
-    assert set(gopher_quality_filter.STOP_WORDS) == F.GOPHER_STOP_WORDS
-    assert c4_filters.CITATION_REGEX.pattern == F.C4_CITATION.pattern
-    assert c4_filters.END_PUNCTUATION == F.C4_END_PUNCTUATION
-    assert tuple(c4_filters.POLICY_SUBSTRINGS) == F.C4_POLICY
+    assert S.PUNCTUATION == text.PUNCTUATION
+    assert S.TERMINAL_PUNCTUATION == text.TERMINAL_PUNCTUATION
+    assert set(gopher_quality_filter.STOP_WORDS) == S.GOPHER_STOP_WORDS
+    assert c4_filters.CITATION_REGEX.pattern == S.C4_CITATION.pattern
+    assert c4_filters.END_PUNCTUATION == S.C4_END_PUNCTUATION
+    assert tuple(c4_filters.POLICY_SUBSTRINGS) == S.C4_POLICY
     for rule, thresholds in F.THRESHOLDS.items():
         cls = datatrove_filters.LanguageFilter if rule == "language" else type(_reference(rule, {}))
         defaults = inspect.signature(cls.__init__).parameters
@@ -262,9 +264,9 @@ def test_the_constants_are_datatrove_0_10_1s():
             assert value == expected, (rule, key)
     c4 = inspect.signature(datatrove_filters.C4QualityFilter.__init__).parameters
     assert (c4["min_words_per_line"].default, c4["max_word_length"].default) == (
-        F.C4_MIN_WORDS_PER_LINE, F.C4_MAX_WORD_LENGTH)  # fmt: skip
+        S.C4_MIN_WORDS_PER_LINE, S.C4_MAX_WORD_LENGTH)  # fmt: skip
     fineweb = inspect.signature(datatrove_filters.FineWebQualityFilter.__init__).parameters
-    assert fineweb["short_line_length"].default == F.FINEWEB_SHORT_LINE
+    assert fineweb["short_line_length"].default == S.FINEWEB_SHORT_LINE
 
 
 @pytest.mark.parametrize(
@@ -290,7 +292,7 @@ def test_a_bad_recipe_is_one_line_naming_the_key(recipe, message):
         F.thresholds_for(recipe)
     assert "\n" not in str(e.value)
     with pytest.raises(GptflowError, match=r"tokenizer is 'nltk'; expected one of"):
-        F.signals("text", "nltk")
+        S.signals("text", "nltk")
 
 
 def test_fineweb_after_c4_needs_c4_as_fineweb_runs_it():
@@ -317,14 +319,14 @@ def test_a_gopher_rule_after_c4_is_refused():
 
 def test_a_recipe_applies_its_rules_in_its_order():
     text = "\n".join(["- the same line of the text {."] * 20)
-    sig = F.signals(text)
+    sig = S.signals(text)
     assert F.select(sig, F.thresholds_for({"gopher_quality": None, "gopher_repetition": None})) == (
         False, "gopher_quality:gopher_too_many_bullets")  # fmt: skip
     assert F.select(sig, F.thresholds_for({"gopher_repetition": None, "gopher_quality": None})) == (
         False, "gopher_repetition:dup_line_frac")  # fmt: skip
     assert F.select(sig, F.thresholds_for({"gopher_repetition": None, "c4": None})) == (
         False, "gopher_repetition:dup_line_frac")  # fmt: skip
-    assert F.select(F.signals("A fine sentence."), {}) == (True, "")
+    assert F.select(S.signals("A fine sentence."), {}) == (True, "")
 
 
 # Language identification: DataTrove's LanguageFilter decision, on the .ftz model that ships in
@@ -363,7 +365,7 @@ def _datatrove_language(languages, threshold):
     from datatrove.utils.lid import FT176LID
 
     lid = FT176LID(languages)
-    lid._model = _NumpyScores(F.load_lid_model(None))
+    lid._model = _NumpyScores(S.load_lid_model(None))
     step = SimpleNamespace(
         model=lid, backend="ft176", label_only=False, keep_top_pairs_threshold=-1,
         languages=languages, language_threshold=threshold,
@@ -380,22 +382,22 @@ def test_language_is_decided_as_datatrove_decides_it(corpus, languages, threshol
     full = F.thresholds_for(
         {"language": {"languages": languages, "language_threshold": threshold}}
     )["language"]
-    decisions = [F.decide("language", F.language_signals(t), full)[0] for t in texts]
+    decisions = [F.decide("language", S.language_signals(t), full)[0] for t in texts]
     assert decisions == [reference(t) for t in texts]
     assert 0 < sum(decisions) < len(texts)
 
 
 def test_language_signals_ride_in_the_side_file_and_a_bad_model_is_one_line(tmp_path):
     path = tmp_path / "shard.signals.jsonl"
-    F.write_signals([*FOREIGN[:3], None], path, lid_model=None)
-    rows = list(F.read_signals(path))
+    S.write_signals([*FOREIGN[:3], None], path, lid_model=None)
+    rows = list(S.read_signals(path))
     assert [r.get("lid_language") for r in rows] == ["fr", "de", "es", None]
     kept, dropped = F.select_rows(rows, F.thresholds_for({"language": {"languages": ["fr"]}}))
     assert kept == [0] and dropped == Counter({"language:language": 2, "language:unparsable": 1})
     with pytest.raises(GptflowError, match=r"language ID model /nonexistent/lid.176.bin does not"):
-        F.write_signals(["x"], path, lid_model="/nonexistent/lid.176.bin")
+        S.write_signals(["x"], path, lid_model="/nonexistent/lid.176.bin")
     with pytest.raises(GptflowError, match=r"hold no language scores"):
-        F.select(F.signals("text"), F.thresholds_for({"language": None}))
+        F.select(S.signals("text"), F.thresholds_for({"language": None}))
     with pytest.raises(GptflowError, match=r"language_threshold is 0.001; scores below 0.01"):
         F.thresholds_for({"language": {"language_threshold": 0.001}})
 
@@ -404,7 +406,7 @@ def test_a_by_line_tokenizer_s_words_are_its_lines_words(corpus):
     """C4's leftover text is counted from each line's words (`Tokenizer.line_words`): that
     holds only if the tokenizer's words of a text are its lines' words, in order."""
     lines = "\f\x0b\x1c\x1d\x1e\x85\u2028\u2029\r\n".join(["a-b", "c.", "(d)", "e"])
-    for name, tok in F.TOKENIZERS.items():
+    for name, tok in W.TOKENIZERS.items():
         if tok.line_words:
             for text in [*corpus, lines]:
                 per_line = [tok.words(line) for line in text.splitlines()]
@@ -427,9 +429,9 @@ def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists(hashes, monkeyp
     import numpy as np
 
     if hashes == "colliding":
-        monkeypatch.setattr(F, "char_hashes", lambda joined, errors="strict": (
+        monkeypatch.setattr(S, "char_hashes", lambda joined, errors="strict": (
             np.zeros(len(joined) + 1, np.uint64), np.ones(len(joined) + 1, np.uint64)))  # fmt: skip
-        monkeypatch.setattr(F, "_KEY_LIMIT", 0)
+        monkeypatch.setattr(S, "_KEY_LIMIT", 0)
 
     from datatrove.pipeline.filters.gopher_repetition_filter import (
         find_all_duplicate,
@@ -443,9 +445,9 @@ def test_n_gram_counts_are_datatrove_s_on_adversarial_word_lists(hashes, monkeyp
         for _ in range(300)
     ]
     lists.append([f"w{i % 60_000}" for i in range(70_000)])  # 60,000 distinct words
-    batch = F._index_words(lists)
-    tops, repeats = F._top_ngram_chars(batch), F._repeated_ngram_chars(batch)
+    batch = S._index_words(lists)
+    tops, repeats = S._top_ngram_chars(batch), S._repeated_ngram_chars(batch)
     for words, top, repeated in zip(lists, tops, repeats, strict=True):
         assert top == {n: find_top_duplicate(get_n_grams(words, n)) if len(words) >= n else None
-                       for n in F.TOP_N}, words[:20]  # fmt: skip
-        assert repeated == {n: find_all_duplicate(words, n) for n in F.DUP_N}, words[:20]
+                       for n in S.TOP_N}, words[:20]  # fmt: skip
+        assert repeated == {n: find_all_duplicate(words, n) for n in S.DUP_N}, words[:20]

@@ -10,7 +10,7 @@ import pytest
 
 from gptflow.cli import main
 from gptflow.data.quality import selection
-from gptflow.data.quality.filters import shipped_lid_model
+from gptflow.data.quality.signals import shipped_lid_model
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file
 
@@ -81,7 +81,7 @@ def test_a_filters_steps_language_rule_is_refused_for_a_language_step():
 
 
 def test_a_threshold_below_the_least_score_kept_is_refused_at_the_plan():
-    """Scores below filters.LID_MIN_SCORE are not kept in the side file: the filters module
+    """Scores below signals.LID_MIN_SCORE are not kept in the side file: the filters module
     refuses a lower threshold (`gptflow quality-select-language --threshold`), and so does the
     plan, through it."""
     settings = {"languages": ["en"], "threshold": 0.001}
@@ -92,11 +92,11 @@ def test_a_threshold_below_the_least_score_kept_is_refused_at_the_plan():
 
 def test_the_schema_and_the_filters_module_bound_the_threshold_alike(repo):
     """One bound for a language step's threshold: the schema refuses at -n exactly the values
-    the filters module refuses (filters.LID_MIN_SCORE, the least score the side file keeps),
+    the filters module refuses (signals.LID_MIN_SCORE, the least score the side file keeps),
     each with its key. The schema's minimum was 0: a threshold of 0 or 0.005 passed it and was
     refused by the code."""
     from gptflow.config.schema import load_yaml, validate
-    from gptflow.data.quality.filters import LID_MIN_SCORE
+    from gptflow.data.quality.signals import LID_MIN_SCORE
 
     schema = load_yaml(repo / "config/schema/config.schema.yaml")
     step = {"step": "language", "model": "lid.bin", "sha256": "0" * 64, "languages": ["en"]}

@@ -214,7 +214,7 @@ def add_quality_language_model_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def cmd_quality_language_model(a: argparse.Namespace) -> int:
-    from gptflow.data.quality.filters import shipped_lid_model
+    from gptflow.data.quality.signals import shipped_lid_model
     from gptflow.fsutil import sha256_file
 
     path = shipped_lid_model()
