@@ -11,7 +11,7 @@ in-process through ``gptflow.cli.main``), plus one real subprocess per format.
 Which mechanism catches what (the ``REASON`` table holds the exact message of each case):
 
 * truncation, every format: the stream ends before its end marker (gzip, xz: ``EOFError``;
-  zstd: the frame layout, walked by :class:`gptflow.data.readers.ZstdFrames`; zip and parquet:
+  zstd: the frame layout, walked by :class:`gptflow.data.streams.ZstdFrames`; zip and parquet:
   the central directory / footer at the end of the file is gone); the offset is the file size;
 * empty file: an empty compressed stream is our own check (gzip would read it as no data);
 * garbage: the gzip/xz/zstd magic, the zip end-of-central-directory, the parquet footer magic;
@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from gptflow.cli import main
-from gptflow.data.readers import DECOMPRESS_CHUNK
+from gptflow.data.streams import DECOMPRESS_CHUNK
 from tests.support.corpora import documents, jsonl
 
 N_DOCS = 20

@@ -105,7 +105,7 @@ def test_zstd_frame_walk_accepts_every_layout_and_finds_every_cut(tmp_path):
     first frame is whole, and the stream reads as what it is."""
     import zstandard
 
-    from gptflow.data.readers import ZstdFrames
+    from gptflow.data.streams import ZstdFrames
 
     docs = documents(12)
     data = b"".join(json.dumps({"text": d}).encode() + b"\n" for d in docs)
