@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from gptflow.data.download import CHUNK, Policy, download, parse_origin, token_origins
+from gptflow.data.download import CHUNK, Policy, download
 from gptflow.data.sources import resolve_dataset
+from gptflow.data.token_scope import parse_origin, token_origins
 from gptflow.errors import GptflowError
 from tests.support.origins import Origin
 from tests.support.ports import refused_port

@@ -44,8 +44,8 @@ from urllib.parse import unquote, urlsplit
 
 from gptflow import paths
 from gptflow.config.schema import fill_defaults, load_yaml, validate
-from gptflow.data.download import refuse_credentials_in_urls, token_origins
 from gptflow.data.readers import FORMATS, infer_format
+from gptflow.data.token_scope import refuse_credentials_in_urls, token_origins
 from gptflow.errors import GptflowError
 
 # The name a downloaded file is stored under (resources/raw/{dataset}/{name}) comes from a URL,
@@ -153,7 +153,9 @@ class Dataset:
     root: str = ""  # local datasets: the root as written in the config
     hf: HfSource | None = None  # hf datasets: what load_dataset reads
     token_env: str | None = None  # url datasets: the NAME of the variable holding a token
-    token_origins: tuple[str, ...] = ()  # https://host[:port] it is sent to (download.TokenScope)
+    token_origins: tuple[
+        str, ...
+    ] = ()  # https://host[:port] it is sent to (token_scope.TokenScope)
     token_allow_http: bool = False
 
     # Rules ask these once or twice per job: built once per dataset (a scan or a rebuilt dict
