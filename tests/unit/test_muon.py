@@ -74,8 +74,8 @@ def test_the_rms_rule_and_the_tensor_parallel_blocks(repo):
     for r, c in [(192, 64), (64, 256), (64, 64)]:
         assert muon_lr_scale(r, c) * max(1, r / c) ** 0.5 == pytest.approx(0.2 * max(r, c) ** 0.5)
     # tensor parallel 2: column-parallel matrices lose half their rows, row-parallel ones
-    # half their columns, as gptflow.train.engine.tensor_parallel_dim splits them
-    from gptflow.train.engine import tensor_parallel_dim
+    # half their columns, as gptflow.train.model_parallel.tensor_parallel_dim splits them
+    from gptflow.train.model_parallel import tensor_parallel_dim
 
     whole, half = muon_layer_shapes(m), muon_layer_shapes(m, 2)
     for kind, (r, c) in whole.items():

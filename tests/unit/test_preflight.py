@@ -616,8 +616,8 @@ def test_stage_parameters_are_the_split_models_own_count():
     4 layers' split matrices, their LayerNorms and biases whole, the final LayerNorm and the
     head -- counted on the real modules, split as gptflow.train.engine splits them; the first
     stage's, the embedding instead."""
-    from gptflow.train.engine import tensor_parallel_slice
     from gptflow.train.model import GPTNeoX
+    from gptflow.train.model_parallel import tensor_parallel_slice
 
     m = ModelConfig(num_layers=8, hidden_size=128, num_attention_heads=4, vocab_size=128)
     with torch.device("meta"):

@@ -484,7 +484,7 @@ MUON_LAYER = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h
 
 def muon_matrix_shapes(model: ModelConfig, tensor_parallel: int = 1) -> list[tuple[int, int]]:
     """(rows, columns) of each matrix Muon orthogonalizes, as a tensor-parallel rank holds it
-    (gptflow.train.engine.TENSOR_PARALLEL_PLAN: query_key_value and dense_h_to_4h split by
+    (gptflow.train.model_parallel.TENSOR_PARALLEL_PLAN: query_key_value and dense_h_to_4h split by
     rows, dense and dense_4h_to_h by columns): per layer the weights of :data:`MUON_LAYER`.
     DeepSpeed runs Newton-Schulz on the matrix a rank holds, so at tensor_parallel > 1 each
     rank's block is orthogonalized on its own (Megatron-Core's ``blockwise`` Muon)."""

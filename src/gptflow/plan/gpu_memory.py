@@ -44,7 +44,7 @@ def stage_parameters(
     """Parameters a rank of pipeline stage `stage` holds: its decoder layers (balanced over the
     stages, rounded up; :func:`layer_parameters` each); the first stage also the embedding, the
     last the final LayerNorm and the head, and each of those 1/tp of the vocabulary's rows
-    (gptflow.train.engine.VOCAB_PARALLEL)."""
+    (gptflow.train.model_parallel.VOCAB_PARALLEL)."""
     h, v, t = m.hidden_size, m.vocab_size, tensor_parallel
     layers = -(-m.num_layers // pipeline_parallel) * layer_parameters(m, t)
     embedding = v * h // t if stage == 0 else 0
@@ -118,7 +118,7 @@ TOKEN_ID = 8  # int64: the ids the embedding keeps, the labels the loss keeps
 # logits) in its buffers until the buffer is reused (deepspeed/runtime/pipe/engine.py; the last
 # stage runs two buffers), counted apart.
 LOGITS_PEAK = 12
-# Under tensor parallel gptflow.train.engine.VocabParallelCrossEntropy keeps its block's fp32
+# Under tensor parallel gptflow.train.model_parallel.VocabParallelCrossEntropy keeps its block's fp32
 # softmax (4) and makes it the gradient in place; its forward holds the logits and that fp32
 # copy, and its backward that and the gradient in the logits' dtype: 4 + the logits' width (2 or
 # 4) either way.
