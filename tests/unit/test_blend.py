@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gptflow.data.blend as blending
 import gptflow.data.dataset as dataset
 from gptflow.cli import main as gptflow
-from gptflow.data.dataset import BLEND_INDEX_ARRAYS, blending_indices, run_split_datasets
+from gptflow.data.blend import blending_indices
+from gptflow.data.dataset import BLEND_INDEX_ARRAYS, run_split_datasets
 from gptflow.errors import GptflowError
 from gptflow.plan.workflow_config import load_workflow_config
 from gptflow.train.run_config import RunConfig, render_run_config, write_run_config
@@ -85,8 +87,8 @@ def test_reruns_and_longer_chunks_give_the_same_index(helpers_cpp, monkeypatch):
     """Tiny chunks (many re-runs) and no re-run allowed (the rest redone in longer chunks)."""
     rng = np.random.default_rng(11)
     for chunk, rounds in [(1, 8), (3, 0), (5, 1)]:
-        monkeypatch.setattr(dataset, "BLEND_MIN_CHUNK", chunk)
-        monkeypatch.setattr(dataset, "BLEND_ROUNDS", rounds)
+        monkeypatch.setattr(blending, "BLEND_MIN_CHUNK", chunk)
+        monkeypatch.setattr(blending, "BLEND_ROUNDS", rounds)
         for case in range(20):
             weights = random_weights(rng, int(rng.integers(1, 12)))
             size = int(rng.choice([10, 257, 3000]))

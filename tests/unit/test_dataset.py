@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from gptflow.data.blend import blending_indices
 from gptflow.data.dataset import (
     ShardSet,
-    blending_indices,
     build_gpt_indices,
     build_sample_index,
     build_split_datasets,
