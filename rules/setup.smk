@@ -24,7 +24,7 @@ from gptflow.container.image import (
     registry_login_args,
     squash_options_arg,
 )
-from gptflow.data import hf as hf_datasets, sources
+from gptflow.data import hf as hf_datasets, remote_files, sources
 from gptflow.data.quality import recipe as quality_recipe
 from gptflow.data.quality import sizing as quality_sizing
 from gptflow.data.readers import FORMATS as READER_FORMATS
@@ -144,7 +144,7 @@ def container_hash():
 
 
 def tokenizer_remote(key):
-    """tokenizer.url / .vocab / .merges to download (gptflow.data.sources.RemoteFile)."""
+    """tokenizer.url / .vocab / .merges to download (gptflow.data.remote_files.RemoteFile)."""
     return planned(PLAN.tokenizer_remote, key)
 
 
@@ -181,7 +181,7 @@ wildcard_constraints:
     index=dataset_choice(PLAN.indexes),
     study=re.escape(PLAN.study or "-"),
     tokenizer=re.escape(PLAN.tokenizer),
-    file=sources.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
+    file=remote_files.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
     hash=r"[0-9a-f]{12}",
     format="sqsh|sif",
     step=quality_recipe.STEP_NAME,

@@ -3,7 +3,8 @@
 import pytest
 
 from gptflow.config.schema import load_yaml
-from gptflow.data.sources import load_catalog, resolve_dataset
+from gptflow.data.remote_files import load_catalog
+from gptflow.data.sources import resolve_dataset
 from gptflow.errors import GptflowError
 
 
@@ -144,7 +145,7 @@ def test_credentials_in_a_url_are_refused_without_being_shown(catalog):
 
 
 def test_tokenizer_files_get_the_same_checks():
-    from gptflow.data.sources import tokenizer_file_name
+    from gptflow.data.remote_files import tokenizer_file_name
 
     ok = {"url": "https://h/gpt2/vocab.json", "mirrors": ["https://m/vocab.json"]}
     assert tokenizer_file_name("vocab", ok, "c.yaml") == "vocab.json"
@@ -158,7 +159,8 @@ def test_the_rules_options_of_a_shard_and_a_download(catalog, tmp_path):
     """One param per option: a shard's archive member and member format (nothing when unset),
     a download's mirrors and sha256, a gated dataset's token scope (nothing without a token);
     a tokenizer file's sha256 as the config spells it."""
-    from gptflow.data.sources import RemoteFile, Shard, tokenizer_remote_file
+    from gptflow.data.remote_files import RemoteFile, tokenizer_remote_file
+    from gptflow.data.sources import Shard
 
     enwik8 = resolve("enwik8", {"type": "catalog", "name": "enwik8"}, catalog).shards[0]
     assert (enwik8.member_args(), enwik8.member_format_args()) == (

@@ -153,11 +153,13 @@ class Plan:
 
     @functools.cache  # noqa: B019 (a plan lives as long as its process)
     def tokenizer_remote(self, key: str):
-        """tokenizer.url / .vocab / .merges to download (gptflow.data.sources.RemoteFile)."""
-        from gptflow.data import sources
+        """tokenizer.url / .vocab / .merges to download (gptflow.data.remote_files.RemoteFile)."""
+        from gptflow.data import remote_files
 
         with stage("gptflow config: "):
-            return sources.tokenizer_remote_file(key, self.config["tokenizer"][key], self.source)
+            return remote_files.tokenizer_remote_file(
+                key, self.config["tokenizer"][key], self.source
+            )
 
 
 def build_plan(
