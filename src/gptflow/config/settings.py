@@ -6,6 +6,11 @@ preflight and the report call the same methods), gradient accumulation, the data
 and rank of a layout. The workflow config is read and validated by
 :mod:`gptflow.plan.workflow_config`; the resolved input of ``gptflow train`` is
 :mod:`gptflow.train.run_config`.
+
+Over 500 lines: the two dataclasses, their cross-field checks and every number derived from
+them (FLOPs per token with K-FAC's and Muon's, the optimizers' states, Muon's buckets) in one
+place, the one the trainer, the preflight and the report all read; split, a derived number
+would have two homes or a circle of imports.
 """
 
 from __future__ import annotations
