@@ -1,6 +1,6 @@
 """The blend index: which dataset, and which of its samples, each sample of a blend is --
 megatron-core's greedy rule (its C++ ``build_blending_indices``) vectorised in numpy, index for
-index the C++ loop's (:func:`blending_indices` says how; tests/unit/test_blend.py,
+index the C++ loop's (:func:`blending_indices` says how; tests/unit/data/test_blend.py,
 bench/blend_index.py). :mod:`gptflow.data.dataset` builds and caches it beside the other
 indices.
 """

@@ -81,7 +81,7 @@ def model_state_bytes(
       (8 bytes less each, partitioned alike); what Muon holds instead is
       :func:`gptflow.plan.muon.muon_memory`'s.
 
-    Measured on CPU after a step (tests/unit/test_preflight.py): the kept terms (not
+    Measured on CPU after a step (tests/unit/plan/test_preflight.py): the kept terms (not
     TRANSIENT) are exactly the tensors DeepSpeed holds, on one rank and on every rank of
     tensor 2 x data 2 (ZeRO 1 and 2) and pipeline 2 x data 2 (ZeRO 1)."""
     half = precision in ("bf16", "fp16")
@@ -137,7 +137,7 @@ def layer_activation_bytes(m: ModelConfig, tensor_parallel: int, tokens: int, wi
     """Bytes one decoder layer (gptflow.train.model.Layer) keeps for its backward, for `tokens`
     tokens of a micro-batch on a rank of `tensor_parallel`, elements `width` bytes (2 in
     bf16/fp16, 4 in fp32), as autograd saves them (measured on CPU in
-    tests/unit/test_preflight.py), in elements a token:
+    tests/unit/plan/test_preflight.py), in elements a token:
 
     - the layer's input (kept by both LayerNorms, one tensor) and the two LayerNorms' outputs
       (kept by query_key_value and dense_h_to_4h): 3h; each LayerNorm's mean and 1/std;

@@ -26,7 +26,7 @@ Writing. safetensors shards of at most ``max_shard_size`` bytes, planned as Hugg
 them (``model-00001-of-0000N.safetensors`` + ``model.safetensors.index.json``; a single
 ``model.safetensors`` when the model fits in one shard), each written one tensor at a time.
 Peak memory is a small multiple of the largest tensor, not of the model (measured by
-tests/unit/test_export.py). The directory is published whole (temporary directory, rename).
+tests/unit/results/test_export.py). The directory is published whole (temporary directory, rename).
 
 DeepSpeed is imported only to read ZeRO 1-3 checkpoints.
 

@@ -202,7 +202,7 @@ def harness_host_mb(model: ModelConfig, max_length: int, batch: int, plan: EvalP
 def export_mb(model: ModelConfig) -> int:
     """Host memory (MB) of the export_hf job: a parameter's pieces, its joined tensor-parallel
     slices and the whole tensor (at most three times the largest tensor in fp32; measured at
-    most twice by tests/unit/test_export.py) and the overhead."""
+    most twice by tests/unit/results/test_export.py) and the overhead."""
     return math.ceil((3 * 4 * model.largest_tensor_numel() + HOST_OVERHEAD_BYTES) / MIB)
 
 

@@ -8,7 +8,7 @@ are split in time. :func:`take` pickles `obj` at once, exactly as ``torch.save``
 and copies each storage into a host buffer; :func:`write` later writes the same records in
 the same order through the same ``PyTorchFileWriter``. The file is byte for byte the one
 ``torch.save`` makes at the moment of :func:`take`, whatever the training does to its
-tensors and objects afterwards (tests/unit/test_snapshot.py checks it, mutations included).
+tensors and objects afterwards (tests/unit/train/test_snapshot.py checks it, mutations included).
 
 Host buffers are reused from one snapshot to the next (:class:`BufferPool`: DeepSpeed saves
 the same storages every time), pinned when they receive a GPU's memory so the copy runs at the

@@ -22,7 +22,7 @@ from tests.support.planted import planted_pairs
 
 READER = {"json_key": "text"}
 DEFAULTS = {"ngram": 5, "bands": 14, "rows": 8, "seed": 1, "tokenizer": "regex"}
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def rchar() -> int:

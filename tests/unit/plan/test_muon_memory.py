@@ -16,8 +16,7 @@ import yaml
 from gptflow.config.settings import ModelConfig, TrainConfig, muon_state_floats
 from gptflow.errors import GptflowError
 from gptflow.plan import gpu_memory, muon
-
-from .test_train import BIN
+from tests.unit.train.test_train import BIN
 
 MUON = {"optimizer": "muon", "clip_grad": 0.0}
 # tests/support/muon_memory.py's sizes

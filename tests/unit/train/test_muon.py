@@ -1,6 +1,6 @@
 """train.optimizer muon without training: which parameters Muon steps, its learning-rate rule,
 the FLOPs and memory the preflight and the trainer count, the refusals at planning and the
-run's identity. The update itself is checked in tests/unit/test_muon_layouts.py."""
+run's identity. The update itself is checked in tests/unit/train/test_muon_layouts.py."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_muon_keeps_its_momentum_for_adams_two_moments_and_counts_newton_schulz(
     """The preflight's optimizer state: Muon's matrices keep no Adam moments (8 bytes a
     parameter, partitioned by ZeRO alike) but a momentum, counted by gptflow.plan.muon (at ZeRO
     0 one fp32 moment each; at ZeRO 1/2 on 2 ranks each rank's momentum of the matrices its
-    partition touches, whole, and the staged copy as large: tests/unit/test_muon_memory.py
+    partition touches, whole, and the staged copy as large: tests/unit/plan/test_muon_memory.py
     measures them); a Newton-Schulz working set; the checkpoint bytes."""
     from gptflow.plan import gpu_memory, muon
 

@@ -1,6 +1,6 @@
 """gptflow's patches of DeepSpeed's code (gptflow.train.deepspeed_patches): how a rewrite is
 made and refused. What each patch fixes is tested where it shows, in training:
-tests/unit/test_muon_layouts.py fails without any one of them."""
+tests/unit/train/test_muon_layouts.py fails without any one of them."""
 
 from __future__ import annotations
 

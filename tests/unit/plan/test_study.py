@@ -15,8 +15,8 @@ from gptflow.plan import preflight, run_size
 from gptflow.plan.runs import run_plan
 from gptflow.plan.workflow_config import run_configs
 from gptflow.train.run_config import data_index_name, data_index_settings
+from tests.unit.config.test_config import load
 
-from .test_config import load
 from .test_preflight import SLURM
 
 

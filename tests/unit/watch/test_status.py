@@ -20,8 +20,7 @@ import pytest
 from gptflow.errors import GptflowError
 from gptflow.progress import human_bytes
 from gptflow.watch.status import RunFiles, eta_seconds, read_records, seconds_per_step, stage
-
-from .test_train import BIN, gptflow_train, records, wait_for
+from tests.unit.train.test_train import BIN, gptflow_train, records, wait_for
 
 
 def fake_squeue(directory: Path, stdout: str = "", exit_code: int = 0, stderr: str = "") -> dict:

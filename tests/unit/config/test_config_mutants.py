@@ -23,7 +23,7 @@ import yaml
 from gptflow.errors import GptflowError
 from gptflow.plan.workflow_config import load_workflow_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = REPO / "config" / "schema" / "config.schema.yaml"
 SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
 SOURCE = "my.yaml"
@@ -459,7 +459,7 @@ CASES = [c for leaf in LEAVES for c in cases_of(leaf, get(KITCHEN, leaf.path))]
 # Keys whose valid value is an artifact the mutants would have to match: model.init_from names
 # a Hugging Face checkpoint whose config.json must equal the model key by key, so every
 # architecture mutant would fail on it instead of on its own rule. Its schema refusals are
-# below; tests/unit/test_init_from.py covers the directory, the weights and the tokenizer.
+# below; tests/unit/train/test_init_from.py covers the directory, the weights and the tokenizer.
 NOT_IN_THE_SINK = {"model.init_from"}
 
 

@@ -249,5 +249,5 @@ def test_the_engine_names_have_one_home():
     from gptflow.config.schema import load_yaml
     from gptflow.data.engines import ENGINES
 
-    schema = load_yaml(Path(__file__).parents[2] / "config/schema/config.schema.yaml")
+    schema = load_yaml(Path(__file__).parents[3] / "config/schema/config.schema.yaml")
     assert tuple(schema["properties"]["tokenize"]["properties"]["engine"]["enum"]) == ENGINES

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GPTFLOW = str(Path(sys.executable).parent / "gptflow")
 
 # the catalog the README names, in the order of config/datasets.yaml

@@ -559,4 +559,4 @@ def test_tokenizer_identity_is_what_encoding_depends_on(tokenizer_json, tmp_path
     assert differs(other_pre_tokenizer).startswith("the pre_tokenizer differs (")
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]

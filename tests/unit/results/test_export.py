@@ -473,7 +473,7 @@ def test_the_evaluate_job_memory_comes_from_the_model_without_importing_torch():
     from gptflow.config.settings import ModelConfig
     from gptflow.results.evaluate import memory_mb
 
-    preset = load_yaml(Path(__file__).parents[2] / "config/models/pythia-1.4b.yaml")
+    preset = load_yaml(Path(__file__).parents[3] / "config/models/pythia-1.4b.yaml")
     preset.pop("description")
     model = ModelConfig(**preset, vocab_size=50_304)
     assert model.num_parameters() == 1_414_647_808

@@ -18,7 +18,7 @@ from gptflow.plan import eval_size, gpu_memory, placement
 from gptflow.results import sizing
 from gptflow.results.harness import task_work
 
-REPO = Path(__file__).parents[2]
+REPO = Path(__file__).parents[3]
 GIB = 2**30
 
 

@@ -419,7 +419,7 @@ def test_pp2_moves_to_one_rank_and_data_parallel_moves_to_pp2(one, pp2, dp2, tmp
 def test_model_parallel_with_data_parallel_on_4_ranks_follows_one_rank(one, make_run, layout):
     """Four ranks: two data-parallel copies of a model split two ways, each copy reading its
     half of every batch (the rank count is the point: 2 x 2); MFU against a stated peak is
-    per device, over all 4 ranks (tests/unit/test_flops.py)."""
+    per device, over all 4 ranks (tests/unit/train/test_flops.py)."""
     one = one["one"]
     run = make_run("four", model=NO_DROPOUT, **{**SETTINGS, **layout, "peak_tflops": 0.5})
     out = torchrun(run, 4)

@@ -1,7 +1,7 @@
 """What torch.compile computes in a training process depends on the step's shapes only, not on
 what the process compiled before (gptflow.train.main.compile_each_shape_alone): the
 condition for a resumed process to compute its first step as the uninterrupted one did. The
-SIGKILL matrix (tests/unit/test_train.py) resumes a Muon run compiled, as users run it."""
+SIGKILL matrix (tests/unit/train/test_train.py) resumes a Muon run compiled, as users run it."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from gptflow.plan.workflow_config import load_workflow_config
 from gptflow.train.run_config import render_run_config
 from tests.support.megatron_preprocess import megatron_tokenizer, preprocess, read_texts
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FIX_SHARD = (
     "re-create it with Megatron's tools/preprocess_data.py, or remove it from the dataset's "
     "prefixes"

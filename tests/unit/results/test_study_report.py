@@ -23,7 +23,7 @@ from gptflow.results.study_report import (
     _load_run,
     study_report,
 )
-from tests.unit.test_report import assert_plot_shows, plotted_points, texts
+from tests.unit.results.test_report import assert_plot_shows, plotted_points, texts
 
 E, A, ALPHA = 1.8, 60.0, 0.3
 B, BETA = 50.0, 0.3  # the data term: a run's loss after D tokens is L(N) + B / D^BETA

@@ -67,7 +67,7 @@ def size_of(cfg: dict, tmp_path, peak_tflops: float, mfu: float, shards: int = 0
 def test_preflight_figures_of_the_tiny_config_equal_a_hand_calculation(tmp_path):
     """The README's example line: 165,632 parameters (the tiny preset, vocabulary 500 padded
     to 512), 40 x 8 x 64 = 20,480 tokens, FLOPs by Megatron's formula (884,736 a token, as the
-    trainer logs it: tests/unit/test_train.py), GPU-hours at 40 % MFU of 989 TFLOP/s;
+    trainer logs it: tests/unit/train/test_train.py), GPU-hours at 40 % MFU of 989 TFLOP/s;
     disk: fp32 weights + Adam moments (16 bytes a parameter) for keep_last + 1 checkpoints."""
     cfg = {
         "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,

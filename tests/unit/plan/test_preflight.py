@@ -22,8 +22,7 @@ from gptflow.plan.placement import Placement
 from gptflow.plan.runs import run_plan
 from gptflow.train.async_save import PAGE
 from tests.support.memory import kept_bytes, saved_peak
-
-from .test_train import BIN
+from tests.unit.train.test_train import BIN
 
 SLURM = Placement(
     executor="slurm", nodes=1, tasks_per_node=8, gres="gpu:8", threads=12, mem_mb=480000,
@@ -68,7 +67,7 @@ def test_slurm_time_limits(limit, minutes):
 
 # How the train_gpt rule reads profiles/slurm (rules/setup.smk, profile_placement): the keys of
 # set-resources train_gpt checked against sinfo, and those that are not a node's resource
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "slurm" / "config.yaml"
+PROFILE = Path(__file__).resolve().parents[3] / "profiles" / "slurm" / "config.yaml"
 CHECKED_AGAINST_SINFO = {"slurm_partition", "nodes", "tasks_per_node", "gres", "mem_mb", "runtime"}
 NOT_IN_SINFO = {
     "gpu_mem_mb": "one GPU's memory: the fit check of the model, sinfo does not list it",

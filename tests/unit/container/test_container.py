@@ -15,7 +15,7 @@ import pytest
 from gptflow.container import image as c
 from gptflow.errors import GptflowError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # what enroot 4.1.2's docker::configure wrote for this image config (reference/container-build.md)
 INSPECT = {

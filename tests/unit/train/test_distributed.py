@@ -408,7 +408,7 @@ def test_every_test_script_that_makes_a_process_group_ends_through_leave():
     whole-suite runs, each from a script that ended as usual)."""
     import ast
 
-    tests = Path(__file__).resolve().parents[1]
+    tests = Path(__file__).resolve().parents[2]
     makes_group = re.compile(r"init_distributed\(|device\.setup\b|main import train\b")
     scripts = {str(p.relative_to(tests)): p.read_text() for p in (tests / "support").glob("*.py")}
     for path in tests.rglob("test_*.py"):
