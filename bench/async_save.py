@@ -21,8 +21,8 @@
    (gptflow.train.checkpoint.checkpoint_digest of the last step directory of each).
 2. The host rates the on-paper estimate needs, on --host-gib GiB of bytes (best of --repeat):
    a tensor clone (host memory copy), ``torch.save`` + fsync into the bench's directory, and
-   gptflow.train.async_save's ``take`` (pickle + copy into the reused host buffers) and ``write`` (zip
-   + fsync) of the same tensor, checked byte-identical to torch.save's file; and what a
+   gptflow.train.async_save's ``take`` (pickle + copy into the reused host buffers) and
+   ``write`` (zip + fsync) of the same tensor, checked byte-identical to torch.save's file; and what a
    background snapshot.write leaves a one-thread matmul loop running meanwhile (its rate as a
    share of its rate alone: the writer thread, the zip's CRC and the kernel's write-back take
    cores and memory bandwidth the training shares on this 2-core host).

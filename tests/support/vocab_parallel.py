@@ -1,9 +1,9 @@
 """Run under torchrun on 2 ranks (gloo): the vocabulary-parallel loss and model against the
 unsplit ones, and write `rank<N>.json` into the directory given as argument 1.
 
-- the loss alone (gptflow.train.model_parallel.vocab_parallel_lm_loss) on fp32 and bf16 logits split in two
-  along the vocabulary, against gptflow.train.model.lm_loss on the whole logits: the loss and the
-  gradient of this rank's block of the logits;
+- the loss alone (gptflow.train.model_parallel.vocab_parallel_lm_loss) on fp32 and bf16 logits
+  split in two along the vocabulary, against gptflow.train.model.lm_loss on the whole logits: the
+  loss and the gradient of this rank's block of the logits;
 - the tiny model built as the trainer builds it (gptflow.train.engine.build_model) at tensor parallel
   2 and at 1 in the same process, the same weights: the loss of one batch and the gradients of
   this rank's rows of the embedding and the head (and of a split layer).

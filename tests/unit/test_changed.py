@@ -14,6 +14,9 @@ def test_a_package_module_selects_the_tests_naming_it_and_its_direct_importers()
 
 def test_tests_rules_profiles_and_examples_select_their_own():
     assert select(["tests/unit/test_paths.py"]) == ["tests/unit/test_paths.py"]
+    grouped = "tests/unit/data/quality/test_quality_filters.py"  # tests/unit/ grouped as src/
+    assert select([grouped]) == [grouped]
+    assert grouped in select(["src/gptflow/data/quality/words.py"])  # signals.py imports it
     assert "tests/unit/train/test_engine.py" in select(["tests/support/hardware.py"])
     assert "tests/workflow/test_pipeline.py" in select(["rules/evaluate.smk"])
     assert "tests/workflow/test_pbs.py" in select(["profiles/pbs/status.py"])

@@ -26,7 +26,8 @@ parquet        the footer (length, magic, thrift metadata); the page decoders; p
 A damaged stream cannot in general be resynchronised, so damage ends what can be read of it:
 the whole lines decoded before the decoder stopped are kept, and the rest of the stream (of
 the tar archive; of the zip member; of the parquet row group -- the next row group and the
-next zip member are read again) is one ``corrupt_data`` *region*. :func:`gptflow.data.readers.batch_texts` turns a region into an error, or with
+next zip member are read again) is one ``corrupt_data`` *region*.
+:func:`gptflow.data.readers.batch_texts` turns a region into an error, or with
 ``on_bad="skip"`` into one count under ``corrupt_data``. A checksum covers a whole gzip member
 or zstd frame and is checked at its end, so with "skip" the documents kept before a checksum
 failure may themselves hold the damaged bytes -- re-download inputs you cannot trust.

@@ -1,5 +1,5 @@
-"""Deprecated: ``gptflow.plan.after_training`` is :mod:`gptflow.plan.eval_size` since gptflow 0.2; this
-alias, kept for scripts that import the old name, goes in 0.3 (CHANGELOG.md)."""
+"""Deprecated: ``gptflow.plan.after_training`` is :mod:`gptflow.plan.eval_size` since gptflow
+0.2; this alias, kept for scripts that import the old name, goes in 0.3 (CHANGELOG.md)."""
 
 import warnings
 

@@ -118,10 +118,10 @@ TOKEN_ID = 8  # int64: the ids the embedding keeps, the labels the loss keeps
 # logits) in its buffers until the buffer is reused (deepspeed/runtime/pipe/engine.py; the last
 # stage runs two buffers), counted apart.
 LOGITS_PEAK = 12
-# Under tensor parallel gptflow.train.model_parallel.VocabParallelCrossEntropy keeps its block's fp32
-# softmax (4) and makes it the gradient in place; its forward holds the logits and that fp32
-# copy, and its backward that and the gradient in the logits' dtype: 4 + the logits' width (2 or
-# 4) either way.
+# Under tensor parallel gptflow.train.model_parallel.VocabParallelCrossEntropy keeps its block's
+# fp32 softmax (4) and makes it the gradient in place; its forward holds the logits and that fp32
+# copy, and its backward that and the gradient in the logits' dtype: 4 + the logits' width (2 or 4)
+# either way.
 VOCAB_PARALLEL_LOGITS_PEAK = 4
 
 

@@ -306,8 +306,8 @@ def _sliced_weights(
     ``param_slice_mappings`` says which part of which parameter (start, numel) that piece
     holds. A parameter is its pieces in data-parallel order; under tensor parallel, its
     slices in tensor-parallel order, joined along the dimension
-    :data:`gptflow.train.model_parallel.TENSOR_PARALLEL_PLAN` splits (replicated ones read from the first
-    rank). Nothing is converted or written: the universal conversion (which loads every file
+    :data:`gptflow.train.model_parallel.TENSOR_PARALLEL_PLAN` splits (replicated ones read from
+    the first rank). Nothing is converted or written: the universal conversion (which loads every file
     whole, twice) is left to a resume in another layout."""
     from gptflow.train.model import GPTNeoX, hf_name
     from gptflow.train.model_parallel import tensor_parallel_dim

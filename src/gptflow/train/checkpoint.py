@@ -284,7 +284,8 @@ def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[st
 
 def _snapshots(engine, save_dir: str, tag: str, client_state: dict, pool) -> list:
     """``engine.save_checkpoint`` with each file DeepSpeed would write taken as a snapshot
-    (:func:`gptflow.train.async_save.take`) instead; returns them, to be written in the background."""
+    (:func:`gptflow.train.async_save.take`) instead; returns them, to be written in the
+    background."""
     from gptflow.train.async_save import take
 
     taken: list = []

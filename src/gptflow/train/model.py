@@ -145,8 +145,8 @@ class GPTNeoX(nn.Module):
         self.cfg = cfg
         self.gpt_neox = Backbone(cfg)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # (logits, labels) -> mean loss; under tensor parallel the logits are split along
-        # the vocabulary and gptflow.train.model_parallel.split_tensor_parallel puts its vocab-parallel
+        # (logits, labels) -> mean loss; under tensor parallel the logits are split along the
+        # vocabulary and gptflow.train.model_parallel.split_tensor_parallel puts its vocab-parallel
         # loss here
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss
         if self.embed_out.weight.device.type != "meta":

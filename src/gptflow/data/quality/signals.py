@@ -57,8 +57,8 @@ C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies",
 FINEWEB_SHORT_LINE = 30  # characters
 
 # DataTrove 0.10.1's datatrove.utils.text.PUNCTUATION and TERMINAL_PUNCTUATION, verbatim
-# (tests/unit/data/quality/test_quality_filters.py holds them to the installed DataTrove): Gopher quality's
-# symbol words are made of PUNCTUATION_SET only; FineWeb's stop characters are
+# (tests/unit/data/quality/test_quality_filters.py holds them to the installed DataTrove): Gopher
+# quality's symbol words are made of PUNCTUATION_SET only; FineWeb's stop characters are
 # TERMINAL_PUNCTUATION.
 PUNCTUATION = (
     "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»"
@@ -503,9 +503,9 @@ def _batches(texts: Iterable[object], batch_chars: int) -> Iterator[list[object]
 # Language identification
 
 # Language scores below are not kept, so a threshold is at least this: the schema's minimum of a
-# language step's threshold (config/schema/config.schema.yaml, $defs/language_step) is this
-# value, refused at -n by the schema; the check in thresholds_for covers `gptflow
-# quality-select-language --threshold` (tests/unit/data/quality/test_quality_language.py holds them equal)
+# language step's threshold (config/schema/config.schema.yaml, $defs/language_step) is this value,
+# refused at -n by the schema; the check in thresholds_for covers `gptflow quality-select-language
+# --threshold` (tests/unit/data/quality/test_quality_language.py holds them equal)
 LID_MIN_SCORE = 0.01
 
 

@@ -2,9 +2,10 @@
 number of sentences of one line, which the signals of :mod:`gptflow.data.quality.signals` count.
 
 ``spacy`` is DataTrove's own (spaCy's blank English tokenizer plus its sentencizer, DataTrove >=
-0.4), with which every decision and reason is DataTrove's (tests/unit/data/quality/test_quality_filters.py
-checks it document by document); ``regex`` is ~25x faster and decides differently on some
-documents (bench/quality.py prints the per-rule agreement).
+0.4), with which every decision and reason is DataTrove's
+(tests/unit/data/quality/test_quality_filters.py checks it document by document); ``regex`` is
+~25x faster and decides differently on some documents (bench/quality.py prints the per-rule
+agreement).
 """
 
 from __future__ import annotations
