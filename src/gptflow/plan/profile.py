@@ -77,7 +77,9 @@ def placement(
     # or default-resources') as --mem; the PBS profile's submit line and this machine pass none,
     # so there only train_gpt's own set-resources mem_mb states it (default-resources' mem_mb
     # is the CPU jobs' scheduling figure)
-    mem_mb = number("mem_mb") if executor == "slurm" or profile.sets("train_gpt", "mem_mb") else None
+    mem_mb = (
+        number("mem_mb") if executor == "slurm" or profile.sets("train_gpt", "mem_mb") else None
+    )
     gpu_mem_mb, gpu_mem_source = number("gpu_mem_mb"), ""
     if gpus and gpu_mem_mb is None:
         gpu_mem_mb, how = gpu_memory_mib()

@@ -167,8 +167,10 @@ def test_a_nodes_memory_is_what_its_job_is_given():
     pbs_own = Profile(resources={"train_gpt": {"pbs_queue": "gpuq", "mem_mb": 500000}},
                       defaults=defaults)  # fmt: skip
     local = Profile(defaults=defaults)
-    mem = {name: placement(p, no_gpus, no_gpus).mem_mb
-           for name, p in [("slurm", slurm), ("pbs", pbs), ("pbs_own", pbs_own), ("local", local)]}
+    mem = {
+        name: placement(p, no_gpus, no_gpus).mem_mb
+        for name, p in [("slurm", slurm), ("pbs", pbs), ("pbs_own", pbs_own), ("local", local)]
+    }
     assert mem == {"slurm": 8000, "pbs": None, "pbs_own": 500000, "local": None}
 
 
