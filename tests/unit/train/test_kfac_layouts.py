@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from gptflow.train.run_config import RunConfig
-from tests.support.hardware import fp16_env
+from tests.support.hardware import fp16_env, one_thread
 
 BIN = Path(sys.executable).parent
 
@@ -188,22 +188,9 @@ def run_layouts(make_run, tmp_path: Path, layouts, ranks: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("precisions", LAYOUTS)
-def test_the_update_is_the_preconditioned_adamw_update_in_every_layout(
-    make_run, tmp_path, precisions
-):
-    """In each layout, on one rank and on two: each step's change of the fp32 master weights
-    is AdamW's on the K-FAC-preconditioned, clipped gradient, to 5e-3 of the learning rate
-    per weight (fp32 eigendecompositions against float64), and is not plain AdamW's (off by
-    more than half the learning rate somewhere). Two ranks hold the same weights and factors
-    bit for bit, and in fp32 the one-rank run's to reduction noise. Eigenvectors are not
-    compared: they are defined up to sign and order within equal eigenvalues. fp16: the
-    factors are the unscaled loss's, the same at DeepSpeed's loss scale 2^16 and 2^8 (issue
-    36: the loop hands K-FAC the scale; with the update checked here, the scaled step is the
-    unscaled one)."""
-    layouts = LAYOUTS[precisions]
-    recs = {**run_layouts(make_run, tmp_path, layouts + RESCALED.get(precisions, []), 1),
-            **run_layouts(make_run, tmp_path, layouts, 2)}  # fmt: skip
+def check_updates(recs: dict, tmp_path: Path) -> None:
+    """Each recorded step's change of the master weights is the float64 reference's, to 5e-3
+    of the learning rate, and far from plain AdamW's (the check's power)."""
     for (name, rank), rec in recs.items():
         t = RunConfig.load(tmp_path / name / "run.yaml").train
         assert len(rec["steps"]) == SETTINGS["train_iters"], name
@@ -220,6 +207,26 @@ def test_the_update_is_the_preconditioned_adamw_update_in_every_layout(
         g = first["grads"][w] / first["scale"]
         plain = first["master"][w] * (1 - lr * t.weight_decay) - lr * g / (g.abs() + t.adam_eps)
         assert (want[k][w] - plain).abs().max() > 0.5 * lr, name
+
+
+@pytest.mark.parametrize("precisions", LAYOUTS)
+def test_the_update_is_the_preconditioned_adamw_update_in_every_layout(
+    make_run, tmp_path, precisions
+):
+    """In each layout, on one rank and on two: each step's change of the fp32 master weights
+    is AdamW's on the K-FAC-preconditioned, clipped gradient, to 5e-3 of the learning rate
+    per weight (fp32 eigendecompositions against float64), and is not plain AdamW's (off by
+    more than half the learning rate somewhere). Two ranks hold the same weights and factors
+    bit for bit, and in fp32 the one-rank run's to reduction noise. Eigenvectors are not
+    compared: they are defined up to sign and order within equal eigenvalues. fp16: the
+    factors are the unscaled loss's, the same at DeepSpeed's loss scale 2^16 and 2^8 (issue
+    36: the loop hands K-FAC the scale; with the update checked here, the scaled step is the
+    unscaled one)."""
+    layouts = LAYOUTS[precisions]
+    recs = {**run_layouts(make_run, tmp_path, layouts + RESCALED.get(precisions, []), 1),
+            **run_layouts(make_run, tmp_path, layouts, 2)}  # fmt: skip
+    with one_thread():  # the float64 reference
+        check_updates(recs, tmp_path)
     # measured: 1e-7 of the factor at the first step, 2e-4 after (the weights part by fp16's
     # underflow at the lower scale); scaled statistics would be S^2 = 2^32 / 2^16 apart
     for p, z, power in RESCALED.get(precisions, []):
