@@ -41,7 +41,15 @@ _WRITTEN = pytest.StashKey[list[str]]()
 
 
 def pytest_sessionstart(session):
+    import torch
+
     from tests.support import slurm_cluster
+
+    # torch in the test processes on one intra-op thread: `make test` runs 3 workers on 2 cores
+    # beside the ranks they start, and two threads each made the tests' own float64 references
+    # 3-30x slower (eigh of 256 x 256: 72-784 ms against 22 ms on one; test_kfac_layouts spent
+    # 56 % of its time there, 114 s -> 25 s). Processes the tests start choose their own.
+    torch.set_num_threads(1)
 
     # Under pytest-xdist this hook runs in the controller and in every worker: the controller
     # (or a serial session) starts the cluster early; a worker's fixture runs start-cluster.sh,

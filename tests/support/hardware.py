@@ -7,11 +7,8 @@ GPTFLOW_REQUIRE_ALL, which is for missing services, not hardware)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
-
-import torch
 
 MISSING_HARDWARE = "this machine's CPU lacks"
 
@@ -47,16 +44,3 @@ def fp16_env(env: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GATE), env.get("PYTHONPATH")) if p)
     return env
 
-
-@contextlib.contextmanager
-def one_thread():
-    """torch on one intra-op thread inside the block: a test's float64 reference (eigh,
-    matmuls of small matrices) on 2 cores shared by 3 pytest workers and their ranks ran 3-30x
-    slower on two threads than on one (measured: eigh of 256 x 256, 72-784 ms against 22 ms),
-    and was 56 % of test_kfac_layouts' time."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
