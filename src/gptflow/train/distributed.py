@@ -9,6 +9,7 @@ a plain ``python`` sets neither. :func:`resolve` turns any of the three into one
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -262,6 +263,73 @@ def node_rendezvous(nnodes: int, env: dict | None = None) -> list[str]:
     return [
         f"--nnodes={nnodes}", "--rdzv-backend=c10d",
         f"--rdzv-endpoint={hosts[0]}:{pbs_job_port(job)}", f"--rdzv-id={job or 'gptflow'}",
+    ]  # fmt: skip
+
+
+def run_port(run_id: str) -> int:
+    """The rendezvous port of an elastic run on one machine: the same for every agent of the
+    run (a hash of `run_id`, its directory), in the range of :func:`job_port`."""
+    digest = int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
+    return JOB_PORT_BASE + digest % JOB_PORT_SPAN
+
+
+def elastic_rendezvous(
+    elastic, run_id: str, endpoint: str | None = None, env: dict | None = None
+) -> list[str]:
+    """torchrun's options of an elastic launch (`elastic`: train.elastic, an ElasticConfig):
+    ``--nnodes=MIN:MAX`` and a c10d rendezvous whose store the agent on the endpoint's host
+    keeps. The endpoint is `endpoint` when given (``gptflow train --rdzv-endpoint``); in a PBS
+    job the first host of ``$PBS_NODEFILE``, in a Slurm job the first node of the
+    allocation, each on its job's port (:func:`pbs_job_port`, :func:`job_port`) and with the
+    job id as the rendezvous id; else this machine's loopback on :func:`run_port`, the
+    rendezvous id `run_id`'s last part (the agents of one run on one machine find each
+    other, those of two runs do not)."""
+    env = dict(os.environ if env is None else env)
+    rdzv_id = Path(run_id).name or "gptflow"
+    if env.get("PBS_NODEFILE"):
+        job = env.get("PBS_JOBID", "")
+        default = f"{nodefile_hosts(env['PBS_NODEFILE'])[0]}:{pbs_job_port(job)}"
+        rdzv_id = job or rdzv_id
+    elif env.get("SLURM_JOB_NODELIST") and env.get("SLURM_JOB_ID"):
+        job = _int(env, "SLURM_JOB_ID")
+        default = f"{first_host(env['SLURM_JOB_NODELIST'])}:{job_port(job)}"
+        rdzv_id = str(job)
+    else:
+        default = f"127.0.0.1:{run_port(run_id)}"
+    conf = f"join_timeout={elastic.join_timeout_s},last_call_timeout={elastic.last_call_s}"
+    return [
+        f"--nnodes={elastic.min_nodes}:{elastic.max_nodes}", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint or default}", f"--rdzv-id={rdzv_id}", f"--rdzv-conf={conf}",
+    ]  # fmt: skip
+
+
+def torchrun_options(
+    nproc_per_node: int,
+    nnodes: int | None = None,
+    elastic=None,
+    run_id: str = "gptflow",
+    endpoint: str | None = None,
+    env: dict | None = None,
+) -> list[str]:
+    """Every torchrun option of ``gptflow train --nproc-per-node`` (gptflow.train.launch), in
+    one place: the rendezvous -- ``--standalone`` on one machine, :func:`node_rendezvous` on
+    the `nnodes` nodes of a PBS job, :func:`elastic_rendezvous` with train.elastic (`elastic`)
+    -- the ranks per node, and the restarts: none for a fixed size (a failure is the
+    workflow's retry to resume), train.elastic.max_restarts when elastic (torchrun restarts
+    the ranks after a failure and after every change of membership, which uses none).
+    SIGINT, SIGHUP and SIGQUIT stay with the agent; SIGUSR1/SIGTERM are the launch's own."""
+    if elastic is not None:
+        rendezvous, restarts = (
+            elastic_rendezvous(elastic, run_id, endpoint, env),
+            elastic.max_restarts,
+        )
+    elif nnodes is None:
+        rendezvous, restarts = ["--standalone"], 0
+    else:
+        rendezvous, restarts = node_rendezvous(nnodes, env), 0
+    return [
+        *rendezvous, f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}",
+        "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
     ]  # fmt: skip
 
 

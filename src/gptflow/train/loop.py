@@ -42,7 +42,14 @@ from gptflow.train import engine as ds
 from gptflow.train.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
 from gptflow.train.device import Device
 from gptflow.train.kfac import Kfac
-from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
+from gptflow.train.metrics import (
+    Interval,
+    MetricsLog,
+    SampleLog,
+    Throughput,
+    WandbRun,
+    iteration_line,
+)
 from gptflow.train.model_parallel import use_split_region_rng
 from gptflow.train.run_config import RunConfig
 from gptflow.train.saves import Saves
@@ -75,6 +82,7 @@ class Trainer:
     resume_mode: str  # how it loads: "native", or "universal" (saved in another layout)
     saves: Saves  # synchronous, or in the background (train.async_save)
     metrics: MetricsLog | None = None  # rank 0
+    sample_log: SampleLog | None = None  # train.log_samples
     kfac: Kfac | None = None  # train.kfac's preconditioner
 
 
@@ -293,6 +301,9 @@ def resume(tr: Trainer) -> Progress:
         step, saved_interval = int(client["step"]), client.get("interval")
         if tr.kfac is not None:
             tr.kfac.load_state_dict(client.get("kfac"), str(path))
+    resized = resize_record(tr, step, client) if resumed_from is not None else None
+    if t.log_samples:
+        tr.sample_log = SampleLog(cfg.samples_path, tr.rank, tr.dev.world_size, step)
     if tr.rank == 0:
         # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
         kept = step if resumed_from is not None else -1
@@ -300,7 +311,51 @@ def resume(tr: Trainer) -> Progress:
         wb = WandbRun(cfg) if t.wandb.enabled else None
         tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir, wb)
         log_start(tr, step, resumed_from is not None)
+        if resized is not None:
+            log_resize(tr, resized)
     return Progress(step=step, interval=Interval(tr.dev, saved_interval), first_step=step)
+
+
+def resize_record(tr: Trainer, step: int, client: dict) -> dict | None:
+    """The metrics record of a resume on another number of ranks than the checkpoint's (an
+    elastic run's change of membership, or a run moved by hand): the world size, data-parallel
+    size and gradient accumulation before and after, the global batch they keep. None at the
+    same number of ranks."""
+    t = tr.cfg.train
+    saved = tr.series.saved_layout(step) or {}
+    before = saved.get("world_size")
+    if before is None or before == tr.dev.world_size:
+        return None
+    tp, pp = saved.get("tensor_parallel", 1), saved.get("pipeline_parallel", 1)
+    return {
+        "step": step,
+        "kind": "resize",
+        "previous_world_size": before,
+        "world_size": tr.dev.world_size,
+        "previous_data_parallel": before // (tp * pp),
+        "data_parallel": t.data_parallel_size(tr.dev.world_size),
+        "previous_grad_accum": client.get("grad_accum"),  # None: saved before it was recorded
+        "grad_accum": tr.gas,
+        "micro_batch_size": t.micro_batch_size,
+        "global_batch_size": t.global_batch_size,
+        "resume_mode": tr.resume_mode,
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),  # torchrun's count
+        "time": time.time(),
+    }
+
+
+def log_resize(tr: Trainer, rec: dict) -> None:
+    """The train log's line and the metrics record of a change of the number of ranks."""
+    log.info(
+        "world size changed at iteration %d: %d -> %d ranks (data parallel %d -> %d, grad "
+        "accum %s -> %d x micro batch %d); global batch %d and sample order kept; checkpoint "
+        "loaded %s (restart %d)",
+        rec["step"], rec["previous_world_size"], rec["world_size"],
+        rec["previous_data_parallel"], rec["data_parallel"], rec["previous_grad_accum"],
+        rec["grad_accum"], rec["micro_batch_size"], rec["global_batch_size"],
+        rec["resume_mode"], rec["restart"],
+    )  # fmt: skip
+    tr.metrics.write(rec)
 
 
 def log_start(tr: Trainer, step: int, resumed: bool) -> None:
@@ -352,9 +407,15 @@ def reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) ->
     torch.manual_seed(seed * 1_000_003 + (step * gas + micro) * world + rank)
 
 
-def batch(dataset, start: int, count: int, dev: Device) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = torch.from_numpy(np.stack([dataset[i] for i in range(start, start + count)]))
-    rows = dev.put(rows)  # (B, T+1)
+def batch(
+    dataset, start: int, count: int, dev: Device, seen: SampleLog | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples `start` to `start` + `count` of `dataset` as (inputs, labels) on the device;
+    recorded in `seen` (train.log_samples) from the host copy, before the device has them."""
+    rows = np.stack([dataset[i] for i in range(start, start + count)])
+    if seen is not None:
+        seen.add(start, rows)
+    rows = dev.put(torch.from_numpy(rows))  # (B, T+1)
     return rows[:, :-1], rows[:, 1:]
 
 
@@ -396,7 +457,7 @@ def train_step(tr: Trainer, prog: Progress) -> None:
     for micro in range(tr.gas):
         reseed(t.seed, prog.step, micro, rank, world, tr.gas)
         start = micro_batch_start(t, prog.step, micro, rank, world)
-        x, y = batch(tr.train_data, start, t.micro_batch_size, tr.dev)
+        x, y = batch(tr.train_data, start, t.micro_batch_size, tr.dev, tr.sample_log)
         loss = tr.engine(x, y)
         tr.engine.backward(loss)
         if micro == tr.gas - 1:
@@ -412,6 +473,8 @@ def train_step(tr: Trainer, prog: Progress) -> None:
         step_loss += loss.detach()
     prog.step += 1
     prog.interval.add(step_loss, tr.gas)
+    if tr.sample_log is not None:
+        tr.sample_log.write(prog.step)
 
 
 def pipeline_step(tr: Trainer, prog: Progress) -> None:
@@ -425,14 +488,14 @@ def pipeline_step(tr: Trainer, prog: Progress) -> None:
     world = t.data_parallel_size(tr.dev.world_size)
     reseed(t.seed, prog.step, 0, rank, world, tr.gas)
     size = t.micro_batch_size
-    micro_batches = (
-        batch(tr.train_data, micro_batch_start(t, prog.step, m, rank, world), size, tr.dev)
-        for m in range(tr.gas)
-    )
+    starts = [micro_batch_start(t, prog.step, m, rank, world) for m in range(tr.gas)]
+    micro_batches = (batch(tr.train_data, s, size, tr.dev, tr.sample_log) for s in starts)
     prog.lr = tr.engine.get_lr()[0]
     loss = tr.engine.train_batch(data_iter=micro_batches)
     prog.step += 1
     prog.interval.add(loss.detach().reshape(()) * tr.gas, tr.gas)
+    if tr.sample_log is not None:
+        tr.sample_log.write(prog.step)
 
 
 def stop_reason(tr: Trainer, step: int) -> str | None:
@@ -582,6 +645,7 @@ def save(tr: Trainer, prog: Progress) -> None:
         "consumed_samples": prog.step * t.global_batch_size,
         "fingerprint": tr.cfg.fingerprint(),
         "layout": layout(tr),
+        "grad_accum": tr.gas,  # what a resume on another number of ranks recomputes
         "interval": prog.interval.state(),
         **({"kfac": tr.kfac.state_dict()} if tr.kfac is not None else {}),
     }
