@@ -303,6 +303,20 @@ def elastic_rendezvous(
     ]  # fmt: skip
 
 
+# The environment of an elastic launch's agents. torch 2.13's c10d rendezvous shares one TCP
+# store between rounds and publishes its address (MASTER_ADDR) into a round's keys only when
+# the node first becomes rank 0: when a node joins a running run and the earlier rank 0 stays
+# rank 0, the newcomer waits for that key until its 60 s store timeout and both agents fail
+# (seen here growing 1 -> 2). Opting out of the sharing publishes it every round.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def elastic_run(options: list[str]) -> str:
+    """Which elastic run a launch with torchrun `options` is: its rendezvous endpoint and id
+    (gptflow.train.checkpoint.ELASTIC_RUN_VAR, which the run lock reads)."""
+    return " ".join(o for o in options if o.startswith(("--rdzv-endpoint=", "--rdzv-id=")))
+
+
 def torchrun_options(
     nproc_per_node: int,
     nnodes: int | None = None,

@@ -22,6 +22,7 @@ import signal
 
 from gptflow.errors import GptflowError
 from gptflow.train import distributed
+from gptflow.train.checkpoint import ELASTIC_RUN_VAR
 from gptflow.train.loop import EXIT_PREEMPTED
 
 log = logging.getLogger("gptflow.train")
@@ -59,6 +60,9 @@ def launch(
     from torch.distributed.run import parse_args, run
 
     options = distributed.torchrun_options(nproc_per_node, nnodes, elastic, run_id, endpoint)
+    if elastic is not None:
+        os.environ.update(distributed.ELASTIC_ENV)
+        os.environ[ELASTIC_RUN_VAR] = distributed.elastic_run(options)
     args = parse_args([*options, "--module", "gptflow", *worker_args])
     logging.getLogger("torch.distributed").setLevel(logging.WARNING)
     previous = {sig: signal.signal(sig, _forward) for sig in FORWARDED}

@@ -339,7 +339,8 @@ def resize_record(tr: Trainer, step: int, client: dict) -> dict | None:
         "micro_batch_size": t.micro_batch_size,
         "global_batch_size": t.global_batch_size,
         "resume_mode": tr.resume_mode,
-        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),  # torchrun's count
+        # torchrun's restarts after failed ranks (a change of membership counts none)
+        "failure_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         "time": time.time(),
     }
 
@@ -349,11 +350,11 @@ def log_resize(tr: Trainer, rec: dict) -> None:
     log.info(
         "world size changed at iteration %d: %d -> %d ranks (data parallel %d -> %d, grad "
         "accum %s -> %d x micro batch %d); global batch %d and sample order kept; checkpoint "
-        "loaded %s (restart %d)",
+        "loaded %s",
         rec["step"], rec["previous_world_size"], rec["world_size"],
         rec["previous_data_parallel"], rec["data_parallel"], rec["previous_grad_accum"],
         rec["grad_accum"], rec["micro_batch_size"], rec["global_batch_size"],
-        rec["resume_mode"], rec["restart"],
+        rec["resume_mode"],
     )  # fmt: skip
     tr.metrics.write(rec)
 
