@@ -145,17 +145,20 @@ def srun_command(
     tasks: int | None = None,
     cpus_per_task: int | None = None,
     container_options: list[str] | None = None,
+    kill_on_bad_exit: bool = True,
 ) -> list[str]:
     """The launcher prefix (argv words) of the training command inside a Slurm job: one task
     per GPU.
 
     Snakemake's Slurm jobstep strips ``SLURM_NTASKS``, ``SLURM_CPUS_PER_TASK`` and the like
     from the batch step (and runs an ``mpi`` rule without its own srun), so every count is
-    given explicitly. Empty when `mpi` is empty (one machine: a single process).
+    given explicitly. Empty when `mpi` is empty (one machine: a single process). Without
+    `kill_on_bad_exit` (an elastic run's one agent per node) a failed task leaves the others
+    running.
     """
     if not mpi:
         return []
-    args = [mpi, "--kill-on-bad-exit=1"]
+    args = [mpi, f"--kill-on-bad-exit={int(kill_on_bad_exit)}"]
     if tasks_per_node:
         args += [f"--nodes={nodes or 1}", f"--ntasks-per-node={tasks_per_node}"]
     elif tasks:
@@ -353,10 +356,13 @@ def train_launcher(
     container: dict | None = None,
     image: str | None = None,
     workdir: str = ".",
+    elastic: object = None,
 ) -> list[str]:
     """Argv words before ``gptflow train`` in the train_gpt rule, from the job's `resources`
     (``mpi``, ``nodes``, ``tasks_per_node``, ``tasks``, ``cpus_per_task``: see :func:`_count`;
-    ``socket_ifname``) and `threads`: nothing on one machine; under the Slurm profile (``mpi:
+    ``socket_ifname``) and `threads`: nothing on one machine; with `elastic` (train.elastic
+    set) under srun one task per node, each an agent starting the node's ranks
+    (:func:`rank_options`), a failed one not killing the others; under the Slurm profile (``mpi:
     srun``) the srun that starts one training task per GPU, each with the rule's threads as
     its CPUs unless ``cpus_per_task`` says otherwise; under the PBS profile (``mpi:
     mpiexec``) :func:`per_node_command`. With `container` (the config's
@@ -376,12 +382,20 @@ def train_launcher(
         )
     if per_node:
         return per_node_command(mpi, _count(resources, "nodes")) + prefix + interface_env(resources)
+    cpus = _count(resources, "cpus_per_task") or threads
+    if elastic and mpi:
+        per_node = _count(resources, "tasks_per_node") or 1
+        launcher = srun_command(
+            mpi, nodes=_count(resources, "nodes") or 1, tasks_per_node=1,
+            cpus_per_task=cpus * per_node, container_options=pyxis, kill_on_bad_exit=False,
+        )  # fmt: skip
+        return launcher + prefix + interface_env(resources)
     launcher = srun_command(
         mpi,
         nodes=_count(resources, "nodes"),
         tasks_per_node=_count(resources, "tasks_per_node"),
         tasks=_count(resources, "tasks"),
-        cpus_per_task=_count(resources, "cpus_per_task") or threads,
+        cpus_per_task=cpus,
         container_options=pyxis,
     )
     return launcher + prefix + interface_env(resources)
@@ -405,7 +419,7 @@ def local_ranks(nproc_per_node: object = None, gpus: int = 0) -> int:
     return nproc_per_node if counted and nproc_per_node > 0 else max(1, gpus)
 
 
-def rank_options(resources: dict, threads: int) -> list[str]:
+def rank_options(resources: dict, threads: int, elastic: object = None) -> list[str]:
     """Argv words after ``gptflow train --config RUN.yaml`` in the train_gpt rule: on one
     machine (no ``mpi``) with ``nproc_per_node`` N > 1, ``--nproc-per-node N`` (the elastic
     launcher of gptflow.train.launch starts the N ranks and keeps their exit code 75) and the
@@ -413,8 +427,18 @@ def rank_options(resources: dict, threads: int) -> list[str]:
     (:func:`launches_per_node`) ``--nproc-per-node tasks_per_node --nnodes nodes`` and
     `threads` per rank (every node's launcher starts its ranks, rendezvous from
     ``$PBS_NODEFILE``: :func:`node_rendezvous`); otherwise ``--threads`` `threads` (under srun
-    each task's own CPUs: :func:`train_launcher`)."""
+    each task's own CPUs: :func:`train_launcher`). With `elastic` (train.elastic set) every
+    launch is a torchrun agent, ``--nproc-per-node`` even for one rank, and its node count is
+    the config's (no ``--nnodes``): under srun one agent per node starts tasks_per_node
+    ranks."""
     mpi = str(resources.get("mpi") or "")
+    if elastic:
+        if mpi:
+            per_node = _count(resources, "tasks_per_node") or 1
+        else:
+            per_node = local_ranks(resources.get("nproc_per_node"))
+        share = threads if mpi else max(1, threads // per_node)  # per rank on a cluster
+        return ["--nproc-per-node", str(per_node), "--threads", str(share)]
     if launches_per_node(mpi):
         nodes, per_node = _count(resources, "nodes") or 1, _count(resources, "tasks_per_node") or 1
         return ["--nproc-per-node", str(per_node), "--nnodes", str(nodes),
