@@ -19,6 +19,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from gptflow.config.elastic import ElasticConfig
 from gptflow.errors import GptflowError
 
 
@@ -155,29 +156,6 @@ class MuonConfig:
     momentum: float = 0.95  # Nesterov momentum of the orthogonalized matrices
     ns_method: str = "gram"  # DeepSpeed's Newton-Schulz: gram | standard
     weight_decay: float | None = None  # decoupled, on Muon's matrices; None: train.weight_decay
-
-
-@dataclass(frozen=True)
-class ElasticConfig:
-    """Elastic training (keys of ``train.elastic:``): torchrun's ``--nnodes=MIN:MAX`` with a
-    c10d rendezvous; see the schema and :func:`gptflow.train.distributed.elastic_options`."""
-
-    min_nodes: int
-    max_nodes: int
-    max_restarts: int = 3  # after failed ranks; a membership change uses none
-    join_timeout_s: int = 600  # torchrun's join_timeout
-    last_call_s: int = 30  # torchrun's last_call_timeout
-
-    def __post_init__(self) -> None:
-        if self.min_nodes > self.max_nodes:
-            raise GptflowError(
-                f"train.elastic.min_nodes {self.min_nodes} is above train.elastic.max_nodes "
-                f"{self.max_nodes}; swap them or lower min_nodes"
-            )
-
-    @property
-    def node_counts(self) -> range:
-        return range(self.min_nodes, self.max_nodes + 1)
 
 
 # Newton-Schulz iterations per Muon update: DeepSpeed 0.19.8 calls its muon_update without
@@ -443,26 +421,6 @@ class TrainConfig:
                 f"{', or '.join(fixes)}"
             )
         return self.global_batch_size // per_pass
-
-    def elastic_accumulations(self, ranks_per_node: int) -> dict[int, int]:
-        """{nodes: gradient accumulation} for every node count train.elastic admits, with
-        `ranks_per_node` ranks on each: the global batch is the same on each, or the first
-        count it does not split on is refused in one line naming train.elastic. Empty when
-        the run is not elastic."""
-        if self.elastic is None:
-            return {}
-        out = {}
-        for nodes in self.elastic.node_counts:
-            try:
-                out[nodes] = self.grad_accum_steps(nodes * ranks_per_node)
-            except GptflowError as e:
-                e_min, e_max = self.elastic.min_nodes, self.elastic.max_nodes
-                raise GptflowError(
-                    f"train.elastic (min_nodes {e_min}, max_nodes {e_max}) admits {nodes} "
-                    f"node(s) x {ranks_per_node} rank(s), where the global batch does not "
-                    f"split: {e}; or narrow train.elastic to node counts it splits on"
-                ) from None
-        return out
 
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr."""

@@ -42,6 +42,7 @@ from gptflow.plan.host_memory import check_saves, snapshot_fit
 from gptflow.plan.muon import check_traffic
 from gptflow.plan.placement import (
     Placement,
+    check_elastic,
     check_launch,
     check_layout,
     placeholder_message,
@@ -119,7 +120,7 @@ def run(
     launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
     ranks = p.ranks
     gas = check_layout(train, ranks)
-    elastic = train.elastic_accumulations(p.ranks_per_node)  # every node count it admits
+    elastic = check_elastic(train, p.ranks_per_node)  # every node count it admits
     planned_train(train, p)  # auto decided as the trainer will, and refused as it would be
     rep = Report(placement=asdict(p))
     if found := placeholders(p):
@@ -197,7 +198,7 @@ def study(
         train, m = run.train, run.model
         try:
             gas = check_layout(train, p.ranks)
-            train.elastic_accumulations(p.ranks_per_node)
+            check_elastic(train, p.ranks_per_node)
             planned_train(train, p)
             fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
             if fit is not None:

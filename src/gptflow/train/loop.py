@@ -41,14 +41,16 @@ from gptflow.train import distributed
 from gptflow.train import engine as ds
 from gptflow.train.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
 from gptflow.train.device import Device
+from gptflow.train.elastic import SampleLog, resize_line, resize_record
 from gptflow.train.kfac import Kfac
 from gptflow.train.metrics import (
     Interval,
     MetricsLog,
-    SampleLog,
     Throughput,
     WandbRun,
     iteration_line,
+    parallel_line,
+    save_summary,
 )
 from gptflow.train.model_parallel import use_split_region_rng
 from gptflow.train.run_config import RunConfig
@@ -280,7 +282,7 @@ def layout(tr: Trainer) -> dict:
 def resume(tr: Trainer) -> Progress:
     """Load the newest complete checkpoint of the series, if any; open metrics.jsonl."""
     t, cfg = tr.cfg.train, tr.cfg
-    step, saved_interval = 0, None
+    step, saved_interval, resized = 0, None, None
     resumed_from = tr.resume_from
     if resumed_from is not None:
         path = tr.series.dir / tag_for(resumed_from)
@@ -301,7 +303,8 @@ def resume(tr: Trainer) -> Progress:
         step, saved_interval = int(client["step"]), client.get("interval")
         if tr.kfac is not None:
             tr.kfac.load_state_dict(client.get("kfac"), str(path))
-    resized = resize_record(tr, step, client) if resumed_from is not None else None
+        saved = tr.series.saved_layout(resumed_from) or {}  # another number of ranks: say so
+        resized = resize_record(t, saved, client, tr.dev.world_size, tr.gas, tr.resume_mode)
     if t.log_samples:
         tr.sample_log = SampleLog(cfg.samples_path, tr.rank, tr.dev.world_size, step)
     if tr.rank == 0:
@@ -312,51 +315,9 @@ def resume(tr: Trainer) -> Progress:
         tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir, wb)
         log_start(tr, step, resumed_from is not None)
         if resized is not None:
-            log_resize(tr, resized)
+            log.info(resize_line(resized))
+            tr.metrics.write(resized)
     return Progress(step=step, interval=Interval(tr.dev, saved_interval), first_step=step)
-
-
-def resize_record(tr: Trainer, step: int, client: dict) -> dict | None:
-    """The metrics record of a resume on another number of ranks than the checkpoint's (an
-    elastic run's change of membership, or a run moved by hand): the world size, data-parallel
-    size and gradient accumulation before and after, the global batch they keep. None at the
-    same number of ranks."""
-    t = tr.cfg.train
-    saved = tr.series.saved_layout(step) or {}
-    before = saved.get("world_size")
-    if before is None or before == tr.dev.world_size:
-        return None
-    tp, pp = saved.get("tensor_parallel", 1), saved.get("pipeline_parallel", 1)
-    return {
-        "step": step,
-        "kind": "resize",
-        "previous_world_size": before,
-        "world_size": tr.dev.world_size,
-        "previous_data_parallel": before // (tp * pp),
-        "data_parallel": t.data_parallel_size(tr.dev.world_size),
-        "previous_grad_accum": client.get("grad_accum"),  # None: saved before it was recorded
-        "grad_accum": tr.gas,
-        "micro_batch_size": t.micro_batch_size,
-        "global_batch_size": t.global_batch_size,
-        "resume_mode": tr.resume_mode,
-        # torchrun's restarts after failed ranks (a change of membership counts none)
-        "failure_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-        "time": time.time(),
-    }
-
-
-def log_resize(tr: Trainer, rec: dict) -> None:
-    """The train log's line and the metrics record of a change of the number of ranks."""
-    log.info(
-        "world size changed at iteration %d: %d -> %d ranks (data parallel %d -> %d, grad "
-        "accum %s -> %d x micro batch %d); global batch %d and sample order kept; checkpoint "
-        "loaded %s",
-        rec["step"], rec["previous_world_size"], rec["world_size"],
-        rec["previous_data_parallel"], rec["data_parallel"], rec["previous_grad_accum"],
-        rec["grad_accum"], rec["micro_batch_size"], rec["global_batch_size"],
-        rec["resume_mode"],
-    )  # fmt: skip
-    tr.metrics.write(rec)
 
 
 def log_start(tr: Trainer, step: int, resumed: bool) -> None:
@@ -389,13 +350,6 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
     )
 
 
-def parallel_line(t, dp: int) -> str:
-    """` = 2 tensor x 4 data parallel` (only the model-parallel sizes in use), or nothing."""
-    sizes = [(t.tensor_parallel, "tensor"), (t.pipeline_parallel, "pipeline")]
-    used = [f"{n} {kind}" for n, kind in sizes if n > 1]
-    return f" = {' x '.join([*used, f'{dp} data'])} parallel" if used else ""
-
-
 # ----------------------------------------------------------------------------- one step
 
 
@@ -411,8 +365,7 @@ def reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) ->
 def batch(
     dataset, start: int, count: int, dev: Device, seen: SampleLog | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples `start` to `start` + `count` of `dataset` as (inputs, labels) on the device;
-    recorded in `seen` (train.log_samples) from the host copy, before the device has them."""
+    """Samples [start, start + count) as (inputs, labels) on the device, noted in `seen`."""
     rows = np.stack([dataset[i] for i in range(start, start + count)])
     if seen is not None:
         seen.add(start, rows)
@@ -439,6 +392,8 @@ def timed_step(tr: Trainer, prog: Progress) -> None:
     """:func:`train_step`; the attempt's first step is warm-up, left out of the throughput."""
     started = time.perf_counter()
     train_step(tr, prog)
+    if tr.sample_log is not None:  # train.log_samples: this rank's samples of the step
+        tr.sample_log.write(prog.step)
     if prog.step == prog.first_step + 1:
         prog.interval.leave_out(time.perf_counter() - started, WARM_UP, steps=1)
 
@@ -474,8 +429,6 @@ def train_step(tr: Trainer, prog: Progress) -> None:
         step_loss += loss.detach()
     prog.step += 1
     prog.interval.add(step_loss, tr.gas)
-    if tr.sample_log is not None:
-        tr.sample_log.write(prog.step)
 
 
 def pipeline_step(tr: Trainer, prog: Progress) -> None:
@@ -495,8 +448,6 @@ def pipeline_step(tr: Trainer, prog: Progress) -> None:
     loss = tr.engine.train_batch(data_iter=micro_batches)
     prog.step += 1
     prog.interval.add(loss.detach().reshape(()) * tr.gas, tr.gas)
-    if tr.sample_log is not None:
-        tr.sample_log.write(prog.step)
 
 
 def stop_reason(tr: Trainer, step: int) -> str | None:
@@ -705,19 +656,6 @@ def requeue_or_retry(tr: Trainer, step: int, reason: str) -> None:
         step,
         EXIT_PREEMPTED,
     )
-
-
-def save_summary(saves: list[dict], mode: str) -> dict:
-    """The checkpoint saves of the series (metrics.jsonl's "save" records, every attempt):
-    how many, and the seconds each held training -- for DONE.json and the run card."""
-    blocked = sorted(r["blocked_s"] for r in saves)
-    return {
-        "mode": mode,
-        "count": len(blocked),
-        "blocked_s_median": blocked[len(blocked) // 2] if blocked else None,
-        "blocked_s_max": blocked[-1] if blocked else None,
-        "blocked_s_total": sum(blocked),
-    }
 
 
 def finish(tr: Trainer, step: int) -> None:

@@ -84,45 +84,6 @@ class MetricsLog:
             self.wandb = None
 
 
-class SampleLog:
-    """train.log_samples: the samples this rank read in each step, appended to
-    ``samples.jsonl`` as one line a step ({step, rank, world_size, first_step, samples:
-    [[index in the training split, crc32 of its tokens], ...]}), each line one write to a
-    file opened for appending, so the ranks' lines do not interleave. A rank's lines of an
-    attempt after its `first_step` replace those of an earlier attempt (:func:`consumed`)."""
-
-    def __init__(self, path: Path, rank: int, world_size: int, first_step: int) -> None:
-        self.path, self.rank, self.world_size, self.first_step = path, rank, world_size, first_step
-        self.seen: list[list[int]] = []
-
-    def add(self, start: int, rows) -> None:
-        """Micro-batch rows (numpy, on the host) read from sample `start` on."""
-        import zlib
-
-        self.seen += [[start + i, zlib.crc32(row.tobytes())] for i, row in enumerate(rows)]
-
-    def write(self, step: int) -> None:
-        line = {"step": step, "rank": self.rank, "world_size": self.world_size,
-                "first_step": self.first_step, "samples": self.seen}  # fmt: skip
-        with open(self.path, "a") as f:
-            f.write(json.dumps(line) + "\n")
-        self.seen = []
-
-
-def consumed(path: Path) -> dict[int, list[list[int]]]:
-    """{step: its samples, in index order} from a ``samples.jsonl``: each step's lines of the
-    latest attempt that ran it (the greatest first_step below it), every rank's together."""
-    latest: dict[int, int] = {}
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line]
-    for r in lines:
-        latest[r["step"]] = max(latest.get(r["step"], -1), r["first_step"])
-    out: dict[int, list[list[int]]] = {}
-    for r in lines:
-        if r["first_step"] == latest[r["step"]]:
-            out.setdefault(r["step"], []).extend(r["samples"])
-    return {step: sorted(samples) for step, samples in sorted(out.items())}
-
-
 def scalars(record: dict) -> dict[str, float]:
     """The numbers of a metrics.jsonl record as ``{kind}/{key}`` scalars (what TensorBoard and
     W&B get): step, kind and time are the record's coordinates, and a null (MFU on a CPU) is
@@ -329,3 +290,23 @@ def iteration_line(step: int, total: int, rec: dict, elapsed_s: float, remaining
         f"device: {tflops} | MFU: {mfu} | {timing} | elapsed: "
         f"{hms(elapsed_s)} | remaining: {hms(remaining_s)} |"
     )
+
+
+def save_summary(saves: list[dict], mode: str) -> dict:
+    """The checkpoint saves of the series (metrics.jsonl's "save" records, every attempt):
+    how many, and the seconds each held training -- for DONE.json and the run card."""
+    blocked = sorted(r["blocked_s"] for r in saves)
+    return {
+        "mode": mode,
+        "count": len(blocked),
+        "blocked_s_median": blocked[len(blocked) // 2] if blocked else None,
+        "blocked_s_max": blocked[-1] if blocked else None,
+        "blocked_s_total": sum(blocked),
+    }
+
+
+def parallel_line(t, dp: int) -> str:
+    """` = 2 tensor x 4 data parallel` (only the model-parallel sizes in use), or nothing."""
+    sizes = [(t.tensor_parallel, "tensor"), (t.pipeline_parallel, "pipeline")]
+    used = [f"{n} {kind}" for n, kind in sizes if n > 1]
+    return f" = {' x '.join([*used, f'{dp} data'])} parallel" if used else ""

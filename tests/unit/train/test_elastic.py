@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gptflow.train.metrics import consumed
+from gptflow.train.elastic import consumed
 from tests.support.nginx import free_port
 
 from .test_train import BIN, gptflow_train, records

@@ -9,8 +9,10 @@ import json
 
 import pytest
 
-from gptflow.config.settings import ElasticConfig, TrainConfig
+from gptflow.config.elastic import ElasticConfig
+from gptflow.config.settings import TrainConfig
 from gptflow.errors import GptflowError
+from gptflow.plan.placement import check_elastic
 from gptflow.train import distributed
 from gptflow.train.checkpoint import ELASTIC_RUN_VAR, RunLock
 from gptflow.train.distributed import (
@@ -21,7 +23,7 @@ from gptflow.train.distributed import (
     torchrun_options,
     train_launcher,
 )
-from gptflow.train.metrics import SampleLog, consumed
+from gptflow.train.elastic import SampleLog, consumed
 
 ONE_TO_TWO = ElasticConfig(min_nodes=1, max_nodes=2, join_timeout_s=60, last_call_s=5)
 
@@ -34,17 +36,17 @@ def test_the_accumulation_is_recomputed_for_every_node_count_with_one_global_bat
     t = train(elastic={"min_nodes": 1, "max_nodes": 4})
     assert t.elastic == ElasticConfig(min_nodes=1, max_nodes=4)  # from run.yaml's dict
     with pytest.raises(GptflowError, match="admits 3 node"):  # 16 / (4 x 3)
-        t.elastic_accumulations(1)
-    assert train(elastic={"min_nodes": 1, "max_nodes": 2}).elastic_accumulations(1) == {1: 4, 2: 2}
-    assert train(elastic={"min_nodes": 1, "max_nodes": 2}).elastic_accumulations(2) == {1: 2, 2: 1}
-    assert train(elastic={"min_nodes": 4, "max_nodes": 4}).elastic_accumulations(1) == {4: 1}
-    assert train().elastic_accumulations(8) == {}  # not elastic
+        check_elastic(t, 1)
+    assert check_elastic(train(elastic={"min_nodes": 1, "max_nodes": 2}), 1) == {1: 4, 2: 2}
+    assert check_elastic(train(elastic={"min_nodes": 1, "max_nodes": 2}), 2) == {1: 2, 2: 1}
+    assert check_elastic(train(elastic={"min_nodes": 4, "max_nodes": 4}), 1) == {4: 1}
+    assert check_elastic(train(), 8) == {}  # not elastic
 
 
 def test_a_node_count_without_a_whole_accumulation_is_refused_in_one_line():
     t = train(elastic={"min_nodes": 2, "max_nodes": 3})
     with pytest.raises(GptflowError) as e:
-        t.elastic_accumulations(1)
+        check_elastic(t, 1)
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("train.elastic (min_nodes 2, max_nodes 3) admits 3 node(s) x 1 rank(s)")
