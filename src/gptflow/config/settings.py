@@ -19,7 +19,6 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from gptflow.config.elastic import ElasticConfig
 from gptflow.errors import GptflowError
 
 
@@ -156,6 +155,17 @@ class MuonConfig:
     momentum: float = 0.95  # Nesterov momentum of the orthogonalized matrices
     ns_method: str = "gram"  # DeepSpeed's Newton-Schulz: gram | standard
     weight_decay: float | None = None  # decoupled, on Muon's matrices; None: train.weight_decay
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Keys of ``train.elastic:`` (torchrun's ``--nnodes=MIN:MAX``); see the schema."""
+
+    min_nodes: int
+    max_nodes: int  # at least min_nodes (gptflow.plan.placement.check_elastic)
+    max_restarts: int = 3  # after failed ranks; a membership change uses none
+    join_timeout_s: int = 600  # torchrun's join_timeout
+    last_call_s: int = 30  # torchrun's last_call_timeout
 
 
 # Newton-Schulz iterations per Muon update: DeepSpeed 0.19.8 calls its muon_update without

@@ -140,15 +140,21 @@ def check_layout(train: TrainConfig, ranks: int) -> int:
 
 
 def check_elastic(train: TrainConfig, ranks_per_node: int) -> dict[int, int]:
-    """{nodes: gradient accumulation} for every node count train.elastic admits, with
+    """{nodes: gradient accumulation} for every node count train.elastic admits (min_nodes to
+    max_nodes, in that order or refused), with
     `ranks_per_node` ranks on each: the global batch is the same on each, or the first count
     it does not split on is refused in one line naming train.elastic. Empty when the run is
     not elastic."""
     elastic = train.elastic
     if elastic is None:
         return {}
+    if elastic.min_nodes > elastic.max_nodes:
+        raise GptflowError(
+            f"train.elastic.min_nodes {elastic.min_nodes} is above train.elastic.max_nodes "
+            f"{elastic.max_nodes}; swap them or lower min_nodes"
+        )
     out = {}
-    for nodes in elastic.node_counts:
+    for nodes in range(elastic.min_nodes, elastic.max_nodes + 1):
         try:
             out[nodes] = train.grad_accum_steps(nodes * ranks_per_node)
         except GptflowError as e:
