@@ -80,9 +80,14 @@ def get_local_ranks(wildcards):
     )
 
 
+def get_elastic(wildcards):
+    """The run's train.elastic (None: a fixed number of ranks)."""
+    return PLAN.runs[wildcards.run].config["train"].get("elastic")
+
+
 def get_rank_options(wildcards, resources, threads):
     """Argv words after `gptflow train --config ...`: distributed.rank_options."""
-    return rank_options(dict(resources.items()), threads)
+    return rank_options(dict(resources.items()), threads, get_elastic(wildcards))
 
 
 def get_train_launcher(wildcards, resources, threads):
@@ -90,7 +95,14 @@ def get_train_launcher(wildcards, resources, threads):
     section = PLAN.container_config if PLAN.container_config["enabled"] else None
     image = os.path.abspath(container_image_file()) if section else None
     try:
-        return train_launcher(dict(resources.items()), threads, section, image, os.getcwd())
+        return train_launcher(
+            dict(resources.items()),
+            threads,
+            section,
+            image,
+            os.getcwd(),
+            get_elastic(wildcards),
+        )
     except GptflowError as e:
         raise WorkflowError(f"gptflow config: {e}") from None
 

@@ -69,6 +69,7 @@ CHECKPOINTS = "results/runs/{run}/checkpoints"  # not a Snakemake output (DESIGN
 TRAIN_LOCK = "results/runs/{run}/train.lock"
 TRAIN_LOG = "results/runs/{run}/train.log"
 METRICS = "results/runs/{run}/metrics.jsonl"
+SAMPLES = "results/runs/{run}/samples.jsonl"  # train.log_samples: each rank's samples a step
 TENSORBOARD_DIR = "results/runs/{run}/tensorboard"
 WANDB_DIR = "results/runs/{run}/wandb"
 DONE = "results/runs/{run}/DONE.json"

@@ -51,6 +51,14 @@ def add_train_arguments(s: argparse.ArgumentParser) -> None:
         "$PBS_NODEFILE (mpiexec starts them); the ranks rendezvous at its first host",
     )
 
+    s.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --nproc-per-node and train.elastic: the c10d rendezvous every agent of the "
+        "run meets at (default: the job's first node, or 127.0.0.1 on a port of the run)",
+    )
+
 
 def cmd_train(a: argparse.Namespace) -> int:
     if a.nnodes is not None and a.nproc_per_node is None:
@@ -58,7 +66,15 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.nproc_per_node is not None:
         from gptflow.train.launch import launch
 
-        return launch(a.nproc_per_node, rank_args(a), a.nnodes)
+        elastic, run_id = elastic_of(a.config)
+        if a.rdzv_endpoint is not None and elastic is None:
+            raise GptflowError(f"--rdzv-endpoint: {a.config} sets no train.elastic")
+        if elastic is not None and a.nnodes is not None:
+            raise GptflowError(
+                f"--nnodes {a.nnodes}: {a.config} sets train.elastic, whose min_nodes and "
+                "max_nodes are the node counts; drop --nnodes"
+            )
+        return launch(a.nproc_per_node, rank_args(a), a.nnodes, elastic, run_id, a.rdzv_endpoint)
     from gptflow.train.device import leave
     from gptflow.train.main import train
 
@@ -87,6 +103,19 @@ def rank_args(a: argparse.Namespace) -> list[str]:
     if a.wait_for_lock:
         args += ["--wait-for-lock", f"{a.wait_for_lock:g}"]
     return args
+
+
+def elastic_of(config: str):
+    """(train.elastic, the run's directory) of run config `config`; (None, "") when it cannot
+    be read (its ranks then say why, each in its own words)."""
+    from pathlib import Path
+
+    from gptflow.train.run_config import RunConfig
+
+    if not Path(config).is_file():
+        return None, ""
+    cfg = RunConfig.load(config)
+    return cfg.train.elastic, str(Path(cfg.run_dir).resolve())
 
 
 def add_build_index_arguments(s: argparse.ArgumentParser) -> None:

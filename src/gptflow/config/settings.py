@@ -157,6 +157,17 @@ class MuonConfig:
     weight_decay: float | None = None  # decoupled, on Muon's matrices; None: train.weight_decay
 
 
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Keys of ``train.elastic:`` (torchrun's ``--nnodes=MIN:MAX``); see the schema."""
+
+    min_nodes: int
+    max_nodes: int  # at least min_nodes (gptflow.plan.placement.check_elastic)
+    max_restarts: int = 3  # after failed ranks; a membership change uses none
+    join_timeout_s: int = 600  # torchrun's join_timeout
+    last_call_s: int = 30  # torchrun's last_call_timeout
+
+
 # Newton-Schulz iterations per Muon update: DeepSpeed 0.19.8 calls its muon_update without
 # ns_steps wherever it runs it (ZeRO 0-3), so its default, 5, is what every layout computes.
 MUON_NS_STEPS = 5
@@ -206,8 +217,12 @@ class TrainConfig:
     kfac: KfacConfig | None = None  # K-FAC preconditioning; None = off
     optimizer: str = "adamw"  # adamw | muon (Muon on the hidden matrices, AdamW on the rest)
     muon: MuonConfig = field(default_factory=MuonConfig)
+    elastic: ElasticConfig | None = None  # torchrun --nnodes=MIN:MAX; None = fixed ranks
+    log_samples: bool = False  # each rank's sample indices per step to samples.jsonl
 
     def __post_init__(self) -> None:
+        if isinstance(self.elastic, dict):
+            object.__setattr__(self, "elastic", ElasticConfig(**self.elastic))
         if isinstance(self.wandb, dict):  # from the config or run.yaml
             object.__setattr__(self, "wandb", WandbConfig(**self.wandb))
         if isinstance(self.kfac, dict):

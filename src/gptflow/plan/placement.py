@@ -139,6 +139,33 @@ def check_layout(train: TrainConfig, ranks: int) -> int:
     return train.grad_accum_steps(ranks)
 
 
+def check_elastic(train: TrainConfig, ranks_per_node: int) -> dict[int, int]:
+    """{nodes: gradient accumulation} for every node count train.elastic admits (min_nodes to
+    max_nodes, in that order or refused), with
+    `ranks_per_node` ranks on each: the global batch is the same on each, or the first count
+    it does not split on is refused in one line naming train.elastic. Empty when the run is
+    not elastic."""
+    elastic = train.elastic
+    if elastic is None:
+        return {}
+    if elastic.min_nodes > elastic.max_nodes:
+        raise GptflowError(
+            f"train.elastic.min_nodes {elastic.min_nodes} is above train.elastic.max_nodes "
+            f"{elastic.max_nodes}; swap them or lower min_nodes"
+        )
+    out = {}
+    for nodes in range(elastic.min_nodes, elastic.max_nodes + 1):
+        try:
+            out[nodes] = train.grad_accum_steps(nodes * ranks_per_node)
+        except GptflowError as e:
+            raise GptflowError(
+                f"train.elastic (min_nodes {elastic.min_nodes}, max_nodes {elastic.max_nodes}) "
+                f"admits {nodes} node(s) x {ranks_per_node} rank(s), where the global batch "
+                f"does not split: {e}; or narrow train.elastic to node counts it splits on"
+            ) from None
+    return out
+
+
 def check_launch(p: Placement) -> list[str]:
     """How the profile launches training, refused where the Slurm plugin or srun would refuse
     it after the queue; returns warnings (not errors)."""

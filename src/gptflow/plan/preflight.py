@@ -42,6 +42,7 @@ from gptflow.plan.host_memory import check_saves, snapshot_fit
 from gptflow.plan.muon import check_traffic
 from gptflow.plan.placement import (
     Placement,
+    check_elastic,
     check_launch,
     check_layout,
     placeholder_message,
@@ -119,6 +120,7 @@ def run(
     launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
     ranks = p.ranks
     gas = check_layout(train, ranks)
+    elastic = check_elastic(train, p.ranks_per_node)  # every node count it admits
     planned_train(train, p)  # auto decided as the trainer will, and refused as it would be
     rep = Report(placement=asdict(p))
     if found := placeholders(p):
@@ -138,6 +140,8 @@ def run(
         f"batch {train.global_batch_size}; {m.num_parameters():,} parameters (vocabulary "
         f"{vocab:,}: {run.vocab_source})"
     )
+    if elastic:
+        rep.lines.append(elastic_line(elastic, p.ranks_per_node, train))
     rep.lines += memory_lines(rep, m, train, ranks, p, run.config, harness_work)
     for rule, n in sorted((profile_threads or {}).items()):
         given = (config_threads or {}).get(rule)
@@ -165,6 +169,18 @@ def run(
     return rep
 
 
+def elastic_line(accumulations: dict[int, int], ranks_per_node: int, train) -> str:
+    """The elastic range at -n: each node count's gradient accumulation, one global batch."""
+    each = ", ".join(
+        f"{n} node(s): grad accum {gas} x {train.data_parallel_size(n * ranks_per_node)} dp"
+        for n, gas in accumulations.items()
+    )
+    return (
+        f"  train_gpt elastic ({ranks_per_node} rank(s) per node): {each}; global batch "
+        f"{train.global_batch_size} and sample order kept across restarts"
+    )
+
+
 def study(
     runs: dict[str, RunPlan],
     p: Placement,
@@ -182,6 +198,7 @@ def study(
         train, m = run.train, run.model
         try:
             gas = check_layout(train, p.ranks)
+            check_elastic(train, p.ranks_per_node)
             planned_train(train, p)
             fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
             if fit is not None:

@@ -394,6 +394,11 @@ def _slurm_job_running(job_id: str) -> bool | None:
     return out.stdout.strip() in {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "CONFIGURING"}
 
 
+# Set by an elastic launch (gptflow.train.launch) for its ranks: the rendezvous its agents meet
+# at (gptflow.train.distributed.elastic_run). A run lock taken under the same value by another
+# process is an earlier round's: the agents stop every rank before they meet again.
+ELASTIC_RUN_VAR = "GPTFLOW_ELASTIC_RUN"
+
 # How long a new trainer waits for a live one of the same run (`gptflow train --wait-for-lock`):
 # well below a training job's time limit, so a job never spends its allocation waiting.
 LOCK_WAIT_S = 30 * 60
@@ -424,6 +429,7 @@ class RunLock:
             "proc_start": _proc_start(pid),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_restart_count": _restart_count(),
+            "elastic_run": os.environ.get(ELASTIC_RUN_VAR),
             "started": time.time(),
         }
 
@@ -441,6 +447,16 @@ class RunLock:
         if not info:
             age = time.time() - self.path.stat().st_mtime
             return "unreadable lock file" if age > 10 else None
+        elastic = os.environ.get(ELASTIC_RUN_VAR)
+        holder = (info.get("host"), info.get("pid"))
+        if (
+            elastic
+            and info.get("elastic_run") == elastic
+            and holder != (socket.gethostname(), os.getpid())
+        ):
+            # an elastic run's agents stop every rank before they meet again: the holder is
+            # an earlier round's rank 0, on a node that may be gone (its job still running)
+            return f"the lock is an earlier round's of elastic run {elastic} ({holder[0]})"
         job = info.get("slurm_job_id")
         # A requeued job keeps its id: squeue shows it running -- as this very process. Its
         # earlier run (a lower restart count) is what wrote the lock, and is over.

@@ -9,6 +9,7 @@ a plain ``python`` sets neither. :func:`resolve` turns any of the three into one
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -144,17 +145,20 @@ def srun_command(
     tasks: int | None = None,
     cpus_per_task: int | None = None,
     container_options: list[str] | None = None,
+    kill_on_bad_exit: bool = True,
 ) -> list[str]:
     """The launcher prefix (argv words) of the training command inside a Slurm job: one task
     per GPU.
 
     Snakemake's Slurm jobstep strips ``SLURM_NTASKS``, ``SLURM_CPUS_PER_TASK`` and the like
     from the batch step (and runs an ``mpi`` rule without its own srun), so every count is
-    given explicitly. Empty when `mpi` is empty (one machine: a single process).
+    given explicitly. Empty when `mpi` is empty (one machine: a single process). Without
+    `kill_on_bad_exit` (an elastic run's one agent per node) a failed task leaves the others
+    running.
     """
     if not mpi:
         return []
-    args = [mpi, "--kill-on-bad-exit=1"]
+    args = [mpi, f"--kill-on-bad-exit={int(kill_on_bad_exit)}"]
     if tasks_per_node:
         args += [f"--nodes={nodes or 1}", f"--ntasks-per-node={tasks_per_node}"]
     elif tasks:
@@ -265,16 +269,100 @@ def node_rendezvous(nnodes: int, env: dict | None = None) -> list[str]:
     ]  # fmt: skip
 
 
+def run_port(run_id: str) -> int:
+    """The rendezvous port of an elastic run on one machine: the same for every agent of the
+    run (a hash of `run_id`, its directory), in the range of :func:`job_port`."""
+    digest = int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
+    return JOB_PORT_BASE + digest % JOB_PORT_SPAN
+
+
+def elastic_rendezvous(
+    elastic, run_id: str, endpoint: str | None = None, env: dict | None = None
+) -> list[str]:
+    """torchrun's options of an elastic launch (`elastic`: train.elastic, an ElasticConfig):
+    ``--nnodes=MIN:MAX`` and a c10d rendezvous whose store the agent on the endpoint's host
+    keeps. The endpoint is `endpoint` when given (``gptflow train --rdzv-endpoint``); in a PBS
+    job the first host of ``$PBS_NODEFILE``, in a Slurm job the first node of the
+    allocation, each on its job's port (:func:`pbs_job_port`, :func:`job_port`) and with the
+    job id as the rendezvous id; else this machine's loopback on :func:`run_port`, the
+    rendezvous id `run_id`'s last part (the agents of one run on one machine find each
+    other, those of two runs do not)."""
+    env = dict(os.environ if env is None else env)
+    rdzv_id = Path(run_id).name or "gptflow"
+    if env.get("PBS_NODEFILE"):
+        job = env.get("PBS_JOBID", "")
+        default = f"{nodefile_hosts(env['PBS_NODEFILE'])[0]}:{pbs_job_port(job)}"
+        rdzv_id = job or rdzv_id
+    elif env.get("SLURM_JOB_NODELIST") and env.get("SLURM_JOB_ID"):
+        job = _int(env, "SLURM_JOB_ID")
+        default = f"{first_host(env['SLURM_JOB_NODELIST'])}:{job_port(job)}"
+        rdzv_id = str(job)
+    else:
+        default = f"127.0.0.1:{run_port(run_id)}"
+    conf = f"join_timeout={elastic.join_timeout_s},last_call_timeout={elastic.last_call_s}"
+    return [
+        f"--nnodes={elastic.min_nodes}:{elastic.max_nodes}", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint or default}", f"--rdzv-id={rdzv_id}", f"--rdzv-conf={conf}",
+    ]  # fmt: skip
+
+
+# The environment of an elastic launch's agents. torch 2.13's c10d rendezvous shares one TCP
+# store between rounds and publishes its address (MASTER_ADDR) into a round's keys only when
+# the node first becomes rank 0: when a node joins a running run and the earlier rank 0 stays
+# rank 0, the newcomer waits for that key until its 60 s store timeout and both agents fail
+# (seen here growing 1 -> 2). Opting out of the sharing publishes it every round.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def elastic_run(options: list[str]) -> str:
+    """Which elastic run a launch with torchrun `options` is: its rendezvous endpoint and id
+    (gptflow.train.checkpoint.ELASTIC_RUN_VAR, which the run lock reads)."""
+    return " ".join(o for o in options if o.startswith(("--rdzv-endpoint=", "--rdzv-id=")))
+
+
+def torchrun_options(
+    nproc_per_node: int,
+    nnodes: int | None = None,
+    elastic=None,
+    run_id: str = "gptflow",
+    endpoint: str | None = None,
+    env: dict | None = None,
+) -> list[str]:
+    """Every torchrun option of ``gptflow train --nproc-per-node`` (gptflow.train.launch), in
+    one place: the rendezvous -- ``--standalone`` on one machine, :func:`node_rendezvous` on
+    the `nnodes` nodes of a PBS job, :func:`elastic_rendezvous` with train.elastic (`elastic`)
+    -- the ranks per node, and the restarts: none for a fixed size (a failure is the
+    workflow's retry to resume), train.elastic.max_restarts when elastic (torchrun restarts
+    the ranks after a failure and after every change of membership, which uses none).
+    SIGINT, SIGHUP and SIGQUIT stay with the agent; SIGUSR1/SIGTERM are the launch's own."""
+    if elastic is not None:
+        rendezvous, restarts = (
+            elastic_rendezvous(elastic, run_id, endpoint, env),
+            elastic.max_restarts,
+        )
+    elif nnodes is None:
+        rendezvous, restarts = ["--standalone"], 0
+    else:
+        rendezvous, restarts = node_rendezvous(nnodes, env), 0
+    return [
+        *rendezvous, f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}",
+        "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
+    ]  # fmt: skip
+
+
 def train_launcher(
     resources: dict,
     threads: int,
     container: dict | None = None,
     image: str | None = None,
     workdir: str = ".",
+    elastic: object = None,
 ) -> list[str]:
     """Argv words before ``gptflow train`` in the train_gpt rule, from the job's `resources`
     (``mpi``, ``nodes``, ``tasks_per_node``, ``tasks``, ``cpus_per_task``: see :func:`_count`;
-    ``socket_ifname``) and `threads`: nothing on one machine; under the Slurm profile (``mpi:
+    ``socket_ifname``) and `threads`: nothing on one machine; with `elastic` (train.elastic
+    set) under srun one task per node, each an agent starting the node's ranks
+    (:func:`rank_options`), a failed one not killing the others; under the Slurm profile (``mpi:
     srun``) the srun that starts one training task per GPU, each with the rule's threads as
     its CPUs unless ``cpus_per_task`` says otherwise; under the PBS profile (``mpi:
     mpiexec``) :func:`per_node_command`. With `container` (the config's
@@ -294,12 +382,20 @@ def train_launcher(
         )
     if per_node:
         return per_node_command(mpi, _count(resources, "nodes")) + prefix + interface_env(resources)
+    cpus = _count(resources, "cpus_per_task") or threads
+    if elastic and mpi:
+        per_node = _count(resources, "tasks_per_node") or 1
+        launcher = srun_command(
+            mpi, nodes=_count(resources, "nodes") or 1, tasks_per_node=1,
+            cpus_per_task=cpus * per_node, container_options=pyxis, kill_on_bad_exit=False,
+        )  # fmt: skip
+        return launcher + prefix + interface_env(resources)
     launcher = srun_command(
         mpi,
         nodes=_count(resources, "nodes"),
         tasks_per_node=_count(resources, "tasks_per_node"),
         tasks=_count(resources, "tasks"),
-        cpus_per_task=_count(resources, "cpus_per_task") or threads,
+        cpus_per_task=cpus,
         container_options=pyxis,
     )
     return launcher + prefix + interface_env(resources)
@@ -323,7 +419,7 @@ def local_ranks(nproc_per_node: object = None, gpus: int = 0) -> int:
     return nproc_per_node if counted and nproc_per_node > 0 else max(1, gpus)
 
 
-def rank_options(resources: dict, threads: int) -> list[str]:
+def rank_options(resources: dict, threads: int, elastic: object = None) -> list[str]:
     """Argv words after ``gptflow train --config RUN.yaml`` in the train_gpt rule: on one
     machine (no ``mpi``) with ``nproc_per_node`` N > 1, ``--nproc-per-node N`` (the elastic
     launcher of gptflow.train.launch starts the N ranks and keeps their exit code 75) and the
@@ -331,8 +427,18 @@ def rank_options(resources: dict, threads: int) -> list[str]:
     (:func:`launches_per_node`) ``--nproc-per-node tasks_per_node --nnodes nodes`` and
     `threads` per rank (every node's launcher starts its ranks, rendezvous from
     ``$PBS_NODEFILE``: :func:`node_rendezvous`); otherwise ``--threads`` `threads` (under srun
-    each task's own CPUs: :func:`train_launcher`)."""
+    each task's own CPUs: :func:`train_launcher`). With `elastic` (train.elastic set) every
+    launch is a torchrun agent, ``--nproc-per-node`` even for one rank, and its node count is
+    the config's (no ``--nnodes``): under srun one agent per node starts tasks_per_node
+    ranks."""
     mpi = str(resources.get("mpi") or "")
+    if elastic:
+        if mpi:
+            per_node = _count(resources, "tasks_per_node") or 1
+        else:
+            per_node = local_ranks(resources.get("nproc_per_node"))
+        share = threads if mpi else max(1, threads // per_node)  # per rank on a cluster
+        return ["--nproc-per-node", str(per_node), "--threads", str(share)]
     if launches_per_node(mpi):
         nodes, per_node = _count(resources, "nodes") or 1, _count(resources, "tasks_per_node") or 1
         return ["--nproc-per-node", str(per_node), "--nnodes", str(nodes),

@@ -22,6 +22,7 @@ import signal
 
 from gptflow.errors import GptflowError
 from gptflow.train import distributed
+from gptflow.train.checkpoint import ELASTIC_RUN_VAR
 from gptflow.train.loop import EXIT_PREEMPTED
 
 log = logging.getLogger("gptflow.train")
@@ -29,16 +30,27 @@ log = logging.getLogger("gptflow.train")
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
 
 
-def launch(nproc_per_node: int, worker_args: list[str], nnodes: int | None = None) -> int:
+def launch(
+    nproc_per_node: int,
+    worker_args: list[str],
+    nnodes: int | None = None,
+    elastic=None,
+    run_id: str = "gptflow",
+    endpoint: str | None = None,
+) -> int:
     """Run ``gptflow <worker_args>`` as `nproc_per_node` ranks (rendezvous on this host, no
     restarts); returns the exit code, 75 when every rank saved after a signal or at the exit
     interval. With `nnodes` (a PBS job: one launch per node, started by mpiexec), the ranks
     of all nodes rendezvous at the first host of ``$PBS_NODEFILE``
-    (gptflow.train.distributed.node_rendezvous)."""
+    (gptflow.train.distributed.node_rendezvous). With `elastic` (the run's train.elastic) this
+    is one of min_nodes to max_nodes agents of run `run_id` (one per node; under srun, one
+    task per node), meeting at `endpoint` or their job's first node
+    (gptflow.train.distributed.elastic_rendezvous); a change of membership restarts the ranks,
+    which resume from the latest checkpoint on the new number of ranks."""
     if nproc_per_node < 1:
         raise GptflowError(f"--nproc-per-node {nproc_per_node}: expected 1 or more ranks")
     env = distributed.resolve()
-    if env.launcher != "single":
+    if env.launcher != "single" and not (elastic is not None and env.launcher == "slurm"):
         raise GptflowError(
             f"--nproc-per-node {nproc_per_node}: this process is already rank {env.rank} of "
             f"{env.world_size} (started by {env.launcher}); drop --nproc-per-node, the "
@@ -47,13 +59,11 @@ def launch(nproc_per_node: int, worker_args: list[str], nnodes: int | None = Non
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    rendezvous = ["--standalone"] if nnodes is None else distributed.node_rendezvous(nnodes)
-    args = parse_args(
-        [
-            *rendezvous, f"--nproc-per-node={nproc_per_node}", "--max-restarts=0",
-            "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT", "--module", "gptflow", *worker_args,
-        ]
-    )  # fmt: skip
+    options = distributed.torchrun_options(nproc_per_node, nnodes, elastic, run_id, endpoint)
+    if elastic is not None:
+        os.environ.update(distributed.ELASTIC_ENV)
+        os.environ[ELASTIC_RUN_VAR] = distributed.elastic_run(options)
+    args = parse_args([*options, "--module", "gptflow", *worker_args])
     logging.getLogger("torch.distributed").setLevel(logging.WARNING)
     previous = {sig: signal.signal(sig, _forward) for sig in FORWARDED}
     try:

@@ -41,8 +41,17 @@ from gptflow.train import distributed
 from gptflow.train import engine as ds
 from gptflow.train.checkpoint import CheckpointSeries, checkpoint_digest, resume_mode, tag_for
 from gptflow.train.device import Device
+from gptflow.train.elastic import SampleLog, resize_line, resize_record
 from gptflow.train.kfac import Kfac
-from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
+from gptflow.train.metrics import (
+    Interval,
+    MetricsLog,
+    Throughput,
+    WandbRun,
+    iteration_line,
+    parallel_line,
+    save_summary,
+)
 from gptflow.train.model_parallel import use_split_region_rng
 from gptflow.train.run_config import RunConfig
 from gptflow.train.saves import Saves
@@ -75,6 +84,7 @@ class Trainer:
     resume_mode: str  # how it loads: "native", or "universal" (saved in another layout)
     saves: Saves  # synchronous, or in the background (train.async_save)
     metrics: MetricsLog | None = None  # rank 0
+    sample_log: SampleLog | None = None  # train.log_samples
     kfac: Kfac | None = None  # train.kfac's preconditioner
 
 
@@ -272,7 +282,7 @@ def layout(tr: Trainer) -> dict:
 def resume(tr: Trainer) -> Progress:
     """Load the newest complete checkpoint of the series, if any; open metrics.jsonl."""
     t, cfg = tr.cfg.train, tr.cfg
-    step, saved_interval = 0, None
+    step, saved_interval, resized = 0, None, None
     resumed_from = tr.resume_from
     if resumed_from is not None:
         path = tr.series.dir / tag_for(resumed_from)
@@ -293,6 +303,10 @@ def resume(tr: Trainer) -> Progress:
         step, saved_interval = int(client["step"]), client.get("interval")
         if tr.kfac is not None:
             tr.kfac.load_state_dict(client.get("kfac"), str(path))
+        saved = tr.series.saved_layout(resumed_from) or {}  # another number of ranks: say so
+        resized = resize_record(t, saved, client, tr.dev.world_size, tr.gas, tr.resume_mode)
+    if t.log_samples:
+        tr.sample_log = SampleLog(cfg.samples_path, tr.rank, tr.dev.world_size, step)
     if tr.rank == 0:
         # a fresh start (no complete checkpoint, e.g. killed in its first save) keeps nothing
         kept = step if resumed_from is not None else -1
@@ -300,6 +314,9 @@ def resume(tr: Trainer) -> Progress:
         wb = WandbRun(cfg) if t.wandb.enabled else None
         tr.metrics = MetricsLog(cfg.metrics_path, cfg.series, tr.series.dir, kept, tb_dir, wb)
         log_start(tr, step, resumed_from is not None)
+        if resized is not None:
+            log.info(resize_line(resized))
+            tr.metrics.write(resized)
     return Progress(step=step, interval=Interval(tr.dev, saved_interval), first_step=step)
 
 
@@ -333,13 +350,6 @@ def log_start(tr: Trainer, step: int, resumed: bool) -> None:
     )
 
 
-def parallel_line(t, dp: int) -> str:
-    """` = 2 tensor x 4 data parallel` (only the model-parallel sizes in use), or nothing."""
-    sizes = [(t.tensor_parallel, "tensor"), (t.pipeline_parallel, "pipeline")]
-    used = [f"{n} {kind}" for n, kind in sizes if n > 1]
-    return f" = {' x '.join([*used, f'{dp} data'])} parallel" if used else ""
-
-
 # ----------------------------------------------------------------------------- one step
 
 
@@ -352,9 +362,14 @@ def reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) ->
     torch.manual_seed(seed * 1_000_003 + (step * gas + micro) * world + rank)
 
 
-def batch(dataset, start: int, count: int, dev: Device) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = torch.from_numpy(np.stack([dataset[i] for i in range(start, start + count)]))
-    rows = dev.put(rows)  # (B, T+1)
+def batch(
+    dataset, start: int, count: int, dev: Device, seen: SampleLog | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples [start, start + count) as (inputs, labels) on the device, noted in `seen`."""
+    rows = np.stack([dataset[i] for i in range(start, start + count)])
+    if seen is not None:
+        seen.add(start, rows)
+    rows = dev.put(torch.from_numpy(rows))  # (B, T+1)
     return rows[:, :-1], rows[:, 1:]
 
 
@@ -377,6 +392,8 @@ def timed_step(tr: Trainer, prog: Progress) -> None:
     """:func:`train_step`; the attempt's first step is warm-up, left out of the throughput."""
     started = time.perf_counter()
     train_step(tr, prog)
+    if tr.sample_log is not None:  # train.log_samples: this rank's samples of the step
+        tr.sample_log.write(prog.step)
     if prog.step == prog.first_step + 1:
         prog.interval.leave_out(time.perf_counter() - started, WARM_UP, steps=1)
 
@@ -396,7 +413,7 @@ def train_step(tr: Trainer, prog: Progress) -> None:
     for micro in range(tr.gas):
         reseed(t.seed, prog.step, micro, rank, world, tr.gas)
         start = micro_batch_start(t, prog.step, micro, rank, world)
-        x, y = batch(tr.train_data, start, t.micro_batch_size, tr.dev)
+        x, y = batch(tr.train_data, start, t.micro_batch_size, tr.dev, tr.sample_log)
         loss = tr.engine(x, y)
         tr.engine.backward(loss)
         if micro == tr.gas - 1:
@@ -425,10 +442,8 @@ def pipeline_step(tr: Trainer, prog: Progress) -> None:
     world = t.data_parallel_size(tr.dev.world_size)
     reseed(t.seed, prog.step, 0, rank, world, tr.gas)
     size = t.micro_batch_size
-    micro_batches = (
-        batch(tr.train_data, micro_batch_start(t, prog.step, m, rank, world), size, tr.dev)
-        for m in range(tr.gas)
-    )
+    starts = [micro_batch_start(t, prog.step, m, rank, world) for m in range(tr.gas)]
+    micro_batches = (batch(tr.train_data, s, size, tr.dev, tr.sample_log) for s in starts)
     prog.lr = tr.engine.get_lr()[0]
     loss = tr.engine.train_batch(data_iter=micro_batches)
     prog.step += 1
@@ -582,6 +597,7 @@ def save(tr: Trainer, prog: Progress) -> None:
         "consumed_samples": prog.step * t.global_batch_size,
         "fingerprint": tr.cfg.fingerprint(),
         "layout": layout(tr),
+        "grad_accum": tr.gas,  # what a resume on another number of ranks recomputes
         "interval": prog.interval.state(),
         **({"kfac": tr.kfac.state_dict()} if tr.kfac is not None else {}),
     }
@@ -640,19 +656,6 @@ def requeue_or_retry(tr: Trainer, step: int, reason: str) -> None:
         step,
         EXIT_PREEMPTED,
     )
-
-
-def save_summary(saves: list[dict], mode: str) -> dict:
-    """The checkpoint saves of the series (metrics.jsonl's "save" records, every attempt):
-    how many, and the seconds each held training -- for DONE.json and the run card."""
-    blocked = sorted(r["blocked_s"] for r in saves)
-    return {
-        "mode": mode,
-        "count": len(blocked),
-        "blocked_s_median": blocked[len(blocked) // 2] if blocked else None,
-        "blocked_s_max": blocked[-1] if blocked else None,
-        "blocked_s_total": sum(blocked),
-    }
 
 
 def finish(tr: Trainer, step: int) -> None:

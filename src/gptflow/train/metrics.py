@@ -290,3 +290,23 @@ def iteration_line(step: int, total: int, rec: dict, elapsed_s: float, remaining
         f"device: {tflops} | MFU: {mfu} | {timing} | elapsed: "
         f"{hms(elapsed_s)} | remaining: {hms(remaining_s)} |"
     )
+
+
+def save_summary(saves: list[dict], mode: str) -> dict:
+    """The checkpoint saves of the series (metrics.jsonl's "save" records, every attempt):
+    how many, and the seconds each held training -- for DONE.json and the run card."""
+    blocked = sorted(r["blocked_s"] for r in saves)
+    return {
+        "mode": mode,
+        "count": len(blocked),
+        "blocked_s_median": blocked[len(blocked) // 2] if blocked else None,
+        "blocked_s_max": blocked[-1] if blocked else None,
+        "blocked_s_total": sum(blocked),
+    }
+
+
+def parallel_line(t, dp: int) -> str:
+    """` = 2 tensor x 4 data parallel` (only the model-parallel sizes in use), or nothing."""
+    sizes = [(t.tensor_parallel, "tensor"), (t.pipeline_parallel, "pipeline")]
+    used = [f"{n} {kind}" for n, kind in sizes if n > 1]
+    return f" = {' x '.join([*used, f'{dp} data'])} parallel" if used else ""

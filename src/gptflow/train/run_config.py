@@ -103,6 +103,10 @@ class RunConfig:
         return paths.in_run_dir(paths.METRICS, self.run_dir)
 
     @property
+    def samples_path(self) -> Path:
+        return paths.in_run_dir(paths.SAMPLES, self.run_dir)
+
+    @property
     def done_path(self) -> Path:
         return paths.in_run_dir(paths.DONE, self.run_dir)
 

@@ -230,7 +230,7 @@ def test_null_mfu_everywhere_is_said_not_plotted_and_null_grad_norms_are_left_ou
 def test_run_card_shows_how_long_checkpoint_saves_held_training(tmp_path, monkeypatch):
     """DONE.json's save summary (train.async_save) is a table under the run's; a DONE.json
     from before it shows none."""
-    from gptflow.train.loop import save_summary
+    from gptflow.train.metrics import save_summary
 
     monkeypatch.chdir(tmp_path)
     saves = [

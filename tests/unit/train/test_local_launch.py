@@ -109,13 +109,14 @@ def test_exit_code_of_failed_ranks():
 
 
 def test_the_ranks_get_every_train_option_but_nproc_per_node():
-    """... and --nnodes: both are the launcher's (the ranks run inside it)."""
+    """... and --nnodes and --rdzv-endpoint: they are the launcher's (the ranks run inside it)."""
     argv = ["train", "--config", "r.yaml", "--threads", "3", "--exit-interval", "7",
-            "--wait-for-lock", "12", "--nproc-per-node", "2", "--nnodes", "1"]  # fmt: skip
+            "--wait-for-lock", "12", "--nproc-per-node", "2", "--nnodes", "1",
+            "--rdzv-endpoint", "h:1"]  # fmt: skip
     a = build_parser().parse_args(argv)
-    assert rank_args(a) == argv[:-4]
+    assert rank_args(a) == argv[:-6]
     ranks = build_parser().parse_args(rank_args(a))
-    assert ranks.nproc_per_node is None and ranks.nnodes is None
+    assert ranks.nproc_per_node is None and ranks.nnodes is None and ranks.rdzv_endpoint is None
     # an option added to `train` later must be passed on too
     (train,) = [
         parser
