@@ -166,6 +166,7 @@ class ElasticConfig:
     max_restarts: int = 3  # after failed ranks; a membership change uses none
     join_timeout_s: int = 600  # torchrun's join_timeout
     last_call_s: int = 30  # torchrun's last_call_timeout
+    keep_alive_s: int = 5  # c10d's keep_alive_interval: a node silent 3 of them is lost
 
 
 # Newton-Schulz iterations per Muon update: DeepSpeed 0.19.8 calls its muon_update without

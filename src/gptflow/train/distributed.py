@@ -299,7 +299,10 @@ def elastic_rendezvous(
         rdzv_id = str(job)
     else:
         default = f"127.0.0.1:{run_port(run_id)}"
-    conf = f"join_timeout={elastic.join_timeout_s},last_call_timeout={elastic.last_call_s}"
+    conf = (
+        f"join_timeout={elastic.join_timeout_s},last_call_timeout={elastic.last_call_s},"
+        f"keep_alive_interval={elastic.keep_alive_s}"
+    )
     return [
         f"--nnodes={elastic.min_nodes}:{elastic.max_nodes}", "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint or default}", f"--rdzv-id={rdzv_id}", f"--rdzv-conf={conf}",

@@ -28,12 +28,10 @@ from .test_train import BIN, gptflow_train, records
 # all-reduce and one rank's two micro-batches add the same two numbers); the docs promise 1e-4
 # (more ranks or lower precision change the reduction order's last bits).
 LOSS_TOLERANCE = 1e-4
-ELASTIC = {"min_nodes": 1, "max_nodes": 2, "join_timeout_s": 120, "last_call_s": 3}
+# keep_alive_s 1: the killed agent is declared lost after 3 s, not torch's 15
+ELASTIC = {"min_nodes": 1, "max_nodes": 2, "join_timeout_s": 120, "last_call_s": 3,
+           "keep_alive_s": 1}  # fmt: skip
 STEPS = 10
-# Growing needs a run still training when the second agent has started (~5 s to import torch
-# and join; measured: 62 steps after the second agent started): 150 steps at ~50-100 ms
-# a step here
-GROWING_STEPS = 150
 SETTINGS = dict(
     train_iters=STEPS, log_interval=1, eval_iters=0, save_interval=2, keep_last=2,
     global_batch_size=8, micro_batch_size=4, log_samples=True, elastic=ELASTIC,
@@ -151,19 +149,31 @@ def test_a_lost_agent_leaves_the_run_on_one_rank_with_the_same_batch_and_samples
     assert_same_trajectory(run_dir, straight(zero))
 
 
+def ranks_of(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The agent's training ranks (`python -u -m gptflow train`, its children)."""
+    return [p for p in psutil.Process(proc.pid).children(recursive=True) if "-u" in p.cmdline()]
+
+
 def test_a_second_agent_grows_the_run_to_two_ranks(make_run, straight, tmp_path):
     """One agent trains alone (grad accum 2); a second joins: torchrun stops the rank (it
     saves on the SIGTERM and exits 75), both agents meet again, and the run continues at
-    two ranks (grad accum 1) from that checkpoint, the samples and losses the one-rank run's."""
-    run_dir = make_run("growing", zero_stage=0, **{**SETTINGS, "train_iters": GROWING_STEPS})
+    two ranks (grad accum 1) from that checkpoint, the samples and losses the one-rank run's.
+    The lone rank is frozen (SIGSTOP) after step 2 until its agent sends the SIGTERM, so
+    the second agent joins mid-run however long it takes to start (no race with the end)."""
+    run_dir = make_run("growing", zero_stage=0, **SETTINGS)
     endpoint = f"127.0.0.1:{free_port()}"
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     first = agent(run_dir, endpoint, logs[0])
     procs = [first]
     try:
         wait_until(lambda: any(r["step"] >= 2 for r in train_records(run_dir)), procs, logs[:1])
+        frozen = ranks_of(first)
+        assert len(frozen) == 1, [p.cmdline() for p in frozen]
+        frozen[0].suspend()
         second = agent(run_dir, endpoint, logs[1])
         procs.append(second)
+        wait_until(lambda: "closing signal SIGTERM" in logs[0].read_text(), procs, logs)
+        frozen[0].resume()  # it takes the SIGTERM: saves the step it is in, exits 75
         first.wait(timeout=600)
         second.wait(timeout=600)
     finally:
@@ -175,5 +185,5 @@ def test_a_second_agent_grows_the_run_to_two_ranks(make_run, straight, tmp_path)
     assert (resize["previous_world_size"], resize["world_size"]) == (1, 2)
     assert (resize["previous_grad_accum"], resize["grad_accum"]) == (2, 1)
     assert {r["world_size"] for r in train_records(run_dir) if r["step"] > resize["step"]} == {2}
-    assert resize["step"] < GROWING_STEPS - 10, "the second agent joined too late to matter"
-    assert_same_trajectory(run_dir, straight(0, GROWING_STEPS), GROWING_STEPS)
+    assert resize["step"] < STEPS - 5, "the second agent joined too late to matter"
+    assert_same_trajectory(run_dir, straight(0))

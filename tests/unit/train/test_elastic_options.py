@@ -71,7 +71,8 @@ def test_the_schema_refuses_what_the_dataclass_would_not_see(repo, tiny_config):
 
     cfg = load({"min_nodes": 1, "max_nodes": 2})
     assert cfg["train"]["elastic"] == {"min_nodes": 1, "max_nodes": 2, "max_restarts": 3,
-                                       "join_timeout_s": 600, "last_call_s": 30}  # fmt: skip
+                                       "join_timeout_s": 600, "last_call_s": 30,
+                                       "keep_alive_s": 5}  # fmt: skip
     assert load(None)["train"]["elastic"] is None
     for bad, key in [({"min_nodes": 0, "max_nodes": 2}, "min_nodes"),
                      ({"min_nodes": 1, "max_node": 2}, "max_node"),
@@ -86,7 +87,7 @@ def test_local_elastic_options_meet_on_loopback_at_a_port_of_the_run():
     port = run_port("/x/results/runs/tiny")
     assert opts == [
         "--nnodes=1:2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-id=tiny", "--rdzv-conf=join_timeout=60,last_call_timeout=5",
+        "--rdzv-id=tiny", "--rdzv-conf=join_timeout=60,last_call_timeout=5,keep_alive_interval=5",
         "--nproc-per-node=2", "--max-restarts=3", "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
     ]  # fmt: skip
     assert run_port("/y/results/runs/tiny") != port  # two runs' agents do not meet
