@@ -135,13 +135,14 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 def plotted_points(svg) -> list[list[tuple[float, float]]]:
     """The points of each data line of a matplotlib SVG, in plot order, in pixels: the markers
-    (<use x= y=>) of the line2d groups directly inside the axes (the tick and legend lines sit
-    deeper, in xtick_N / legend_1 groups)."""
+    (<use x= y=>) of the line2d groups directly inside the axes, or of a series' group named
+    FIGURE:SERIES (gptflow.results.figures.series_id; the tick and legend lines sit deeper, in
+    xtick_N / legend_1 groups)."""
     axes = ET.parse(svg).getroot().find(f".//{SVG}g[@id='axes_1']")
     return [
         [(float(u.get("x")), float(u.get("y"))) for u in g.iter(f"{SVG}use")]
         for g in axes.findall(f"{SVG}g")
-        if g.get("id", "").startswith("line2d_")
+        if g.get("id", "").startswith("line2d_") or ":" in g.get("id", "")
     ]
 
 
