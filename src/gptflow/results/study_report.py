@@ -10,6 +10,10 @@ made (two sizes, one token budget) is said on the page in place of its numbers, 
 any shape renders. Every run keeps one colour and marker (gptflow.results.figures) in every
 figure and table of the page, in the page's order. Everything is escaped: run names never
 reach the HTML unescaped.
+
+Over 500 lines: one page -- the runs read, the fits attempted, the figures, the tables of runs,
+fits, optimizers and ablations -- as short functions that :func:`study_report` puts together;
+split, the page would be read from several modules.
 """
 
 from __future__ import annotations
