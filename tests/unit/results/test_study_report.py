@@ -506,10 +506,12 @@ def test_the_ablation_funnel_is_each_recipes_manifest_counts(tmp_path):
                   if g.get("id", "").startswith(f"study-funnel-{key}:")}  # fmt: skip
         assert list(groups) == list(RECIPES)
         pairs = []
-        for name, g in groups.items():
+        width = 0.8 / len(RECIPES)  # the recipes' bars side by side at each step
+        for j, (name, g) in enumerate(groups.items()):
             points = [(float(u.get("x")), float(u.get("y"))) for u in g.iter(f"{SVG}use")]
             assert len(points) == len(want[name]), (key, name, points)
-            pairs += [((i, n * scale), p) for i, (n, p) in enumerate(zip(want[name], points))]
+            x = [i - 0.4 + width * (j + 0.5) for i in range(len(points))]
+            pairs += [((x[i], n * scale), p) for i, (n, p) in enumerate(zip(want[name], points))]
             assert styles[name].color in "".join(e.get("style", "") for e in g.iter()), name
         assert_affine([(w[0], p[0]) for w, p in pairs], f"{key} x")
         assert_affine([(w[1], p[1]) for w, p in pairs], f"{key} y")
