@@ -9,8 +9,8 @@ import html
 import json
 import math
 import random
-import statistics
 import re
+import statistics
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -18,12 +18,17 @@ import pytest
 import yaml
 
 from gptflow.results.study_report import (
-    RUN_KEYS,
     _fits,
     _load_run,
     study_report,
 )
-from tests.unit.results.test_report import SVG, assert_affine, assert_plot_shows, plotted_points, texts
+from tests.unit.results.test_report import (
+    SVG,
+    assert_affine,
+    assert_plot_shows,
+    plotted_points,
+    texts,
+)
 
 E, A, ALPHA = 1.8, 60.0, 0.3
 B, BETA = 50.0, 0.3  # the data term: a run's loss after D tokens is L(N) + B / D^BETA
@@ -126,7 +131,9 @@ def series_colours(svg, figure: str) -> dict[str, str]:
     for g in axes.findall(f"{SVG}g"):
         if g.get("id", "").startswith(f"{figure}:"):
             styles = " ".join(e.get("style", "") for e in g.iter() if e.get("style"))
-            out[g.get("id").split(":", 1)[1]] = re.search(r"(?:stroke|fill): (#[0-9a-f]{6})", styles)[1]
+            out[g.get("id").split(":", 1)[1]] = re.search(
+                r"(?:stroke|fill): (#[0-9a-f]{6})", styles
+            )[1]
     return out
 
 
@@ -458,7 +465,9 @@ def test_a_data_ablation_leads_with_its_recipes_and_says_the_rest_in_one_line(tm
 
     section = page.split("<h2>Data ablation", 1)[1].split("<h2>Runs</h2>")[0]
     final = {n: law(SIZES["s"]) + B / TOKENS**BETA + OFFSETS[n] for n in RECIPES}
-    answer = html.unescape(re.sub(r"<[^>]+>", "", section.split("<p class='answer'>")[1].split("</p>")[0]))
+    answer = html.unescape(
+        re.sub(r"<[^>]+>", "", section.split("<p class='answer'>")[1].split("</p>")[0])
+    )
     assert answer == (
         f"Lowest final validation loss on the shared held-out text: ■ exact (exact), "
         f"{final['exact']:.4f}; then ● raw +0.0500, ▲ clean +0.3000 (run-to-run noise not "
@@ -494,7 +503,7 @@ def test_the_ablation_funnel_is_each_recipes_manifest_counts(tmp_path):
     quality = quality_summary_file(tmp_path)
     paths = study_report("abl", ablation_runs(tmp_path), tmp_path / "out", quality=quality)
     page = Path(paths["study"]).read_text()
-    svg = page[page.index("<svg", page.index("<h2>Data ablation")):]
+    svg = page[page.index("<svg", page.index("<h2>Data ablation")) :]
     svg = svg[: svg.index("</svg>") + 6]
     (tmp_path / "funnel.svg").write_text(svg)
     root = ET.parse(tmp_path / "funnel.svg").getroot()
@@ -511,7 +520,10 @@ def test_the_ablation_funnel_is_each_recipes_manifest_counts(tmp_path):
             points = [(float(u.get("x")), float(u.get("y"))) for u in g.iter(f"{SVG}use")]
             assert len(points) == len(want[name]), (key, name, points)
             x = [i - 0.4 + width * (j + 0.5) for i in range(len(points))]
-            pairs += [((x[i], n * scale), p) for i, (n, p) in enumerate(zip(want[name], points))]
+            pairs += [
+                ((x[i], n * scale), p)
+                for i, (n, p) in enumerate(zip(want[name], points, strict=True))
+            ]
             assert styles[name].color in "".join(e.get("style", "") for e in g.iter()), name
         assert_affine([(w[0], p[0]) for w, p in pairs], f"{key} x")
         assert_affine([(w[1], p[1]) for w, p in pairs], f"{key} y")
