@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from gptflow.results.figures import SeriesStyle, inline
-from gptflow.results.report import Html, _table, harness_metric_names, metric_text
+from gptflow.results.report import Html, _table, harness_metric_names, metric_text, recipe_text
 
 
 def number_text(x) -> str:
@@ -25,16 +25,6 @@ def number_text(x) -> str:
 def name_cell(r: dict, styles: dict[str, SeriesStyle]) -> Html:
     """A run's name led by its mark in the figures."""
     return Html(f"{styles[r['name']].mark(r['name'])} {html.escape(r['name'])}")
-
-
-def recipe_text(recipe: dict[str, str] | None) -> str:
-    """A run's data.quality in a few words: one recipe for every dataset, else per dataset."""
-    if not recipe:
-        return "raw"
-    labels = set(recipe.values())
-    if len(labels) == 1:
-        return labels.pop()
-    return "; ".join(f"{name}: {text}" for name, text in recipe.items())
 
 
 def harness_columns(runs: list[dict]) -> list[tuple[str, str]]:

@@ -186,7 +186,7 @@ def _origin(spec: dict) -> str:
     return origin
 
 
-def _data_card(run: dict, datasets: dict) -> list[str]:
+def _data_card(run: dict, datasets: dict, quality_link: str | None = None) -> list[str]:
     """The tokenizer, and each shard with its counts and sources (from its manifest)."""
     tok = run["tokenizer"]
     tokenizer = [tok["path"], tok["vocab_size"], f"{tok['eod_token']} ({tok['eod_id']})",
@@ -210,6 +210,28 @@ def _data_card(run: dict, datasets: dict) -> list[str]:
         _table(["tokenizer", "vocabulary", "EOD", "sha256"], [tokenizer]),
         _table(head, rows),
         f"<p>split (train, valid, test): {html.escape(str(run['data']['split']))}</p>",
+        *_quality_link(run, quality_link),
+    ]
+
+
+def recipe_text(recipe: dict[str, str] | None) -> str:
+    """A run's data.quality in a few words: one recipe for every dataset, else per dataset."""
+    if not recipe:
+        return "raw"
+    labels = set(recipe.values())
+    if len(labels) == 1:
+        return labels.pop()
+    return "; ".join(f"{name}: {text}" for name, text in recipe.items())
+
+
+def _quality_link(run: dict, link: str | None) -> list[str]:
+    """With data.quality: the run's recipe and where the data-quality page shows what it keeps."""
+    if not link:
+        return []
+    recipe = (run.get("derived") or {}).get("data_quality")
+    return [
+        f"<p>data.quality recipe: {html.escape(recipe_text(recipe))}. What each recipe keeps, "
+        f"step by step: <a href='{html.escape(link)}'>the data-quality page</a>.</p>"
     ]
 
 
@@ -259,9 +281,11 @@ def run_card(
     container: str | os.PathLike | None,
     out: str | os.PathLike,
     hf_export: str | os.PathLike | None = None,
+    quality_page: str | os.PathLike | None = None,
 ) -> None:
     """card.html: the run, the model and the software it trained with, where its Hugging Face
-    export is, the data card, evaluation, container, resolved run config."""
+    export is, the data card (with data.quality, a link to `quality_page`), evaluation,
+    container, resolved run config."""
     import yaml
 
     run = yaml.safe_load(Path(run_yaml).read_text())
@@ -270,7 +294,7 @@ def run_card(
         *_run(run, finished),
         *_model_and_software(run, finished),
         *_export(hf_export),
-        *_data_card(run, datasets),
+        *_data_card(run, datasets, _relative(quality_page, out)),
         *_evaluation(json.loads(Path(evaluation).read_text())),
         *_container(container),
         "<h2>Resolved run config</h2>",
@@ -282,6 +306,11 @@ def run_card(
     )
     with atomic_write(out) as f:
         f.write(page)
+
+
+def _relative(target: str | os.PathLike | None, page: str | os.PathLike) -> str | None:
+    """`target` as a link from the page written to `page` (None stays None)."""
+    return os.path.relpath(target, Path(page).parent) if target else None
 
 
 # --------------------------------------------------------------------------- harness

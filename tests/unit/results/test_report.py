@@ -245,3 +245,24 @@ def test_run_card_shows_how_long_checkpoint_saves_held_training(tmp_path, monkey
     write_run_files_again.pop("saves")
     (tmp_path / "DONE.json").write_text(json.dumps(write_run_files_again))
     assert "checkpoint saves" not in make_card()
+
+
+def test_run_card_links_the_data_quality_page_and_names_the_runs_recipe(tmp_path, monkeypatch):
+    """With data.quality the card's data card names the run's recipe and links the
+    data-quality page relative to the card, so the link resolves where both are written;
+    without it the card says nothing of data quality."""
+    monkeypatch.chdir(tmp_path)
+    write_run_files(tmp_path, {})
+    run = yaml.safe_load(Path("run.yaml").read_text())
+    run.setdefault("derived", {})["data_quality"] = {"web": "exact + filters <c4>"}
+    Path("run.yaml").write_text(yaml.safe_dump(run))
+    page = tmp_path / "results/quality/report/data-quality.html"
+    out = tmp_path / "results/runs/r/report/card.html"
+    out.parent.mkdir(parents=True)
+    run_card(run_yaml="run.yaml", done="DONE.json", evaluation="eval.json", datasets={},
+             container="img.json", out=out, quality_page=page)  # fmt: skip
+    card = out.read_text()
+    assert "data.quality recipe: exact + filters &lt;c4&gt;." in card
+    href = re.search(r"<a href='([^']+)'>the data-quality page</a>", card)[1]
+    assert (out.parent / href).resolve() == page.resolve()
+    assert "data-quality" not in make_card()
