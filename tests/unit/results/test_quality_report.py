@@ -120,6 +120,10 @@ def test_the_funnel_figure_is_the_manifests_counts_one_colour_per_recipe(tmp_pat
             colours.add(styles[name].color)
         assert_affine(pairs, f"funnel {key}")
     assert len(colours) == 3
+    # the bytes panel's numbers and axis are MiB of the manifests' bytes (2^20, not 10^6)
+    drawn = re.findall(r"<!-- (.*?) -->", svg[: svg.index("</svg>")])
+    mib = [f"{n * 4096 / (1 << 20):.3g}" for n in (789, 339, 24)]
+    assert mib == ["3.08", "1.32", "0.0938"] and set(mib) <= set(drawn) and "MiB" in drawn
     # the table leads each recipe with its mark, in the figure's colour
     for name in names:
         assert f"style='color:{styles[name].color}'" in text
