@@ -48,6 +48,7 @@ from gptflow.results.figures import (
 )
 from gptflow.results.report import STYLE, _records, _table
 
+TWO_TERM = "L(N, D) = E + A / N<sup>α</sup> + B / D<sup>β</sup>"  # the data term's fit, as headed
 DEFAULT_BUDGETS = (1e19, 1e21, 1e23)  # FLOPs; the study's own total is added
 SAME_LR = (
     "Not swept: the learning rate is the same in every run,\nso there is no loss-against-lr curve."
@@ -447,16 +448,18 @@ def _fit_tables(fits: dict) -> list[str]:
     if power is None:
         parts.append(f"<p>{err['power_law']}</p>")
     else:
-        row = [number_text(power.E), number_text(power.A), number_text(power.alpha), number_text(power.rmse),
-               number_text(power.max_rel_error), count(power.points)]  # fmt: skip
+        row = [number_text(x) for x in (power.E, power.A, power.alpha, power.rmse,
+                                         power.max_rel_error)] + [count(power.points)]  # fmt: skip
         parts.append(_table(["E", "A", "α", *error_head], [row]))
         parts += [f"<p>warning: {html.escape(w)}</p>" for w in power.warnings]
-    parts.append("<h3>L(N, D) = E + A / N<sup>α</sup> + B / D<sup>β</sup></h3>")
-    if two is None:
-        parts.append(f"<p>{err['two_term']}</p>")
+    if "tokens" not in fits["shape"]["varies"]:
+        pass  # one line under "Not made for this study" (not_made)
+    elif two is None:
+        parts.append(f"<h3>{TWO_TERM}</h3><p>{err['two_term']}</p>")
     else:
-        row = [number_text(two.E), number_text(two.A), number_text(two.alpha), number_text(two.B), number_text(two.beta), number_text(two.rmse),
-               number_text(two.max_rel_error), count(two.points)]  # fmt: skip
+        row = [number_text(x) for x in (two.E, two.A, two.alpha, two.B, two.beta, two.rmse,
+                                         two.max_rel_error)] + [count(two.points)]  # fmt: skip
+        parts.append(f"<h3>{TWO_TERM}</h3>")
         parts.append(_table(["E", "A", "α", "B", "β", *error_head], [row]))
         parts += [f"<p>warning: {html.escape(w)}</p>" for w in two.warnings]
     parts.append("<h3>Compute frontier</h3>")
@@ -517,6 +520,11 @@ def not_made(runs: list[dict], shape: dict) -> dict[str, str]:
             "Scaling fits (L(N), L(N, D), the compute frontier, compute-optimal sizes): every "
             f"run has the same model size, {same['parameters']}; they need three sizes or more."
         )
+    elif "tokens" not in shape["varies"]:
+        out["two_term"] = (
+            "L(N, D), the fit with a data term: every run trained for the same tokens "
+            f"({same['tokens']}); it needs two token budgets or more."
+        )
     if not shape["flops"]:
         out["loss_flops"] = (
             "Loss against training FLOPs: every run costs the same FLOPs per token, so it is "
@@ -545,11 +553,15 @@ def _page(study, runs, fits, figures, styles, quality, quality_link) -> str:
     if shape["ablation"]:
         parts += ablation_section(runs, styles, noise, quality, figures)
         shown.remove("loss_tokens")  # inline above
+    elif shape["scaling"]:  # a size study leads with its fits, the L(N) figure beside them
+        parts += ["<h2>Scaling fits</h2>", f"<div>{inline(Path(figures['fit']).read_text())}</div>",
+                  *_fit_tables(fits), *_optimal_table(fits)]  # fmt: skip
+        shown.remove("fit")
     parts += ["<h2>Runs</h2>", f"<p>{html.escape(FINAL_LOSS_RULE)}</p>",
               _runs_table(runs, styles)]  # fmt: skip
     if not shape["ablation"]:  # the ablation's table has the noise and the harness columns
         parts += [f"<p>{html.escape(noise['text'])}</p>", *_harness_table(runs, styles)]
-    if shape["scaling"]:
+    if shape["scaling"] and shape["ablation"]:  # a data ablation over sizes: its fits after
         parts += ["<h2>Scaling fits</h2>", *_fit_tables(fits), *_optimal_table(fits)]
     parts += _optimizers_table(fits["optimizers"])
     if shown:

@@ -103,10 +103,11 @@ def grid(root: Path, presets=("s", "m", "l"), lrs=(1e-3, 3e-3), steps=(1000,)) -
 MARK = re.compile(r"<span class='mark' style='color:(#[0-9a-f]{6})' title='[^']*'>(.)</span> ")
 
 
-def table_rows(page: str) -> list[list[str]]:
-    """The cells of the first table's body rows (the runs table), unescaped, without the mark
-    that leads a run's name (marks(): those)."""
-    body = page.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+def table_rows(page: str, after: str = "<h2>Runs</h2>") -> list[list[str]]:
+    """The cells of the body rows of the first table after `after` (the runs table; of a
+    section without it, its first table), unescaped, without the mark that leads a run's
+    name (marks(): those)."""
+    body = page.split(after, 1)[-1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     return [
         [html.unescape(MARK.sub("", c)) for c in re.findall(r"<td>(.*?)</td>", row)]
         for row in re.findall(r"<tr>(.*?)</tr>", body)
@@ -247,6 +248,14 @@ def test_the_fit_recovers_the_synthetic_power_law(sweep):
     assert any(t.startswith("L(N) = ") for t in texts(paths["fit"]))
     page = Path(paths["study"]).read_text()
     assert "no fit:" not in page.split("L(N, D)")[0]  # L(N) fitted: its table is shown
+    # a size study leads with its fits (the L(N) figure beside them); L(N, D), which one token
+    # budget cannot fit, is one line at the end, not a heading with "no fit"
+    heads = re.findall(r"<h2>(.*?)</h2>", page)
+    assert heads == ["Scaling fits", "Runs", "Figures", "Not made for this study"], heads
+    fits = page.split("<h2>Scaling fits</h2>", 1)[1].split("<h2>Runs</h2>")[0]
+    assert "<svg" in fits and "L(N) = " in "".join(re.findall(r"<!-- (.*?) -->", fits))
+    assert "no fit" not in page and "<h3>L(N, D)" not in page
+    assert "<li>L(N, D), the fit with a data term: every run trained for the same tokens" in page
 
 
 def test_compute_optimal_rows_for_the_default_budgets(sweep):
@@ -543,6 +552,6 @@ def test_seeds_measure_the_noise_and_the_differences_are_read_against_it(tmp_pat
     assert fit["noise"]["groups"] == [["exact", "exact-s7"], ["clean", "clean-s7"]]
     page = Path(paths["study"]).read_text()
     assert f"Run-to-run noise: σ = {sigma:.3g}, the pooled standard deviation" in page
-    rows = {r[0]: r for r in table_rows(page.split("<h2>Data ablation", 1)[1])}
+    rows = {r[0]: r for r in table_rows(page, after="<h2>Data ablation")}
     assert rows["clean"][8] == f"{0.3 / sigma:.1f}σ" and rows["exact"][8] == "0.0σ"
     assert len(set(marks(page.split("<h2>Data ablation", 1)[1]))) == 5
