@@ -203,7 +203,8 @@ def test_the_comparison_holds_the_real_losses_and_the_report_shows_it(
         assert want in page, want
     assert page.count("<svg") >= 4  # the four figures, inline
     assert_each_run_has_its_own_colour(page, ("loss_tokens", "loss_flops", "loss_lr", "fit"))
-    assert "no fit" not in page and "Data ablation" not in page  # a size study: its fits
+    assert "no fit" not in page and "<h2>Data ablation" not in page  # a size study: its fits
+    assert page.index("<h2>Scaling fits</h2>") < page.index("<h2>Runs</h2>")
     for href in re.findall(r"<a href=\"([^\"#]+)\"", page):  # every link resolves
         assert (out / href).is_file(), href
     report = tmp_path / "report.html"
