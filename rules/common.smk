@@ -88,8 +88,13 @@ def get_final_outputs():
     outputs = [paths.DONE, paths.EVAL, paths.HF_EXPORT, paths.REPORT_CARD]
     # eval.harness: a study's runs too
     outputs += [paths.HARNESS, paths.HARNESS_PAGE] if PLAN.harness["tasks"] else []
-    quality = [paths.QUALITY_PAGE] if PLAN.quality_step else []  # the report's "Data quality" page
-    return expand(outputs, run=PLAN.runs) + get_study_outputs() + quality
+    return expand(outputs, run=PLAN.runs) + get_study_outputs() + get_quality_page()
+
+
+def get_quality_page():
+    """The report's "Data quality" page (rule report_data_quality), which every target that
+    runs a data.quality recipe makes (all, data, train, study); nothing without a recipe."""
+    return [paths.QUALITY_PAGE] if PLAN.quality_step else []
 
 
 def get_study_outputs():

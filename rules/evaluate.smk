@@ -158,6 +158,8 @@ rule report_assets:
         evaluation=paths.EVAL,
         hf=paths.HF_EXPORT,
         container=get_train_container_record,
+        # data.quality: the data-quality page, which the card links
+        quality=get_quality_page(),
     output:
         loss=report(
             f"{paths.REPORT_DIR}/loss.svg",

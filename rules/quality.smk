@@ -226,19 +226,22 @@ use rule remove_duplicates as select_language with:
         settings=get_language_settings,
 
 
-# The report's "Data quality" page: per recipe and step, documents and bytes in and out per
-# dataset, the removed by reason with examples, minhash's cluster sizes (from the manifests)
+# The report's "Data quality" page: each recipe's funnel and the steps removing more than
+# gptflow.results.quality_report.REMOVAL_WARNING, then per recipe and step documents and bytes
+# in and out per dataset, the removed by reason with examples, minhash's cluster sizes (from
+# the manifests); its numbers in data-quality.json, which a data ablation's study page reads
 rule report_data_quality:
     input:
         manifests=get_quality_manifests,
         groups=get_quality_group_stats,
     output:
-        report(
+        page=report(
             paths.QUALITY_PAGE,
             caption="../workflow/report/data_quality.rst",
             category="Data quality",
-            labels={"content": "documents and bytes per step, removed documents, clusters"},
+            labels={"content": "funnel per recipe, removed documents, clusters"},
         ),
+        summary=paths.QUALITY_SUMMARY,
     log:
         paths.log("report_data_quality", "all"),
     conda:

@@ -317,24 +317,35 @@ def get_quality_group_stats(wildcards):
 
 
 def get_quality_report_recipes():
-    """The page's recipes, each [label, {dataset: [{name, describe}]}]: the config's (label
-    None); in a data ablation each recipe with steps once, labelled by the runs cleaning with
-    it, and the base config's when no run trains on it (its shards are the held-out text)."""
+    """The page's recipes, each {label, runs, datasets: {dataset: [{name, kind, describe}]}}:
+    the config's (label None); in a data ablation each recipe once, labelled by the runs
+    cleaning with it (a recipe without steps too: the funnel's baseline), and the base
+    config's when no run trains on it (its shards are the held-out text)."""
 
     def steps_of(recipe):
         return {
-            name: [{"name": s.name, "describe": s.describe()} for s in steps]
+            name: [{"name": s.name, "kind": s.kind, "describe": s.describe()} for s in steps]
             for name, steps in recipe.items()
         }
 
     if all(recipe is PLAN.quality for recipe in PLAN.run_quality.values()):
-        return [[None, steps_of(PLAN.quality)]]
+        return [{"label": None, "runs": list(PLAN.runs), "datasets": steps_of(PLAN.quality)}]
     runs = runs_by_recipe()
     out = [
-        [f"study runs {', '.join(names)}", steps_of(PLAN.run_quality[names[0]])]
+        {
+            "label": f"study runs {', '.join(names)}",
+            "runs": names,
+            "datasets": steps_of(PLAN.run_quality[names[0]] or {})
+            or {name: [] for name in PLAN.blended},
+        }
         for names in runs.values()
-        if PLAN.run_quality[names[0]]
     ]
     if PLAN.quality and tuple(PLAN.base_variants.values()) not in runs:
-        out.append(["the base config (the held-out text)", steps_of(PLAN.quality)])
+        out.append(
+            {
+                "label": "the base config (the held-out text)",
+                "runs": [],
+                "datasets": steps_of(PLAN.quality),
+            }
+        )
     return out

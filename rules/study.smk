@@ -1,11 +1,14 @@
-"""A study's comparison: every run's validation loss against tokens and training FLOPs, the
-final loss per run and per learning rate, the fitted scaling law and the compute-optimal size
-(gptflow.results.study_report), in results/studies/{study}/ and in `snakemake --report`."""
+"""A study's comparison (gptflow.results.study_report), in results/studies/{study}/ and in
+`snakemake --report`: a data ablation's recipes on the shared held-out text with each one's
+data-quality funnel, a size study's fitted scaling laws and compute-optimal sizes, every run's
+validation loss against tokens and training FLOPs, the final loss per learning rate. With
+data.quality, `study` also makes the data-quality page, which the study page links."""
 
 
 rule study:
     input:
         get_study_outputs(),
+        get_quality_page(),
 
 
 # It reads each run's metrics.jsonl (not an output: the trainer appends to it while it runs)
@@ -15,6 +18,8 @@ rule study_report:
         configs=expand(paths.RUN_YAML, run=PLAN.runs),
         done=expand(paths.DONE, run=PLAN.runs),
         harness=expand(paths.HARNESS, run=PLAN.runs) if PLAN.harness["tasks"] else [],
+        # data.quality: what each recipe keeps (a data ablation's funnels; the page links it)
+        quality=[paths.QUALITY_SUMMARY] if PLAN.quality_step else [],
     output:
         loss_tokens=report(
             f"{paths.STUDY_DIR}/loss_tokens.svg",
@@ -63,5 +68,6 @@ rule study_report:
         metrics=expand(paths.METRICS, run=PLAN.runs),
         out_dir=paths.STUDY_DIR,
         budgets=(PLAN.config.get("study") or {}).get("budgets", []),
+        quality_page=get_quality_page(),
     script:
         "../workflow/scripts/study_report.py"

@@ -12,6 +12,7 @@ rule data:
         paths.tokenizer_json(PLAN.tokenizer),
         get_data_shard_files,
         get_merged_files,
+        get_quality_page(),
 
 
 # The files are params, not inputs: each with its size and mtime, so that a changed, added or

@@ -13,6 +13,7 @@ include: "train_functions.smk"
 rule train:
     input:
         expand(paths.DONE, run=PLAN.runs),
+        get_quality_page(),
 
 
 # The shards' input of this rule and of build_data_index is each shard's manifest

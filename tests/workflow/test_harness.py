@@ -209,6 +209,23 @@ def planned_requests(seq_length: int) -> int:
     return sum(len(d["choices"]) for d in MC_DOCS) + len(PPL_DOCS) * windows
 
 
+def metric_panels(svg: Path) -> dict[str, tuple[str, str]]:
+    """{TASK:METRIC: (its axes' id, its colour)} of a harness curve's series groups
+    (gptflow.results.figures.series_id: harness-TASK:METRIC)."""
+    import xml.etree.ElementTree as ET
+
+    ns = "{http://www.w3.org/2000/svg}"
+    out = {}
+    for axes in ET.parse(svg).getroot().iter(f"{ns}g"):
+        if re.fullmatch(r"axes_\d+", axes.get("id", "")):
+            for g in axes.findall(f"{ns}g"):
+                if g.get("id", "").startswith("harness-"):
+                    style = "".join(e.get("style", "") for e in g.iter())
+                    colour = re.search(r"stroke: ?(#[0-9a-f]{6})", style)[1]
+                    out[g.get("id").removeprefix("harness-")] = (axes.get("id"), colour)
+    return out
+
+
 def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_cached(
     pipeline_copy,
     snakemake,
@@ -280,6 +297,15 @@ def test_the_harness_on_the_export_and_a_checkpoint_matches_transformers_and_is_
     page = (run_dir / "report/harness.html").read_text()
     assert "<th>step 30</th><th>step 40</th>" in page and "gptflow_ppl" in page
     assert (run_dir / "report/harness_curve.svg").read_text().count("<svg") == 1
+    # as a reader sees it: the settings a table, not a JSON dict; the perplexity task's
+    # metrics (a word perplexity in the thousands, bits per byte a few) each on its own panel,
+    # the multiple-choice task's accuracies on one, each metric its own colour
+    assert "{&quot;" not in page and "<th>few-shot examples</th>" in page
+    panels = metric_panels(run_dir / "report/harness_curve.svg")
+    ppl = [panels[f"gptflow_ppl:{m}"][0] for m in ("word_perplexity", "bits_per_byte")]
+    accuracies = [panels[f"gptflow_mc:{m}"] for m in ("acc", "acc_norm")]
+    (axes, colours) = (set(x) for x in zip(*accuracies, strict=True))
+    assert len(set(ppl)) == 2 and len(axes) == 1 and len(colours) == 2, panels
     report = tmp_path / "report.html"
     made = snakemake(wd, config, "--report", str(report))
     assert made.returncode == 0, made.out[-3000:]

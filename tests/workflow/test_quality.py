@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import job_counts, snakemake_cmd
+from .conftest import headless, job_counts, snakemake_cmd
 
 
 def prose(rng: random.Random, words: int = 120) -> str:
@@ -296,19 +296,22 @@ def test_the_language_step_keeps_english_and_a_threshold_edit_reruns_only_the_se
     assert counts["select_language"] == counts["tokenize_shard"] == 1
 
 
-def test_the_data_quality_page_shows_the_manifests_figures(cleaned, snakemake, tmp_path):
+def test_the_data_quality_page_shows_the_manifests_figures(cleaned, snakemake, chromium, tmp_path):
     """The report's "Data quality" page (rule report_data_quality) on the module's run: per
     step and dataset the documents and bytes in and out the shard manifests count, the removed
-    by reason with examples, minhash's cluster sizes as the group's counts give them; and
-    `snakemake --report` files it under "Data quality"."""
-    wd, cfg, _, _, _, write_config = cleaned
+    by reason with examples, minhash's cluster sizes as a chart of the group's counts; opened in
+    Chromium, it leads with the funnel, whose documents and bytes collected and kept are the
+    manifests' and whose figure draws them; and `snakemake --report` files it under "Data
+    quality"."""
+    wd, cfg, plan, _, _, write_config = cleaned
+    assert job_counts(plan.out)["report_data_quality"] == 1  # `data` makes it (with a recipe)
     config = write_config(wd / "report.yaml", cfg)
     page = "results/quality/report/data-quality.html"
-    run = snakemake(wd, config, page)
+    run = snakemake(wd, config, page)  # as the module's other tests left the data
     assert run.returncode == 0, run.out[-4000:]
-    assert job_counts(run.out) == {"report_data_quality": 1}, run.out[-3000:]
+    assert set(job_counts(run.out)) <= {"report_data_quality"}, run.out[-3000:]
     text = (wd / page).read_text()
-    assert "<h2>datasets a, b</h2>" in text
+    assert "<h2>this config: a, b</h2>" in text
     for step in [d for d in step_dirs(wd) if d.split("-")[1:2] in (["exact"], ["minhash"])]:
         assert f"<p>results/quality/{step}</p>" in text
         for d in ("a", "b"):
@@ -324,12 +327,52 @@ def test_the_data_quality_page_shows_the_manifests_figures(cleaned, snakemake, t
     (minhash,) = [d for d in step_dirs(wd) if d.startswith("02-minhash-")]
     stats = json.loads((wd / "results/quality" / minhash / "groups/_blend.json").read_text())
     assert stats["cluster_sizes"] == {"2": 1}
-    assert "<tr><td>2</td><td>1</td><td>" + "#" * 40 + "</td></tr>" in text
+    cluster_svg = text[text.index("<svg", text.index(f"<p>results/quality/{minhash}</p>")) :]
+    drawn = re.findall(r"<!-- (.*?) -->", cluster_svg[: cluster_svg.index("</svg>")])
+    assert "duplicate clusters by size" in drawn and "#" * 3 not in text
+    # what a reader sees first, in a browser: the funnel, its numbers the manifests'
+    dom = headless(chromium, wd / page, "--dump-dom")
+    assert dom.index("What each recipe keeps") < dom.index("<h3>")
+    assert_funnel_is_the_manifests(dom, wd, ["this config: a, b"])
 
     report = tmp_path / "report.html"
     made = snakemake(wd, config, "--report", str(report), page)
     assert made.returncode == 0, made.out[-3000:]
     assert "Data quality" in report.read_text() and "data-quality.html" in report.read_text()
+
+
+def assert_funnel_is_the_manifests(dom: str, wd: Path, names: list[str]) -> None:
+    """The data-quality page's funnel as a browser shows it: per recipe (`names`, the page's
+    order) the table's documents and bytes collected and kept equal the sums of its first
+    step's manifests' input and its last step's output (the steps data-quality.json names),
+    and the figure has one series per recipe in each panel, each in a colour of its own."""
+    from gptflow.results.quality_report import _size
+
+    summary = json.loads((wd / "results/quality/report/data-quality.json").read_text())
+    table = dom[dom.index("What each recipe keeps") :]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr><td>(.*?)</td><td>.*?</td><td>(.*?)</td><td>(.*?)</td>", table)
+    assert len(rows) == len(names) == len(summary["recipes"]), rows
+    for name, entry, (cell, docs, size) in zip(names, summary["recipes"], rows, strict=True):
+        assert name in cell, (name, cell)
+
+        first, last = (
+            [json.loads(p.read_text()) for d in entry["datasets"]
+             for p in (wd / "results/quality" / step["name"] / d).glob("*.manifest.json")]
+            for step in (entry["steps"][0], entry["steps"][-1])
+        )  # fmt: skip
+        assert first and last, name
+        kept = sum(m["documents_out"] for m in last)
+        assert docs == f"{sum(m['documents_in'] for m in first):,} → {kept:,}", name
+        kept = sum(m["bytes_out"] for m in last)
+        assert size == f"{_size(sum(m['bytes_in'] for m in first))} → {_size(kept)}", name
+    for panel in ("documents", "bytes"):
+        colours = []
+        for name in names:
+            group = re.search(rf'<g id="funnel-{panel}:{re.escape(name)}">(.*?)</g>', dom, re.S)
+            assert group, (panel, name)
+            colours.append(re.search(r"fill: ?(#[0-9a-f]{6})", group[1])[1])
+        assert len(set(colours)) == len(names), (panel, colours)
 
 
 # Loaded first by every Python process given this directory on PYTHONPATH: in the clustering
@@ -466,7 +509,7 @@ def heldout_and_trained(cfg, data) -> tuple[set, set]:
 
 
 def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
-    cleaned, snakemake, tmp_path, monkeypatch
+    cleaned, snakemake, chromium, tmp_path, monkeypatch
 ):  # the held-out splits read from `heldout`: tests/unit/data/test_dataset.py
     """A study whose runs differ in data.quality (issue 39): each distinct recipe gets its own
     steps and shards, runs with equal recipes share them, the base's steps and shards are
@@ -508,10 +551,20 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     # the report's page: each recipe once, headed by the runs cleaning with it
     text = (wd / page).read_text()
     assert re.findall(r"<h2>(.*?)</h2>", text) == [
-        "study runs base: datasets a, b",
-        "study runs filtered, filtered-lr: datasets a, b",
+        "What each recipe keeps",
+        "study runs base: a, b",
+        "study runs filtered, filtered-lr: a, b",
     ]
     assert len(re.findall(r"<p>results/quality/01-exact-", text)) == 2  # shared: under both
+    dom = headless(chromium, wd / page, "--dump-dom")
+    assert_funnel_is_the_manifests(
+        dom, wd, ["study runs base: a, b", "study runs filtered, filtered-lr: a, b"]
+    )
+    # `study` makes the page and the study page reads its numbers (the funnels) and links it
+    plan = snakemake(wd, write_config(wd / "study.yaml", study), "-n", "study")
+    assert plan.returncode == 0, plan.out[-3000:]
+    planned = plan.out[plan.out.index("rule study_report:") :]
+    assert "results/quality/report/data-quality.json" in planned.split("output:")[0]
     monkeypatch.chdir(wd)
     runs = {r: RunConfig.load(f"results/runs/{r}/run.yaml") for r in study["study"]["runs"]}
     prefixes = {r: [s.prefix for d in c.datasets for s in d.shards] for r, c in runs.items()}

@@ -7,6 +7,7 @@ The study runs once per module (`study`); a test that changes anything works on 
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -202,11 +203,32 @@ def test_the_comparison_holds_the_real_losses_and_the_report_shows_it(
     for want in ("Study sweep", *RUNS, "L(N) = E + A / N"):
         assert want in page, want
     assert page.count("<svg") >= 4  # the four figures, inline
+    assert_each_run_has_its_own_colour(page, ("loss_tokens", "loss_flops", "loss_lr", "fit"))
+    assert "no fit" not in page and "<h2>Data ablation" not in page  # a size study: its fits
+    assert page.index("<h2>Scaling fits</h2>") < page.index("<h2>Runs</h2>")
+    for href in re.findall(r"<a href=\"([^\"#]+)\"", page):  # every link resolves
+        assert (out / href).is_file(), href
     report = tmp_path / "report.html"
     made = snakemake(wd, config, "--report", str(report), "study")
     assert made.returncode == 0, made.out[-3000:]
     dom = headless(chromium, report, "--dump-dom")
     assert "Snakemake Report" in dom and "Study" in dom
+
+
+def assert_each_run_has_its_own_colour(page: str, figures: tuple[str, ...]) -> None:
+    """As a browser has the study page: in each figure every run's series (its group
+    FIGURE:RUN) is drawn in a colour no other run has, the same in every figure, and the runs
+    table leads each run with its mark in that colour, in the table's order."""
+    marks = re.findall(r'<span class="mark" style="color:(#[0-9a-f]{6})" title="(.*?) in the', page)
+    table = dict((name, colour) for colour, name in marks)
+    assert sorted(table) == sorted(RUNS) and len(set(table.values())) == len(RUNS), marks
+    for figure in figures:
+        drawn = {}
+        for name in RUNS:
+            group = re.search(rf'<g id="{figure}:{re.escape(name)}">(.*?)</g>', page, re.S)
+            assert group, (figure, name)
+            drawn[name] = re.search(r"stroke: ?(#[0-9a-f]{6})", group[1])[1]
+        assert drawn == table, (figure, drawn, table)
 
 
 def test_the_pythia_suite_plans_through_the_shipped_slurm_profile(tmp_path):

@@ -1,11 +1,15 @@
-"""Snakemake adapter: the data-quality stage's manifests -> the report's "Data quality" page."""
+"""Snakemake adapter: the data-quality stage's manifests -> the report's "Data quality" page
+and its numbers (data-quality.json)."""
 
 from gptflow.errors import report_errors
-from gptflow.results.report import quality_page, quality_summary
+from gptflow.results.quality_report import quality_report
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 with report_errors(sm.log[0]):
-    summary = quality_summary(
-        [tuple(r) for r in sm.params.recipes], list(sm.input.manifests), list(sm.input.groups)
+    quality_report(
+        list(sm.params.recipes),
+        list(sm.input.manifests),
+        list(sm.input.groups),
+        page=sm.output.page,
+        summary=sm.output.summary,
     )
-    quality_page(summary, sm.output[0])

@@ -18,4 +18,5 @@ with report_errors(sm.log[0]):
         container=sm.input.container[0] if sm.input.container else None,
         out=sm.output.card,
         hf_export=sm.input.hf,
+        quality_page=sm.input.quality[0] if sm.input.quality else None,  # data.quality's page
     )

@@ -12,4 +12,11 @@ with report_errors(sm.log[0]):
     }
     for name, harness in zip(sm.params.runs, sm.input.harness, strict=False):
         runs[name]["harness"] = harness  # eval.harness: each run's harness.json
-    study_report(sm.params.study, runs, sm.params.out_dir, budgets=sm.params.budgets or None)
+    study_report(
+        sm.params.study,
+        runs,
+        sm.params.out_dir,
+        budgets=sm.params.budgets or None,
+        quality=sm.input.quality[0] if sm.input.quality else None,  # data.quality's summary
+        quality_page=sm.params.quality_page[0] if sm.params.quality_page else None,
+    )

@@ -3,12 +3,8 @@
 The card is the data card (datasets, their sources and checksums, documents and tokens per
 shard, the tokenizer), the evaluation table, the container image when one was used, and the
 resolved run config. Everything is escaped: document text never reaches the HTML unescaped.
-The harness's page (a run's lm-evaluation-harness scores over its checkpoints) and the data
-quality page (data.quality's steps, from their manifests) are made here too.
-
-Over 500 lines: the report's three pages -- the run card, the harness's, data quality's -- with
-the HTML helpers they share (tables, escaping, the page around them), each page a few short
-functions.
+The harness's page (a run's lm-evaluation-harness scores over its checkpoints) is made here too;
+the data-quality page is gptflow.results.quality_report's, which the card links to.
 """
 
 from __future__ import annotations
@@ -94,11 +90,17 @@ def plot_metrics(metrics: str | os.PathLike, series: str, out_dir: str | os.Path
     return paths
 
 
+class Html(str):
+    """A table cell's markup, written as it is (a series' mark); any other cell is escaped."""
+
+
+def _cell(c) -> str:
+    return c if isinstance(c, Html) else html.escape(str(c))
+
+
 def _table(headers: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -184,7 +186,7 @@ def _origin(spec: dict) -> str:
     return origin
 
 
-def _data_card(run: dict, datasets: dict) -> list[str]:
+def _data_card(run: dict, datasets: dict, quality_link: str | None = None) -> list[str]:
     """The tokenizer, and each shard with its counts and sources (from its manifest)."""
     tok = run["tokenizer"]
     tokenizer = [tok["path"], tok["vocab_size"], f"{tok['eod_token']} ({tok['eod_id']})",
@@ -208,6 +210,28 @@ def _data_card(run: dict, datasets: dict) -> list[str]:
         _table(["tokenizer", "vocabulary", "EOD", "sha256"], [tokenizer]),
         _table(head, rows),
         f"<p>split (train, valid, test): {html.escape(str(run['data']['split']))}</p>",
+        *_quality_link(run, quality_link),
+    ]
+
+
+def recipe_text(recipe: dict[str, str] | None) -> str:
+    """A run's data.quality in a few words: one recipe for every dataset, else per dataset."""
+    if not recipe:
+        return "raw"
+    labels = set(recipe.values())
+    if len(labels) == 1:
+        return labels.pop()
+    return "; ".join(f"{name}: {text}" for name, text in recipe.items())
+
+
+def _quality_link(run: dict, link: str | None) -> list[str]:
+    """With data.quality: the run's recipe and where the data-quality page shows what it keeps."""
+    if not link:
+        return []
+    recipe = (run.get("derived") or {}).get("data_quality")
+    return [
+        f"<p>data.quality recipe: {html.escape(recipe_text(recipe))}. What each recipe keeps, "
+        f"step by step: <a href='{html.escape(link)}'>the data-quality page</a>.</p>"
     ]
 
 
@@ -244,6 +268,7 @@ STYLE = (
     "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:.5em 0}"
     "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;font-size:13px}"
     "pre{background:#f6f6f6;padding:.5em;font-size:12px}"
+    ".mark{font-size:15px}ul.warnings li{color:#9a3a00}p.answer{font-size:15px}"
 )
 
 
@@ -256,9 +281,11 @@ def run_card(
     container: str | os.PathLike | None,
     out: str | os.PathLike,
     hf_export: str | os.PathLike | None = None,
+    quality_page: str | os.PathLike | None = None,
 ) -> None:
     """card.html: the run, the model and the software it trained with, where its Hugging Face
-    export is, the data card, evaluation, container, resolved run config."""
+    export is, the data card (with data.quality, a link to `quality_page`), evaluation,
+    container, resolved run config."""
     import yaml
 
     run = yaml.safe_load(Path(run_yaml).read_text())
@@ -267,7 +294,7 @@ def run_card(
         *_run(run, finished),
         *_model_and_software(run, finished),
         *_export(hf_export),
-        *_data_card(run, datasets),
+        *_data_card(run, datasets, _relative(quality_page, out)),
         *_evaluation(json.loads(Path(evaluation).read_text())),
         *_container(container),
         "<h2>Resolved run config</h2>",
@@ -279,6 +306,11 @@ def run_card(
     )
     with atomic_write(out) as f:
         f.write(page)
+
+
+def _relative(target: str | os.PathLike | None, page: str | os.PathLike) -> str | None:
+    """`target` as a link from the page written to `page` (None stays None)."""
+    return os.path.relpath(target, Path(page).parent) if target else None
 
 
 # --------------------------------------------------------------------------- harness
@@ -325,12 +357,15 @@ def _step_label(record: dict) -> str:
 
 def harness_tables(records: list[dict]) -> list[str]:
     """Per task: each metric ± its stderr at every evaluated step (the export's last)."""
+    from gptflow.results.figures import series_styles
+
     parts = []
     for name, task in records[-1]["tasks"].items():
         head = ["metric", *(_step_label(r) for r in records)]
         rows = []
+        styles = series_styles(harness_metric_names(task))  # the figure's
         for metric in harness_metric_names(task):
-            row = [metric]
+            row = [Html(f"{styles[metric].mark(metric)} {html.escape(metric)}")]
             for r in records:
                 row.append(metric_text(r["tasks"].get(name, {}), metric))
             rows.append(row)
@@ -343,42 +378,88 @@ def harness_tables(records: list[dict]) -> list[str]:
     return parts
 
 
+def _is_fraction(name: str, values: list[float]) -> bool:
+    """A metric read on a 0-1 axis (accuracy, exact match, ...): every value within it, and not
+    a perplexity or bits per byte, whose scales are their own."""
+    own = ("perplexity", "bits_per_byte")
+    return not any(o in name for o in own) and all(0.0 <= v <= 1.0 for v in values)
+
+
+def harness_panels(records: list[dict]) -> list[tuple[str, list[str]]]:
+    """(task, its metrics on one axis) per panel: a task's 0-1 metrics (acc, acc_norm, ...)
+    share one, each other metric has its own, so bits per byte (~1) is never read on the axis
+    of a word perplexity (~1e5)."""
+    panels = []
+    for name, task in records[-1]["tasks"].items():
+        fractions, own = [], []
+        for metric in harness_metric_names(task):
+            values = [r["tasks"].get(name, {}).get("metrics", {}).get(metric) for r in records]
+            values = [v for v in values if isinstance(v, int | float)]
+            (fractions if _is_fraction(metric, values) else own).append(metric)
+        panels += [(name, fractions)] if fractions else []
+        panels += [(name, [metric]) for metric in own]
+    return panels
+
+
 def plot_harness_curve(records: list[dict], out: str | os.PathLike, run: str) -> None:
-    """Each task's metrics against the step of the checkpoint evaluated (one panel per task,
-    stderr as error bars where the harness gives one)."""
-    import matplotlib
+    """Each task's metrics against the step of the checkpoint evaluated: a panel per task and
+    scale (:func:`harness_panels`; a perplexity on a log axis), stderr as error bars where the
+    harness gives one, each metric its own colour and marker."""
+    from gptflow.results.figures import new_figure, series_id, series_styles, write_svg
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(records[-1]["tasks"])
-    fig, axes = plt.subplots(len(tasks), 1, figsize=(7, 2.6 * len(tasks) + 0.6), dpi=100,
-                             squeeze=False)  # fmt: skip
-    for ax, name in zip(axes[:, 0], tasks, strict=True):
-        for metric in harness_metric_names(records[-1]["tasks"][name]):
+    panels = harness_panels(records)
+    cols = 2 if len(panels) > 1 else 1
+    rows = -(-len(panels) // cols)
+    fig, axes = new_figure(rows, cols, width=5.2 * cols, height=2.6 * rows + 0.6)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_axis_off()
+    for ax, (name, metrics) in zip(axes.flat, panels, strict=False):
+        styles = series_styles(harness_metric_names(records[-1]["tasks"][name]))
+        for metric in metrics:
             points = []
             for r in records:
-                metrics = r["tasks"].get(name, {}).get("metrics", {})
-                if isinstance(metrics.get(metric), int | float) and r.get("step") is not None:
-                    err = metrics.get(f"{metric}_stderr")
-                    points.append((r["step"], metrics[metric],
+                values = r["tasks"].get(name, {}).get("metrics", {})
+                if isinstance(values.get(metric), int | float) and r.get("step") is not None:
+                    err = values.get(f"{metric}_stderr")
+                    points.append((r["step"], values[metric],
                                    err if isinstance(err, int | float) else 0.0))  # fmt: skip
             if points:
                 xs, ys, errs = zip(*points, strict=True)
-                ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=metric)
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("training step of the checkpoint")
+                ax.errorbar(xs, ys, yerr=errs, capsize=3, label=metric, markersize=5,
+                            gid=series_id(f"harness-{name}", metric),
+                            **styles[metric].kwargs())  # fmt: skip
+        if any("perplexity" in m for m in metrics):
+            ax.set_yscale("log")
+        ax.set_title(f"{name}: {', '.join(metrics)}", fontsize=9)
+        ax.set_xlabel("training step of the checkpoint", fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if len(metrics) > 1:
+            ax.legend(fontsize=7)
     if len(records) == 1:
         fig.suptitle(f"run {run}: the final checkpoint only (eval.harness.every for a curve)",
                      fontsize=10)  # fmt: skip
     else:
         fig.suptitle(f"run {run}: lm-evaluation-harness over checkpoints", fontsize=10)
-    fig.tight_layout()
-    with atomic_write(out, "w") as f:
-        fig.savefig(f, format="svg")
-    plt.close(fig)
+    write_svg(fig, out)
+
+
+HARNESS_SETTINGS = {  # harness.json's config key -> what the page calls it
+    "num_fewshot": "few-shot examples", "batch_size": "batch size",
+    "limit": "documents per task (limit)", "dtype": "precision",
+    "softmax_dtype": "log-softmax precision", "max_length": "context (tokens)",
+    "devices": "devices",
+}  # fmt: skip
+
+
+def _settings_table(record: dict) -> str:
+    """The harness's version and settings (harness.json's config) as a table."""
+    config = record.get("config", {})
+    shown = {k: v for k, v in HARNESS_SETTINGS.items() if k in config}
+    cells = [str(record.get("harness_version"))]
+    cells += ["all" if k == "limit" and config[k] is None else
+              ", ".join(map(str, config[k])) if isinstance(config[k], list) else str(config[k])
+              for k in shown]  # fmt: skip
+    return _table(["lm-evaluation-harness", *shown.values()], [cells])
 
 
 def harness_report(
@@ -394,13 +475,13 @@ def harness_report(
     records = _harness_records(final, steps)
     plot_harness_curve(records, curve, run)
     last = records[-1]
-    settings = {k: last["config"][k] for k in ("num_fewshot", "batch_size", "limit", "dtype")}
     svg = Path(curve).read_text()
     parts = [
         f"<h1>lm-evaluation-harness: run {html.escape(run)}</h1>",
-        f"<p>harness {html.escape(str(last['harness_version']))}; "
-        f"{html.escape(json.dumps(settings))}; the last column is the Hugging Face export "
-        f"({html.escape(str(last['hf']))}), the others checkpoints exported on the fly.</p>",
+        _settings_table(last),
+        f"<p>The last column is the Hugging Face export ({html.escape(str(last['hf']))}), the "
+        "others checkpoints exported on the fly. The figure draws a task's 0-1 metrics on one "
+        "axis and each other metric (a perplexity on a log axis) on its own.</p>",
         *harness_tables(records),
         f"<div>{svg[svg.index('<svg') :]}</div>",
     ]
@@ -409,123 +490,4 @@ def harness_report(
             f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>harness "
             f"{html.escape(run)}</title><style>{STYLE}</style></head><body>{''.join(parts)}"
             f"</body></html>\n"
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# The data-quality page (data.quality): from the manifests and group counts the stages write
-
-
-def quality_summary(
-    recipes: list[tuple[str | None, dict[str, list[dict]]]],
-    manifests: list[str | os.PathLike],
-    groups: list[str | os.PathLike] = (),
-) -> list[dict]:
-    """Per recipe and list of steps (the datasets sharing one) and step: documents and bytes
-    in and out per dataset (summed over its shards), the removed by reason with a few examples
-    each, and for minhash the duplicate-cluster sizes (size -> clusters, over its groups).
-    `recipes`: ``[(label, {dataset: its steps ({"name", "describe"})})]`` (label None: the
-    config's one recipe; a data ablation's name their runs); `manifests`: every step's shard
-    manifests; `groups`: the group counts (``results/quality/{step}/groups/{group}.json``)."""
-    by_step: dict[tuple[str, str], list[dict]] = {}
-    for path in manifests:
-        m = json.loads(Path(path).read_text())
-        by_step.setdefault((m["step"], m["dataset"]), []).append(m)
-    clusters: dict[str, dict[int, int]] = {}
-    for path in groups:
-        stats = json.loads(Path(path).read_text())
-        sizes = clusters.setdefault(Path(path).parent.parent.name, {})
-        for size, count in stats.get("cluster_sizes", {}).items():
-            sizes[int(size)] = sizes.get(int(size), 0) + count
-    out = []
-    for label, recipe in recipes:
-        out += _quality_recipe(label, recipe, by_step, clusters)
-    return out
-
-
-def _quality_recipe(label, recipe, by_step, clusters) -> list[dict]:
-    shared: dict[tuple[str, ...], list[str]] = {}
-    for name, steps in recipe.items():
-        shared.setdefault(tuple(s["name"] for s in steps), []).append(name)
-    out = []
-    for names in shared.values():
-        steps = []
-        for step in recipe[names[0]]:
-            rows, removed, examples = {}, {}, {}
-            for name in names:
-                shards = sorted(by_step.get((step["name"], name), []), key=lambda m: m["shard"])
-                rows[name] = {"shards": len(shards)} | {
-                    k: sum(m[k] for m in shards)
-                    for k in ("documents_in", "documents_out", "bytes_in", "bytes_out")
-                }
-                for m in shards:
-                    for reason, n in m["removed"].items():
-                        removed[reason] = removed.get(reason, 0) + n
-                    for reason, texts in m["examples"].items():
-                        shown = examples.setdefault(reason, [])
-                        shown += texts[: QUALITY_EXAMPLES - len(shown)]
-            entry = {**step, "datasets": rows, "removed": dict(sorted(removed.items())),
-                     "examples": dict(sorted(examples.items()))}  # fmt: skip
-            if step["name"] in clusters:
-                entry["cluster_sizes"] = dict(sorted(clusters[step["name"]].items()))
-            steps.append(entry)
-        out.append({"label": label, "datasets": names, "steps": steps})
-    return out
-
-
-QUALITY_EXAMPLES = 3  # removed documents shown per reason
-
-
-def _quality_step(index: int, step: dict) -> list[str]:
-    rows = [
-        [name, r["shards"], f"{r['documents_in']:,}", f"{r['documents_out']:,}",
-         f"{r['bytes_in']:,}", f"{r['bytes_out']:,}",
-         f"{1 - r['documents_out'] / r['documents_in']:.1%}" if r["documents_in"] else "-"]
-        for name, r in step["datasets"].items()
-    ]  # fmt: skip
-    parts = [
-        f"<h3>{index}. {html.escape(step['describe'])}</h3>",
-        f"<p>results/quality/{html.escape(step['name'])}</p>",
-        _table(
-            [
-                "dataset",
-                "shards",
-                "documents in",
-                "documents out",
-                "bytes in",
-                "bytes out",
-                "documents removed",
-            ],
-            rows,
-        ),
-    ]
-    if step["removed"]:
-        reasons = [
-            [reason, f"{n:,}", " | ".join(t.replace("\n", " ") for t in step["examples"].get(reason, []))]
-            for reason, n in step["removed"].items()
-        ]  # fmt: skip
-        parts.append(_table(["removed because", "documents", "examples (shortened)"], reasons))
-    if "cluster_sizes" in step:
-        sizes = step["cluster_sizes"]
-        most = max(sizes.values(), default=1)
-        bars = [[size, f"{n:,}", "#" * max(1, round(40 * n / most))] for size, n in sizes.items()]
-        parts.append("<p>duplicate clusters by size (documents in the cluster):</p>")
-        parts.append(_table(["cluster size", "clusters", ""], bars))
-    return parts
-
-
-def quality_page(summary: list[dict], out: str | os.PathLike) -> None:
-    """data-quality.html: :func:`quality_summary` as tables (document text escaped)."""
-    parts = ["<h1>Data quality</h1>"]
-    for recipe in summary:
-        label = f"{recipe['label']}: " if recipe["label"] else ""
-        parts.append(
-            f"<h2>{html.escape(label)}datasets {html.escape(', '.join(recipe['datasets']))}</h2>"
-        )
-        for i, step in enumerate(recipe["steps"], start=1):
-            parts += _quality_step(i, step)
-    with atomic_write(out) as f:
-        f.write(
-            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>data quality</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
         )

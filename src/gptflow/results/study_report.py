@@ -1,10 +1,15 @@
-"""The comparison of a study's runs: loss curves against tokens and FLOPs, loss against lr,
-the fitted scaling laws and the compute-optimal sizes they give, on one self-contained page.
+"""The comparison of a study's runs on one self-contained page that adapts to what the study
+varies: a data ablation leads with its recipes' losses on the shared held-out text, the tokens
+each kept and each recipe's data-quality funnel; a study of several model sizes with its fitted
+scaling laws and compute-optimal sizes; what cannot apply is one line. Figures: loss curves
+against tokens and FLOPs, loss against lr, the L(N) fit, the optimizers.
 
 Each run is read from what a finished run leaves (run.yaml, metrics.jsonl, DONE.json), only
 the records of its finished series. The fits live in `gptflow.results.scaling`; a fit that cannot be
 made (two sizes, one token budget) is said on the page in place of its numbers, so a study of
-any shape renders. Everything is escaped: run names never reach the HTML unescaped.
+any shape renders. Every run keeps one colour and marker (gptflow.results.figures) in every
+figure and table of the page, in the page's order. Everything is escaped: run names never
+reach the HTML unescaped.
 
 Over 500 lines: one page -- the runs read, the fits attempted, the figures, the tables of runs,
 fits, optimizers and ablations -- as short functions that :func:`study_report` puts together;
@@ -22,8 +27,28 @@ from pathlib import Path
 
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, write_json
-from gptflow.results.report import STYLE, _records, _table, harness_metric_names, metric_text
+from gptflow.results.ablation import (
+    ablation_section,
+    harness_cells,
+    harness_columns,
+    intro,
+    name_cell,
+    number_text,
+    run_noise,
+    study_shape,
+)
+from gptflow.results.figures import (
+    SeriesStyle,
+    inline,
+    new_figure,
+    say,
+    series_id,
+    series_styles,
+    write_svg,
+)
+from gptflow.results.report import STYLE, _records, _table
 
+TWO_TERM = "L(N, D) = E + A / N<sup>α</sup> + B / D<sup>β</sup>"  # the data term's fit, as headed
 DEFAULT_BUDGETS = (1e19, 1e21, 1e23)  # FLOPs; the study's own total is added
 SAME_LR = (
     "Not swept: the learning rate is the same in every run,\nso there is no loss-against-lr curve."
@@ -32,9 +57,10 @@ FINAL_LOSS_RULE = (
     "Final loss: DONE.json's final_val_loss; when that is null (eval_iters 0), the last "
     "evaluation record of the finished series; else the last train loss (the 'from' column)."
 )
-LINESTYLES = ("-", "--", ":", "-.")
+LINESTYLES = ("-", "--", ":", "-.")  # the learning rate's, when it varies
 FIGURES = ("loss_tokens", "loss_flops", "loss_lr", "fit", "optimizers")
 ONE_OPTIMIZER = "every run has the same train.optimizer: nothing to compare"
+DEFAULT_SEED = 1234  # train.seed's schema default, for a run.yaml written without the key
 
 
 def _load_run(name: str, paths: dict[str, str]) -> dict:
@@ -49,6 +75,7 @@ def _load_run(name: str, paths: dict[str, str]) -> dict:
         per_step = derived["tokens_per_step"]
         lr, tokens = run["train"]["lr"], done["tokens"]
         optimizer = run["train"].get("optimizer", "adamw")  # runs from before the key
+        seed = run["train"].get("seed", DEFAULT_SEED)
     except KeyError as e:
         raise GptflowError(
             f"study run {name!r}: {paths['config']} or {paths['done']} has no key {e}; "
@@ -68,7 +95,7 @@ def _load_run(name: str, paths: dict[str, str]) -> dict:
         "harness": harness["tasks"] if harness else None,
         # a data ablation: each dataset's recipe and the tokens of its training shards
         "recipe": derived.get("data_quality"), "data_tokens": derived.get("data_tokens"),
-        "name": name, "preset": derived.get("preset"), "parameters": derived["parameters"],
+        "epochs": derived.get("epochs"), "seed": seed, "name": name, "preset": derived.get("preset"), "parameters": derived["parameters"],
         "lr": lr, "optimizer": optimizer, "tokens": tokens, "training_flops": tokens * per_token,
         "final_val_loss": final, "final_from": source, "series": series,
         "curve": {"tokens": [t for t, _ in curve], "flops": [t * per_token for t, _ in curve],
@@ -163,12 +190,8 @@ def _fits(runs: list[dict], budgets: list[float]) -> dict:
 
 def _plot(path: Path, draw: Callable, *, title: str, xlabel: str, ylabel: str) -> str:
     """One figure drawn by `draw(ax)`, written as SVG atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, axes = new_figure()
+    ax = axes[0, 0]
     draw(ax)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -176,18 +199,26 @@ def _plot(path: Path, draw: Callable, *, title: str, xlabel: str, ylabel: str) -
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_write(path, "w") as f:
-        fig.savefig(f, format="svg")
-    plt.close(fig)
-    return str(path)
+    return write_svg(fig, path)
 
 
-def _say(ax, text: str) -> None:
-    """A figure that says why it has no points."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
-    ax.set_xticks([])
-    ax.set_yticks([])
+def _line_kwargs(runs: list[dict], styles: dict[str, SeriesStyle]) -> dict[str, dict]:
+    """Each run's plot() keywords: its colour and marker, and its learning rate's line style
+    when the learning rate varies (a second cue in a sweep)."""
+    lrs = sorted({r["lr"] for r in runs})
+    out = {}
+    for r in runs:
+        kw = styles[r["name"]].kwargs()
+        if len(lrs) > 1:
+            kw["linestyle"] = LINESTYLES[lrs.index(r["lr"]) % len(LINESTYLES)]
+        out[r["name"]] = kw
+    return out
+
+
+def _curve(ax, figure: str, name: str, xs: list, ys: list, kw: dict, label: str | None = None):
+    """A run's curve, every point marked (every n-th of a long one), its SVG group named."""
+    ax.plot(xs, ys, label=label or name, gid=series_id(figure, name), markersize=4,
+            markevery=max(1, len(xs) // 12), **kw)  # fmt: skip
 
 
 def optimizer_comparison(runs: list[dict]) -> list[dict]:
@@ -234,20 +265,16 @@ def tokens_to_reach(tokens: list[float], losses: list[float], target: float) -> 
     return None
 
 
-def _optimizers(runs: list[dict], rows: list[dict]) -> Callable:
+def _optimizers(runs: list[dict], rows: list[dict], kw: dict[str, dict]) -> Callable:
     def draw(ax) -> None:
         if not rows:
-            _say(ax, ONE_OPTIMIZER)
+            say(ax, ONE_OPTIMIZER)
             return
-        sizes = sorted({r["parameters"] for r in rows})
-        optimizers = sorted({r["optimizer"] for r in rows})
         named = {r["name"]: r for r in runs}
         for row in rows:
             c = named[row["run"]]["curve"]
-            ax.plot(c["tokens"], c["loss"], color=f"C{sizes.index(row['parameters']) % 10}",
-                    linestyle=LINESTYLES[optimizers.index(row["optimizer"]) % len(LINESTYLES)],
-                    marker="o" if len(c["tokens"]) < 30 else None, markersize=3,
-                    label=f"{row['preset']} {row['optimizer']} lr {row['lr']:g}")  # fmt: skip
+            _curve(ax, "optimizers", row["run"], c["tokens"], c["loss"], kw[row["run"]],
+                   f"{row['run']} ({row['optimizer']}, lr {row['lr']:g})")  # fmt: skip
         ax.set_xscale("log")
 
     return draw
@@ -259,32 +286,16 @@ def _optimizers_table(rows: list[dict]) -> list[str]:
     head = ["preset", "parameters", "optimizer", "tuned lr", "final loss",
             "tokens to AdamW's final loss", "x AdamW's tokens"]  # fmt: skip
     body = [[r["preset"], f"{r['parameters']:,}", r["optimizer"], f"{r['lr']:g}",
-             f"{r['final_val_loss']:.4f}", _g(r["tokens_to_adamw_final"]), _g(r["ratio"])]
+             f"{r['final_val_loss']:.4f}", number_text(r["tokens_to_adamw_final"]), number_text(r["ratio"])]
             for r in rows]  # fmt: skip
     return ["<h2>Optimizers</h2>", f"<p>{html.escape(optimizer_comparison.__doc__.split('.')[0])}."
             "</p>", _table(head, body)]  # fmt: skip
 
 
-def _styles(runs: list[dict]) -> dict[str, dict]:
-    """Colour by size, line style by lr, so a run's line reads the same in every figure."""
-    sizes = sorted({r["parameters"] for r in runs})
-    lrs = sorted({r["lr"] for r in runs})
-    return {
-        r["name"]: {
-            "color": f"C{sizes.index(r['parameters']) % 10}",
-            "linestyle": LINESTYLES[lrs.index(r["lr"]) % len(LINESTYLES)],
-        }
-        for r in runs
-    }
-
-
-def _curves(runs: list[dict], x: str) -> Callable:
+def _curves(runs: list[dict], x: str, kw: dict[str, dict], figure: str) -> Callable:
     def draw(ax) -> None:
-        style = _styles(runs)
         for r in runs:
-            c = r["curve"]
-            ax.plot(c[x], c["loss"], marker="o" if len(c[x]) < 30 else None, markersize=3,
-                    label=r["name"], **style[r["name"]])  # fmt: skip
+            _curve(ax, figure, r["name"], r["curve"][x], r["curve"]["loss"], kw[r["name"]])
         ax.set_xscale("log")
         if x == "flops":
             ax.set_yscale("log")
@@ -301,33 +312,43 @@ def _frontier(frontier: dict | None) -> Callable:
     return draw
 
 
-def _loss_lr(runs: list[dict]) -> Callable:
+def _point(ax, figure: str, r: dict, x: float, kw: dict) -> None:
+    """One run as one point, in its colour and marker."""
+    ax.plot([x], [r["final_val_loss"]], label=r["name"], gid=series_id(figure, r["name"]),
+            markersize=7, **{**kw, "linestyle": "none"})  # fmt: skip
+
+
+def _loss_lr(runs: list[dict], kw: dict[str, dict]) -> Callable:
     def draw(ax) -> None:
         if len({r["lr"] for r in runs}) < 2:
-            _say(ax, SAME_LR)
+            say(ax, SAME_LR)
             return
         groups: dict[tuple, list[dict]] = {}
         for r in runs:
             groups.setdefault((r["parameters"], r["tokens"]), []).append(r)
         several_budgets = len({d for _, d in groups}) > 1
-        for (n, d), rs in sorted(groups.items()):
+        for (_, d), rs in sorted(groups.items()):
             rs = sorted(rs, key=lambda r: r["lr"])
-            label = f"{rs[0]['preset']} ({n:,} parameters)"
-            label += f", {d:,} tokens" if several_budgets else ""
-            ax.plot([r["lr"] for r in rs], [r["final_val_loss"] for r in rs], marker="o",
-                    label=label)  # fmt: skip
+            ax.plot([r["lr"] for r in rs], [r["final_val_loss"] for r in rs], color="0.6",
+                    linewidth=1, zorder=1)  # fmt: skip
+            for r in rs:
+                _point(ax, "loss_lr", r, r["lr"], kw[r["name"]])
+            label = f"{rs[0]['preset']}" + (f", {d:,} tokens" if several_budgets else "")
+            ax.annotate(label, (rs[-1]["lr"], rs[-1]["final_val_loss"]), fontsize=7,
+                        xytext=(6, 0), textcoords="offset points", va="center")  # fmt: skip
         ax.set_xscale("log")
 
     return draw
 
 
-def _power_law_fit(runs: list[dict], fits: dict) -> Callable:
+def _power_law_fit(runs: list[dict], fits: dict, kw: dict[str, dict]) -> Callable:
     def draw(ax) -> None:
-        ax.plot([r["parameters"] for r in runs], [r["final_val_loss"] for r in runs], "o",
-                color="0.7", label="every run")  # fmt: skip
+        for r in runs:
+            _point(ax, "fit", r, r["parameters"], kw[r["name"]])
         used = [r for r in runs if r["name"] in fits["points"]]
         ax.plot([r["parameters"] for r in used], [r["final_val_loss"] for r in used], "o",
-                color="C0", label="points of the fit")  # fmt: skip
+                markersize=13, markerfacecolor="none", markeredgecolor="black",
+                label="points of the fit")  # fmt: skip
         fit, error = fits["power_law"]
         if fit is None:
             ax.text(0.5, 0.9, f"no fit: {error}", ha="center", va="top", wrap=True,
@@ -335,7 +356,7 @@ def _power_law_fit(runs: list[dict], fits: dict) -> Callable:
         else:
             lo, hi = min(r["parameters"] for r in runs), max(r["parameters"] for r in runs)
             xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
-            ax.plot(xs, [fit.predict(x) for x in xs], color="C1", label=_formula(fit))
+            ax.plot(xs, [fit.predict(x) for x in xs], color="black", label=_formula(fit))
         ax.set_xscale("log")
 
     return draw
@@ -345,36 +366,38 @@ def _formula(fit) -> str:
     return f"L(N) = {fit.E:.4g} + {fit.A:.4g} / N^{fit.alpha:.4f}"
 
 
-def _figures(runs: list[dict], fits: dict, out: Path) -> dict[str, str]:
+def _figures(runs: list[dict], fits: dict, out: Path, styles: dict[str, SeriesStyle]) -> dict:
+    kw = _line_kwargs(runs, styles)
     frontier = _frontier(fits["frontier"][0])
 
     def flops(ax) -> None:
-        _curves(runs, "flops")(ax)
+        _curves(runs, "flops", kw, "loss_flops")(ax)
         frontier(ax)
 
     loss = "validation loss"
     return {
-        "loss_tokens": _plot(out / "loss_tokens.svg", _curves(runs, "tokens"),
+        "loss_tokens": _plot(out / "loss_tokens.svg", _curves(runs, "tokens", kw, "loss_tokens"),
                              title="validation loss against tokens", xlabel="tokens",
                              ylabel=loss),
         "loss_flops": _plot(out / "loss_flops.svg", flops,
                             title="validation loss against training FLOPs",
                             xlabel="training FLOPs", ylabel=loss),
-        "loss_lr": _plot(out / "loss_lr.svg", _loss_lr(runs),
+        "loss_lr": _plot(out / "loss_lr.svg", _loss_lr(runs, kw),
                          title="final loss against learning rate", xlabel="learning rate",
                          ylabel="final loss"),
-        "fit": _plot(out / "fit.svg", _power_law_fit(runs, fits),
+        "fit": _plot(out / "fit.svg", _power_law_fit(runs, fits, kw),
                      title="final loss against parameters", xlabel="parameters N",
                      ylabel="final loss"),
-        "optimizers": _plot(out / "optimizers.svg", _optimizers(runs, fits["optimizers"]),
+        "optimizers": _plot(out / "optimizers.svg", _optimizers(runs, fits["optimizers"], kw),
                             title="validation loss against tokens, each size's tuned run per "
                             "optimizer", xlabel="tokens", ylabel=loss),
     }  # fmt: skip
 
 
 # "harness": the tasks of its harness.json (eval.harness), else null
-RUN_KEYS = ("name", "preset", "parameters", "lr", "optimizer", "tokens", "training_flops", "final_val_loss",
-            "final_from", "series", "harness", "recipe", "data_tokens")  # fmt: skip
+RUN_KEYS = ("name", "preset", "parameters", "lr", "optimizer", "seed", "tokens", "training_flops",
+            "final_val_loss", "final_from", "series", "harness", "recipe", "data_tokens",
+            "epochs")  # fmt: skip
 
 
 def _fit_json(study: str, runs: list[dict], fits: dict) -> dict:
@@ -394,20 +417,18 @@ def _fit_json(study: str, runs: list[dict], fits: dict) -> dict:
         "flops_per_parameter_token": fits["flops_per_parameter_token"],
         "compute_optimal": fits["compute_optimal"],
         "optimizers": fits["optimizers"],
+        "varies": fits["shape"]["varies"],
+        "noise": {k: v for k, v in fits["noise"].items() if k != "text"},
     }
 
 
-def _g(x) -> str:
-    """A number as the page shows it: 4 significant digits, '—' for none."""
-    return "—" if x is None else f"{x:.4g}"
-
-
-def _runs_table(runs: list[dict]) -> str:
-    head = ["run", "preset", "parameters", "learning rate", "tokens", "training FLOPs",
+def _runs_table(runs: list[dict], styles: dict[str, SeriesStyle]) -> str:
+    head = ["run", "preset", "parameters", "learning rate", "seed", "tokens", "training FLOPs",
             "final loss", "from", "series"]  # fmt: skip
     rows = [
-        [r["name"], r["preset"], f"{r['parameters']:,}", f"{r['lr']:g}", f"{r['tokens']:,}",
-         _g(r["training_flops"]), f"{r['final_val_loss']:.4f}", r["final_from"], r["series"]]
+        [name_cell(r, styles), r["preset"], f"{r['parameters']:,}", f"{r['lr']:g}", r["seed"],
+         f"{r['tokens']:,}", number_text(r["training_flops"]), f"{r['final_val_loss']:.4f}",
+         r["final_from"], r["series"]]
         for r in runs
     ]  # fmt: skip
     return _table(head, rows)
@@ -422,38 +443,40 @@ def _fit_tables(fits: dict) -> list[str]:
     def count(points) -> int:
         return len(points) if isinstance(points, list | tuple) else points
 
-    parts = ["<h2>L(N) = E + A / N<sup>α</sup></h2>",
+    parts = ["<h3>L(N) = E + A / N<sup>α</sup></h3>",
              f"<p>points: {html.escape(fits['rule'])}</p>"]  # fmt: skip
     if power is None:
         parts.append(f"<p>{err['power_law']}</p>")
     else:
-        row = [_g(power.E), _g(power.A), _g(power.alpha), _g(power.rmse),
-               _g(power.max_rel_error), count(power.points)]  # fmt: skip
+        row = [number_text(x) for x in (power.E, power.A, power.alpha, power.rmse,
+                                         power.max_rel_error)] + [count(power.points)]  # fmt: skip
         parts.append(_table(["E", "A", "α", *error_head], [row]))
         parts += [f"<p>warning: {html.escape(w)}</p>" for w in power.warnings]
-    parts.append("<h2>L(N, D) = E + A / N<sup>α</sup> + B / D<sup>β</sup></h2>")
-    if two is None:
-        parts.append(f"<p>{err['two_term']}</p>")
+    if "tokens" not in fits["shape"]["varies"]:
+        pass  # one line under "Not made for this study" (not_made)
+    elif two is None:
+        parts.append(f"<h3>{TWO_TERM}</h3><p>{err['two_term']}</p>")
     else:
-        row = [_g(two.E), _g(two.A), _g(two.alpha), _g(two.B), _g(two.beta), _g(two.rmse),
-               _g(two.max_rel_error), count(two.points)]  # fmt: skip
+        row = [number_text(x) for x in (two.E, two.A, two.alpha, two.B, two.beta, two.rmse,
+                                         two.max_rel_error)] + [count(two.points)]  # fmt: skip
+        parts.append(f"<h3>{TWO_TERM}</h3>")
         parts.append(_table(["E", "A", "α", "B", "β", *error_head], [row]))
         parts += [f"<p>warning: {html.escape(w)}</p>" for w in two.warnings]
-    parts.append("<h2>Compute frontier</h2>")
+    parts.append("<h3>Compute frontier</h3>")
     if frontier is None:
         parts.append(f"<p>{err['frontier']}</p>")
     else:
-        row = [_g(frontier["k"]), _g(frontier["a"]), len(frontier["budgets"])]
+        row = [number_text(frontier["k"]), number_text(frontier["a"]), len(frontier["budgets"])]
         parts.append(_table(["k (N_opt = k C^a)", "a", "budgets"], [row]))
     return parts
 
 
 def _optimal_table(fits: dict) -> list[str]:
-    rows = [[_g(o["flops"]), _g(o["parameters"]), _g(o["tokens"]), _g(o["loss"]), o["from"],
+    rows = [[number_text(o["flops"]), number_text(o["parameters"]), number_text(o["tokens"]), number_text(o["loss"]), o["from"],
              f"{o['beyond_largest_run']:.3g}x"] for o in fits["compute_optimal"]]  # fmt: skip
     k = fits["flops_per_parameter_token"]
     return [
-        "<h2>Compute-optimal size</h2>",
+        "<h3>Compute-optimal size</h3>",
         f"<p>training FLOPs C = {k:.3g} × N × D (this study's median FLOPs per parameter "
         "per token, from each run's derived.training_flops). A budget far beyond the study's "
         "largest run is an extrapolation of the fit, as good as its exponents.</p>",
@@ -466,59 +489,14 @@ def _optimal_table(fits: dict) -> list[str]:
     ]
 
 
-def recipe_text(recipe: dict[str, str] | None) -> str:
-    """A run's data.quality in a few words: one recipe for every dataset, else per dataset."""
-    if not recipe:
-        return "raw"
-    labels = set(recipe.values())
-    if len(labels) == 1:
-        return labels.pop()
-    return "; ".join(f"{name}: {text}" for name, text in recipe.items())
-
-
-def _harness_columns(runs: list[dict]) -> list[tuple[str, str]]:
-    """(task, metric) of every harness metric any run has, in first-seen order."""
-    return list(dict.fromkeys(
-        (task, metric) for r in runs for task, record in (r["harness"] or {}).items()
-        for metric in harness_metric_names(record)
-    ))  # fmt: skip
-
-
-def _ablation_table(runs: list[dict]) -> list[str]:
-    """A data ablation (runs whose data.quality differs): per run its recipe, the tokens of
-    its training shards and trained, the final validation loss on the shared held-out text,
-    and its harness metrics; nothing when every run cleans alike."""
-    if len({recipe_text(r["recipe"]) for r in runs}) < 2:
-        return []
-    columns = _harness_columns(runs)
-    rows = []
-    for r in sorted(runs, key=lambda r: r["final_val_loss"]):
-        row = [r["name"], recipe_text(r["recipe"]), _g(r["data_tokens"]), f"{r['tokens']:,}",
-               f"{r['final_val_loss']:.4f}", r["final_from"]]  # fmt: skip
-        row += [metric_text((r["harness"] or {}).get(task, {}), metric) for task, metric in columns]
-        rows.append(row)
-    head = ["run", "recipe", "training data tokens", "tokens trained", "final loss", "from",
-            *(f"{task} {metric}" for task, metric in columns)]  # fmt: skip
-    return [
-        "<h2>Data ablation</h2>",
-        "<p>Each run trained on the shards of its own data.quality recipe; every run's "
-        "validation loss is on the same held-out text, the validation split of the base "
-        "config's shards, and its harness scores on the same tasks.</p>",
-        _table(head, rows),
-    ]
-
-
-def _harness_table(runs: list[dict]) -> list[str]:
+def _harness_table(runs: list[dict], styles: dict[str, SeriesStyle]) -> list[str]:
     """Each run's lm-evaluation-harness metrics on its export (± stderr), one column per task
     metric; nothing when the study ran no harness."""
     if not any(r["harness"] for r in runs):
         return []
-    columns = _harness_columns(runs)
-    rows = []
-    for r in runs:
-        row = [r["name"], f"{r['parameters']:,}"]
-        row += [metric_text((r["harness"] or {}).get(task, {}), metric) for task, metric in columns]
-        rows.append(row)
+    columns = harness_columns(runs)
+    rows = [[name_cell(r, styles), f"{r['parameters']:,}", *harness_cells(r, columns)]
+            for r in runs]  # fmt: skip
     head = ["run", "parameters", *(f"{task} {metric}" for task, metric in columns)]
     return [
         "<h2>Downstream evaluation</h2>",
@@ -528,26 +506,70 @@ def _harness_table(runs: list[dict]) -> list[str]:
     ]
 
 
-def _inline(svg: str) -> str:
-    """An SVG file's <svg> element, without the XML declaration and doctype."""
-    text = Path(svg).read_text()
-    return text[text.index("<svg") :]
+# ----------------------------------------------------------------------------- the page
 
 
-def _page(study: str, runs: list[dict], fits: dict, figures: dict[str, str]) -> str:
-    parts = [
-        f"<h1>Study {html.escape(study)}</h1>",
-        "<h2>Runs</h2>",
-        f"<p>{html.escape(FINAL_LOSS_RULE)}</p>",
-        _runs_table(runs),
-        *_ablation_table(runs),
-        *_harness_table(runs),
-        *_fit_tables(fits),
-        *_optimal_table(fits),
-        *_optimizers_table(fits["optimizers"]),
-        "<h2>Figures</h2>",
-        *(f"<div>{_inline(path)}</div>" for path in figures.values()),
-    ]
+def not_made(runs: list[dict], shape: dict) -> dict[str, str]:
+    """The sections and figures that cannot apply to this study, each with one line why."""
+    same = shape["same"]
+    out = {}
+    if not shape["ablation"]:
+        out["ablation"] = f"Data ablation: every run cleans its data alike ({same['recipe']})."
+    if not shape["scaling"]:
+        out["fit"] = (
+            "Scaling fits (L(N), L(N, D), the compute frontier, compute-optimal sizes): every "
+            f"run has the same model size, {same['parameters']}; they need three sizes or more."
+        )
+    elif "tokens" not in shape["varies"]:
+        out["two_term"] = (
+            "L(N, D), the fit with a data term: every run trained for the same tokens "
+            f"({same['tokens']}); it needs two token budgets or more."
+        )
+    if not shape["flops"]:
+        out["loss_flops"] = (
+            "Loss against training FLOPs: every run costs the same FLOPs per token, so it is "
+            "the loss-against-tokens figure rescaled."
+        )
+    if not shape["lr"]:
+        out["loss_lr"] = f"Loss against learning rate: every run has lr {same['lr']}."
+    if not shape["optimizers"]:
+        out["optimizers"] = (
+            f"Optimizers: every run uses {same['optimizer']}." if "optimizer" in same
+            else "Optimizers: no run uses AdamW, the reference the comparison measures against."
+        )  # fmt: skip
+    if not shape["harness"]:
+        out["harness"] = (
+            "Downstream evaluation: the study runs no lm-evaluation-harness task "
+            "(eval.harness.tasks)."
+        )
+    return out
+
+
+def _page(study, runs, fits, figures, styles, quality, quality_link) -> str:
+    shape, noise = fits["shape"], fits["noise"]
+    skipped = not_made(runs, shape)
+    parts = [f"<h1>Study {html.escape(study)}</h1>", *intro(runs, shape, quality_link)]
+    shown = [k for k in FIGURES if k not in skipped]
+    if shape["ablation"]:
+        parts += ablation_section(runs, styles, noise, quality, figures)
+        shown.remove("loss_tokens")  # inline above
+    elif shape["scaling"]:  # a size study leads with its fits, the L(N) figure beside them
+        parts += ["<h2>Scaling fits</h2>", f"<div>{inline(Path(figures['fit']).read_text())}</div>",
+                  *_fit_tables(fits), *_optimal_table(fits)]  # fmt: skip
+        shown.remove("fit")
+    parts += ["<h2>Runs</h2>", f"<p>{html.escape(FINAL_LOSS_RULE)}</p>",
+              _runs_table(runs, styles)]  # fmt: skip
+    if not shape["ablation"]:  # the ablation's table has the noise and the harness columns
+        parts += [f"<p>{html.escape(noise['text'])}</p>", *_harness_table(runs, styles)]
+    if shape["scaling"] and shape["ablation"]:  # a data ablation over sizes: its fits after
+        parts += ["<h2>Scaling fits</h2>", *_fit_tables(fits), *_optimal_table(fits)]
+    parts += _optimizers_table(fits["optimizers"])
+    if shown:
+        parts += ["<h2>Figures</h2>",
+                  *(f"<div>{inline(Path(figures[k]).read_text())}</div>" for k in shown)]  # fmt: skip
+    if skipped:
+        parts += ["<h2>Not made for this study</h2>", "<ul class='not-made'>",
+                  *(f"<li>{html.escape(line)}</li>" for line in skipped.values()), "</ul>"]  # fmt: skip
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>study "
         f"{html.escape(study)}</title><style>{STYLE}</style></head><body>"
@@ -561,24 +583,35 @@ def study_report(
     out_dir: str | os.PathLike,
     *,
     budgets: list[float] | None = None,
+    quality: str | os.PathLike | None = None,
+    quality_page: str | os.PathLike | None = None,
 ) -> dict[str, str]:
-    """loss_tokens.svg, loss_flops.svg, loss_lr.svg, fit.svg, optimizers.svg, fit.json and study.html of a
-    study's finished runs; `runs` maps a run name to its "config" (run.yaml), "metrics"
-    (metrics.jsonl) and "done" (DONE.json) paths, and "harness" (harness.json) when the study
-    runs lm-evaluation-harness. Returns file name (no suffix) -> path."""
+    """loss_tokens.svg, loss_flops.svg, loss_lr.svg, fit.svg, optimizers.svg, fit.json and
+    study.html of a study's finished runs; `runs` maps a run name to its "config" (run.yaml),
+    "metrics" (metrics.jsonl) and "done" (DONE.json) paths, and "harness" (harness.json) when
+    the study runs lm-evaluation-harness. `quality`: the data-quality summary
+    (data-quality.json) when a run has a data.quality recipe, and `quality_page` the page the
+    study page links to. Returns file name (no suffix) -> path."""
     if not runs:
         raise GptflowError(f"study {study!r} has no runs; name at least one under its runs")
+    declared = {name: i for i, name in enumerate(runs)}
+    # the page's order, which every table and figure follows: by size, lr, tokens, then as
+    # the study lists them
     loaded = sorted((_load_run(name, paths) for name, paths in runs.items()),
-                    key=lambda r: (r["parameters"], r["lr"], r["tokens"], r["name"]))  # fmt: skip
+                    key=lambda r: (r["parameters"], r["lr"], r["tokens"], declared[r["name"]]))  # fmt: skip
+    styles = series_styles([r["name"] for r in loaded])
     total = sum(r["training_flops"] for r in loaded)
     fits = _fits(loaded, list(budgets) if budgets is not None else [*DEFAULT_BUDGETS, total])
     fits["optimizers"] = optimizer_comparison(loaded)
+    fits["shape"], fits["noise"] = study_shape(loaded), run_noise(loaded)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = _figures(loaded, fits, out)
+    paths = _figures(loaded, fits, out, styles)
     paths["fit_json"] = str(out / "fit.json")
     write_json(paths["fit_json"], _fit_json(study, loaded, fits))
+    summary = json.loads(Path(quality).read_text()) if quality else None
+    link = os.path.relpath(quality_page, out) if quality_page else None
     paths["study"] = str(out / "study.html")
     with atomic_write(paths["study"]) as f:
-        f.write(_page(study, loaded, fits, {k: paths[k] for k in FIGURES}))
+        f.write(_page(study, loaded, fits, paths, styles, summary, link))
     return paths

@@ -261,9 +261,55 @@ def test_the_harness_page_escapes_and_tables_every_step(tmp_path):
     text = page.read_text()
     assert "<b>mc</b>" not in text and "&lt;b&gt;mc&lt;/b&gt;" in text
     assert "<th>step 10</th><th>step 20</th><th>step 30</th>" in text
-    assert "<td>acc</td><td>0.125 ± 0.2</td><td>0.25 ± 0.2</td><td>0.5 ± 0.2</td>" in text
-    assert "<td>word_perplexity</td><td>9.5</td>" in text
+    assert " acc</td><td>0.125 ± 0.2</td><td>0.25 ± 0.2</td><td>0.5 ± 0.2</td>" in text
+    assert " word_perplexity</td><td>9.5</td>" in text
     assert text.count("<svg") == 1 and curve.read_text().count("<svg") == 1
+    # the settings a table, not a JSON dict
+    assert "{&quot;" not in text and "<th>few-shot examples</th>" in text
+    assert "<td>0.4.13</td><td>0</td><td>4</td><td>all</td><td>float32</td>" in text
+
+
+def test_the_harness_curve_gives_each_scale_its_own_axis_and_each_metric_its_colour(tmp_path):
+    """A task's 0-1 metrics share a panel; a word perplexity (~1e5, a log axis) and bits per
+    byte each get their own, so neither reads as 0 on the other's axis -- bits per byte too
+    when a trained model brings it under 1 (0.9 here), where it is not an accuracy; each
+    metric keeps one colour and marker, the table's mark in the same colour."""
+    import json
+    import re
+    import xml.etree.ElementTree as ET
+
+    from gptflow.results.figures import series_styles
+    from gptflow.results.report import harness_metric_names, harness_panels, harness_report
+
+    metrics = {"acc": 0.25, "acc_norm": 0.5, "word_perplexity": 1.2e5, "bits_per_byte": 0.9}
+    record = {"harness_version": "0.4.13", "step": 30, "hf": "hf", "config": {"limit": 8},
+              "tasks": {"wiki": {"version": 1.0, "num_fewshot": 0, "samples": {"effective": 8},
+                       "metrics": metrics}}}  # fmt: skip
+    final = tmp_path / "harness.json"
+    final.write_text(json.dumps(record))
+    assert harness_panels([record]) == [
+        ("wiki", ["acc", "acc_norm"]), ("wiki", ["word_perplexity"]), ("wiki", ["bits_per_byte"])
+    ]  # fmt: skip
+    page, curve = tmp_path / "harness.html", tmp_path / "curve.svg"
+    harness_report("r", final, [], page=page, curve=curve)
+    root = ET.parse(curve).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    styles = series_styles(harness_metric_names(record["tasks"]["wiki"]))
+    axes_of = {}
+    for axes in root.iter(f"{ns}g"):
+        if re.fullmatch(r"axes_\d+", axes.get("id", "")):
+            for g in axes.findall(f"{ns}g"):
+                if g.get("id", "").startswith("harness-wiki:"):
+                    axes_of[g.get("id").split(":", 1)[1]] = axes.get("id")
+                    style = "".join(e.get("style", "") for e in g.iter())
+                    assert styles[g.get("id").split(":", 1)[1]].color in style
+    assert axes_of["acc"] == axes_of["acc_norm"]
+    assert len({axes_of["acc"], axes_of["word_perplexity"], axes_of["bits_per_byte"]}) == 3
+    assert len({s.color for s in styles.values()}) == 4
+    assert re.search(r"10\^\{5\}", curve.read_text())  # the perplexity's log axis: 10^5 ticks
+    text = page.read_text()
+    for metric, style in styles.items():
+        assert f"style='color:{style.color}' title='{metric} in the figures'" in text
 
 
 def test_a_generation_longer_than_the_trained_context_is_refused_at_planning(tmp_path):

@@ -135,13 +135,14 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 def plotted_points(svg) -> list[list[tuple[float, float]]]:
     """The points of each data line of a matplotlib SVG, in plot order, in pixels: the markers
-    (<use x= y=>) of the line2d groups directly inside the axes (the tick and legend lines sit
-    deeper, in xtick_N / legend_1 groups)."""
+    (<use x= y=>) of the line2d groups directly inside the axes, or of a series' group named
+    FIGURE:SERIES (gptflow.results.figures.series_id; the tick and legend lines sit deeper, in
+    xtick_N / legend_1 groups)."""
     axes = ET.parse(svg).getroot().find(f".//{SVG}g[@id='axes_1']")
     return [
         [(float(u.get("x")), float(u.get("y"))) for u in g.iter(f"{SVG}use")]
         for g in axes.findall(f"{SVG}g")
-        if g.get("id", "").startswith("line2d_")
+        if g.get("id", "").startswith("line2d_") or ":" in g.get("id", "")
     ]
 
 
@@ -246,45 +247,22 @@ def test_run_card_shows_how_long_checkpoint_saves_held_training(tmp_path, monkey
     assert "checkpoint saves" not in make_card()
 
 
-def test_the_data_quality_page_shows_each_ablation_recipe_under_its_runs(tmp_path):
-    """A data ablation's page (rule report_data_quality): each recipe once, headed by the runs
-    cleaning with it; a step two recipes share counted under both from its one set of
-    manifests; a step's figures are the sums of its shards' manifests, not another step's."""
-    from gptflow.results.report import quality_page, quality_summary
-
-    def manifest(step, dataset, shard, n_in, n_out, reason):
-        m = {"step": step, "dataset": dataset, "shard": shard, "documents_in": n_in,
-             "documents_out": n_out, "bytes_in": 10 * n_in, "bytes_out": 10 * n_out,
-             "removed": {reason: n_in - n_out}, "examples": {reason: ["<b>gone</b>"]}}  # fmt: skip
-        path = tmp_path / f"{step}-{dataset}-{shard}.json"
-        path.write_text(json.dumps(m))
-        return path
-
-    manifests = [
-        manifest("01-exact-x", "a", "00000", 10, 7, "exact"),
-        manifest("01-exact-x", "a", "00001", 5, 5, "exact"),
-        manifest("02-filters-y", "a", "00000", 7, 2, "gopher_repetition"),
-        manifest("02-filters-y", "a", "00001", 5, 4, "c4"),
-    ]
-    exact = {"name": "01-exact-x", "describe": "exact"}
-    filters = {"name": "02-filters-y", "describe": "filters <c4>"}
-    recipes = [("study runs exact", {"a": [exact]}), ("study runs clean, clean-lr", {"a": [exact, filters]})]  # fmt: skip
-    summary = quality_summary(recipes, manifests)
-    assert [(r["label"], r["datasets"], [s["name"] for s in r["steps"]]) for r in summary] == [
-        ("study runs exact", ["a"], ["01-exact-x"]),
-        ("study runs clean, clean-lr", ["a"], ["01-exact-x", "02-filters-y"]),
-    ]
-    shared = {"shards": 2, "documents_in": 15, "documents_out": 12, "bytes_in": 150, "bytes_out": 120}  # fmt: skip
-    assert summary[0]["steps"][0]["datasets"]["a"] == shared == summary[1]["steps"][0]["datasets"]["a"]  # fmt: skip
-    assert summary[1]["steps"][1]["datasets"]["a"]["documents_out"] == 6
-    assert summary[1]["steps"][1]["removed"] == {"c4": 1, "gopher_repetition": 5}
-    quality_page(summary, tmp_path / "page.html")
-    text = (tmp_path / "page.html").read_text()
-    assert "<h2>study runs exact: datasets a</h2>" in text
-    assert "<h2>study runs clean, clean-lr: datasets a</h2>" in text
-    assert (
-        "filters &lt;c4&gt;" in text and "&lt;b&gt;gone&lt;/b&gt;" in text and "<b>gone" not in text
-    )
-    # the config's one recipe (label None): headed by its datasets alone
-    quality_page(quality_summary([(None, {"a": [exact]})], manifests), tmp_path / "one.html")
-    assert "<h2>datasets a</h2>" in (tmp_path / "one.html").read_text()
+def test_run_card_links_the_data_quality_page_and_names_the_runs_recipe(tmp_path, monkeypatch):
+    """With data.quality the card's data card names the run's recipe and links the
+    data-quality page relative to the card, so the link resolves where both are written;
+    without it the card says nothing of data quality."""
+    monkeypatch.chdir(tmp_path)
+    write_run_files(tmp_path, {})
+    run = yaml.safe_load(Path("run.yaml").read_text())
+    run.setdefault("derived", {})["data_quality"] = {"web": "exact + filters <c4>"}
+    Path("run.yaml").write_text(yaml.safe_dump(run))
+    page = tmp_path / "results/quality/report/data-quality.html"
+    out = tmp_path / "results/runs/r/report/card.html"
+    out.parent.mkdir(parents=True)
+    run_card(run_yaml="run.yaml", done="DONE.json", evaluation="eval.json", datasets={},
+             container="img.json", out=out, quality_page=page)  # fmt: skip
+    card = out.read_text()
+    assert "data.quality recipe: exact + filters &lt;c4&gt;." in card
+    href = re.search(r"<a href='([^']+)'>the data-quality page</a>", card)[1]
+    assert (out.parent / href).resolve() == page.resolve()
+    assert "data-quality" not in make_card()

@@ -10,6 +10,7 @@ import json
 import math
 import random
 import re
+import statistics
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,13 +18,17 @@ import pytest
 import yaml
 
 from gptflow.results.study_report import (
-    RUN_KEYS,
-    _ablation_table,
     _fits,
     _load_run,
     study_report,
 )
-from tests.unit.results.test_report import assert_plot_shows, plotted_points, texts
+from tests.unit.results.test_report import (
+    SVG,
+    assert_affine,
+    assert_plot_shows,
+    plotted_points,
+    texts,
+)
 
 E, A, ALPHA = 1.8, 60.0, 0.3
 B, BETA = 50.0, 0.3  # the data term: a run's loss after D tokens is L(N) + B / D^BETA
@@ -47,16 +52,16 @@ def loss(preset: str, lr: float, step: int, penalty=None) -> float:
 
 def write_run(root: Path, name: str, preset: str, lr: float, *, steps: int = 1000,
               null_final: bool = False, penalty=None, optimizer: str | None = None,
-              speedup: float = 1.0) -> dict[str, str]:  # fmt: skip
+              speedup: float = 1.0, offset: float = 0.0) -> dict[str, str]:  # fmt: skip
     """run.yaml, metrics.jsonl (an evaluation every EVAL_INTERVAL steps from 0 of series "s1",
     after the records of a stale series "old" whose losses are 0.5) and DONE.json. `optimizer`:
     train.optimizer (absent by default, as in runs from before it); `speedup`: its loss after
-    s steps is the law's after speedup x s."""
+    s steps is the law's after speedup x s; `offset`: added to every loss."""
 
     plain = functools.partial(globals()["loss"], penalty=penalty)
 
     def loss(preset, lr, step):
-        return plain(preset, lr, step * speedup)
+        return plain(preset, lr, step * speedup) + offset
 
     n, tokens = SIZES[preset], steps * PER_STEP
     d = root / f"{len(list(root.glob('*'))) if root.is_dir() else 0}"
@@ -95,13 +100,48 @@ def grid(root: Path, presets=("s", "m", "l"), lrs=(1e-3, 3e-3), steps=(1000,)) -
     }  # fmt: skip
 
 
-def table_rows(page: str) -> list[list[str]]:
-    """The cells of the first table's body rows (the runs table), unescaped."""
-    body = page.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+MARK = re.compile(r"<span class='mark' style='color:(#[0-9a-f]{6})' title='[^']*'>(.)</span> ")
+
+
+def table_rows(page: str, after: str = "<h2>Runs</h2>") -> list[list[str]]:
+    """The cells of the body rows of the first table after `after` (the runs table; of a
+    section without it, its first table), unescaped, without the mark that leads a run's
+    name (marks(): those)."""
+    body = page.split(after, 1)[-1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     return [
-        [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)]
+        [html.unescape(MARK.sub("", c)) for c in re.findall(r"<td>(.*?)</td>", row)]
         for row in re.findall(r"<tr>(.*?)</tr>", body)
     ]
+
+
+def series_points(svg, figure: str) -> dict[str, list[tuple[float, float]]]:
+    """{series: its points in pixels} of a figure's series groups (FIGURE:SERIES ids), in
+    drawing order."""
+    axes = ET.parse(svg).getroot().find(f".//{SVG}g[@id='axes_1']")
+    return {
+        g.get("id").split(":", 1)[1]: [(float(u.get("x")), float(u.get("y")))
+                                       for u in g.iter(f"{SVG}use")]
+        for g in axes.findall(f"{SVG}g") if g.get("id", "").startswith(f"{figure}:")
+    }  # fmt: skip
+
+
+def series_colours(svg, figure: str) -> dict[str, str]:
+    """{series: the stroke colour of its line (or its markers' fill, for points)}."""
+    axes = ET.parse(svg).getroot().find(f".//{SVG}g[@id='axes_1']")
+    out = {}
+    for g in axes.findall(f"{SVG}g"):
+        if g.get("id", "").startswith(f"{figure}:"):
+            styles = " ".join(e.get("style", "") for e in g.iter() if e.get("style"))
+            out[g.get("id").split(":", 1)[1]] = re.search(
+                r"(?:stroke|fill): (#[0-9a-f]{6})", styles
+            )[1]
+    return out
+
+
+def marks(page: str) -> list[tuple[str, str]]:
+    """(colour, marker character) leading each body row of the first table."""
+    body = page.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    return [MARK.search(row).groups() for row in re.findall(r"<tr>(.*?)</tr>", body)]
 
 
 ORDER = [(p, lr) for p in ("s", "m", "l") for lr in (1e-3, 3e-3)]  # by size, then lr
@@ -127,7 +167,7 @@ def test_every_file_parses_and_the_runs_table_holds_the_inputs(sweep):
     fit = json.loads(Path(paths["fit_json"]).read_text())
     page = Path(paths["study"]).read_text()
     want = [
-        [f"{p}-lr{lr:g}", p, f"{SIZES[p]:,}", f"{lr:g}", f"{TOKENS:,}",
+        [f"{p}-lr{lr:g}", p, f"{SIZES[p]:,}", f"{lr:g}", "1234", f"{TOKENS:,}",
          f"{FLOPS_PER_PARAMETER_TOKEN * SIZES[p] * TOKENS:.4g}", f"{loss(p, lr, 1000):.4f}",
          "last evaluation" if (p, lr) == ("m", 3e-3) else "final_val_loss", "s1"]
         for p, lr in ORDER
@@ -140,8 +180,11 @@ def test_every_file_parses_and_the_runs_table_holds_the_inputs(sweep):
         assert math.isclose(r["training_flops"], FLOPS_PER_PARAMETER_TOKEN * SIZES[p] * TOKENS)
     assert fit["study"] == "sweep"
     assert "same tokens" in fit["two_term"]["error"]  # one token budget: L(N, D) not attempted
-    assert page.count("<svg") == 5 and "<?xml" not in page
-    assert fit["optimizers"] == [] and "<h2>Optimizers</h2>" not in page  # AdamW alone
+    # every figure but the optimizers' (AdamW alone: one line under "Not made for this study")
+    assert page.count("<svg") == 4 and "<?xml" not in page
+    assert fit["optimizers"] == [] and "<h2>Optimizers</h2>" not in page
+    assert "<li>Optimizers: every run uses adamw.</li>" in page
+    assert fit["varies"] == ["parameters", "lr"] and fit["noise"]["sigma"] is None
     steps = range(EVAL_INTERVAL, 1001, EVAL_INTERVAL)
     curves = [[(math.log10(s * PER_STEP), loss(p, lr, s)) for s in steps] for p, lr in ORDER]
     assert_plot_shows(paths["loss_tokens"], curves)
@@ -161,8 +204,12 @@ def test_the_lr_figure_says_so_when_the_lr_does_not_vary(tmp_path, sweep):
     assert plotted_points(same["loss_lr"]) == []
     swept = sweep
     assert "the learning rate is the same" not in " ".join(texts(swept["loss_lr"]))
-    lines = [[(math.log10(lr), loss(p, lr, 1000)) for lr in (1e-3, 3e-3)] for p in "sml"]
-    assert_plot_shows(swept["loss_lr"], lines)  # one line per size: final loss against lr
+    # each run one point (its final loss at its lr), in the runs' order; a grey line per size
+    drawn = series_points(swept["loss_lr"], "loss_lr")
+    assert list(drawn) == [f"{p}-lr{lr:g}" for p, lr in ORDER]
+    pairs = [((math.log10(lr), loss(p, lr, 1000)), drawn[f"{p}-lr{lr:g}"][0]) for p, lr in ORDER]
+    assert_affine([(want[0], got[0]) for want, got in pairs], "lr")
+    assert_affine([(want[1], got[1]) for want, got in pairs], "final loss")
 
 
 def test_a_run_name_with_markup_is_escaped(tmp_path):
@@ -185,7 +232,7 @@ def test_two_sizes_render_with_no_fit_and_its_reason(tmp_path):
     assert reason
     page = Path(paths["study"]).read_text()
     assert f"<p>{html.escape(f'no fit: {reason}')}</p>" in page  # in the text, not only fit.svg
-    assert len(table_rows(page)) == 4 and page.count("<svg") == 5
+    assert len(table_rows(page)) == 4 and page.count("<svg") == 4  # not the optimizers
     assert any(t.startswith("no fit:") for t in texts(paths["fit"]))
 
 
@@ -201,6 +248,14 @@ def test_the_fit_recovers_the_synthetic_power_law(sweep):
     assert any(t.startswith("L(N) = ") for t in texts(paths["fit"]))
     page = Path(paths["study"]).read_text()
     assert "no fit:" not in page.split("L(N, D)")[0]  # L(N) fitted: its table is shown
+    # a size study leads with its fits (the L(N) figure beside them); L(N, D), which one token
+    # budget cannot fit, is one line at the end, not a heading with "no fit"
+    heads = re.findall(r"<h2>(.*?)</h2>", page)
+    assert heads == ["Scaling fits", "Runs", "Figures", "Not made for this study"], heads
+    fits = page.split("<h2>Scaling fits</h2>", 1)[1].split("<h2>Runs</h2>")[0]
+    assert "<svg" in fits and "L(N) = " in "".join(re.findall(r"<!-- (.*?) -->", fits))
+    assert "no fit" not in page and "<h3>L(N, D)" not in page
+    assert "<li>L(N, D), the fit with a data term: every run trained for the same tokens" in page
 
 
 def test_compute_optimal_rows_for_the_default_budgets(sweep):
@@ -301,7 +356,7 @@ def test_each_runs_harness_metrics_are_tabled_and_in_fit_json(tmp_path):
     assert {r["name"]: r["harness"]["mc"]["metrics"]["acc"] for r in fit["runs"]} == {
         "s-lr0.001": 0.5, "m-lr0.001": 0.25,
     }  # fmt: skip
-    assert "Downstream evaluation" not in Path(study_report(
+    assert "<h2>Downstream evaluation</h2>" not in Path(study_report(
         "none", grid(tmp_path / "b", presets=("s", "m"), lrs=(1e-3,)), tmp_path / "o2"
     )["study"]).read_text()  # fmt: skip
 
@@ -335,33 +390,168 @@ def test_each_optimizers_tuned_run_and_the_tokens_to_adamws_final_loss(tmp_path)
     assert_plot_shows(paths["optimizers"], curves)
 
 
-def test_a_data_ablation_is_tabled_per_recipe(tmp_path):
-    """Runs whose run.yaml derived.data_quality differ (a data ablation): a 'Data ablation'
-    table, best final loss first, with each recipe, its training data's tokens, the tokens
-    trained, the loss and the harness scores; the recipe in fit.json's runs. Alike recipes: no
-    table. (The page's assembly is the other tests'; this one reads the runs and tables them.)"""
-    runs = grid(tmp_path, presets=("s", "m"), lrs=(1e-3,))
-    recipes = {"s-lr0.001": None, "m-lr0.001": {"web": "exact + minhash", "books": "exact"}}
-    for i, (name, files) in enumerate(runs.items()):
+RECIPES = {"raw": None, "exact": {"web": "exact"}, "clean": {"web": "exact + minhash"}}
+OFFSETS = {"raw": 0.05, "exact": 0.0, "clean": 0.3}  # exact lowest, clean 0.3 above it
+KEPT = {"raw": (12, 12), "exact": (12, 9), "clean": (12, 3)}  # documents: collected, kept
+
+
+def quality_summary_file(root: Path) -> Path:
+    """data-quality.json of the three recipes, from hand-made manifests (gptflow's own
+    summary: the study page's funnel must be the manifests' numbers): exact removes 3 of 12
+    documents of web's two shards, minhash 6 of the 9 left; bytes are 10 a document."""
+    from gptflow.results.quality_report import quality_summary
+
+    def manifest(step, shard, n_in, n_out, reason):
+        m = {"step": step, "dataset": "web", "shard": shard, "documents_in": n_in,
+             "documents_out": n_out, "bytes_in": 10 * n_in, "bytes_out": 10 * n_out,
+             "removed": {reason: n_in - n_out}, "examples": {reason: ["gone"]}}  # fmt: skip
+        path = root / f"{step}-{shard}.manifest.json"
+        path.write_text(json.dumps(m))
+        return path
+
+    manifests = [manifest("01-exact-a", "00000", 7, 5, "exact"),
+                 manifest("01-exact-a", "00001", 5, 4, "exact"),
+                 manifest("02-minhash-b", "00000", 5, 1, "minhash"),
+                 manifest("02-minhash-b", "00001", 4, 2, "minhash")]  # fmt: skip
+    exact = {"name": "01-exact-a", "kind": "exact", "describe": "exact"}
+    minhash = {"name": "02-minhash-b", "kind": "minhash", "describe": "minhash"}
+    recipes = [{"label": "study runs raw", "runs": ["raw"], "datasets": {"web": []}},
+               {"label": "study runs exact", "runs": ["exact"], "datasets": {"web": [exact]}},
+               {"label": "study runs clean", "runs": ["clean"],
+                "datasets": {"web": [exact, minhash]}}]  # fmt: skip
+    path = root / "data-quality.json"
+    path.write_text(json.dumps({"recipes": quality_summary(recipes, manifests)}))
+    return path
+
+
+def ablation_runs(root: Path, seeds: dict[str, int] | None = None) -> dict[str, dict]:
+    """The three recipes' runs (one size, lr and budget), listed raw, exact, clean; `seeds`:
+    more runs, each repeating the named run's recipe with another train.seed and a loss 0.02
+    higher per seed step."""
+    runs = {}
+    for name, base, seed in [(n, n, 1234) for n in RECIPES] + [
+        (f"{b}-s{k}", b, k) for b, k in (seeds or {}).items()
+    ]:
+        files = write_run(root / "runs", name, "s", 1e-3,
+                          offset=OFFSETS[base] + 0.02 * (seed != 1234))  # fmt: skip
         run = yaml.safe_load(Path(files["config"]).read_text())
-        run["derived"]["data_tokens"] = 1000 * (i + 1)
-        if recipes[name]:
-            run["derived"]["data_quality"] = recipes[name]
+        run["train"]["seed"] = seed
+        run["derived"]["data_tokens"] = 100 * KEPT[base][1]
+        run["derived"]["epochs"] = TOKENS / (100 * KEPT[base][1])
+        if RECIPES[base]:
+            run["derived"]["data_quality"] = RECIPES[base]
         Path(files["config"]).write_text(yaml.safe_dump(run))
-        path = Path(files["done"]).with_name("harness.json")
-        path.write_text(json.dumps({"tasks": {"mc": {"version": 1.0, "num_fewshot": 0,
-                                                     "metrics": {"acc": 0.5 - i / 4}}}}))  # fmt: skip
-        files["harness"] = str(path)
-    loaded = [_load_run(name, files) for name, files in runs.items()]
-    section = "".join(_ablation_table(loaded))
-    assert section.startswith("<h2>Data ablation</h2>")
-    m, s = law(SIZES["m"]) + B / TOKENS**BETA, law(SIZES["s"]) + B / TOKENS**BETA
-    assert table_rows(section) == [
-        ["m-lr0.001", "books: exact; web: exact + minhash", "1000", f"{TOKENS:,}", f"{m:.4f}",
-         "final_val_loss", "0.5"],
-        ["s-lr0.001", "raw", "2000", f"{TOKENS:,}", f"{s:.4f}", "final_val_loss", "0.25"],
+        runs[name] = files
+    return runs
+
+
+def test_a_data_ablation_leads_with_its_recipes_and_says_the_rest_in_one_line(tmp_path):
+    """Runs whose derived.data_quality differ (a data ablation) at one size and lr: the page
+    leads with the recipes (after its one-paragraph intro): the answer (the lowest final loss
+    and each other run's difference from it), the table in the page's order (as listed: raw,
+    exact, clean) with the documents each recipe kept (the manifests' numbers), the tokens and
+    epochs, the loss, its difference from the lowest; the noise said not measured; each
+    recipe's funnel; then the loss curves. The fits, the lr and FLOPs figures and the
+    optimizers are one line each under "Not made for this study", not sections."""
+    out = tmp_path / "results/studies/abl"
+    quality = quality_summary_file(tmp_path)
+    page_path = tmp_path / "results/quality/report/data-quality.html"
+    paths = study_report("abl", ablation_runs(tmp_path), out, quality=quality,
+                         quality_page=page_path)  # fmt: skip
+    page = Path(paths["study"]).read_text()
+    heads = re.findall(r"<h2>(.*?)</h2>", page)
+    assert heads == ["Data ablation: which recipe gives the lowest loss on the same held-out text",
+                     "Runs", "Not made for this study"]  # fmt: skip
+    assert "<h3>" not in page and "no fit" not in page and "Not swept" not in page
+    not_made = re.findall(r"<li>(.*?):", page.split("Not made for this study")[1])
+    assert not_made == ["Scaling fits (L(N), L(N, D), the compute frontier, compute-optimal sizes)",
+                        "Loss against training FLOPs", "Loss against learning rate",
+                        "Optimizers", "Downstream evaluation"]  # fmt: skip
+    # the link resolves from the page's own directory
+    href = re.search(r"<a href='([^']+)'>the data-quality page</a>", page)[1]
+    assert href == "../../quality/report/data-quality.html"
+    assert (out / href).resolve() == page_path.resolve()
+
+    section = page.split("<h2>Data ablation", 1)[1].split("<h2>Runs</h2>")[0]
+    final = {n: law(SIZES["s"]) + B / TOKENS**BETA + OFFSETS[n] for n in RECIPES}
+    answer = html.unescape(
+        re.sub(r"<[^>]+>", "", section.split("<p class='answer'>")[1].split("</p>")[0])
+    )
+    assert answer == (
+        f"Lowest final validation loss on the shared held-out text: ■ exact (exact), "
+        f"{final['exact']:.4f}; then ● raw +0.0500, ▲ clean +0.3000 (run-to-run noise not "
+        "measured: see below)."
+    )
+    rows = table_rows(section)
+    assert [r[:9] for r in rows] == [
+        [n, "raw" if n == "raw" else RECIPES[n]["web"],
+         f"{KEPT[n][1]:,} of {KEPT[n][0]:,} ({KEPT[n][1] / KEPT[n][0]:.1%})",
+         f"{100 * KEPT[n][1]:,}", f"{TOKENS:,}", f"{TOKENS / (100 * KEPT[n][1]):.4g}",
+         f"{final[n]:.4f}", "lowest" if n == "exact" else f"+{final[n] - final['exact']:.4f}",
+         "final_val_loss"]
+        for n in RECIPES
     ]  # fmt: skip
-    assert {"recipe", "data_tokens"} <= set(RUN_KEYS)  # fit.json's runs
-    for r in loaded:
-        r["recipe"] = None
-    assert _ablation_table(loaded) == []
+    assert "Run-to-run noise is not measured: no two runs differ only in train.seed" in section
+    # one colour and marker per run, the same in the table, the loss figure and the funnel
+    shown = marks(section)
+    assert len(set(shown)) == 3 and len({c for c, _ in shown}) == 3
+    colours = series_colours(paths["loss_tokens"], "loss_tokens")
+    assert list(colours) == list(RECIPES)  # the figure's order is the table's
+    assert [colours[n] for n in RECIPES] == [c for c, _ in shown]
+    assert "<svg" in section.split("<table")[1]  # the funnel and the curves under the table
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    assert fit["varies"] == ["recipe"] and fit["noise"] == {"sigma": None, "groups": []}
+
+
+def test_the_ablation_funnel_is_each_recipes_manifest_counts(tmp_path):
+    """The study page's funnel: each recipe's documents and bytes collected and after each
+    step, as the manifests count them (12 -> 9 -> 3 documents, 10 bytes each), drawn in its
+    run's colour, the raw recipe flat at the collected 12."""
+    from gptflow.results.figures import series_styles
+
+    quality = quality_summary_file(tmp_path)
+    paths = study_report("abl", ablation_runs(tmp_path), tmp_path / "out", quality=quality)
+    page = Path(paths["study"]).read_text()
+    svg = page[page.index("<svg", page.index("<h2>Data ablation")) :]
+    svg = svg[: svg.index("</svg>") + 6]
+    (tmp_path / "funnel.svg").write_text(svg)
+    root = ET.parse(tmp_path / "funnel.svg").getroot()
+    styles = series_styles(list(RECIPES))
+    want = {"raw": [12], "exact": [12, 9], "clean": [12, 9, 3]}
+    for key, scale in (("documents", 1), ("bytes", 10 / (1 << 20))):
+        axes = root.find(f".//{SVG}g[@id='axes_{1 if key == 'documents' else 2}']")
+        groups = {g.get("id").split(":", 1)[1]: g for g in axes.findall(f"{SVG}g")
+                  if g.get("id", "").startswith(f"study-funnel-{key}:")}  # fmt: skip
+        assert list(groups) == list(RECIPES)
+        pairs = []
+        width = 0.8 / len(RECIPES)  # the recipes' bars side by side at each step
+        for j, (name, g) in enumerate(groups.items()):
+            points = [(float(u.get("x")), float(u.get("y"))) for u in g.iter(f"{SVG}use")]
+            assert len(points) == len(want[name]), (key, name, points)
+            x = [i - 0.4 + width * (j + 0.5) for i in range(len(points))]
+            pairs += [
+                ((x[i], n * scale), p)
+                for i, (n, p) in enumerate(zip(want[name], points, strict=True))
+            ]
+            assert styles[name].color in "".join(e.get("style", "") for e in g.iter()), name
+        assert_affine([(w[0], p[0]) for w, p in pairs], f"{key} x")
+        assert_affine([(w[1], p[1]) for w, p in pairs], f"{key} y")
+
+
+def test_seeds_measure_the_noise_and_the_differences_are_read_against_it(tmp_path):
+    """Runs repeating a recipe with another train.seed measure run-to-run noise: the pooled
+    standard deviation of the final loss within each recipe's seeds, which the page states
+    and the table divides each difference by."""
+    runs = ablation_runs(tmp_path, seeds={"exact": 7, "clean": 7})
+    paths = study_report("abl", runs, tmp_path / "out")
+    fit = json.loads(Path(paths["fit_json"]).read_text())
+    final = {n: law(SIZES["s"]) + B / TOKENS**BETA + OFFSETS[n] for n in RECIPES}
+    # two groups of two runs 0.02 apart: each variance 0.0002, pooled over 2 degrees of freedom
+    sigma = statistics.stdev([final["exact"], final["exact"] + 0.02])
+    assert fit["noise"]["sigma"] == pytest.approx(sigma)
+    assert fit["noise"]["groups"] == [["exact", "exact-s7"], ["clean", "clean-s7"]]
+    page = Path(paths["study"]).read_text()
+    assert f"Run-to-run noise: σ = {sigma:.3g}, the pooled standard deviation" in page
+    rows = {r[0]: r for r in table_rows(page, after="<h2>Data ablation")}
+    assert rows["clean"][8] == f"{0.3 / sigma:.1f}σ" and rows["exact"][8] == "0.0σ"
+    assert len(set(marks(page.split("<h2>Data ablation", 1)[1]))) == 5
