@@ -38,7 +38,9 @@ LANGUAGE_SCORES = "results/quality/{scores}/{dataset}/{shard}.language.jsonl"  #
 QUALITY_REMOVED = "results/quality/{step}/groups/{group}.remove.npy"
 QUALITY_GROUP_STATS = "results/quality/{step}/groups/{group}.json"
 QUALITY_PAGE = "results/quality/report/data-quality.html"  # the report's "Data quality" page
-QUALITY_SUMMARY = "results/quality/report/data-quality.json"  # its numbers (a study page reads them)
+QUALITY_SUMMARY = (
+    "results/quality/report/data-quality.json"  # its numbers (a study page reads them)
+)
 
 TOKENIZER_SAMPLE = "results/tokenizers/{tokenizer}/samples/{dataset}.jsonl"
 TOKENIZER_JSON = "results/tokenizers/{tokenizer}/tokenizer.json"

@@ -43,4 +43,3 @@ def fp16_env(env: dict[str, str] | None = None) -> dict[str, str]:
         return env
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GATE), env.get("PYTHONPATH")) if p)
     return env
-
