@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptflow.errors import GptflowError
+from gptflow.kubernetes import commands as kubernetes_commands
 from gptflow.progress import hms
 from gptflow.train.checkpoint import LOCK_WAIT_S
 
@@ -1128,6 +1129,8 @@ COMMANDS = (
             "build (or find) a run's cached doc/sample/shuffle indices, before training"),
     Command("train", add_train_arguments, cmd_train,
             "train or resume the run described by a run.yaml"),
+    Command("kubernetes", kubernetes_commands.add_arguments, kubernetes_commands.run,
+            "the Kubernetes profile: render a run's JobSet, print the driver, submit (the rule's)"),
     Command("build-image", add_build_image_arguments, cmd_build_image,
             "build the training image of envs/Dockerfile; write its record"),
     Command("squash-image", add_squash_image_arguments, cmd_squash_image,
