@@ -171,7 +171,7 @@ def jobset(p: PodSet, command: list[str]) -> dict:
             "successPolicy": {"operator": "All"},
             "failurePolicy": {
                 "maxRestarts": p.max_restarts,
-                "restartStrategy": "Recreate",
+                "restartStrategy": "BlockingRecreate",
                 "rules": [
                     {
                         "name": PREEMPTED_RULE,

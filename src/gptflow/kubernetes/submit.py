@@ -136,7 +136,7 @@ class PodLogs:
                 if self.stop.is_set():
                     return
                 version = None
-                self.say(f"gptflow kubernetes: watching the pods again ({type(e).__name__})")
+                self.say(f"gptflow kubernetes: watching the pods again ({type(e).__name__}: {e})")
                 time.sleep(1)
 
     def _seen(self, pod) -> None:
@@ -179,8 +179,15 @@ class PodLogs:
             self.say(f"gptflow kubernetes: the log of pod {name} ({label}) ends: {e}".strip())
 
     def finish(self, timeout: float = 10.0) -> None:
-        """Wait for the followed logs to end (the pods have), then stop watching."""
+        """Read the pods once more (those the watch has not shown yet: a pod that ended
+        fast), wait for the followed logs to end (the pods have), then stop watching."""
         deadline = time.monotonic() + timeout
+        with contextlib.suppress(Exception):  # the logs are a courtesy; the result stands
+            pods = self.core.list_namespaced_pod(
+                self.p.namespace, label_selector=f"{JOBSET_LABEL}={self.p.name}"
+            )
+            for pod in sorted(pods.items, key=lambda pod: pod.metadata.name):
+                self._seen(pod)
         for t in list(self.followed.values()):
             t.join(max(0.0, deadline - time.monotonic()))
         self.stop.set()
