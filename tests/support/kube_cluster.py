@@ -165,7 +165,9 @@ class Cluster:
     """The API server, the controllers and the kubelet; `claims` maps a claim name to the host
     directory it holds."""
 
-    def __init__(self, claims: dict[str, Path], workdir: Path):
+    def __init__(self, claims: dict[str, Path], workdir: Path, env: dict | None = None):
+        self.image_env = {k: v for k, v in (env or os.environ).items()
+                          if k in ("PATH", "PYTHONPATH", "HOME", "LANG", "TMPDIR")}  # fmt: skip
         self.store = Store()
         self.claims = {k: str(Path(v).resolve()) for k, v in claims.items()}
         self.workdir = Path(workdir)
@@ -639,8 +641,7 @@ class Cluster:
         (c,) = spec["containers"]
         root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.workdir))
         log = root / "container.log"
-        env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH", "HOME", "LANG", "TMPDIR")
-               if k in os.environ}  # fmt: skip
+        env = dict(self.image_env)  # the "image's" environment: the tests' own
         env.update(HOSTNAME=spec["hostname"], KUBERNETES_SERVICE_HOST="127.0.0.1",
                    KUBERNETES_SERVICE_PORT=str(self.port))  # fmt: skip
         for var in c.get("env") or []:

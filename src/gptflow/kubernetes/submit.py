@@ -113,14 +113,17 @@ class PodLogs:
             self.out.write(line + "\n")
             self.out.flush()
 
-    def start(self) -> None:
+    def start(self, version: str | None) -> None:
+        """Watch the pods from resourceVersion `version` (the JobSet's creation): every pod
+        of every attempt is seen, also one that ended and was deleted before the watch began."""
+        self.version = version
         self.thread.start()
 
     def _watch(self) -> None:
         from kubernetes import watch
 
         selector = f"{JOBSET_LABEL}={self.p.name}"
-        version = None
+        version = self.version
         while not self.stop.is_set():
             try:
                 for event in watch.Watch().stream(
@@ -355,7 +358,7 @@ def submit(p: PodSet, command: list[str], out: TextIO | None = None) -> int:
         made = job.create()
         logs = PodLogs(client, p, out)
         job.out = _Locked(out, logs.lock)
-        logs.start()
+        logs.start(made["metadata"].get("resourceVersion"))
         kind, obj = job.watch(made)
     except Stopped as s:
         for sig in previous:  # a second signal does not interrupt the deletion

@@ -147,7 +147,8 @@ def run(
                 f"tokenize.workers {given}"
             )
     if p.threads:
-        rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
+        where = "kubernetes.cpus_per_rank" if p.executor == "kubernetes" else "set-threads"
+        rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank ({where})")
     if p.executor == "local" and not p.mpi:
         how = "one per visible GPU" if p.gpus else "one: no GPU visible"
         if p.nproc_per_node is not None:
