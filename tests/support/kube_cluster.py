@@ -100,7 +100,9 @@ def merge_patch(target, patch):
 def matches(obj: dict, labels: dict, name: str | None) -> bool:
     meta = obj["metadata"]
     have = meta.get("labels") or {}
-    return all(have.get(k) == v for k, v in labels.items()) and (name is None or meta["name"] == name)
+    return all(have.get(k) == v for k, v in labels.items()) and (
+        name is None or meta["name"] == name
+    )
 
 
 def condition(obj: dict, kind: str) -> dict | None:
@@ -410,7 +412,7 @@ class Cluster:
         try:
             with open(running.log, "rb") as f:
                 if q.get("tailLines"):
-                    lines = f.read().splitlines(keepends=True)[-int(q["tailLines"]):]
+                    lines = f.read().splitlines(keepends=True)[-int(q["tailLines"]) :]
                     data = b"".join(lines)
                     h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if data else b"")
                 while True:
@@ -503,7 +505,9 @@ class Cluster:
         if failed:
             return self.job_failed(key, js, *failed[0], pods)
         if jobs and all(why == "complete" for _, why in jobs):
-            self.set_condition(key, "Completed", True, "AllJobsCompleted", "jobset completed successfully")
+            self.set_condition(
+                key, "Completed", True, "AllJobsCompleted", "jobset completed successfully"
+            )
             self.set_status(key, terminalState="Completed")
 
     def jobs(self, js: dict, pods) -> list[tuple[str, object]]:
@@ -741,8 +745,10 @@ class Cluster:
                 if claim not in self.claims:
                     return f"FailedMount: persistentvolumeclaim {claim!r} not found"
                 if self.claims[claim] != str(Path(m["mountPath"]).resolve()):
-                    return (f"FailedMount: claim {claim} holds {self.claims[claim]}; the loopback "
-                            f"kubelet mounts a claim at its own path only, not {m['mountPath']}")
+                    return (
+                        f"FailedMount: claim {claim} holds {self.claims[claim]}; the loopback "
+                        f"kubelet mounts a claim at its own path only, not {m['mountPath']}"
+                    )
         wd = c.get("workingDir")
         if not wd or not any(str(Path(wd).resolve()).startswith(self.claims[claims[m["name"]]])
                              for m in c.get("volumeMounts", []) if m["name"] in claims):  # fmt: skip
@@ -771,4 +777,3 @@ def unshare_works() -> str | None:
     out = subprocess.run(["unshare", *user, "--mount", "--uts", "true"], capture_output=True,
                          text=True)  # fmt: skip
     return None if out.returncode == 0 else f"unshare --mount --uts fails: {out.stderr.strip()}"
-

@@ -227,8 +227,10 @@ def trainjob(p: PodSet, command: list[str]) -> dict:
     go in as a runtime patch of its JobSet's ``node`` job."""
     spec = pod_spec(p, command, name="node", rendezvous=False)
     (c,) = spec.pop("containers")
-    patch_pod = {k: v for k, v in spec.items() if k in ("volumes", "nodeSelector", "tolerations",
-                                                        "priorityClassName", "imagePullSecrets")}  # fmt: skip
+    # v2.3's runtime patch takes these of the pod (not priorityClassName: the runtime's)
+    kept = ("volumes", "nodeSelector", "tolerations", "imagePullSecrets",
+            "terminationGracePeriodSeconds")  # fmt: skip
+    patch_pod = {k: v for k, v in spec.items() if k in kept}
     patch_pod["containers"] = [{"name": "node", "volumeMounts": c["volumeMounts"],
                                 **({"securityContext": c["securityContext"]}
                                    if "securityContext" in c else {})}]  # fmt: skip
@@ -302,6 +304,17 @@ RENDERERS = {"jobset": jobset, "pytorchjob": pytorchjob, "trainjob": trainjob,
              "deepspeedjob": deepspeedjob}  # fmt: skip
 
 
+# The driver's PID 1: Snakemake meets SIGTERM by waiting for its running jobs (a graceful
+# stop), and the kubelet's SIGKILL after the grace period would then leave every JobSet
+# training. So SIGTERM (or SIGINT) goes to the whole process group -- Snakemake and each
+# submitter, which deletes its JobSet -- and the shell waits for Snakemake to end.
+DRIVER_SHELL = (
+    "trap 'trap \"\" TERM INT; kill -TERM 0' TERM INT; "
+    '"$@" & child=$!; wait $child; status=$?; '
+    "while kill -0 $child 2>/dev/null; do wait $child; status=$?; done; exit $status"
+)
+
+
 def driver(
     p: PodSet, config_files: list[str], target: str, cpus: int, memory_mb: int,
     service_account: str, replace: bool = False,
@@ -344,7 +357,7 @@ def driver(
         "containers": [{
             "name": "driver",
             "image": p.image,
-            "command": [*command, target],
+            "command": ["sh", "-c", DRIVER_SHELL, "driver", *command, target],
             "workingDir": p.mount_path,
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
             "resources": {"requests": {"cpu": str(cpus), "memory": memory},

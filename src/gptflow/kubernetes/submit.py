@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from gptflow.errors import GptflowError
+from gptflow.fsutil import atomic_write
 from gptflow.kubernetes import manifests
 from gptflow.kubernetes.manifests import JOBSET_API
 from gptflow.kubernetes.spec import CONTAINER, EXIT_PREEMPTED, PodSet
@@ -56,7 +57,8 @@ def write_manifests(p: PodSet, command: list[str]) -> Path:
     out = Path(p.manifests_dir)
     out.mkdir(parents=True, exist_ok=True)
     for kind, render in manifests.RENDERERS.items():
-        (out / f"{kind}.yaml").write_text(manifests.dump_all([render(p, command)]))
+        with atomic_write(out / f"{kind}.yaml") as f:
+            f.write(manifests.dump_all([render(p, command)]))
     return out
 
 
