@@ -522,10 +522,10 @@ class Cluster:
                 mine = [(k, p) for k, p in pods if p["metadata"]["labels"].get(
                     "batch.kubernetes.io/job-name") == job]  # fmt: skip
                 why = self.job_state(spec, mine)
-                if why == "active":
+                if why == "active":  # a terminating pod is replaced once it has ended
                     have = {p["metadata"]["annotations"][INDEX] for _, p in mine
-                            if not p["metadata"].get("deletionTimestamp")
-                            and p["status"].get("phase") != "Failed"}  # fmt: skip
+                            if p["metadata"].get("deletionTimestamp")
+                            or p["status"].get("phase") != "Failed"}  # fmt: skip
                     for index in range(spec.get("completions", 1)):
                         if str(index) not in have:
                             self.create_pod(js, rjob, j, index, attempt)
@@ -539,7 +539,8 @@ class Cluster:
     def job_state(self, spec: dict, pods) -> object:
         counted = 0
         for _, pod in sorted(pods, key=lambda kp: kp[1]["status"].get("finishedAt", "")):
-            if pod["status"].get("phase") != "Failed":
+            # a pod deleted (suspended, restarted, its Job failed) is no failure of its own
+            if pod["status"].get("phase") != "Failed" or pod["metadata"].get("deletionTimestamp"):
                 continue
             action, message = self.pod_failure_policy(spec, pod)
             if action == "FailJob":

@@ -256,8 +256,9 @@ def test_the_driver_is_a_job_with_a_namespaced_role(capsys, repo, tmp_path, tiny
     (c,) = pod["containers"]
     assert pod["serviceAccountName"] == "gptflow" and c["workingDir"] == "/workspace"
     assert c["command"][:2] == ["sh", "-c"] and "kill -TERM 0" in c["command"][2]
-    assert c["command"][4:] == ["snakemake", "--profile", "profiles/kubernetes", "--cores", "4",
-                                "--configfile", "config.yaml", "--replace-workflow-config", "train"]  # fmt: skip
+    assert c["command"][4:] == ["snakemake", "train", "--profile", "profiles/kubernetes",
+                                "--cores", "4", "--configfile", "config.yaml",
+                                "--replace-workflow-config"]  # fmt: skip
     assert c["resources"]["limits"] == {"cpu": "4", "memory": "16000Mi"}
     assert {"name": "work", "persistentVolumeClaim": {"claimName": "gptflow-work"}} in pod[
         "volumes"

@@ -304,14 +304,17 @@ RENDERERS = {"jobset": jobset, "pytorchjob": pytorchjob, "trainjob": trainjob,
              "deepspeedjob": deepspeedjob}  # fmt: skip
 
 
-# The driver's PID 1: Snakemake meets SIGTERM by waiting for its running jobs (a graceful
-# stop), and the kubelet's SIGKILL after the grace period would then leave every JobSet
-# training. So SIGTERM (or SIGINT) goes to the whole process group -- Snakemake and each
-# submitter, which deletes its JobSet -- and the shell waits for Snakemake to end.
+# The driver's PID 1. Snakemake meets SIGTERM by waiting for its running jobs (a graceful stop)
+# and still retries a job that fails meanwhile; the kubelet's SIGKILL after the grace period
+# would then leave every JobSet training. So on SIGTERM (or SIGINT) the shell sends SIGTERM to
+# its whole process group -- Snakemake and every submitter, which deletes its JobSet -- once a
+# second until Snakemake has ended (a retried submitter is stopped before it trains).
 DRIVER_SHELL = (
-    "trap 'trap \"\" TERM INT; kill -TERM 0' TERM INT; "
-    '"$@" & child=$!; wait $child; status=$?; '
-    "while kill -0 $child 2>/dev/null; do wait $child; status=$?; done; exit $status"
+    "trap 'trap \"\" TERM INT; (trap \"\" TERM; while :; do kill -TERM 0; sleep 1; done) & "
+    "ticker=$!' TERM INT; "
+    '"$@" & child=$!; '
+    "while :; do wait $child; status=$?; kill -0 $child 2>/dev/null || break; done; "
+    '[ -z "$ticker" ] || kill -KILL $ticker; exit $status'
 )
 
 
@@ -345,7 +348,8 @@ def driver(
         "subjects": [{"kind": "ServiceAccount", "name": service_account,
                       "namespace": p.namespace}],
     }  # fmt: skip
-    command = ["snakemake", "--profile", "profiles/kubernetes", "--cores", str(cpus)]
+    # the target first: --configfile takes every word after it
+    command = ["snakemake", target, "--profile", "profiles/kubernetes", "--cores", str(cpus)]
     for f in config_files:
         command += ["--configfile", f]
     command += ["--replace-workflow-config"] if replace else []
@@ -357,7 +361,7 @@ def driver(
         "containers": [{
             "name": "driver",
             "image": p.image,
-            "command": ["sh", "-c", DRIVER_SHELL, "driver", *command, target],
+            "command": ["sh", "-c", DRIVER_SHELL, "driver", *command],
             "workingDir": p.mount_path,
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
             "resources": {"requests": {"cpu": str(cpus), "memory": memory},
