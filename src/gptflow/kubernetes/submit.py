@@ -69,8 +69,8 @@ def load_client():
         from kubernetes import client, config
     except ImportError:
         raise GptflowError(
-            "the kubernetes Python client is not installed: pip install 'gptflow[kubernetes]' "
-            "(the training image has it)"
+            "the kubernetes Python client is not installed: pip install kubernetes==37.0.2 "
+            "(a dependency of gptflow; the training image has it)"
         ) from None
     try:
         if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
