@@ -308,13 +308,14 @@ RENDERERS = {"jobset": jobset, "pytorchjob": pytorchjob, "trainjob": trainjob,
 # and still retries a job that fails meanwhile; the kubelet's SIGKILL after the grace period
 # would then leave every JobSet training. So on SIGTERM (or SIGINT) the shell sends SIGTERM to
 # its whole process group -- Snakemake and every submitter, which deletes its JobSet -- once a
-# second until Snakemake has ended (a retried submitter is stopped before it trains).
+# second until Snakemake has ended and for 10 s after it (a retry Snakemake starts as it stops
+# is stopped too: before it creates its JobSet, or after, when it deletes it).
 DRIVER_SHELL = (
     "trap 'trap \"\" TERM INT; (trap \"\" TERM; while :; do kill -TERM 0; sleep 1; done) & "
     "ticker=$!' TERM INT; "
     '"$@" & child=$!; '
     "while :; do wait $child; status=$?; kill -0 $child 2>/dev/null || break; done; "
-    '[ -z "$ticker" ] || kill -KILL $ticker; exit $status'
+    '[ -z "$ticker" ] || { sleep 10; kill -KILL $ticker; }; exit $status'
 )
 
 
