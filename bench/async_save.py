@@ -2,7 +2,7 @@
 
 1. Two trainings of the same run, one with ``train.async_save: false`` (the baseline: DeepSpeed's
    ``save_checkpoint`` writes and fsyncs every file while training waits) and one with it true
-   (gptflow.train.snapshot: the files are taken into host memory, a writer thread per rank writes
+   (gptflow.train.async_save: the files are taken into host memory, a writer thread per rank writes
    them), each a real ``gptflow train --config run.yaml`` process, one rank (gloo), DeepSpeed ZeRO 1
    in bf16 (the GPU default; --precision fp32 to compare). The model is a preset from config/models
    (default pythia-160m: 12 layers x 768) with this bench's tokenizer's vocabulary (a ByteLevel
@@ -21,8 +21,8 @@
    (gptflow.train.checkpoint.checkpoint_digest of the last step directory of each).
 2. The host rates the on-paper estimate needs, on --host-gib GiB of bytes (best of --repeat):
    a tensor clone (host memory copy), ``torch.save`` + fsync into the bench's directory, and
-   gptflow.train.snapshot's ``take`` (pickle + copy into the reused host buffers) and ``write`` (zip
-   + fsync) of the same tensor, checked byte-identical to torch.save's file; and what a
+   gptflow.train.async_save's ``take`` (pickle + copy into the reused host buffers) and
+   ``write`` (zip + fsync) of the same tensor, checked byte-identical to torch.save's file; and what a
    background snapshot.write leaves a one-thread matmul loop running meanwhile (its rate as a
    share of its rate alone: the writer thread, the zip's CRC and the kernel's write-back take
    cores and memory bandwidth the training shares on this 2-core host).
@@ -74,8 +74,8 @@ SMOKE = dict(preset="tiny", vocab=512, steps=4, save_interval=2, precision="fp32
 def prepare_data(out: Path, vocab: int) -> tuple[dict, Path, list[str]]:
     """The tests' workflow config, its stdlib slice as one shard, a `vocab`-id BPE."""
     from gptflow.data.readers import collect_local_documents
+    from gptflow.data.shards import tokenize_to_shard
     from gptflow.data.sources import expand_root, local_shards
-    from gptflow.data.tokenize import tokenize_to_shard
     from gptflow.data.tokenizer import sample_texts, train_bpe
 
     config = yaml.safe_load((REPO / "tests/config/config.yaml").read_text())
@@ -207,7 +207,7 @@ def host_rates(out: Path, gib: float, repeat: int, matmul_s: float) -> dict:
     """Seconds per byte of a clone, torch.save + fsync, snapshot take and write (best of)."""
     import torch
 
-    from gptflow.train import snapshot
+    from gptflow.train import async_save
 
     n = int(gib * GIB)
     t = torch.randint(0, 256, (n,), dtype=torch.uint8)
@@ -221,11 +221,11 @@ def host_rates(out: Path, gib: float, repeat: int, matmul_s: float) -> dict:
             os.fsync(f.fileno())
 
     save_s = best(save, repeat)
-    pool = snapshot.BufferPool()
+    pool = async_save.BufferPool()
     takes = []  # the first allocates its buffers, the others reuse them (as every later save)
     for _ in range(repeat + 1):
         started = time.perf_counter()
-        snap = snapshot.take({"t": t}, str(plain), pool)
+        snap = async_save.take({"t": t}, str(plain), pool)
         takes.append(time.perf_counter() - started)
         if len(takes) <= repeat:
             pool.give_back(snap.buffers)
@@ -234,7 +234,7 @@ def host_rates(out: Path, gib: float, repeat: int, matmul_s: float) -> dict:
     written = []
 
     def write_synced():  # what the writer thread does: the zip, then fsync (fsutil.publish)
-        path = snapshot.write(snap, temp)
+        path = async_save.write(snap, temp)
         with open(path, "rb") as f:
             os.fsync(f.fileno())
         written.append(path)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))  # tests.support: the reference loader
 
 import numpy as np  # noqa: E402
 
-from gptflow.data.dataset import blending_indices  # noqa: E402
+from gptflow.data.blend import blending_indices  # noqa: E402
 from tests.support.megatron import helpers_cpp, megatron_blend  # noqa: E402
 
 # --smoke: the smallest run that still prints every line (explicit options still win)

@@ -7,8 +7,8 @@ its own (forked, its peak RSS reset through /proc/self/clear_refs) so that its p
 Corpus: synthetic signatures (the text stage is bench/quality.py's): D originals with k
 near-copies each; a near-copy keeps each of its original's 14 bands with probability 1/2
 (J ~ 0.92: 0.92^8), else fresh values, so a copy pairs with its original in ~7 bands, as the
-planted near-copies of tests/unit/test_quality_dedup.py at J >= 0.9 do; 5 % of the documents
-too short to sign; all shuffled over 16 shards and written in both layouts (band-major for
+planted near-copies of tests/unit/data/quality/test_quality_dedup.py at J >= 0.9 do; 5 % of the
+documents too short to sign; all shuffled over 16 shards and written in both layouts (band-major for
 today's, row-major for the former). Three corpus sizes at k = 4, and one size with k = 1, 4
 and 16 (the documents fixed, the pairs growing with k).
 

@@ -131,13 +131,17 @@ def layout_tables(a, ranks: list[int], first: int | None = None) -> bool:
                 "--threads", str(a.threads),
             ]  # fmt: skip
             env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONWARNINGS": "ignore"}
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-            if out.returncode != 0 or not lines:  # one line: the worker's last error line
+            for attempt in (1, 2):  # a second try, said, where the first fails (a busy machine)
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+                if out.returncode == 0 and lines:
+                    break
                 why = [line for line in out.stderr.splitlines() if "Error" in line] or [
                     out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "no output"
-                ]
-                print(f"  {name:28s} cannot run here (exit {out.returncode}): {why[-1].strip()}")
+                ]  # one line: the worker's last error line
+                what = "cannot run here" if attempt == 2 else "failed once, run again"
+                print(f"  {name:28s} {what} (exit {out.returncode}): {why[-1].strip()}")
+            if out.returncode != 0 or not lines:
                 ok = False
                 continue
             ms = json.loads(lines[-1])["ms_per_step"]

@@ -55,6 +55,7 @@ from loguru import logger  # noqa: E402
 
 from gptflow.data.quality import filters as F  # noqa: E402
 from gptflow.data.quality import minhash  # noqa: E402
+from gptflow.data.quality import signals as S  # noqa: E402
 from gptflow.data.quality.recipe import detection_probability  # noqa: E402
 from tests.support.planted import planted_pairs  # noqa: E402
 from tests.support.quality_corpus import documents  # noqa: E402
@@ -91,7 +92,7 @@ def datatrove_decisions(docs: list[str]) -> tuple[dict[str, list], float]:
             try:
                 result = filter_.filter(Document(text=text, id="0"))
             except ZeroDivisionError:
-                result = (False, F.UNPARSABLE)
+                result = (False, S.UNPARSABLE)
             out[rule].append((True, "") if result is True else tuple(result))
     return out, time.process_time() - start
 
@@ -115,9 +116,9 @@ def datatrove_chain(docs: list[str]) -> float:
 
 def timed_signals(docs: list[str], tokenizer: str) -> tuple[list[dict], float]:
     """As the filters stage computes a shard's: a batch of documents at a time."""
-    F.signals("Warm up the tokenizer. It loads once.", tokenizer)
+    S.signals("Warm up the tokenizer. It loads once.", tokenizer)
     start = time.process_time()
-    sigs = list(F.iter_signals(docs, tokenizer))
+    sigs = list(S.iter_signals(docs, tokenizer))
     return sigs, time.process_time() - start
 
 
@@ -215,10 +216,10 @@ def main() -> None:
     chain_seconds = datatrove_chain(docs)
     regex, regex_seconds = timed_signals(docs, "regex")
     spacy, spacy_seconds = timed_signals(docs, "spacy")
-    F.language_signals("Warm up the model.")
+    S.language_signals("Warm up the model.")
     start = time.process_time()
     for text in docs:
-        F.language_signals(text)
+        S.language_signals(text)
     lid_seconds = time.process_time() - start
     start = time.process_time()
     thresholds = F.thresholds_for(FINEWEB_RECIPE)

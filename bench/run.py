@@ -84,7 +84,7 @@ def baseline_megatron_loop(inputs: list[str], tok_path: str, prefix: str) -> flo
 
 
 def bench_tokenize(out: Path, config: str, vocab: int) -> None:
-    from gptflow.data.tokenize import tokenize_to_shard
+    from gptflow.data.shards import tokenize_to_shard
 
     inputs = corpus(out, config)
     tok = tokenizer(out, inputs, vocab)

@@ -2,7 +2,7 @@
 
 The pages are plain Markdown (MyST-Parser reads CommonMark and GitHub's tables), readable as
 they are on a code host. The source directory is the repository itself, so that README.md,
-config/README.md and profiles/README.md are pages of the site with the same relative links a
+config/README.md, profiles/README.md and CHANGELOG.md are pages of the site with the same relative links a
 code host follows; only the files matched by `include_patterns` are read.
 
     sphinx-build -W --keep-going -n -c docs -b html . docs/_build/html
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the pages; every other file is only linked to
-SOURCES = ["README.md", "docs/*.md", "config/README.md", "profiles/README.md"]
+SOURCES = ["README.md", "CHANGELOG.md", "docs/*.md", "config/README.md", "profiles/README.md"]
 
 project = "gptflow"
 author = "the gptflow developers"

@@ -1,8 +1,12 @@
 """What the rules of several stages share: input functions and path helpers
-(get_<thing>(wildcards) looks up a job's values). A stage's own are in
-rules/<stage>_functions.smk, which its rules file includes first (snakemake --lint wants
-rules and functions in separate files); what they compute lives in the package (imported in
-setup.smk)."""
+(get_<thing>(wildcards) looks up a job's values), and a config value they pass on alike. A
+stage's own are in rules/<stage>_functions.smk, which its rules file includes first (snakemake
+--lint wants rules and functions in separate files); what they compute lives in the package
+(imported in setup.smk)."""
+
+# tokenize.on_bad_document, which every job that reads documents passes on (tokenize.smk,
+# quality.smk): a bad document stops the job, or is skipped and counted
+ON_BAD_DOCUMENT = PLAN.config["tokenize"]["on_bad_document"]
 
 
 def verbatim(value):

@@ -106,4 +106,8 @@ def get_export_runtime(wildcards, input):
 
 def get_train_container_record(wildcards):
     """The image record (tag, image id) of the image training ran in, or nothing."""
-    return [paths.IMAGE_RECORD.format(hash=container_hash())] if PLAN.container_config["enabled"] else []
+    return (
+        [paths.IMAGE_RECORD.format(hash=container_hash())]
+        if PLAN.container_config["enabled"]
+        else []
+    )

@@ -28,7 +28,7 @@ rule hash_documents:
         "../envs/gptflow.yaml"
     params:
         reader=get_step_reader,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
+        on_bad=ON_BAD_DOCUMENT,
     shell:
         "gptflow quality-exact-hashes --input {input:q} {params.reader:q}"
         " --on-bad-document {params.on_bad:q} --out {output:q} > {log:q} 2>&1"
@@ -67,7 +67,7 @@ rule minhash_signatures:
         "../envs/gptflow.yaml"
     params:
         reader=get_step_reader,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
+        on_bad=ON_BAD_DOCUMENT,
         settings=get_minhash_settings,
     shell:
         "gptflow quality-minhash-signatures --input {input:q} {params.reader:q}"
@@ -118,12 +118,16 @@ rule cluster_minhash_pairs:
         " --stats {output.stats:q} > {log:q} 2>&1"
 
 
-# A deduplication step's last job per shard: its documents without the group's removed ones
+# A step's last job per shard: the documents its decision keeps, their origins and a
+# manifest. A deduplication step decides by its group's removal list (remove_duplicates); a
+# filters step by the signals against the recipe's thresholds (select_documents, below); a
+# language step by the scores against its languages (select_language, below). The three share
+# this command: `gptflow {params.command}` with the decision's file and settings.
 rule remove_duplicates:
     input:
         documents=get_step_input,
         origins=get_step_origins,
-        removed=get_removed,
+        decision=get_removed,
     output:
         jsonl=paths.QUALITY_DOCUMENTS,
         origins=paths.QUALITY_ORIGINS,
@@ -135,20 +139,20 @@ rule remove_duplicates:
     conda:
         "../envs/gptflow.yaml"
     params:
+        command="quality-remove",
         reader=get_step_reader,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
-        ordinal=get_ordinal,
-        reason=get_step_kind,
+        on_bad=ON_BAD_DOCUMENT,
+        decision_flag="--removed",
+        settings=get_removal_settings,
     shell:
-        "gptflow quality-remove --input {input.documents:q} {params.reader:q}"
-        " --on-bad-document {params.on_bad:q} --removed {input.removed:q}"
-        " --ordinal {params.ordinal:q} --reason {params.reason:q} --step {wildcards.step:q}"
-        " --dataset {wildcards.dataset:q} --shard {wildcards.shard:q} --out {output.jsonl:q}"
-        " --input-origins {input.origins:q} --origins {output.origins:q}"
-        " --manifest {output.manifest:q} > {log:q} 2>&1"
+        "gptflow {params.command:q} --input {input.documents:q} {params.reader:q}"
+        " --on-bad-document {params.on_bad:q} {params.decision_flag:q} {input.decision:q}"
+        " {params.settings:q} --step {wildcards.step:q} --dataset {wildcards.dataset:q}"
+        " --shard {wildcards.shard:q} --out {output.jsonl:q} --manifest {output.manifest:q}"
+        " --input-origins {input.origins:q} --origins {output.origins:q} > {log:q} 2>&1"
 
 
-# The filters step (gptflow.data.quality.filters): every document's signals once per input
+# The filters step (gptflow.data.quality.signals, filters): every document's signals once per input
 # and word tokenizer, then the recipe's thresholds applied to them per shard
 rule compute_filter_signals:
     input:
@@ -161,7 +165,7 @@ rule compute_filter_signals:
         "../envs/gptflow.yaml"
     params:
         reader=get_signals_reader,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
+        on_bad=ON_BAD_DOCUMENT,
         tokenizer=get_signals_tokenizer,
     shell:
         "gptflow quality-filter-signals --input {input:q} {params.reader:q}"
@@ -169,31 +173,19 @@ rule compute_filter_signals:
         " --out {output:q} > {log:q} 2>&1"
 
 
-rule select_documents:
+use rule remove_duplicates as select_documents with:
     input:
         documents=get_step_input,
         origins=get_step_origins,
-        signals=get_filter_signals,
-    output:
-        jsonl=paths.QUALITY_DOCUMENTS,
-        origins=paths.QUALITY_ORIGINS,
-        manifest=paths.QUALITY_MANIFEST,
+        decision=get_filter_signals,
     log:
         paths.log("select_documents", "{step}/{dataset}/{shard}"),
     wildcard_constraints:
         step=quality_recipe.step_pattern("filters"),
-    conda:
-        "../envs/gptflow.yaml"
     params:
-        reader=get_step_reader,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
-        rules=get_filter_rules,
-    shell:
-        "gptflow quality-filter-select --input {input.documents:q} {params.reader:q}"
-        " --on-bad-document {params.on_bad:q} --signals {input.signals:q}"
-        " --rules {params.rules:q} --step {wildcards.step:q} --dataset {wildcards.dataset:q}"
-        " --shard {wildcards.shard:q} --out {output.jsonl:q} --manifest {output.manifest:q}"
-        " --input-origins {input.origins:q} --origins {output.origins:q} > {log:q} 2>&1"
+        command="quality-filter-select",
+        decision_flag="--signals",
+        settings=get_filter_settings,
 
 
 # The language step: fastText's scores once per input and model sha256, then the recipe's
@@ -210,7 +202,7 @@ rule compute_language_scores:
         "../envs/gptflow.yaml"
     params:
         reader=get_scores_reader,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
+        on_bad=ON_BAD_DOCUMENT,
         sha256=get_language_sha256,
         where=get_scores_where,
     shell:
@@ -219,33 +211,19 @@ rule compute_language_scores:
         " --where {params.where:q} --out {output:q} > {log:q} 2>&1"
 
 
-rule select_language:
+use rule remove_duplicates as select_language with:
     input:
         documents=get_step_input,
         origins=get_step_origins,
-        scores=get_language_scores,
-    output:
-        jsonl=paths.QUALITY_DOCUMENTS,
-        origins=paths.QUALITY_ORIGINS,
-        manifest=paths.QUALITY_MANIFEST,
+        decision=get_language_scores,
     log:
         paths.log("select_language", "{step}/{dataset}/{shard}"),
     wildcard_constraints:
         step=quality_recipe.step_pattern("language"),
-    conda:
-        "../envs/gptflow.yaml"
     params:
-        reader=get_step_reader,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
-        languages=get_languages,
-        threshold=get_language_threshold,
-    shell:
-        "gptflow quality-language-select --input {input.documents:q} {params.reader:q}"
-        " --on-bad-document {params.on_bad:q} --scores {input.scores:q}"
-        " --languages {params.languages:q} --threshold {params.threshold:q}"
-        " --step {wildcards.step:q} --dataset {wildcards.dataset:q} --shard {wildcards.shard:q}"
-        " --out {output.jsonl:q} --manifest {output.manifest:q}"
-        " --input-origins {input.origins:q} --origins {output.origins:q} > {log:q} 2>&1"
+        command="quality-language-select",
+        decision_flag="--scores",
+        settings=get_language_settings,
 
 
 # The report's "Data quality" page: per recipe and step, documents and bytes in and out per

@@ -58,9 +58,10 @@ def get_filter_signals(wildcards):
     )
 
 
-def get_filter_rules(wildcards):
-    """The recipe's rules and thresholds, as JSON (one shell word, quoted)."""
-    return json.dumps(quality_step(wildcards).settings["rules"], sort_keys=False)
+def get_filter_settings(wildcards):
+    """select_documents' flags: --rules and the recipe's rules and thresholds as JSON (one
+    shell word, quoted)."""
+    return ["--rules", json.dumps(quality_step(wildcards).settings["rules"], sort_keys=False)]
 
 
 def scores_step(wildcards):
@@ -97,12 +98,10 @@ def get_language_scores(wildcards):
     )
 
 
-def get_languages(wildcards):
-    return quality_step(wildcards).settings["languages"]
-
-
-def get_language_threshold(wildcards):
-    return quality_step(wildcards).settings["threshold"]
+def get_language_settings(wildcards):
+    """select_language's flags: --languages CODE... --threshold T."""
+    s = quality_step(wildcards).settings
+    return ["--languages", *s["languages"], "--threshold", str(s["threshold"])]
 
 
 def get_step_input(wildcards):
@@ -217,15 +216,14 @@ def get_removed(wildcards):
     return paths.QUALITY_REMOVED.format(step=wildcards.step, group=group)
 
 
-def get_ordinal(wildcards):
+def get_removal_settings(wildcards):
+    """remove_duplicates' flags: --ordinal (the shard's place in its group) and --reason (what
+    the manifest counts the removed as: the step's kind)."""
     step = quality_step(wildcards)
-    return group_shards(wildcards.step, step.group(wildcards.dataset))[
+    ordinal = group_shards(wildcards.step, step.group(wildcards.dataset))[
         (wildcards.dataset, wildcards.shard)
     ]
-
-
-def get_step_kind(wildcards):
-    return quality_step(wildcards).kind
+    return ["--ordinal", str(ordinal), "--reason", step.kind]
 
 
 @functools.cache

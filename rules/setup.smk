@@ -24,14 +24,14 @@ from gptflow.container.image import (
     registry_login_args,
     squash_options_arg,
 )
-from gptflow.data import hf as hf_datasets, sources
+from gptflow.data import hf as hf_datasets, remote_files, sources
 from gptflow.data.quality import recipe as quality_recipe
 from gptflow.data.quality import sizing as quality_sizing
 from gptflow.data.readers import FORMATS as READER_FORMATS
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
 from gptflow.kubernetes import sizing as kube_sizing
-from gptflow.plan import gpu_memory, placement, submission, why
+from gptflow.plan import gpu_memory, placement, records, submission
 from gptflow.plan.build import PlanError, build_plan
 from gptflow.plan.profile import Profile
 from gptflow.results import harness
@@ -96,7 +96,7 @@ except PlanError as e:
 if PLAN.preflight is not None:
     for line in PLAN.preflight.lines:
         logger.info(line)
-    why.dump_preflight(PLAN.preflight)
+    records.dump_preflight(PLAN.preflight)
     for warning in PLAN.warnings:
         logger.warning(f"gptflow: WARNING: {warning}")
 # The GPU jobs on this machine (train_gpt, evaluate, harness, harness_step) each place their
@@ -145,7 +145,7 @@ def container_hash():
 
 
 def tokenizer_remote(key):
-    """tokenizer.url / .vocab / .merges to download (gptflow.data.sources.RemoteFile)."""
+    """tokenizer.url / .vocab / .merges to download (gptflow.data.remote_files.RemoteFile)."""
     return planned(PLAN.tokenizer_remote, key)
 
 
@@ -182,7 +182,7 @@ wildcard_constraints:
     index=dataset_choice(PLAN.indexes),
     study=re.escape(PLAN.study or "-"),
     tokenizer=re.escape(PLAN.tokenizer),
-    file=sources.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
+    file=remote_files.STORED_NAME.pattern + r"(?<!\.sha256)(?<!\.part)(?<!\.lock)",
     hash=r"[0-9a-f]{12}",
     format="sqsh|sif",
     step=quality_recipe.STEP_NAME,
@@ -208,7 +208,7 @@ def refuse_placeholders():
 
 def record_config():
     """Snakefile onsuccess: the config `gptflow why` compares the next plan against."""
-    why.record_config(PLAN.config)
+    records.record_config(PLAN.config)
 
 
 def record_refused_submissions(log):

@@ -72,7 +72,7 @@ if PLAN.config["tokenizer"]["source"] == "train":
             member=get_member,
             member_format=get_member_format,
             max_mb=get_sample_mb,
-            on_bad=PLAN.config["tokenize"]["on_bad_document"],
+            on_bad=ON_BAD_DOCUMENT,
         shell:
             "gptflow sample-documents --input {input:q} --format {params.format:q}"
             " --json-key {params.json_key:q} {params.member:q} {params.member_format:q}"
@@ -162,7 +162,7 @@ rule tokenize_shard:
         document_range=[],  # tokenize_part: --documents START:STOP --counts FILE
         eod_token=verbatim(PLAN.config["tokenizer"]["eod_token"]),
         engine=PLAN.config["tokenize"]["engine"],
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
+        on_bad=ON_BAD_DOCUMENT,
     shell:
         "gptflow tokenize --input {input.documents:q} --tokenizer {input.tokenizer:q}"
         " --output-prefix {params.prefix:q} --format {params.format:q}"
@@ -186,7 +186,7 @@ checkpoint count_documents:
         json_key=get_json_key,
         member=get_member,
         member_format=get_member_format,
-        on_bad=PLAN.config["tokenize"]["on_bad_document"],
+        on_bad=ON_BAD_DOCUMENT,
     shell:
         "gptflow count-documents --input {input:q} --format {params.format:q}"
         " --json-key {params.json_key:q} {params.member:q} {params.member_format:q}"

@@ -77,7 +77,9 @@ def get_train_threads(wildcards):
 def get_local_ranks(wildcards):
     """train_gpt's ranks on one machine unless the profile sets nproc_per_node: one per visible
     GPU (none: one); under the Slurm profile one (srun starts the ranks)."""
-    return PLAN.placement.ranks if PLAN.placement.executor == "local" and not PLAN.placement.mpi else 1
+    return (
+        PLAN.placement.ranks if PLAN.placement.executor == "local" and not PLAN.placement.mpi else 1
+    )
 
 
 def get_rank_options(wildcards, resources, threads):

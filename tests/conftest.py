@@ -201,7 +201,7 @@ def tokenizer_json(tmp_path_factory, corpus_jsonl) -> Path:
 @pytest.fixture(scope="session")
 def shards(tmp_path_factory, corpus_jsonl, tokenizer_json) -> list[str]:
     """The corpus tokenized into two shard prefixes."""
-    from gptflow.data.tokenize import tokenize_to_shard
+    from gptflow.data.shards import tokenize_to_shard
 
     out = tmp_path_factory.mktemp("tokens")
     prefixes = []

@@ -1,8 +1,8 @@
 """The one exception type users see.
 
 A `GptflowError` message is a single line that names what is wrong, where (config key, file,
-line) and how to fix it. The CLI prints it without a traceback and exits non-zero; anything
-else escaping is a bug and keeps its traceback.
+line) and how to fix it. The CLI prints it without a traceback and exits non-zero
+(:func:`failure_code`); anything else escaping is a bug and keeps its traceback.
 """
 
 import contextlib
@@ -33,3 +33,15 @@ def report_errors(log_path: str) -> Iterator[None]:
             raise
         finally:
             sys.stderr = sys.__stderr__
+
+
+def failure_code(command: str, e: BaseException) -> int:
+    """The exit status of subcommand `command` after `e`, said on stderr: bad input
+    (GptflowError) in one line, 130 after Ctrl-C, anything else (a bug) with its traceback."""
+    if isinstance(e, GptflowError):
+        print(f"gptflow {command}: error: {e}", file=sys.stderr)
+        return 1
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    traceback.print_exception(e)
+    return 1

@@ -5,7 +5,9 @@ MFU = achieved model FLOP/s per device / the device's peak. The peak is dense bf
 throughput from the vendors' data sheets (no 2:4 sparsity); `train.peak_tflops` overrides it,
 and is the only source on a CPU or an accelerator not in the table. How many GPUs this machine
 shows, and their memory, read without torch (planning imports none): :func:`visible_gpus`,
-:func:`gpu_memory_mib`.
+:func:`gpu_memory_mib`. What a memory estimate leaves free on a GPU (:func:`fit_margin`) and in
+a process's host memory (:data:`HOST_OVERHEAD_BYTES`): one home for training's fit check and
+the evaluation's plan.
 """
 
 from __future__ import annotations
@@ -131,6 +133,37 @@ def background_saves(configured: bool | str, on_gpus: bool) -> tuple[bool, str]:
     if on_gpus:
         return True, "auto with GPUs"
     return False, "auto on CPUs, where the write would compete with training for the cores"
+
+
+# ----------------------------------------------------------------- what an estimate leaves free
+
+# What a memory estimate (training's fit at -n: gptflow.plan.gpu_memory and host_memory;
+# the evaluation's placement: gptflow.results.sizing) leaves for what its terms do not see.
+GIB = 2**30
+# Room on a GPU, on top of the estimate's terms:
+# - CUDA context, cuBLAS/cuDNN workspaces and NCCL's communication buffers: a fixed amount a
+#   rank loses before its first tensor (NCCL_BUFFSIZE is 4 MiB a channel and peer; the context
+#   is a few hundred MB). Not measured here (no GPU): a round figure, on the safe side.
+RUNTIME_OVERHEAD_BYTES = 2 * GIB
+# - the caching allocator's fragmentation at the peak: DeepSpeed's activation-offload planner
+#   leaves 10 % of device memory to the allocator (MARGIN and MIN_MEASURED_MARGIN in
+#   deepspeed/compile/passes/offload_activation.py: "what a margin has to cover is peak-time
+#   fragmentation", calibrated there on GPUs).
+FRAGMENTATION_SHARE = 0.10
+
+
+def fit_margin(gpu_bytes: int) -> int:
+    """Bytes of a GPU an estimate leaves free: runtime overhead plus fragmentation (training's
+    fit check and the evaluation's plan alike)."""
+    return RUNTIME_OVERHEAD_BYTES + int(FRAGMENTATION_SHARE * gpu_bytes)
+
+
+# Host memory of a process besides its tensors: Python, torch, DeepSpeed, tokenizers, the shard
+# index and, on a GPU, CUDA's host side. Measured here: 0.40 GB max RSS for a training rank after
+# a step on the CPU (torch 2.13, DeepSpeed 0.19.8); a CUDA context adds ~1.7 GB
+# (pytorch/pytorch#113326: 2.06 GB max RSS with one CUDA tensor, 0.32 GB without; torch 2.2,
+# lazy module loading). Not measured on a GPU here.
+HOST_OVERHEAD_BYTES = 2 * GIB
 
 
 # --------------------------------------------------------------------------- GPUs on this machine

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gptflow.config.settings import ModelConfig, TrainConfig
-from gptflow.train import device, distributed, engine
+from gptflow.train import device, distributed, engine, model_parallel
 from gptflow.train.loop import reseed
 
 env = distributed.resolve()
@@ -28,7 +28,7 @@ train = TrainConfig(
     train_iters=1, global_batch_size=2, micro_batch_size=2, zero_stage=1, tensor_parallel=2
 )
 model = engine.build_model(model_cfg, train, env.world_size, dev.device)
-engine.use_split_region_rng(model, train, dev.device)
+model_parallel.use_split_region_rng(model, train, dev.device)
 model.train()
 
 hidden, attention = [], []

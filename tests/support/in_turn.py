@@ -7,7 +7,7 @@ As a script, under torchrun for more than one rank (what :func:`train_in_turn` s
 
 Each run is a fresh start of :func:`gptflow.train.main.train`, as ``gptflow train --exit-interval N``
 makes it, except that the process group is made once and kept for all of them: DeepSpeed
-keeps its groups in module globals (as tests/unit/test_kfac_layouts.py's probe does). So the
+keeps its groups in module globals (as tests/unit/train/test_kfac_layouts.py's probe does). So the
 runs of one launch share a layout -- the same tensor and pipeline parallel sizes, ZeRO stages
 and precisions may differ -- and a run of another layout never finds groups made for one
 before it (refused here). A resume is never one of these runs: tests resume a run's copy

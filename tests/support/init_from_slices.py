@@ -4,7 +4,7 @@ from a run's model.init_from (gptflow.train.init_from.HFWeights), at the layout 
 holds with the checkpoint's tensor as the safetensors library reads it, cut here by Megatron's
 split (rows of query_key_value and dense_h_to_4h and the vocabulary's rows of the embedding and
 the head, columns of attention.dense and dense_4h_to_h; apart from
-gptflow.train.engine.tensor_parallel_slice). Under ZeRO-3 each parameter
+gptflow.train.model_parallel.tensor_parallel_slice). Under ZeRO-3 each parameter
 is gathered first. Writes OUT_DIR/rank{N}.json (one file per rank: their stdout would
 interleave): rank, parameters compared, those equal (torch.equal), and the shape of each
 parameter the rank holds."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from gptflow.train import device, distributed, engine
+from gptflow.train import device, distributed, engine, model_parallel
 from gptflow.train.init_from import HFWeights
 from gptflow.train.model import checkpoint_names
 from gptflow.train.run_config import RunConfig
@@ -52,7 +52,7 @@ def expected(name: str) -> torch.Tensor:
 
 compared, equal, shapes = 0, 0, {}
 for name, p in module.named_parameters():
-    full = engine.model_name(name, pp, cfg.model.num_layers)
+    full = model_parallel.model_name(name, pp, cfg.model.num_layers)
     if zero == 3:
         import deepspeed
 

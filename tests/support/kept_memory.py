@@ -5,7 +5,7 @@ and engine as the trainer does (gptflow.train.engine), train one step on the tin
 bytes DeepSpeed keeps after the step (tests.support.memory.kept_bytes), the peak of what
 autograd kept for backward during it (saved_peak), and what an asynchronous save takes on the
 rank: the files DeepSpeed writes, taken as the trainer takes them (gptflow.train.checkpoint's
-_snapshots into a gptflow.train.snapshot.BufferPool), their tensors' bytes and buffers, and the
+_snapshots into a gptflow.train.async_save.BufferPool), their tensors' bytes and buffers, and the
 bytes the pool then holds, and the most bytes DeepSpeed's own host copies of a pipeline's layer
 files (``clone_tensors_for_torch_save`` in ``PipelineModule.save_state_dict``) held at once
 during it. One file per rank and setting: lines four ranks print to one pipe can interleave."""
@@ -21,9 +21,9 @@ import torch
 
 from gptflow.config.settings import ModelConfig, TrainConfig
 from gptflow.train import device, distributed, engine
+from gptflow.train.async_save import BufferPool
 from gptflow.train.checkpoint import _snapshots
 from gptflow.train.model import decay_groups
-from gptflow.train.snapshot import BufferPool
 from tests.support.memory import kept_bytes, saved_peak
 
 

@@ -1,5 +1,5 @@
 """The MinHash bucket and clustering stages as they were before issue 48 (commit 3baf7f5),
-kept as the baseline the new ones are held to: tests/unit/test_quality_minhash_scale.py
+kept as the baseline the new ones are held to: tests/unit/data/quality/test_quality_minhash_scale.py
 checks that the new stages write the same pairs, clusters and removal lists, and
 bench/minhash_scale.py measures both in one command. Not used by the package.
 

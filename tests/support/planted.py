@@ -1,5 +1,6 @@
 """Planted near-duplicate pairs at known Jaccard similarity of their word 5-grams: the MinHash
-unit test (tests/unit/test_quality_dedup.py) and bench/quality.py read the same pairs."""
+unit test (tests/unit/data/quality/test_quality_dedup.py) and bench/quality.py read the same
+pairs."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Run under torchrun on 2 ranks (gloo): the vocabulary-parallel loss and model against the
 unsplit ones, and write `rank<N>.json` into the directory given as argument 1.
 
-- the loss alone (gptflow.train.engine.vocab_parallel_lm_loss) on fp32 and bf16 logits split in two
-  along the vocabulary, against gptflow.train.model.lm_loss on the whole logits: the loss and the
-  gradient of this rank's block of the logits;
+- the loss alone (gptflow.train.model_parallel.vocab_parallel_lm_loss) on fp32 and bf16 logits
+  split in two along the vocabulary, against gptflow.train.model.lm_loss on the whole logits: the
+  loss and the gradient of this rank's block of the logits;
 - the tiny model built as the trainer builds it (gptflow.train.engine.build_model) at tensor parallel
   2 and at 1 in the same process, the same weights: the loss of one batch and the gradients of
   this rank's rows of the embedding and the head (and of a split layer).
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gptflow.config.settings import ModelConfig, TrainConfig
-from gptflow.train import device, distributed, engine
+from gptflow.train import device, distributed, engine, model_parallel
 from gptflow.train.model import lm_loss
 
 env = distributed.resolve()
@@ -39,7 +39,7 @@ for dtype in (torch.float32, torch.bfloat16):
     labels[0, :2] = torch.tensor([V // 2 - 1, V // 2])  # either side of the split
     block = whole.detach().chunk(2, dim=-1)[rank].clone().requires_grad_()
     want = lm_loss(whole, labels)
-    got = engine.vocab_parallel_lm_loss(block, labels, group, rank * V // 2)
+    got = model_parallel.vocab_parallel_lm_loss(block, labels, group, rank * V // 2)
     want.backward()
     got.backward()
     name = str(dtype).removeprefix("torch.")

@@ -31,7 +31,9 @@ def run_bench(name: str, tmp_path: Path, *args: str, env: dict | None = None):
     assert "Traceback" not in out.stdout + out.stderr, out.stderr[-3000:]
     if out.returncode != 0:
         why = [line for line in out.stderr.splitlines() if "cannot run here" in line]
-        assert why, f"bench/{name}.py failed ({out.returncode}):\n{out.stderr[-3000:]}"
+        assert why, (
+            f"bench/{name}.py failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
         assert why == [f"bench/{name}.py cannot run here: {why[0].split(': ', 1)[1]}"], why
         pytest.skip(why[0])
     return out.stdout

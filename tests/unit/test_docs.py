@@ -1,4 +1,5 @@
-"""The documentation: README.md, docs/*.md, config/README.md and profiles/README.md.
+"""The documentation: README.md, CHANGELOG.md, docs/*.md, config/README.md and
+profiles/README.md.
 
 - The site builds strictly (`make docs`: Sphinx + MyST, every warning an error), and the
   strictness is real: a broken link or anchor, and a page in no table of contents, each fail a
@@ -34,8 +35,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted(
-    [REPO / "README.md", REPO / "config" / "README.md", REPO / "profiles" / "README.md",
-     *(REPO / "docs").glob("*.md")]
+    [REPO / "README.md", REPO / "CHANGELOG.md", REPO / "config" / "README.md",
+     REPO / "profiles" / "README.md", *(REPO / "docs").glob("*.md")]
 )  # fmt: skip
 SCHEMA = yaml.safe_load((REPO / "config" / "schema" / "config.schema.yaml").read_text())
 SECTIONS = set(SCHEMA["properties"])
@@ -87,6 +88,7 @@ def copy_of_the_pages(tmp_path: Path) -> Path:
     copy = tmp_path / "repo"
     copy.mkdir()
     shutil.copy(REPO / "README.md", copy)
+    shutil.copy(REPO / "CHANGELOG.md", copy)
     for folder in ("docs", "config", "profiles"):
         shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("_build"))
     return copy

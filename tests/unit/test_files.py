@@ -326,7 +326,7 @@ NOT_PUBLISHING = {
     ("src/gptflow/train/checkpoint.py", "entry.rename"): 1,
     ("src/gptflow/train/metrics.py", "os.replace"): 1,  # metrics.jsonl archived on resume
     ("src/gptflow/container/image.py", "tempfile.TemporaryDirectory"): 2,  # build context, shim
-    ("src/gptflow/plan/why.py", "tempfile.TemporaryDirectory"): 1,  # a config dump for a dry run
+    ("src/gptflow/watch/why.py", "tempfile.TemporaryDirectory"): 1,  # a config dump for a dry run
 }
 TEMP_AND_RENAME = {
     "os.replace", "os.rename", "shutil.move", "tempfile.mkstemp", "tempfile.mkdtemp",

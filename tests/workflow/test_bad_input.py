@@ -73,7 +73,7 @@ CASES = {
 
 
 # Through Snakemake: the wrapper (rules/setup.smk) makes each refusal one line, no traceback,
-# nothing written; every case's line is checked in-process (tests/unit/test_build_plan.py)
+# nothing written; every case's line is checked in-process (tests/unit/plan/test_build_plan.py)
 THROUGH_SNAKEMAKE = ("wrong type", "study run does not fit its model")
 
 

@@ -4,7 +4,7 @@ data root and socket) builds envs/Dockerfile on a Debian base made here with deb
 built-in converter writes enroot's image format into a .sqsh.
 
 enroot, Pyxis and Apptainer are not installable here (no Debian or PyPI package); their
-command lines are checked in tests/unit/test_container.py and by `snakemake -n`.
+command lines are checked in tests/unit/container/test_container.py and by `snakemake -n`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gptflow.data.indexed import IndexedDataset
-from gptflow.data.tokenize import reference_tokens
+from gptflow.data.shards import reference_tokens
 from tests.support.faultserver import FaultServer
 from tests.support.noslurm import path_without_slurm
 from tests.support.ports import refused_port

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from gptflow.plan.why import RECORD
+from gptflow.plan.records import RECORD
 
 from .conftest import REPO, job_counts
 

@@ -124,7 +124,7 @@ def test_end_to_end_trains_and_writes_real_shards(pipeline):
     ]
     assert [m["step"] for m in metrics if m["kind"] == "train"] == list(range(5, 45, 5))
     # TFLOP/s per device = FLOPs per token x tokens/s / ranks, with the tiny model's 884,736
-    # FLOPs a token by Megatron's formula (worked out by hand in tests/unit/test_train.py)
+    # FLOPs a token by Megatron's formula (worked out by hand in tests/unit/train/test_train.py)
     ranks = int(re.search(r"(\d+) ranks? \(", train_log)[1])
     implied = [
         m["tflops_per_device"] * 1e12 * ranks / m["tokens_per_s"]
@@ -386,7 +386,7 @@ def test_why_names_the_changed_key_and_exactly_the_stages_it_reruns(
     text, result = why(config)
     assert "Nothing will rerun" in text and "Config unchanged" in text, text
     assert result["jobs"] == [] and result["changes"] == []
-    # the plan's preflight and size (tests/unit/test_why.py works these out by hand): 165,632
+    # the plan's preflight and size (tests/unit/watch/test_why.py works these out by hand): 165,632
     # parameters (the tiny model's real count, from the tokenizer the run made), 40 x 8 x 64
     # tokens, 884,736 FLOPs a token (Megatron's formula, as the trainer logs it), at 40 % MFU
     # of 989 TFLOP/s; 16 bytes a parameter for 3 checkpoints (keep_last 2, and the one being

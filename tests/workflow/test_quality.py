@@ -150,7 +150,8 @@ def test_an_edit_reruns_its_step_and_what_follows_and_off_adds_no_job(cleaned, s
 
 
 # one of each path to -n's line (the schema, the recipe, the filters module); the recipe's other
-# refusals (a dataset not blended, a language model missing) are in tests/unit/test_quality_recipe.py
+# refusals (a dataset not blended, a language model missing) are in
+# tests/unit/data/quality/test_quality_recipe.py
 GOOD_FILTERS = {"step": "filters", "rules": {"gopher_quality": {}}}
 BAD_FILTERS = {"step": "filters", "rules": {"gopher_quality": {"min_words": 50}}}
 
@@ -284,7 +285,8 @@ def test_the_language_step_keeps_english_and_a_threshold_edit_reruns_only_the_se
     assert manifest["examples"]["language:de"] == [OTHER[0] + "\n"]
     assert json.loads((wd / "results/tokens/tiny-bpe/c/00000.json").read_text())["documents"] == 3
 
-    # (languages too: tests/unit/test_quality_recipe.py; a wrong sha256, refused at -n: there)
+    # (languages too: tests/unit/data/quality/test_quality_recipe.py; a wrong sha256, refused at -n:
+    # there)
     edited = copy.deepcopy(lang)
     edited["data"]["quality"]["datasets"]["c"][0]["threshold"] = 0.99
     plan = snakemake(wd, write_config(wd / "edited-language.yaml", edited), "-n", target)
@@ -465,7 +467,7 @@ def heldout_and_trained(cfg, data) -> tuple[set, set]:
 
 def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
     cleaned, snakemake, tmp_path, monkeypatch
-):  # the held-out splits read from `heldout`: tests/unit/test_dataset.py
+):  # the held-out splits read from `heldout`: tests/unit/data/test_dataset.py
     """A study whose runs differ in data.quality (issue 39): each distinct recipe gets its own
     steps and shards, runs with equal recipes share them, the base's steps and shards are
     reused as they are; every run is validated on the base's shards, and trains on none of

@@ -13,7 +13,7 @@ import pytest
 
 from gptflow.data.indexed import IndexedDataset
 from gptflow.data.readers import iter_texts
-from gptflow.data.tokenize import reference_tokens
+from gptflow.data.shards import reference_tokens
 from tests.support.faultserver import FaultServer
 
 from .conftest import job_counts

@@ -6,6 +6,11 @@ preflight and the report call the same methods), gradient accumulation, the data
 and rank of a layout. The workflow config is read and validated by
 :mod:`gptflow.plan.workflow_config`; the resolved input of ``gptflow train`` is
 :mod:`gptflow.train.run_config`.
+
+Over 500 lines: the two dataclasses, their cross-field checks and every number derived from
+them (FLOPs per token with K-FAC's and Muon's, the optimizers' states, Muon's buckets) in one
+place, the one the trainer, the preflight and the report all read; split, a derived number
+would have two homes or a circle of imports.
 """
 
 from __future__ import annotations
@@ -196,7 +201,7 @@ class TrainConfig:
     save_interval: int = 100
     keep_last: int = 2
     keep_every: int | None = None  # checkpoints at multiples of it are never pruned
-    # snapshot to host memory, write in the background (gptflow.train.snapshot); auto: with GPUs
+    # snapshot to host memory, write in the background (gptflow.train.async_save); auto: with GPUs
     async_save: bool | str = "auto"
     kfac: KfacConfig | None = None  # K-FAC preconditioning; None = off
     optimizer: str = "adamw"  # adamw | muon (Muon on the hidden matrices, AdamW on the rest)
@@ -484,7 +489,7 @@ MUON_LAYER = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h
 
 def muon_matrix_shapes(model: ModelConfig, tensor_parallel: int = 1) -> list[tuple[int, int]]:
     """(rows, columns) of each matrix Muon orthogonalizes, as a tensor-parallel rank holds it
-    (gptflow.train.engine.TENSOR_PARALLEL_PLAN: query_key_value and dense_h_to_4h split by
+    (gptflow.train.model_parallel.TENSOR_PARALLEL_PLAN: query_key_value and dense_h_to_4h split by
     rows, dense and dense_4h_to_h by columns): per layer the weights of :data:`MUON_LAYER`.
     DeepSpeed runs Newton-Schulz on the matrix a rank holds, so at tensor_parallel > 1 each
     rank's block is orthogonalized on its own (Megatron-Core's ``blockwise`` Muon)."""

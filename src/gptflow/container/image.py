@@ -12,7 +12,7 @@ so Pyxis (`srun --container-image=x.sqsh`) takes either.
 
 Over 500 lines: the container stage in one module -- the recipe's hash, the build, the squash
 (enroot or builtin) and the SIF, the rules' options and the launch inside the image -- held
-whole by tests/unit/test_container.py.
+whole by tests/unit/container/test_container.py.
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ to ``out``. Details that matter:
 * a bearer token for gated hosts is read from an environment variable (never from a command
   line) and sent only to the origins it is configured for -- scheme, host and port, https
   unless allowed otherwise -- including across redirects: we follow them ourselves and a hop
-  to another origin goes without the token, as curl does since CVE-2018-1000007 (see
-  ``TokenScope``); URLs with a user name or password in them are refused, and messages
-  show URLs without query strings (they may carry signatures);
+  to another origin goes without the token, as curl does since CVE-2018-1000007 (the token's
+  scope: :mod:`gptflow.data.token_scope`); URLs with a user name or password in them are
+  refused, and messages show URLs without query strings (they may carry signatures);
 * one downloader per file: the ``.part`` file is locked while written.
 
-Over 500 lines: one call, :func:`download`, and what it needs to be safe -- the token's scope,
-the checksum lock, the progress line, the resumable fetch -- which share one file's state
+Over 500 lines: one call, :func:`download`, and what it needs to be safe -- the checksum lock,
+the progress line, the resumable fetch and its redirects -- which share one file's state
 (``.part``, its metadata, the running sha256) and are tested together against the fault server.
 """
 
@@ -45,6 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
+from gptflow.data.token_scope import (
+    DEFAULT_PORTS,
+    TokenScope,
+    refuse_credentials_in_urls,
+    safe_url,
+    scope_for,
+)
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, fsync_dir, sha256_file
 from gptflow.progress import Progress, progress_line
@@ -55,7 +62,6 @@ CHUNK = 1 << 20  # bytes per read
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 10
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass
@@ -105,157 +111,6 @@ def _published_sha256(headers) -> str | None:
 
 def _host(url: str) -> str:
     return urlsplit(url).hostname or ""
-
-
-# ----------------------------------------------------------------------------- token scope
-
-Origin = tuple[str, str, int]  # (scheme, host, port), the port explicit even when default
-
-
-def origin_of(url: str) -> Origin:
-    """(scheme, host, port) of an http(s) URL; ValueError if it has none."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS or not parts.hostname:
-        raise ValueError(f"not an http(s) URL with a host: {_safe(url)}")
-    return scheme, parts.hostname.lower(), parts.port or DEFAULT_PORTS[scheme]
-
-
-def origin_text(origin: Origin) -> str:
-    """``https://host`` or ``https://host:port`` (the port only when not the default)."""
-    scheme, host, port = origin
-    host = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{host}" if port == DEFAULT_PORTS[scheme] else f"{scheme}://{host}:{port}"
-
-
-def parse_origin(text: str, where: str) -> Origin:
-    """An origin as written in a config or on a command line: ``https://host[:port]``, or a
-    bare host name, which means ``https://host`` (port 443)."""
-    value = text.strip()
-    if "://" not in value:
-        value = f"https://{value}"
-    try:
-        parts = urlsplit(value)
-        origin = origin_of(value)
-    except ValueError:
-        raise GptflowError(
-            f"{where}: '{text}' is not an origin; write https://HOST or https://HOST:PORT"
-        ) from None
-    if parts.username is not None or parts.password is not None:
-        raise GptflowError(f"{where}: an origin holds no user name or password; remove it")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise GptflowError(
-            f"{where}: '{_safe(value)}' is not an origin (it has a path or query); the token is "
-            f"scoped to scheme, host and port only: write {origin_text(origin)}"
-        )
-    return origin
-
-
-def refuse_credentials_in_urls(urls: list[str], where: str) -> None:
-    """URLs like https://user:pass@host/ put a secret where it gets logged and shown in `ps`."""
-    for url in urls:
-        parts = urlsplit(url)
-        if parts.username is not None or parts.password is not None:
-            raise GptflowError(
-                f"{where}: {_safe(url)} has a user name or password in the URL; URLs are "
-                f"logged and passed on command lines. Remove it and put a token in an environment "
-                f"variable named by auth.token_env"
-            )
-
-
-def token_origins(auth: dict, primary_urls: list[str], where: str) -> tuple[str, ...]:
-    """The origins a dataset's token goes to (``auth.origins`` + ``auth.hosts``, default the
-    origins of the primary URLs), checked: an http origin needs ``auth.allow_http``."""
-    listed = [(o, f"{where}.auth.origins: ", "") for o in auth.get("origins") or []]
-    listed += [(h, f"{where}.auth.hosts: ", "") for h in auth.get("hosts") or []]
-    origins = {parse_origin(text, key[:-2]): (key, why) for text, key, why in listed}
-    if not origins:
-        for url in primary_urls:
-            try:
-                origins.setdefault(origin_of(url), (f"{where}.auth: ", f" (of {_safe(url)})"))
-            except ValueError:
-                continue  # not a URL: the download reports it
-    if not auth.get("allow_http"):
-        for origin, (key, why) in origins.items():
-            if origin[0] == "http":
-                raise GptflowError(
-                    f"{key}{origin_text(origin)}{why} is plain http; the token in "
-                    f"${auth['token_env']} goes only over https, so it would never be sent there. "
-                    f"Use https, or set allow_http: true in this auth if that network is trusted"
-                )
-    return tuple(sorted(origin_text(o) for o in origins))
-
-
-@dataclass(frozen=True)
-class TokenScope:
-    """A bearer token and where it may go: an exact origin (scheme, host, port) of
-    `origins`, and over https unless `allow_http`. Decided per request, redirects included
-    -- the rule curl and requests apply to credentials across redirects. The token never
-    shows in a repr."""
-
-    env: str | None = None
-    origins: frozenset[Origin] = frozenset()
-    allow_http: bool = False
-    token: str | None = field(default=None, repr=False)
-
-    def allows(self, url: str) -> bool:
-        try:
-            origin = origin_of(url)
-        except ValueError:
-            return False
-        return origin in self.origins and (origin[0] == "https" or self.allow_http)
-
-    def headers_for(self, url: str) -> dict[str, str]:
-        if self.token and self.allows(url):
-            return {"Authorization": f"Bearer {self.token}"}
-        return {}
-
-    def hint(self, url: str) -> str:
-        """Why a 401/403 may have happened, naming the variable, never its value."""
-        if not self.env:
-            return " (gated? set auth.token_env)"
-        if not self.token:
-            return f" (gated: ${self.env} is not set)"
-        if not self.allows(url):
-            where = ", ".join(sorted(origin_text(o) for o in self.origins))
-            return (
-                f" (the token in ${self.env} goes only to {where}; list this origin in "
-                f"auth.origins if it needs the token)"
-            )
-        return f" (is the token in ${self.env} valid?)"
-
-
-def _scope(
-    urls: list[str], token_env: str | None, origins: list[str] | None, allow_http: bool
-) -> TokenScope:
-    if not token_env:
-        return TokenScope()
-    if origins:
-        scoped = {parse_origin(o, "--token-origin") for o in origins}
-    else:
-        try:
-            scoped = {origin_of(urls[0])} if urls else set()
-        except ValueError:
-            scoped = set()  # not an http(s) URL: the download reports it
-    if not allow_http:
-        for origin in sorted(scoped):
-            if origin[0] == "http":
-                raise GptflowError(
-                    f"--token-origin {origin_text(origin)} is plain http: the token in "
-                    f"${token_env} would cross the network unencrypted. Use https, or pass "
-                    f"--token-allow-http (auth.allow_http: true) if that network is trusted"
-                )
-    token = os.environ.get(token_env) or None
-    if token is None:
-        log.warning("$%s is not set (or empty): downloading without a token", token_env)
-    return TokenScope(token_env, frozenset(scoped), allow_http, token)
-
-
-def _safe(url: str) -> str:
-    """The URL without credentials or query string, for messages."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]  # host[:port] as written, credentials dropped
-    return f"{parts.scheme}://{netloc}{parts.path}"
 
 
 # ----------------------------------------------------------------------------- checksum lock
@@ -370,7 +225,7 @@ def download(
     expected, source = _expected_sha256(sha256, sums_path, out.name)
     if out.exists():
         return _already_there(out, expected, source, sums_path)
-    scope = _scope(urls, token_env, token_origins, allow_http)
+    scope = scope_for(urls, token_env, token_origins, allow_http)
     session = session or requests.Session()
     part = Path(f"{out}.part")
     meta_path = Path(f"{out}.part.json")
@@ -449,9 +304,9 @@ def _publish(out: Path, part: Path, meta_path: Path, sums_path, result, errors, 
         out.name, seconds=seconds, nbytes=size, start_bytes=resumed_from, final=True
     )
     resumed = f", resumed at byte {resumed_from}" if resumed_from else ""
-    log.info("%s from %s%s, sha256 %s (%s)", done, _safe(url), resumed, digest, checksum_source)
-    return Result(str(out), _safe(url), digest, size, seconds, resumed_from, attempts,
-                  checksum_source, [*errors, f"{_safe(url)}: ok"])  # fmt: skip
+    log.info("%s from %s%s, sha256 %s (%s)", done, safe_url(url), resumed, digest, checksum_source)
+    return Result(str(out), safe_url(url), digest, size, seconds, resumed_from, attempts,
+                  checksum_source, [*errors, f"{safe_url(url)}: ok"])  # fmt: skip
 
 
 def _first_that_works(
@@ -464,8 +319,8 @@ def _first_that_works(
                 session, url, part, meta_path, expected, source, scope, policy, name, hasher
             )
         except _NextUrl as e:
-            errors.append(f"{_safe(url)}: {e}")
-            log.warning("%s: %s; trying the next URL", _safe(url), e)
+            errors.append(f"{safe_url(url)}: {e}")
+            log.warning("%s: %s; trying the next URL", safe_url(url), e)
     return None
 
 
@@ -585,7 +440,7 @@ def _fetch_one(session, url, part, meta_path, expected, source, scope, policy, n
                 wait = min(policy.backoff_max, policy.backoff_base * 2 ** max(0, failures - 1))
                 wait *= 0.5 + random.random() / 2
             wait = min(wait, policy.retry_after_max)
-            log.warning("%s: %s; retrying in %.1f s", _safe(url), e, wait)
+            log.warning("%s: %s; retrying in %.1f s", safe_url(url), e, wait)
             policy.sleep(wait)
             continue
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as e:
@@ -659,7 +514,7 @@ def _body_of(resp, at: str, url: str, part: Path, offset: int, scope, name: str)
     if status == 429 or status >= 500:
         raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
     if status in (401, 403):
-        via = f" from {_safe(at)}" if at != url else ""
+        via = f" from {safe_url(at)}" if at != url else ""
         raise _NextUrl(f"HTTP {status}{via}{scope.hint(at)}")
     if status == 416 and offset > 0:
         if _content_range_total(resp.headers.get("Content-Range")) == offset:
@@ -733,7 +588,7 @@ def _get(session, url: str, headers: dict, scope: TokenScope, policy: Policy):
         if parts.username is not None or parts.password is not None:
             raise _NextUrl("redirected to a URL with a user name or password in it; not followed")
         token = "with the token" if scope.headers_for(target) else "without a token"
-        log.info("%s: redirected to %s (%s)", _safe(url), _safe(target), token)
+        log.info("%s: redirected to %s (%s)", safe_url(url), safe_url(target), token)
         url = target
     raise _NextUrl(f"more than {MAX_REDIRECTS} redirects")
 

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from gptflow import paths
-from gptflow.data.backends import LONG_DOCUMENT_CHARS, encode_long
+from gptflow.data.engines import LONG_DOCUMENT_CHARS, encode_long
 from gptflow.data.indexed import (
     HEADER_SIZE,
     IndexedDataset,

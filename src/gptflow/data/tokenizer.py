@@ -16,6 +16,10 @@ from pathlib import Path
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write, sha256_file
 
+BYTES_PER_TOKEN_OF_TEXT = (
+    4.0  # estimates of tokens from text (BPE on English text: about 4 bytes of UTF-8 per token)
+)
+
 
 @dataclass(frozen=True)
 class TokenizerInfo:

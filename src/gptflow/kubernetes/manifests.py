@@ -311,7 +311,7 @@ RENDERERS = {"jobset": jobset, "pytorchjob": pytorchjob, "trainjob": trainjob,
 # second until Snakemake has ended and for 10 s after it (a retry Snakemake starts as it stops
 # is stopped too: before it creates its JobSet, or after, when it deletes it).
 DRIVER_SHELL = (
-    "trap 'trap \"\" TERM INT; (trap \"\" TERM; while :; do kill -TERM 0; sleep 1; done) & "
+    'trap \'trap "" TERM INT; (trap "" TERM; while :; do kill -TERM 0; sleep 1; done) & '
     "ticker=$!' TERM INT; "
     '"$@" & child=$!; '
     "while :; do wait $child; status=$?; kill -0 $child 2>/dev/null || break; done; "

@@ -22,7 +22,7 @@ from gptflow.config.schema import load_yaml
 from gptflow.errors import GptflowError
 from gptflow.kubernetes import manifests as kube_manifests
 from gptflow.kubernetes import sizing as kube_sizing
-from gptflow.plan import preflight, why
+from gptflow.plan import preflight, records
 from gptflow.plan.placement import Placement
 from gptflow.plan.profile import Profile, placement
 from gptflow.plan.runs import RunPlan, run_plan
@@ -126,9 +126,10 @@ class Plan:
 
     @property
     def local_gpus(self) -> int:
-        """The GPUs the jobs on this machine share (without srun): each GPU job takes all."""
-        p = self.placement
-        return (p.gpus or 0) if p.executor == "local" and not p.mpi else 0
+        """The GPUs the jobs on this machine share (each GPU job takes all): those counted
+        where training runs here without srun (gptflow.plan.profile.placement counts none
+        elsewhere)."""
+        return self.placement.gpus or 0
 
     # lazy: read only when a job needs them --------------------------------------------
     @functools.cached_property
@@ -155,11 +156,13 @@ class Plan:
 
     @functools.cache  # noqa: B019 (a plan lives as long as its process)
     def tokenizer_remote(self, key: str):
-        """tokenizer.url / .vocab / .merges to download (gptflow.data.sources.RemoteFile)."""
-        from gptflow.data import sources
+        """tokenizer.url / .vocab / .merges to download (gptflow.data.remote_files.RemoteFile)."""
+        from gptflow.data import remote_files
 
         with stage("gptflow config: "):
-            return sources.tokenizer_remote_file(key, self.config["tokenizer"][key], self.source)
+            return remote_files.tokenizer_remote_file(
+                key, self.config["tokenizer"][key], self.source
+            )
 
 
 def build_plan(
@@ -190,7 +193,7 @@ def build_plan(
     with stage("gptflow config: "):
         cfg = load_workflow_config(config, schema_path=schema, models_dir=repo / "config" / "models",
                                    source=source, config_files=config_files)  # fmt: skip
-    why.dump_config(cfg)  # `gptflow why`: its dry run asks for the config this plan uses
+    records.dump_config(cfg)  # `gptflow why`: its dry run asks for the config this plan uses
 
     tokenizer_json = Path(paths.tokenizer_json(cfg["tokenizer"]["name"]))
     with stage("gptflow config: "):

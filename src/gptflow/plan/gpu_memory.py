@@ -15,10 +15,15 @@ from dataclasses import dataclass
 
 from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats, muon_state_floats
 from gptflow.errors import GptflowError
-from gptflow.hardware import planned_gpu, training_precision
+from gptflow.hardware import (
+    FRAGMENTATION_SHARE,
+    RUNTIME_OVERHEAD_BYTES,
+    fit_margin,
+    planned_gpu,
+    training_precision,
+)
 from gptflow.plan.muon import muon_memory
 from gptflow.plan.placement import Placement
-from gptflow.results import sizing
 
 GIB = 1024**3
 DEFAULT_GPU_MEMORY_MB = 80 * 1024  # A100 80GB / H100 80GB, when the profile does not say
@@ -39,7 +44,7 @@ def stage_parameters(
     """Parameters a rank of pipeline stage `stage` holds: its decoder layers (balanced over the
     stages, rounded up; :func:`layer_parameters` each); the first stage also the embedding, the
     last the final LayerNorm and the head, and each of those 1/tp of the vocabulary's rows
-    (gptflow.train.engine.VOCAB_PARALLEL)."""
+    (gptflow.train.model_parallel.VOCAB_PARALLEL)."""
     h, v, t = m.hidden_size, m.vocab_size, tensor_parallel
     layers = -(-m.num_layers // pipeline_parallel) * layer_parameters(m, t)
     embedding = v * h // t if stage == 0 else 0
@@ -76,7 +81,7 @@ def model_state_bytes(
       (8 bytes less each, partitioned alike); what Muon holds instead is
       :func:`gptflow.plan.muon.muon_memory`'s.
 
-    Measured on CPU after a step (tests/unit/test_preflight.py): the kept terms (not
+    Measured on CPU after a step (tests/unit/plan/test_preflight.py): the kept terms (not
     TRANSIENT) are exactly the tensors DeepSpeed holds, on one rank and on every rank of
     tensor 2 x data 2 (ZeRO 1 and 2) and pipeline 2 x data 2 (ZeRO 1)."""
     half = precision in ("bf16", "fp16")
@@ -113,10 +118,10 @@ TOKEN_ID = 8  # int64: the ids the embedding keeps, the labels the loss keeps
 # logits) in its buffers until the buffer is reused (deepspeed/runtime/pipe/engine.py; the last
 # stage runs two buffers), counted apart.
 LOGITS_PEAK = 12
-# Under tensor parallel gptflow.train.engine.VocabParallelCrossEntropy keeps its block's fp32
-# softmax (4) and makes it the gradient in place; its forward holds the logits and that fp32
-# copy, and its backward that and the gradient in the logits' dtype: 4 + the logits' width (2 or
-# 4) either way.
+# Under tensor parallel gptflow.train.model_parallel.VocabParallelCrossEntropy keeps its block's
+# fp32 softmax (4) and makes it the gradient in place; its forward holds the logits and that fp32
+# copy, and its backward that and the gradient in the logits' dtype: 4 + the logits' width (2 or 4)
+# either way.
 VOCAB_PARALLEL_LOGITS_PEAK = 4
 
 
@@ -132,7 +137,7 @@ def layer_activation_bytes(m: ModelConfig, tensor_parallel: int, tokens: int, wi
     """Bytes one decoder layer (gptflow.train.model.Layer) keeps for its backward, for `tokens`
     tokens of a micro-batch on a rank of `tensor_parallel`, elements `width` bytes (2 in
     bf16/fp16, 4 in fp32), as autograd saves them (measured on CPU in
-    tests/unit/test_preflight.py), in elements a token:
+    tests/unit/plan/test_preflight.py), in elements a token:
 
     - the layer's input (kept by both LayerNorms, one tensor) and the two LayerNorms' outputs
       (kept by query_key_value and dense_h_to_4h): 3h; each LayerNorm's mean and 1/std;
@@ -226,12 +231,6 @@ def planned_train(t: TrainConfig, p: Placement) -> TrainConfig:
         except GptflowError as e:
             raise GptflowError(f"train.precision auto is {precision} here ({why}): {e}") from None
     return planned
-
-
-# The margin a fit leaves free: gptflow.results.sizing's (one home, shared with the evaluation).
-RUNTIME_OVERHEAD_BYTES = sizing.RUNTIME_OVERHEAD_BYTES
-FRAGMENTATION_SHARE = sizing.FRAGMENTATION_SHARE
-fit_margin = sizing.fit_margin
 
 
 @dataclass(frozen=True)

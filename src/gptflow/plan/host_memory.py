@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats
 from gptflow.errors import GptflowError
-from gptflow.hardware import background_saves
+from gptflow.hardware import HOST_OVERHEAD_BYTES, background_saves
 from gptflow.plan.gpu_memory import (
     human,
     layer_parameters,
@@ -20,11 +20,10 @@ from gptflow.plan.gpu_memory import (
     stage_parameters,
 )
 from gptflow.plan.placement import Placement
-from gptflow.results import sizing
 
 # What a training rank's process holds in host memory besides its tensors (CUDA context and
-# libraries, torch, DeepSpeed, the data loader): sizing's, where its sources are.
-PROCESS_HOST_BYTES = sizing.HOST_OVERHEAD_BYTES
+# libraries, torch, DeepSpeed, the data loader): gptflow.hardware's, where its sources are.
+PROCESS_HOST_BYTES = HOST_OVERHEAD_BYTES
 
 
 def writes_model_file(t: TrainConfig, rank: int, ranks: int) -> bool:
@@ -49,7 +48,7 @@ def snapshot_bytes(
       rank (offloaded or not: the snapshot copies it either way).
 
     Not counted: the pickles (under 32 KiB a file, measured) and what a host buffer takes
-    beyond its bytes (gptflow.train.snapshot.buffer_bytes: under two pages, 8 KiB, a storage)."""
+    beyond its bytes (gptflow.train.async_save.buffer_bytes: under two pages, 8 KiB, a storage)."""
     dp = t.data_parallel_size(ranks)
     stage = t.pipeline_stage(rank, ranks)
     params = stage_parameters(m, t.tensor_parallel, t.pipeline_parallel, stage)

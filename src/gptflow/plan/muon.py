@@ -6,7 +6,7 @@ step.
 
 Formulas only (planning imports neither torch nor DeepSpeed). ZeRO 3's update is replayed
 allocation by allocation as DeepSpeed's code makes and frees them (:func:`zero3_update`),
-which tests/unit/test_muon_memory.py holds to what DeepSpeed's update allocates on 1, 2 and 3
+which tests/unit/plan/test_muon_memory.py holds to what DeepSpeed's update allocates on 1, 2 and 3
 gloo ranks for two model sizes, as it holds ZeRO 1/2's momentum (:func:`zero12_momentum`). What
 NCCL allocates on GPUs is from PyTorch's source, not measured (no GPU here).
 """
@@ -46,7 +46,7 @@ def muon_groups(m: ModelConfig, t: TrainConfig) -> list[list[Shape]]:
     ``MuonWithAuxAdam`` (original_muon.py l. 380): by shape, largest first (rows, then
     columns). Under ZeRO 3 the parameters it sorts are already partitioned (empty, all of one
     shape), so the model's order stays. A pipeline stage's layers only, each matrix as its
-    tensor-parallel rank holds it; tests/unit/test_muon_memory.py holds this to the groups
+    tensor-parallel rank holds it; tests/unit/plan/test_muon_memory.py holds this to the groups
     DeepSpeed holds."""
     shapes = muon_layer_shapes(m, t.tensor_parallel)
     by_lr: dict[float, list[Shape]] = {}

@@ -9,7 +9,7 @@ module:
   the GPU's (Muon's share from :mod:`gptflow.plan.muon`, which also refuses a ZeRO-3 Muon
   update whose traffic would dominate the step);
 - :mod:`gptflow.plan.host_memory` -- host memory of background saves, against the node's;
-- :mod:`gptflow.plan.after_training` -- the evaluate, export_hf and harness jobs' sizes;
+- :mod:`gptflow.plan.eval_size` -- the evaluate, export_hf and harness jobs' sizes;
 - :mod:`gptflow.plan.run_size` -- parameters, FLOPs, tokens, GPU-hours, checkpoint and shard
   bytes.
 
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from gptflow.config.settings import ModelConfig, TrainConfig
 from gptflow.errors import GptflowError
 from gptflow.hardware import background_saves
-from gptflow.plan.after_training import after_training
 from gptflow.plan.cluster import check_cluster, read_accounts, read_sinfo
+from gptflow.plan.eval_size import after_training
 from gptflow.plan.gpu_memory import (
     check_memory,
     human,

@@ -73,6 +73,13 @@ def placement(
     )
     mpi = str(profile.value("train_gpt", "mpi") or "")
     gpus, gpus_source = visible_gpus() if executor == "local" and not mpi else (None, "")
+    # A node's memory: what train_gpt's job is given. Slurm's plugin passes mem_mb (the rule's
+    # or default-resources') as --mem; the PBS profile's submit line and this machine pass none,
+    # so there only train_gpt's own set-resources mem_mb states it (default-resources' mem_mb
+    # is the CPU jobs' scheduling figure)
+    mem_mb = (
+        number("mem_mb") if executor == "slurm" or profile.sets("train_gpt", "mem_mb") else None
+    )
     gpu_mem_mb, gpu_mem_source = number("gpu_mem_mb"), ""
     if gpus and gpu_mem_mb is None:
         gpu_mem_mb, how = gpu_memory_mib()
@@ -85,7 +92,7 @@ def placement(
         gres=profile.value("train_gpt", "gres"),
         threads=profile.threads.get("train_gpt"),
         cpus_per_task=number("cpus_per_task"),
-        mem_mb=number("mem_mb"),
+        mem_mb=mem_mb,
         partition=profile.value("train_gpt", "slurm_partition"),
         mpi=mpi,
         gpu_mem_mb=gpu_mem_mb,

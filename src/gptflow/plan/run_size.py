@@ -18,11 +18,10 @@ from gptflow.config.settings import (
     padded_vocab_size,
     training_flops_per_token,
 )
+from gptflow.data.tokenizer import BYTES_PER_TOKEN_OF_TEXT
 from gptflow.errors import GptflowError
-from gptflow.results import sizing
 
 ASSUMED_VOCAB = 50257  # GPT-2's, when no tokenizer is on disk yet and none is to be trained
-BYTES_PER_TOKEN_OF_TEXT = sizing.BYTES_PER_TOKEN_OF_TEXT  # text bytes a token (one home)
 EXPANSION = {"zst": 3.5, "gz": 3.0, "xz": 4.0, "zip": 3.0, "parquet": 2.5}  # text / file bytes
 
 

@@ -26,7 +26,7 @@ Writing. safetensors shards of at most ``max_shard_size`` bytes, planned as Hugg
 them (``model-00001-of-0000N.safetensors`` + ``model.safetensors.index.json``; a single
 ``model.safetensors`` when the model fits in one shard), each written one tensor at a time.
 Peak memory is a small multiple of the largest tensor, not of the model (measured by
-tests/unit/test_export.py). The directory is published whole (temporary directory, rename).
+tests/unit/results/test_export.py). The directory is published whole (temporary directory, rename).
 
 DeepSpeed is imported only to read ZeRO 1-3 checkpoints.
 
@@ -306,11 +306,11 @@ def _sliced_weights(
     ``param_slice_mappings`` says which part of which parameter (start, numel) that piece
     holds. A parameter is its pieces in data-parallel order; under tensor parallel, its
     slices in tensor-parallel order, joined along the dimension
-    :data:`gptflow.train.engine.TENSOR_PARALLEL_PLAN` splits (replicated ones read from the first
-    rank). Nothing is converted or written: the universal conversion (which loads every file
+    :data:`gptflow.train.model_parallel.TENSOR_PARALLEL_PLAN` splits (replicated ones read from
+    the first rank). Nothing is converted or written: the universal conversion (which loads every file
     whole, twice) is left to a resume in another layout."""
-    from gptflow.train.engine import tensor_parallel_dim
     from gptflow.train.model import GPTNeoX, hf_name
+    from gptflow.train.model_parallel import tensor_parallel_dim
 
     mps, dps = (1 + max(k[i] for k in files) for i in (0, 1))
     slices: dict[str, list[Weight]] = {}  # model name -> its slices in model-parallel order

@@ -3,6 +3,12 @@
 The card is the data card (datasets, their sources and checksums, documents and tokens per
 shard, the tokenizer), the evaluation table, the container image when one was used, and the
 resolved run config. Everything is escaped: document text never reaches the HTML unescaped.
+The harness's page (a run's lm-evaluation-harness scores over its checkpoints) and the data
+quality page (data.quality's steps, from their manifests) are made here too.
+
+Over 500 lines: the report's three pages -- the run card, the harness's, data quality's -- with
+the HTML helpers they share (tables, escaping, the page around them), each page a few short
+functions.
 """
 
 from __future__ import annotations

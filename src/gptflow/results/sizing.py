@@ -4,7 +4,9 @@ the memory and time of the evaluate and export_hf jobs.
 One home for these figures: the rules ask for them as the jobs' resources, the preflight checks
 them against the profile at ``-n`` and prints them, and ``gptflow evaluate`` places the model by
 the same plan on the GPUs it was given. Pure arithmetic on
-:class:`gptflow.config.settings.ModelConfig` (planning imports neither torch nor DeepSpeed).
+:class:`gptflow.config.settings.ModelConfig` (planning imports neither torch nor DeepSpeed). The
+margins an estimate leaves free, which training's fit check shares, are gptflow.hardware's
+(:func:`gptflow.hardware.fit_margin`); the bytes of text a token, gptflow.data.tokenizer's.
 
 Evaluation keeps only the weights (no gradients, no optimizer state) and one batch of
 activations. It runs in fp32 on one GPU when that fits; otherwise in bf16 (the precision the
@@ -20,28 +22,14 @@ import math
 from dataclasses import dataclass
 
 from gptflow.config.settings import ModelConfig
+from gptflow.data.tokenizer import BYTES_PER_TOKEN_OF_TEXT
+from gptflow.hardware import HOST_OVERHEAD_BYTES, fit_margin
 
 MIB = 2**20
 GIB = 2**30
 EVAL_BATCH = 8  # windows per forward pass
-# Room the estimate leaves for what it does not see, on top of its terms:
-# - CUDA context, cuBLAS/cuDNN workspaces and NCCL's communication buffers: a fixed amount a
-#   rank loses before its first tensor (NCCL_BUFFSIZE is 4 MiB a channel and peer; the context
-#   is a few hundred MB). Not measured here (no GPU): a round figure, on the safe side.
-RUNTIME_OVERHEAD_BYTES = 2 * GIB
-# - the caching allocator's fragmentation at the peak: DeepSpeed's activation-offload planner
-#   leaves 10 % of device memory to the allocator (MARGIN and MIN_MEASURED_MARGIN in
-#   deepspeed/compile/passes/offload_activation.py: "what a margin has to cover is peak-time
-#   fragmentation", calibrated there on GPUs).
-FRAGMENTATION_SHARE = 0.10
 
 
-# Host memory of a process besides its tensors: Python, torch, DeepSpeed, tokenizers, the shard
-# index and, on a GPU, CUDA's host side. Measured here: 0.40 GB max RSS for a training rank after
-# a step on the CPU (torch 2.13, DeepSpeed 0.19.8); a CUDA context adds ~1.7 GB
-# (pytorch/pytorch#113326: 2.06 GB max RSS with one CUDA tensor, 0.32 GB without; torch 2.2,
-# lazy module loading). Not measured on a GPU here.
-HOST_OVERHEAD_BYTES = 2 * GIB
 # Sequential read + write of the fp32 weights by the export (a parallel file system gives a
 # single stream 200-1000 MB/s; the lower figure, so a time limit is not hit on a busy one)
 EXPORT_BYTES_PER_S = 200 * 10**6
@@ -54,13 +42,6 @@ LOAD_BYTES_PER_S = 500 * 10**6
 PEAK_TFLOPS = {"bf16": 312.0, "fp32": 19.5}
 EVAL_UTILISATION = 0.2
 MIN_RUNTIME_MIN = 10  # a job's floor: start-up, imports, the shard index
-BYTES_PER_TOKEN_OF_TEXT = 4.0  # BPE on English text: about 4 bytes of UTF-8 per token
-
-
-def fit_margin(gpu_bytes: int) -> int:
-    """Bytes of a GPU an estimate leaves free: runtime overhead plus fragmentation (training's
-    fit check and the evaluation's plan alike)."""
-    return RUNTIME_OVERHEAD_BYTES + int(FRAGMENTATION_SHARE * gpu_bytes)
 
 
 @dataclass(frozen=True)
@@ -221,7 +202,7 @@ def harness_host_mb(model: ModelConfig, max_length: int, batch: int, plan: EvalP
 def export_mb(model: ModelConfig) -> int:
     """Host memory (MB) of the export_hf job: a parameter's pieces, its joined tensor-parallel
     slices and the whole tensor (at most three times the largest tensor in fp32; measured at
-    most twice by tests/unit/test_export.py) and the overhead."""
+    most twice by tests/unit/results/test_export.py) and the overhead."""
     return math.ceil((3 * 4 * model.largest_tensor_numel() + HOST_OVERHEAD_BYTES) / MIB)
 
 

@@ -5,6 +5,10 @@ Each run is read from what a finished run leaves (run.yaml, metrics.jsonl, DONE.
 the records of its finished series. The fits live in `gptflow.results.scaling`; a fit that cannot be
 made (two sizes, one token budget) is said on the page in place of its numbers, so a study of
 any shape renders. Everything is escaped: run names never reach the HTML unescaped.
+
+Over 500 lines: one page -- the runs read, the fits attempted, the figures, the tables of runs,
+fits, optimizers and ablations -- as short functions that :func:`study_report` puts together;
+split, the page would be read from several modules.
 """
 
 from __future__ import annotations

@@ -11,14 +11,15 @@ The package, in the order a run meets it:
 - :mod:`gptflow.train.distributed` -- rank, world and master from Slurm's or torchrun's
   environment, the launch lines; :mod:`gptflow.train.device` -- the rank's device, the process
   group, the loop's tensors;
-- :mod:`gptflow.train.model` -- the GPT-NeoX network; :mod:`gptflow.train.engine` -- DeepSpeed
-  around it (ZeRO, tensor and pipeline parallel); :mod:`gptflow.train.init_from` -- step 0 from
+- :mod:`gptflow.train.model` -- the GPT-NeoX network; :mod:`gptflow.train.model_parallel` --
+  tensor and pipeline parallel, the model split over ranks; :mod:`gptflow.train.engine` --
+  DeepSpeed around it (ZeRO, the optimizers); :mod:`gptflow.train.init_from` -- step 0 from
   a Hugging Face checkpoint; :mod:`gptflow.train.kfac` -- the K-FAC preconditioner;
 - :mod:`gptflow.train.loop` -- resume, then for each step: batches -> forward/backward/step ->
   log -> eval -> save, each a short function; :mod:`gptflow.train.metrics` -- the log
   interval's sums, the iteration line, metrics.jsonl, tokens/s, TFLOP/s and MFU;
 - :mod:`gptflow.train.checkpoint` -- saves, resume, retention, the run lock;
-  :mod:`gptflow.train.snapshot` -- a save's files taken into host memory and written by a
+  :mod:`gptflow.train.async_save` -- a save's files taken into host memory and written by a
   thread per rank.
 
 This file imports nothing: planning imports :mod:`gptflow.train.distributed` and must not pull

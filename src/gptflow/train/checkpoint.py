@@ -261,7 +261,7 @@ def _through_engine(engine, save_dir: str, tag: str, client_state: dict, save_fi
 
 def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[str]:
     """``engine.save_checkpoint``, returning the paths this rank wrote."""
-    from gptflow.train.snapshot import free_space
+    from gptflow.train.async_save import free_space
 
     written: list[str] = []
     plain_save = engine.checkpoint_engine.save  # before _through_engine replaces it
@@ -284,8 +284,9 @@ def _saved_files(engine, save_dir: str, tag: str, client_state: dict) -> list[st
 
 def _snapshots(engine, save_dir: str, tag: str, client_state: dict, pool) -> list:
     """``engine.save_checkpoint`` with each file DeepSpeed would write taken as a snapshot
-    (:func:`gptflow.train.snapshot.take`) instead; returns them, to be written in the background."""
-    from gptflow.train.snapshot import take
+    (:func:`gptflow.train.async_save.take`) instead; returns them, to be written in the
+    background."""
+    from gptflow.train.async_save import take
 
     taken: list = []
     _through_engine(engine, save_dir, tag, client_state,

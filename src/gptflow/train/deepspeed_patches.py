@@ -8,7 +8,7 @@ to apply, in one line naming the method, so a DeepSpeed method is never patched 
 (:func:`gptflow.train.engine.init_distributed`), on DeepSpeed 0.19.8 only; on another release
 it patches nothing and what needs a patch (train.optimizer muon) is refused in one line
 (:func:`require`). What each fixes and how it was measured
-is in its docstring; the layout test (tests/unit/test_muon_layouts.py) fails without them.
+is in its docstring; the layout test (tests/unit/train/test_muon_layouts.py) fails without them.
 """
 
 from __future__ import annotations

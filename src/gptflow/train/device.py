@@ -154,11 +154,11 @@ def leave(code: int) -> int:
     without a process group returns `code` to exit as usual.
 
     What holds for checkpoint writes: the background writer's thread is a daemon
-    (gptflow.train.snapshot.BackgroundWriter), which this does not wait for. After a normal
+    (gptflow.train.async_save.BackgroundWriter), which this does not wait for. After a normal
     return the loop has already waited for it (``Saves.settle``: every rank's files written,
     the step marked complete) and joined it (``Saves.close``). After a failure (``gptflow
-    train`` reports the exception, then ends through here too: gptflow.cli.cmd_train) a write
-    still in flight is abandoned: its files stay in the step's hidden ``.writing-rank{r}``
+    train`` reports the exception, then ends through here too: gptflow.cli.train.cmd_train)
+    a write still in flight is abandoned: its files stay in the step's hidden ``.writing-rank{r}``
     directory (the next save of that step removes it), the step is not complete (that takes
     every rank's agreement), and a resume reads the last complete one. The process group is
     not destroyed on that path: its peers see the rank leave."""

@@ -6,9 +6,9 @@ Data order is a pure function of (seed, consumed samples): step s of every rank 
 the slice ``(m * ranks + r) * micro_batch`` of it (Megatron's pretraining sampler). Dropout RNG is
 reseeded from (seed, step, micro-batch, data-parallel rank): under tensor parallel the same on
 the ranks of a group, the attention's dropout (its heads are split) drawing from a fork of it
-per tensor-parallel rank (:func:`gptflow.train.engine.split_region_rng`). Together with DeepSpeed's
-model, optimizer and scheduler state and the log interval's sums (saved with each checkpoint)
-that makes a resumed run repeat the uninterrupted one bit for bit.
+per tensor-parallel rank (:func:`gptflow.train.model_parallel.split_region_rng`). Together with
+DeepSpeed's model, optimizer and scheduler state and the log interval's sums (saved with each
+checkpoint) that makes a resumed run repeat the uninterrupted one bit for bit.
 
 The loop reads the device once per log interval (:class:`~gptflow.train.metrics.Interval`);
 every tensor it makes comes from :class:`~gptflow.train.device.Device`.
@@ -43,6 +43,7 @@ from gptflow.train.checkpoint import CheckpointSeries, checkpoint_digest, resume
 from gptflow.train.device import Device
 from gptflow.train.kfac import Kfac
 from gptflow.train.metrics import Interval, MetricsLog, Throughput, WandbRun, iteration_line
+from gptflow.train.model_parallel import use_split_region_rng
 from gptflow.train.run_config import RunConfig
 from gptflow.train.saves import Saves
 
@@ -144,7 +145,7 @@ def build(
     torch.manual_seed(t.seed)  # identical initialisation on every rank
     with initial_weights(cfg, rank, resume_from) as init:
         model = ds.build_model(cfg.model, t, dev.world_size, dev.device, init)
-    ds.use_split_region_rng(model, t, dev.device)  # attention dropout per tensor-parallel rank
+    use_split_region_rng(model, t, dev.device)  # attention dropout per tensor-parallel rank
     groups = ds.optimizer_groups(model, cfg.model, t)
     if rank == 0:
         log_optimizer(t, groups)
@@ -346,7 +347,8 @@ def reseed(seed: int, step: int, micro: int, rank: int, world: int, gas: int) ->
     """Dropout's RNG for one micro-batch: the same sample gets the same mask whatever the
     number of ranks (micro-batch m of one rank is micro-batch 0 of rank m of several).
     `rank` and `world` are data-parallel: a tensor-parallel group shares the stream (its
-    replicated regions' masks agree; :func:`gptflow.train.engine.split_region_rng` forks it)."""
+    replicated regions' masks agree; :func:`gptflow.train.model_parallel.split_region_rng`
+    forks it)."""
     torch.manual_seed(seed * 1_000_003 + (step * gas + micro) * world + rank)
 
 

@@ -65,7 +65,7 @@ class Attention(nn.Module):
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout = cfg.attention_dropout
         # the RNG of the dropout of this rank's heads: under tensor parallel, a stream of the
-        # tensor-parallel rank's own (set by gptflow.train.engine.use_split_region_rng)
+        # tensor-parallel rank's own (set by gptflow.train.model_parallel.use_split_region_rng)
         self.split_rng: Callable[[], AbstractContextManager] = nullcontext
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -145,8 +145,8 @@ class GPTNeoX(nn.Module):
         self.cfg = cfg
         self.gpt_neox = Backbone(cfg)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # (logits, labels) -> mean loss; under tensor parallel the logits are split along
-        # the vocabulary and gptflow.train.engine.split_tensor_parallel puts its vocab-parallel
+        # (logits, labels) -> mean loss; under tensor parallel the logits are split along the
+        # vocabulary and gptflow.train.model_parallel.split_tensor_parallel puts its vocab-parallel
         # loss here
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss
         if self.embed_out.weight.device.type != "meta":

@@ -289,7 +289,7 @@ def build_data_index(
     import time
 
     from gptflow.data.dataset import build_split_datasets, heldout_train_ends
-    from gptflow.data.tokenize import read_manifest
+    from gptflow.data.shards import read_manifest
 
     def blend_of(prefixes_of: dict[str, list[str]]) -> list[tuple]:
         blend = []
@@ -411,7 +411,7 @@ def _blends(
     cfg: dict, shards: dict[str, list[str]], tok: TokenizerInfo, tokenizer_path: str
 ) -> tuple[DatasetBlend, ...]:
     """The blend's datasets over `shards` (dataset -> prefixes), their manifests read."""
-    from gptflow.data.tokenize import read_manifest
+    from gptflow.data.shards import read_manifest
 
     blends = []
     for item in cfg["data"]["blend"]:

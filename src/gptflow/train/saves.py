@@ -1,6 +1,6 @@
 """How the training loop saves its checkpoint series (:class:`Saves`): synchronously through
 :meth:`gptflow.train.checkpoint.CheckpointSeries.save`, or from a snapshot in host memory
-written in the background (:mod:`gptflow.train.snapshot`, ``train.async_save``), and when a
+written in the background (:mod:`gptflow.train.async_save`, ``train.async_save``), and when a
 background save falls back to synchronous ones.
 """
 
@@ -10,20 +10,20 @@ import logging
 from pathlib import Path
 
 from gptflow.errors import GptflowError
+from gptflow.train.async_save import BackgroundWriter, Batch, pinning_problem
 from gptflow.train.checkpoint import CheckpointSeries, _snapshots, tag_for
-from gptflow.train.snapshot import BackgroundWriter, Batch, pinning_problem
 
 log = logging.getLogger("gptflow.train")
 
 
 class Saves:
     """How the loop saves a series: synchronously, or (``train.async_save``) from a snapshot
-    in host memory written by a thread of each rank (:mod:`gptflow.train.snapshot`).
+    in host memory written by a thread of each rank (:mod:`gptflow.train.async_save`).
 
     An asynchronous save blocks training for the snapshot only: it waits for the previous
     write first (one snapshot in flight, the wait logged), then DeepSpeed's
     ``save_checkpoint`` runs with its checkpoint engine's ``save`` replaced by
-    :func:`gptflow.train.snapshot.take`, so every file DeepSpeed writes -- model, ZeRO partitions,
+    :func:`gptflow.train.async_save.take`, so every file DeepSpeed writes -- model, ZeRO partitions,
     pipeline layers -- is taken as it would have been written, and written byte for byte so.
     The step becomes COMPLETE, then ``latest``, only when every rank's files are on disk:
     the loop's one per-step all-reduce (:meth:`flags`, :meth:`agreed`) carries whether any
@@ -35,7 +35,7 @@ class Saves:
     Host memory pinned for a GPU's copies (cudaHostRegister) may be refused on a rank. Saves in
     the background then become synchronous on every rank -- never on some: a save's collectives
     differ between the two. With `pins` (training on GPUs) every rank probes pinning here, at
-    the same point of training's start (:func:`gptflow.train.snapshot.pinning_problem`), and the
+    the same point of training's start (:func:`gptflow.train.async_save.pinning_problem`), and the
     ranks agree through `any_rank`. A buffer that cannot be pinned later (a larger one, a
     locked-memory limit) is used unpinned for that snapshot, which completes on every rank;
     the per-step all-reduce then carries it (:meth:`flags`) and every rank switches after the

@@ -5,7 +5,7 @@ shard, candidate pairs per band, one clustering job, removal per shard
 Shingles are word n-grams of the text after DataTrove's ``simplify_text`` (:func:`simplify`:
 lowercase, numbers as ``0``, its fixed list of punctuation as space, accents stripped), words split on whitespace (the recipe's
 ``tokenizer: regex``). Each word is hashed (a polynomial hash of its characters, all words at
-once in numpy: :func:`gptflow.data.quality.filters.char_hashes`, then splitmix64; modulo 2**64
+once in numpy: :func:`gptflow.data.quality.signals.char_hashes`, then splitmix64; modulo 2**64
 such a hash has known colliding strings, Thue-Morse words of 2**11 characters and more, and a
 collision only merges two shingles), an n-gram's hash mixes its words' (:func:`shingle_hashes`),
 and signature column k is min over the shingles of a_k * shingle + b_k (mod 2**64, a_k odd: a
@@ -35,8 +35,8 @@ import unicodedata
 import numpy as np
 
 from gptflow.data.quality import arrays
-from gptflow.data.quality.filters import char_hashes
 from gptflow.data.quality.removal import documents
+from gptflow.data.quality.signals import char_hashes
 from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
 

@@ -6,7 +6,7 @@ a 1-D uint32 numpy array, one entry per kept document in order, its ordinal amon
 documents of the collected shard (the texts the recipe's first step reads, in order:
 ``removal.documents``). A later step maps its kept documents through its input's array
 (:func:`compose`). Steps keep order, so the array is strictly increasing, and a shard
-tokenized from a step's documents holds them one document each (gptflow.data.tokenize): a
+tokenized from a step's documents holds them one document each (gptflow.data.shards): a
 data ablation cuts each recipe's train split by document identity with it
 (gptflow.data.dataset.heldout_train_ends).
 """

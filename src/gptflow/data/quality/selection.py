@@ -1,10 +1,11 @@
-"""The filters and language steps' two jobs each, around :mod:`gptflow.data.quality.filters`
-(which computes each document's signals and decides on them): per shard, the signals of every
-document into a side file, once per input and word tokenizer (filters) or model file's sha256
-(language); then, per shard and recipe, a cheap selection that applies the recipe's thresholds
-to them and writes the kept documents. An edit to a threshold reruns only the selection.
+"""The filters and language steps' two jobs each, around :mod:`gptflow.data.quality.signals`
+(each document's signals) and :mod:`gptflow.data.quality.filters` (the decisions on them): per
+shard, the signals of every document into a side file, once per input and word tokenizer
+(filters) or model file's sha256 (language); then, per shard and recipe, a cheap selection
+that applies the recipe's thresholds to them and writes the kept documents. An edit to a
+threshold reruns only the selection.
 
-A side file is JSONL, one ``filters.signals`` (or ``filters.language_signals``) mapping per
+A side file is JSONL, one ``signals.signals`` (or ``signals.language_signals``) mapping per
 document in document order. The manifest counts the removed by reason (``rule:reason``, the
 reference's reason; ``language:<the document's top language>`` for the language step) and
 keeps the first few removed documents of each reason, shortened, to show why.
@@ -68,9 +69,9 @@ def write_signals(
     path: str | os.PathLike, reader: dict, tokenizer: str, out: str | os.PathLike
 ) -> dict:
     """The signals of a shard's documents, one JSON line each; returns the counts."""
-    from gptflow.data.quality import filters
+    from gptflow.data.quality import signals
 
-    n = _write_rows(path, reader, out, lambda texts: filters.iter_signals(texts, tokenizer))
+    n = _write_rows(path, reader, out, lambda texts: signals.iter_signals(texts, tokenizer))
     return {"documents": n, "tokenizer": tokenizer}
 
 
@@ -125,14 +126,14 @@ def write_language_scores(
     path: str | os.PathLike, reader: dict, model: dict, out: str | os.PathLike, where: str
 ) -> dict:
     """fastText's language scores of a shard's documents, one JSON line each
-    (``filters.language_signals``); `model`: the step's model and sha256, checked first
+    (``signals.language_signals``); `model`: the step's model and sha256, checked first
     (`where`: its config key, for the error). Returns the counts."""
-    from gptflow.data.quality import filters
+    from gptflow.data.quality import signals
 
     model_path = str(check_language_model(model, where))
-    filters.load_lid_model(model_path)
+    signals.load_lid_model(model_path)
     n = _write_rows(
-        path, reader, out, lambda texts: (filters.language_signals(t, model_path) for t in texts)
+        path, reader, out, lambda texts: (signals.language_signals(t, model_path) for t in texts)
     )
     return {"documents": n, "model": model_path, "sha256": model["sha256"]}
 

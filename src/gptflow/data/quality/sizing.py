@@ -3,7 +3,7 @@
 the rules' ``mem_mb`` and ``runtime`` (rules/quality_functions.smk), shown at ``-n`` once the
 inputs exist (``<TBD>`` before: Snakemake evaluates them again when the job is submitted),
 and the Pile's figures in the README (held to this module by
-tests/unit/test_quality_minhash_scale.py).
+tests/unit/data/quality/test_quality_minhash_scale.py).
 
 Each is what the job holds at its peak, from costs measured by bench/minhash_scale.py (and,
 for exact, the same measure of ``find_repeats``: peak RSS above the process's start, page
