@@ -145,10 +145,18 @@ def test_the_jobset_restarts_preemptions_free_and_failures_counted(
         {"name": "failed", "action": "RestartJobSet"},
     ]  # fmt: skip
     job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
-    assert job["backoffLimit"] == 0 and job["podFailurePolicy"]["rules"][0]["onExitCodes"] == {
-        "containerName": "trainer", "operator": "In", "values": [75]
-    }  # fmt: skip
-    assert pod_of(jobset)["restartPolicy"] == "Never"
+    # exit 75, and a pod the cluster evicts or Kueue preempts (DisruptionTarget), fail the Job
+    # by its pod failure policy: the JobSet's "preempted" rule, not counted
+    assert job["backoffLimit"] == 0 and job["podFailurePolicy"]["rules"] == [
+        {"action": "FailJob",
+         "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}},
+        {"action": "FailJob",
+         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]  # fmt: skip
+    pod = pod_of(jobset)
+    assert pod["restartPolicy"] == "Never"
+    # the trainers' save on SIGTERM gets the configured time before the kubelet's SIGKILL
+    assert pod["terminationGracePeriodSeconds"] == 600  # kubernetes.termination_grace_seconds
     assert jobset["spec"]["network"] == {
         "enableDNSHostnames": True,
         "publishNotReadyAddresses": True,
@@ -260,6 +268,7 @@ def test_the_driver_is_a_job_with_a_namespaced_role(capsys, repo, tmp_path, tiny
                                 "--cores", "4", "--configfile", "config.yaml",
                                 "--replace-workflow-config"]  # fmt: skip
     assert c["resources"]["limits"] == {"cpu": "4", "memory": "16000Mi"}
+    assert pod["terminationGracePeriodSeconds"] == 600 + 60  # its trainers' save, and its own
     assert {"name": "work", "persistentVolumeClaim": {"claimName": "gptflow-work"}} in pod[
         "volumes"
     ]
