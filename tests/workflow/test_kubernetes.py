@@ -5,12 +5,14 @@ the completion index, their hostnames and the headless Service's names resolving
 pods x gloo; then the faults, on that run's data: a pod exiting 75 (a restart not counted), a
 pod killed (counted), Kueue suspending and resuming the JobSet, in one training whose losses
 equal the uninterrupted 2-pod run's at every step; a JobSet failing after its restarts; a
+fast pod exiting 75 seen though the submitter's pod watch starts late; a
 second submission of a running run refused and the JobSet deleted by someone else; the driver
 stopped mid-run, its JobSet deleted. Not a real cluster: no scheduler, images, GPUs or RDMA."""
 
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import re
@@ -215,6 +217,44 @@ def test_a_jobset_fails_after_its_counted_restarts_with_the_pods_last_lines(clus
     assert "restart 1, counted; 1 of 1 counted" in out
     assert "failed (ReachedMaxRestarts" in out and "exited 3; its last lines:" in out
     assert "  boom on node " in out
+
+
+def test_a_fast_preempted_pod_is_seen_though_the_watch_starts_late(
+    cluster, tiny_config, tmp_path, monkeypatch
+):
+    """Attempt 0's pod exits 75 at once and is gone (the JobSet restarted, uncounted) before
+    the submitter's pod watch starts (a slow API, a busy driver): the watch begins at the
+    JobSet's creation, so that pod's end is still said, and attempt 1 completes the run."""
+    from gptflow.kubernetes import submit as submitter
+
+    p = pod_set(cluster, tiny_config, nodes=1)
+    p = PodSet(**{**p.__dict__, "name": "gptflow-quick-1", "run": "quick",
+                  "done": "quick-DONE.json", "manifests_dir": str(tmp_path)})  # fmt: skip
+    start = submitter.PodLogs.start
+
+    def late(self, version):
+        cluster.wait(lambda: condition(cluster.store.get(key) or {}, "Completed"), 60, "the end")
+        start(self, version)
+
+    key = ("jobset.x-k8s.io", "v1alpha2", "jobsets", "default", p.name)
+    monkeypatch.setattr(submitter.PodLogs, "start", late)
+    monkeypatch.setenv("KUBECONFIG", cluster.env["KUBECONFIG"])
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.chdir(cluster.work)
+    script = "if [ -e quick-75 ]; then touch quick-DONE.json; exit 0; fi; touch quick-75; exit 75"
+    out = io.StringIO()
+    try:
+        code = submitter.submit(p, ["sh", "-c", script], out=out)
+    finally:
+        for name in ("quick-75", "quick-DONE.json"):
+            (cluster.work / name).unlink(missing_ok=True)
+    said = out.getvalue()
+    assert code == 0, said
+    assert re.search(r"pod gptflow-quick-1-node-0-0-\w+ \(node 0 attempt 0\) exited 75", said), said
+    assert "restart 1, not counted: a preemption (exit 75)" in said, said
+    assert "(node 0 attempt 1) exited 0: done" in said, said
+    status = cluster.store.get(key)["status"]
+    assert (status["restarts"], status["restartsCountTowardsMax"]) == (1, 0), status
 
 
 def test_one_trainer_per_run_and_a_jobset_deleted_by_someone_else(cluster, tiny_config):
