@@ -7,8 +7,9 @@ What it implements, as Kubernetes does:
 - HTTP JSON on ``/api/v1`` and ``/apis/GROUP/VERSION``: create (POST), get, list (label and
   ``metadata.name`` field selectors), watch (``?watch=true``: chunked ``{"type", "object"}``
   lines from a ``resourceVersion``, or the current objects as ADDED first; ``timeoutSeconds``),
-  merge-patch (PATCH), delete (``propagationPolicy`` Foreground or Background) of any namespaced
-  kind; every change bumps one ``resourceVersion`` counter; ``/version``; errors as ``Status``.
+  merge-patch (PATCH), delete (``propagationPolicy`` Foreground, Background or Orphan) of any
+  namespaced kind; every change bumps one ``resourceVersion`` counter; ``/version``; errors as
+  ``Status``. The garbage collector deletes the pods of a JobSet that is gone (not orphaned).
 - Pod logs (``.../pods/NAME/log``: ``container``, ``follow``, ``tailLines``), gone with the pod.
 - JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job per replicatedJob replica; pods named
   ``<jobset>-<rjob>-<job>-<index>-<suffix>``, hostname ``<jobset>-<rjob>-<job>-<index>`` in
@@ -174,6 +175,7 @@ class Cluster:
         self.claims = {k: str(Path(v).resolve()) for k, v in claims.items()}
         self.workdir = Path(workdir)
         self.pods: dict[str, Pod] = {}  # pod name -> its process
+        self.orphaned: set[tuple] = set()  # JobSets deleted with propagationPolicy Orphan
         self.stopping = threading.Event()
         self.lock = threading.RLock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
@@ -356,7 +358,9 @@ class Cluster:
                 o["metadata"]["finalizers"] = ["foregroundDeletion"]
 
             return self.store.update(key, mark)
-        self.store.put(key, obj, "DELETED")  # its pods: garbage-collected by the controller
+        if key[:3] == JOBSET and policy == "Orphan":
+            self.orphaned.add(key)
+        self.store.put(key, obj, "DELETED")  # its pods: collect_garbage
         return obj
 
     def serve_watch(self, h, kind, ns, labels, only, q) -> None:
@@ -443,6 +447,24 @@ class Cluster:
                         self.reconcile(key, js)
                     except Exception as e:  # a controller bug must show, not hang the tests
                         print(f"loopback cluster: reconciling {key[-1]} failed: {e!r}")
+                self.collect_garbage()
+
+    def collect_garbage(self) -> None:
+        """The garbage collector: the pods of a JobSet that is gone are deleted (a JobSet
+        deleted with propagationPolicy Orphan leaves its pods running, as Kubernetes does)."""
+        for pkey, pod in self.all_pods():
+            meta = pod["metadata"]
+            owner = (meta.get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name")
+            if owner is None or meta.get("deletionTimestamp"):
+                continue
+            if (*JOBSET, meta["namespace"], owner) in self.orphaned:
+                continue
+            if self.store.get((*JOBSET, meta["namespace"], owner)) is None:
+                self.delete(pkey, "Background")
+
+    def all_pods(self):
+        with self.store.changed:
+            return [(k, copy.deepcopy(o)) for k, o in self.store.objects.items() if k[:3] == POD]
 
     def all_jobsets(self):
         with self.store.changed:
