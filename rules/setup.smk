@@ -30,6 +30,7 @@ from gptflow.data.quality import sizing as quality_sizing
 from gptflow.data.readers import FORMATS as READER_FORMATS
 from gptflow.environment import put_interpreter_bin_first
 from gptflow.errors import GptflowError
+from gptflow.kubernetes import sizing as kube_sizing
 from gptflow.plan import gpu_memory, placement, records, submission
 from gptflow.plan.build import PlanError, build_plan
 from gptflow.plan.profile import Profile

@@ -66,6 +66,8 @@ def get_init_from_files(wildcards):
 
 def get_train_threads(wildcards):
     """All local cores on one machine; on a cluster (no --cores) the profile's set-threads."""
+    if kube_sizing.on_kubernetes(PLAN.placement):
+        return 1  # the submitter; the pods' threads are kubernetes.cpus_per_rank
     try:
         return workflow.cores
     except WorkflowError:
@@ -87,11 +89,15 @@ def get_elastic(wildcards):
 
 def get_rank_options(wildcards, resources, threads):
     """Argv words after `gptflow train --config ...`: distributed.rank_options."""
+    if kube_sizing.on_kubernetes(PLAN.placement):  # each pod's: gptflow.kubernetes.sizing
+        return kube_sizing.rank_options(PLAN.placement)
     return rank_options(dict(resources.items()), threads, get_elastic(wildcards))
 
 
 def get_train_launcher(wildcards, resources, threads):
     """Argv words before `gptflow train` (srun, the container's): distributed.train_launcher."""
+    if kube_sizing.on_kubernetes(PLAN.placement):  # a JobSet of pods running the command
+        return kube_sizing.submit_launcher(kube_sizing.plan_pod_set(PLAN, wildcards.run))
     section = PLAN.container_config if PLAN.container_config["enabled"] else None
     image = os.path.abspath(container_image_file()) if section else None
     try:

@@ -299,5 +299,17 @@ def test_the_package_argv_builders_return_hostile_values_as_single_words():
     check("include_args", harness.include_args(harness_cfg),
           [w for h in HOSTILE for w in ("--include", h)])  # fmt: skip
     check("limit_args", harness.limit_args(harness_cfg), ["--limit", "3"])
+    # the JobSet's description travels as ONE JSON word that `gptflow kubernetes submit` reads
+    from gptflow.kubernetes.sizing import submit_launcher
+    from gptflow.kubernetes.spec import PodSet
+
+    for h in HOSTILE:
+        p = PodSet(name=h, run=h, namespace=h, image=h, volume_claim=h, mount_path=h, nodes=2,
+                   gpus_per_node=8, cpus=8, memory_mb=1, shm_mb=64, done=h, manifests_dir=h,
+                   env={h: h}, node_selector={h: h}, queue=h)  # fmt: skip
+        argv = submit_launcher(p)
+        check("submit_launcher", argv[:4] + argv[5:],
+              ["gptflow", "kubernetes", "submit", "--spec", "--"])  # fmt: skip
+        assert PodSet.from_json(argv[4]) == p
     # every builder the package has is checked here: a new one is added to this test
     assert argv_builders() == checked

@@ -14,6 +14,7 @@ module                 subcommands
 ``cli.results``        evaluate, export-hf, harness
 ``cli.watch``          status, summary, why
 ``cli.container``      build-image, squash-image
+``cli.kubernetes``     kubernetes (render, driver, submit: profiles/kubernetes)
 =====================  ==================================================================
 
 Bad input exits with status 1 and one line on stderr: what is wrong, where, and how to fix it
@@ -31,7 +32,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gptflow.cli import container, data, quality, results, train, watch
+from gptflow.cli import container, data, kubernetes, quality, results, train, watch
 from gptflow.errors import GptflowError, failure_code
 
 
@@ -121,6 +122,8 @@ COMMANDS = (
             "build (or find) a run's cached doc/sample/shuffle indices, before training"),
     Command("train", train.add_train_arguments, train.cmd_train,
             "train or resume the run described by a run.yaml"),
+    Command("kubernetes", kubernetes.add_kubernetes_arguments, kubernetes.cmd_kubernetes,
+            "the Kubernetes profile: render a run's JobSet, print the driver, submit (the rule's)"),
     Command("build-image", container.add_build_image_arguments, container.cmd_build_image,
             "build the training image of envs/Dockerfile; write its record"),
     Command("squash-image", container.add_squash_image_arguments, container.cmd_squash_image,

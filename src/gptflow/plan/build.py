@@ -20,6 +20,8 @@ from pathlib import Path
 from gptflow import paths
 from gptflow.config.schema import load_yaml
 from gptflow.errors import GptflowError
+from gptflow.kubernetes import manifests as kube_manifests
+from gptflow.kubernetes import sizing as kube_sizing
 from gptflow.plan import preflight, records
 from gptflow.plan.placement import Placement
 from gptflow.plan.profile import Profile, placement
@@ -223,6 +225,8 @@ def build_plan(
 
     where = placement(profile, visible_gpus or hardware.visible_gpus,
                       gpu_memory_mib or hardware.gpu_memory_mib)  # fmt: skip
+    if kube_sizing.on_kubernetes(where):  # profiles/kubernetes: the config's nodes and GPUs
+        where = kube_sizing.placement(where, cfg["kubernetes"])
     plan = Plan(
         repo=repo, source=source, config=cfg, runs=runs, harness_steps=steps,
         datasets=datasets, **quality,
@@ -308,6 +312,8 @@ def checked(plan: Plan, *, sinfo: Callable | None, accounts: Callable | None) ->
             sinfo=sinfo or read_sinfo,
             accounts=accounts or read_accounts,
         )  # fmt: skip
+        if kube_sizing.on_kubernetes(p):  # the JobSet a train_gpt job submits
+            report.lines.append(kube_manifests.summary(kube_sizing.plan_pod_set(plan, largest)))
         if plan.study:
             report.lines += preflight.study(
                 runs, p, indexes=len(plan.indexes),

@@ -139,7 +139,7 @@ def check_layout(train: TrainConfig, ranks: int) -> int:
     return train.grad_accum_steps(ranks)
 
 
-def check_elastic(train: TrainConfig, ranks_per_node: int) -> dict[int, int]:
+def check_elastic(train: TrainConfig, ranks_per_node: int, executor: str = "") -> dict[int, int]:
     """{nodes: gradient accumulation} for every node count train.elastic admits (min_nodes to
     max_nodes, in that order or refused), with
     `ranks_per_node` ranks on each: the global batch is the same on each, or the first count
@@ -148,6 +148,12 @@ def check_elastic(train: TrainConfig, ranks_per_node: int) -> dict[int, int]:
     elastic = train.elastic
     if elastic is None:
         return {}
+    if executor == "kubernetes":
+        raise GptflowError(
+            "train.elastic is not built for profiles/kubernetes: its JobSet has a fixed number "
+            "of pods (docs/kubernetes.md); remove train.elastic, or run on profiles/local, "
+            "profiles/slurm or profiles/pbs"
+        )
     if elastic.min_nodes > elastic.max_nodes:
         raise GptflowError(
             f"train.elastic.min_nodes {elastic.min_nodes} is above train.elastic.max_nodes "

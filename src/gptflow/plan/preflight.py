@@ -120,7 +120,7 @@ def run(
     launch_warnings = check_launch(p)  # how the ranks start, then the layout over them
     ranks = p.ranks
     gas = check_layout(train, ranks)
-    elastic = check_elastic(train, p.ranks_per_node)  # every node count it admits
+    elastic = check_elastic(train, p.ranks_per_node, p.executor)  # every node count it admits
     planned_train(train, p)  # auto decided as the trainer will, and refused as it would be
     rep = Report(placement=asdict(p))
     if found := placeholders(p):
@@ -151,7 +151,8 @@ def run(
                 f"tokenize.workers {given}"
             )
     if p.threads:
-        rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank (set-threads)")
+        where = "kubernetes.cpus_per_rank" if p.executor == "kubernetes" else "set-threads"
+        rep.lines.append(f"  train_gpt: {p.threads} CPU thread(s) per rank ({where})")
     if p.executor == "local" and not p.mpi:
         how = "one per visible GPU" if p.gpus else "one: no GPU visible"
         if p.nproc_per_node is not None:
@@ -198,7 +199,7 @@ def study(
         train, m = run.train, run.model
         try:
             gas = check_layout(train, p.ranks)
-            check_elastic(train, p.ranks_per_node)
+            check_elastic(train, p.ranks_per_node, p.executor)
             planned_train(train, p)
             fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
             if fit is not None:

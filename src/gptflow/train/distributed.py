@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gptflow.container.image import container_launch
 from gptflow.errors import GptflowError
+from gptflow.train import pods
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,8 @@ def node_rendezvous(nnodes: int, env: dict | None = None) -> list[str]:
     ``$PBS_NODEFILE`` on a port of the job id, its node count checked against `nnodes` (the
     profile's ``nodes``)."""
     env = dict(os.environ if env is None else env)
+    if env.get("PET_MASTER_ADDR"):  # a Kubernetes pod (gptflow's JobSet, Trainer v2)
+        return pods.pod_rendezvous(nnodes, env)
     path = env.get("PBS_NODEFILE")
     if not path:
         if nnodes == 1:

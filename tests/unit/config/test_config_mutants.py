@@ -193,6 +193,32 @@ def kitchen_sink() -> dict:
         "squash_options": ["-comp", "lzo"],
         "mounts": ["/scratch:/scratch"],
     }
+    cfg["kubernetes"] = {
+        "image": "registry.example.org/gptflow@sha256:" + "ab" * 32,
+        "image_pull_secret": "registry-login",
+        "namespace": "llm",
+        "service_account": "gptflow",
+        "volume_claim": "gptflow-work",
+        "mount_path": "/workspace",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "gpu_resource": "nvidia.com/gpu",
+        "cpus_per_rank": 12,
+        "gpu_memory_mb": 81920,
+        "memory_mb": 0,
+        "shm_mb": 16384,
+        "rdma": {"enabled": True, "resource": "rdma/rdma_shared_device_a", "count": 1,
+                 "hca": "mlx5"},
+        "env": {"NCCL_P2P_DISABLE": "1"},
+        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present",
+                         "effect": "NoSchedule"}],
+        "queue": "team-a",
+        "priority_class": "high",
+        "max_restarts": 3,
+        "termination_grace_seconds": 600,
+        "driver": {"cpus": 8, "memory_mb": 32000},
+    }  # fmt: skip
     return cfg
 
 
@@ -446,6 +472,8 @@ ALLOWED = {
     ("neighbour", "eval.extra.*"): "eval.extra is a map: any (strict) name is a key",
     ("neighbour", "data.quality.steps[].rules.*.*"): "a rule's thresholds are a map of its keys",
     ("neighbour", "data.quality.datasets.*[].rules.*.*"): "a rule's thresholds are a map",
+    ("neighbour", "kubernetes.env.*"): "kubernetes.env is a map: any variable name is a key",
+    ("neighbour", "kubernetes.node_selector.*"): "a node selector is a map of labels",
 }
 
 KITCHEN = kitchen_sink()

@@ -40,6 +40,11 @@ def test_the_accumulation_is_recomputed_for_every_node_count_with_one_global_bat
     assert check_elastic(train(elastic={"min_nodes": 1, "max_nodes": 2}), 2) == {1: 2, 2: 1}
     assert check_elastic(train(elastic={"min_nodes": 4, "max_nodes": 4}), 1) == {4: 1}
     assert check_elastic(train(), 8) == {}  # not elastic
+    # a JobSet has a fixed number of pods: refused on profiles/kubernetes, in one line
+    with pytest.raises(GptflowError, match="not built for profiles/kubernetes") as e:
+        check_elastic(train(elastic={"min_nodes": 1, "max_nodes": 2}), 1, "kubernetes")
+    assert "\n" not in str(e.value)
+    assert check_elastic(train(), 1, "kubernetes") == {}
 
 
 def test_a_node_count_without_a_whole_accumulation_is_refused_in_one_line():
