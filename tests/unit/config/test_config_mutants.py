@@ -155,6 +155,9 @@ def kitchen_sink() -> dict:
               "factor_decay": 0.95},
         optimizer="adamw",  # muon with kfac is refused; its keys are read only with muon
         muon={"lr": 0.02, "momentum": 0.95, "ns_method": "gram", "weight_decay": 0.1},
+        elastic={"min_nodes": 1, "max_nodes": 2, "max_restarts": 2, "join_timeout_s": 300,
+                 "last_call_s": 10, "keep_alive_s": 5},
+        log_samples=True,
     )  # fmt: skip
     cfg["eval"] = {
         "prompts": ["def ", "The "],
