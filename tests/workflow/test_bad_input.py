@@ -33,6 +33,11 @@ def edited(path, value):
 
 CASES = {
     "missing key": (without(tiny(), "train"), "missing required key 'train'"),
+    # a KeyError traceback before (found writing a plan test): the step's rules are required
+    "filters step without rules": (
+        edited("data.quality", {"steps": [{"step": "filters"}]}),
+        "data.quality.steps[0].rules: a filters step needs its rules",
+    ),
     "wrong type": (
         edited("tokenizer.train.vocab_size", "big"),
         "'tokenizer.train.vocab_size' is 'big' (a string); expected an integer",

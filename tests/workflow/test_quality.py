@@ -621,3 +621,23 @@ def test_a_data_ablation_cleans_each_recipe_once_and_holds_out_the_base(
         "gptflow: the base config (the held-out text):\ngptflow: data quality of a, b:\n"
         "  1. exact (BLAKE2b-128 of normalized text, scope blend): outputs present"
     ) in plan.out
+
+
+def test_the_plan_passes_on_bad_document_to_every_reader_and_the_card_waits_for_the_page(
+    tmp_path, snakemake, write_config, tiny
+):
+    """tokenize.on_bad_document reaches every job that reads documents (read once in
+    rules/common.smk: a constant there passed the suite), and the run card's job takes the
+    data-quality page it links as an input (dropped, the card could link a page not yet made)."""
+    cfg = copy.deepcopy(tiny)
+    cfg["tokenize"]["on_bad_document"] = "skip"
+    cfg["data"]["quality"] = {"steps": [{"step": "exact"},
+                                        {"step": "filters", "rules": {"c4": None}}]}  # fmt: skip
+    plan = snakemake(tmp_path, write_config(tmp_path / "config.yaml", cfg), "-n", "-p")
+    assert plan.returncode == 0, plan.out[-3000:]
+    given = re.findall(r"--on-bad-document (\S+)", plan.out)
+    commands = {m for m in re.findall(r"gptflow ([a-z-]+) ", plan.out) if m.startswith("quality")}
+    assert len(given) >= 6 and set(given) == {"skip"}, given
+    assert {"quality-remove", "quality-filter-signals"} <= commands, commands
+    card = plan.out[plan.out.index("rule report_assets:") :].split("output:")[0]
+    assert "results/quality/report/data-quality.html" in card, card

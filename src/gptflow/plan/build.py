@@ -263,7 +263,7 @@ def recipes(cfg: dict, runs: dict[str, RunPlan], blended: list[str], imported: l
             where = source if recipe is quality else f"{source} (study run '{name}')"
             for step in (step for steps in recipe.values() for step in steps):
                 if step.kind == "filters":
-                    quality_selection.check_rules(step.settings["rules"], step.where, where)
+                    quality_selection.check_rules(step.settings.get("rules"), step.where, where)
                 elif step.kind == "language":
                     quality_selection.check_language(step.settings, step.where, where)
     return {

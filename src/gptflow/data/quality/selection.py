@@ -22,11 +22,17 @@ from gptflow.errors import GptflowError
 from gptflow.fsutil import atomic_write
 
 
-def check_rules(rules: dict, where: str, source: str) -> None:
-    """The recipe's rules and thresholds as the filters module knows them (at -n)."""
+def check_rules(rules: dict | None, where: str, source: str) -> None:
+    """The recipe's rules and thresholds as the filters module knows them (at -n); None: the
+    step names none."""
     from gptflow.data.quality import filters
 
     try:
+        if not rules:
+            raise GptflowError(
+                "a filters step needs its rules, e.g. rules: {gopher_repetition: null, c4: null} "
+                "(null: the reference's thresholds)"
+            )
         if "language" in rules:
             raise GptflowError(
                 "rule 'language' needs language scores, which a filters step does not "
