@@ -159,7 +159,8 @@ def pod_set(cluster, tiny_config, **kubernetes) -> PodSet:
 
 def submit(cluster, p: PodSet, command: list[str], **kwargs):
     cmd = [str(BIN / "gptflow"), "kubernetes", "submit", "--spec", p.to_json(), "--", *command]
-    return subprocess.Popen(cmd, cwd=cluster.work, env=cluster.env, stdout=subprocess.PIPE,
+    env = {**cluster.env, "PYTHONFAULTHANDLER": "1"}  # an abort says where
+    return subprocess.Popen(cmd, cwd=cluster.work, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kwargs)  # fmt: skip
 
 
@@ -219,12 +220,15 @@ def test_a_jobset_fails_after_its_counted_restarts_with_the_pods_last_lines(clus
     assert "  boom on node " in out
 
 
+@pytest.mark.parametrize("watch", ["late", "never"])
 def test_a_fast_preempted_pod_is_seen_though_the_watch_starts_late(
-    cluster, tiny_config, tmp_path, monkeypatch
+    cluster, tiny_config, tmp_path, monkeypatch, watch
 ):
     """Attempt 0's pod exits 75 at once and is gone (the JobSet restarted, uncounted) before
     the submitter's pod watch starts (a slow API, a busy driver): the watch begins at the
-    JobSet's creation, so that pod's end is still said, and attempt 1 completes the run."""
+    JobSet's creation, so that pod's end is still said, and attempt 1 completes the run.
+    `never`: the watch lags behind the end (it never starts here): the last read of the
+    pods' changes from the creation says every pod's end all the same."""
     from gptflow.kubernetes import submit as submitter
 
     p = pod_set(cluster, tiny_config, nodes=1)
@@ -234,7 +238,10 @@ def test_a_fast_preempted_pod_is_seen_though_the_watch_starts_late(
 
     def late(self, version):
         cluster.wait(lambda: condition(cluster.store.get(key) or {}, "Completed"), 60, "the end")
-        start(self, version)
+        if watch == "late":
+            start(self, version)
+        else:
+            self.version = version
 
     key = ("jobset.x-k8s.io", "v1alpha2", "jobsets", "default", p.name)
     monkeypatch.setattr(submitter.PodLogs, "start", late)
@@ -272,6 +279,43 @@ def test_one_trainer_per_run_and_a_jobset_deleted_by_someone_else(cluster, tiny_
     out, _ = first.communicate(timeout=60)
     assert first.returncode == 1, out
     assert f"JobSet default/{p.name} was deleted while it ran, not by gptflow" in out
+
+
+def test_no_thread_of_the_submitter_writes_once_it_has_returned(cluster, tiny_config, monkeypatch):
+    """Python aborts at exit (SIGABRT: "could not acquire lock for <stdout> at interpreter
+    shutdown") when a daemon thread writes to stdout while the interpreter exits: CI saw the
+    submitter exit -6 instead of 1. Its pod watch and log followers must be silent once submit
+    has returned or raised, also when the JobSet was deleted by someone else (in process here,
+    to look at the threads' writer; the deletion from a thread of the test)."""
+    from gptflow.errors import GptflowError
+    from gptflow.kubernetes import submit as submitter
+
+    p = pod_set(cluster, tiny_config, nodes=1)
+    p = PodSet(**{**p.__dict__, "name": "gptflow-mute-1", "run": "mute", "grace_seconds": 5})
+    hold = ["sh", "-c", "trap 'echo saved; exit 75' TERM; echo up; while :; do sleep 0.1; done"]
+    made: list = []
+    start = submitter.PodLogs.start
+    monkeypatch.setattr(submitter.PodLogs, "start", lambda s, v: (made.append(s), start(s, v)))
+    monkeypatch.setenv("KUBECONFIG", cluster.env["KUBECONFIG"])
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.chdir(cluster.work)
+    url = f"{cluster.url}/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{p.name}"
+
+    def delete():
+        cluster.wait(lambda: pod_running(cluster, p.name, 0, 0), 60, "the pod")
+        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10).read()
+
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    out = io.StringIO()
+    with pytest.raises(GptflowError, match="was deleted while it ran"):
+        submitter.submit(p, hold, out=out)
+    deleter.join()
+    assert "gptflow kubernetes: created JobSet" in out.getvalue()
+    (logs,) = made
+    said = out.getvalue()
+    logs.say("gptflow kubernetes: a line after submit returned")
+    assert out.getvalue() == said, "a thread of the submitter wrote after it returned"
 
 
 def test_the_driver_stopped_mid_run_deletes_its_jobset(trained, cluster, tiny_config, capsys):

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gptflow.errors import GptflowError
 from gptflow.kubernetes import manifests  # yaml and spec only: cheap at --help
 
 KINDS = [*manifests.RENDERERS, "all"]
@@ -38,7 +39,8 @@ def add_kubernetes_arguments(s: argparse.ArgumentParser) -> None:
     helps["driver"] = d
     m = sub.add_parser("submit", help="(the train_gpt rule's launcher) run COMMAND as a JobSet")
     m.add_argument("--spec", required=True, help="the submission as JSON (the rule's)")
-    m.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND: what every pod runs")
+    m.add_argument("pod_command", nargs=argparse.REMAINDER, metavar="command",
+                   help="-- COMMAND: what every pod runs")  # fmt: skip
     helps["submit"] = m
     # `gptflow kubernetes --help` shows every action's flags
     s.epilog = "\n".join(p.format_usage().strip() for p in helps.values())
@@ -80,10 +82,23 @@ def cmd_driver(a: argparse.Namespace) -> int:
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
+    """Submit, then leave with os._exit: the pod watch and the log followers are daemon
+    threads blocked in the API's long polls, and one that wakes while the interpreter
+    finalizes aborts it (exit -6 instead of 0 or 1, seen under load; nothing on stderr). What
+    they wrote is flushed first; they write nothing once submit has returned."""
+    import os
+
+    from gptflow.errors import failure_code
     from gptflow.kubernetes.spec import PodSet, check_ready
     from gptflow.kubernetes.submit import submit
 
-    p = PodSet.from_json(a.spec)
-    check_ready({"image": p.image, "volume_claim": p.volume_claim})
-    command = a.command[1:] if a.command[:1] == ["--"] else a.command
-    return submit(p, command)
+    try:
+        p = PodSet.from_json(a.spec)
+        check_ready({"image": p.image, "volume_claim": p.volume_claim})
+        command = a.pod_command[1:] if a.pod_command[:1] == ["--"] else a.pod_command
+        code = submit(p, command)
+    except (GptflowError, KeyboardInterrupt) as e:
+        code = failure_code("kubernetes submit", e)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

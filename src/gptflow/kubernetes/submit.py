@@ -42,6 +42,7 @@ JOB_INDEX = "batch.kubernetes.io/job-completion-index"
 ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 TAIL = 40  # lines of a failed pod repeated at the end
 WATCH_SECONDS = 60  # one watch request; then it is resumed from the last resourceVersion
+REPLAY_SECONDS = 1  # the last read of the pods' changes, as the JobSet has ended
 
 
 class Stopped(Exception):
@@ -108,10 +109,16 @@ class PodLogs:
         self.ended: dict[str, int] = {}  # pod -> exit code
         self.labels: dict[str, str] = {}
         self.stop = threading.Event()
+        self.seen_lock = threading.Lock()  # _seen runs in the watch and in finish()
+        self.version: str | None = None  # the JobSet's creation: where the watch begins
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def say(self, line: str) -> None:
+        """One line into `out`; none once finish() returned: a follower or the watch still
+        blocked on the API writes nothing after the submission's last word."""
         with self.lock:
+            if self.stop.is_set():
+                return
             self.out.write(line + "\n")
             self.out.flush()
 
@@ -145,6 +152,10 @@ class PodLogs:
                 time.sleep(1)
 
     def _seen(self, pod) -> None:
+        with self.seen_lock:
+            self._seen_locked(pod)
+
+    def _seen_locked(self, pod) -> None:
         name = pod.metadata.name
         meta = pod.metadata.annotations or {}
         label = f"node {meta.get(JOB_INDEX, '?')} attempt {meta.get(ATTEMPT, '0')}"
@@ -154,8 +165,8 @@ class PodLogs:
         started = state is not None and (state.running or state.terminated)
         if started and name not in self.followed:
             t = threading.Thread(target=self._follow, args=(name, label), daemon=True)
+            t.start()  # then kept: finish() joins what it finds there
             self.followed[name] = t
-            t.start()
         if state is not None and state.terminated and name not in self.ended:
             code = state.terminated.exit_code
             self.ended[name] = code
@@ -181,21 +192,31 @@ class PodLogs:
                 tail.append(pending.decode(errors="replace"))
                 self.say(f"[{label}] {tail[-1]}")
         except Exception as e:  # the pod deleted before its log was read
-            self.say(f"gptflow kubernetes: the log of pod {name} ({label}) ends: {e}".strip())
+            why = f"{e.status} {e.reason}" if hasattr(e, "status") else str(e)  # ApiException
+            self.say(f"gptflow kubernetes: the log of pod {name} ({label}) ends: {why}".strip())
 
     def finish(self, timeout: float = 10.0) -> None:
-        """Read the pods once more (those the watch has not shown yet: a pod that ended
-        fast), wait for the followed logs to end (the pods have), then stop watching."""
+        """Read the pods' changes once more from the JobSet's creation (the watch may lag: a
+        pod that ended fast and was deleted at a restart is still seen; a plain list would
+        miss it), wait for the followed logs to end (the pods have), then stop watching."""
+        from kubernetes import watch
+
         deadline = time.monotonic() + timeout
+        selector = f"{JOBSET_LABEL}={self.p.name}"
         with contextlib.suppress(Exception):  # the logs are a courtesy; the result stands
-            pods = self.core.list_namespaced_pod(
-                self.p.namespace, label_selector=f"{JOBSET_LABEL}={self.p.name}"
-            )
+            for event in watch.Watch().stream(
+                self.core.list_namespaced_pod, self.p.namespace, label_selector=selector,
+                resource_version=self.version, timeout_seconds=REPLAY_SECONDS,
+            ):  # fmt: skip
+                self._seen(event["object"])
+        with contextlib.suppress(Exception):  # a replay refused (410: compacted): what is left
+            pods = self.core.list_namespaced_pod(self.p.namespace, label_selector=selector)
             for pod in sorted(pods.items, key=lambda pod: pod.metadata.name):
                 self._seen(pod)
         for t in list(self.followed.values()):
             t.join(max(0.0, deadline - time.monotonic()))
-        self.stop.set()
+        with self.lock:  # from here on nothing of ours writes to `out`
+            self.stop.set()
 
     def failures(self) -> list[str]:
         """The failed pods' last lines, as they end the rule's log."""
@@ -369,13 +390,12 @@ def submit(p: PodSet, command: list[str], out: TextIO | None = None) -> int:
         job.delete()
         gone = job.wait_gone(p.grace_seconds + 30)
         job.say(f"JobSet {p.name} {'deleted' if gone else 'is being deleted'}")
-        if logs:
-            logs.finish(5)
         return 128 + s.signum
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    logs.finish()
+        if logs is not None:  # on every way out (also the JobSet deleted by someone else):
+            logs.finish()  # after it, no thread of ours writes to `out`
     if kind == "Failed":
         c = condition(obj, "Failed") or {}
         for line in logs.failures():
