@@ -33,7 +33,7 @@ from gptflow.errors import GptflowError
 from gptflow.kubernetes import sizing as kube_sizing
 from gptflow.plan import gpu_memory, placement, records, submission
 from gptflow.plan.build import PlanError, build_plan
-from gptflow.plan.profile import Profile
+from gptflow.plan.profile import Profile, default_resources
 from gptflow.results import harness
 from gptflow.results.evaluate import extra_args, extra_files, prompt_args
 from gptflow.results.evaluate import export_resources as run_export_resources
@@ -64,11 +64,7 @@ def read_profile():
         rule_name: {name: evaluated(r, rule_name) for name, r in given.items() if r is not None}
         for rule_name, given in (settings.overwrite_resources or {}).items()
     }
-    defaults = {}
-    for arg in getattr(settings.default_resources, "args", None) or []:
-        key, _, value = arg.partition("=")
-        value = value.strip("'\"")
-        defaults[key] = int(value) if value.isdigit() else value
+    defaults = default_resources(getattr(settings.default_resources, "args", None) or [])
     threads = {name: t.value for name, t in (settings.overwrite_threads or {}).items()}
     return Profile(resources=resources, defaults=defaults, threads=threads)
 

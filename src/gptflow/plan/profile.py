@@ -34,6 +34,18 @@ class Profile:
         return name in (self.resources.get(rule) or {})
 
 
+def default_resources(args: list[str]) -> dict[str, object]:
+    """Snakemake's default-resources as given (``NAME=VALUE`` words, a value maybe quoted)
+    as plain values: a whole number an int (as the executor plugins read mem_mb, runtime),
+    anything else the string without its quotes."""
+    defaults: dict[str, object] = {}
+    for arg in args:
+        key, _, value = arg.partition("=")
+        value = value.strip().strip("'\"")
+        defaults[key.strip()] = int(value) if value.isdigit() else value
+    return defaults
+
+
 # The profile values that may be placeholders, where the message names them
 _SETTINGS = [
     ("default-resources slurm_account", "all", "slurm_account"),

@@ -158,10 +158,12 @@ def test_a_nodes_memory_is_what_its_job_is_given():
     default-resources mem_mb as train_gpt's --mem, so there it counts; PBS's submit line and
     this machine pass none, so only train_gpt's own mem_mb does (profiles/pbs's default 8000
     is the CPU jobs': counted, it refused every 4-GPU node)."""
-    from gptflow.plan.profile import placement
+    from gptflow.plan.profile import default_resources, placement
 
     no_gpus = lambda: (None, "none")  # noqa: E731
-    defaults = {"mem_mb": 8000}
+    # as Snakemake hands the profile's default-resources to rules/setup.smk: words, quoted
+    defaults = default_resources(["mem_mb=8000", "slurm_account='lab'", 'runtime="60"'])
+    assert defaults == {"mem_mb": 8000, "slurm_account": "lab", "runtime": 60}
     slurm = Profile(resources={"train_gpt": {"slurm_partition": "gpu"}}, defaults=defaults)
     pbs = Profile(resources={"train_gpt": {"pbs_queue": "gpuq"}}, defaults=defaults)
     pbs_own = Profile(resources={"train_gpt": {"pbs_queue": "gpuq", "mem_mb": 500000}},
