@@ -100,6 +100,42 @@ def slurm_pipeline(slurm_cluster, tmp_path_factory, tiny_config) -> SlurmRun:
     return SlurmRun(wd, plan.stdout + plan.stderr, run.stdout + run.stderr, sacct_states(wd))
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_running(request):
+    """After each test of the module's workflow directory: no Snakemake of it still running,
+    no frozen process, no lock, no Slurm job. A failed test used to leave its Snakemake
+    running (killing `timeout` does not kill its child), which held the directory's lock:
+    in CI one failure made three more LockExceptions. Only what was left over is touched."""
+    yield
+    if "slurm_pipeline" not in request.fixturenames:
+        return
+    wd = request.getfixturevalue("slurm_pipeline").workdir
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(wd).encode() in argv or any(e.startswith(b"SLURM_JOB_ID=") for e in env):
+            left.append(int(proc.name))
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    if not left and not jobs.split():
+        return
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+    if jobs.split():
+        subprocess.run(["scancel", *jobs.split()], check=False)
+        deadline = time.monotonic() + 120
+        while subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
+                             text=True).stdout.split() and time.monotonic() < deadline:  # fmt: skip
+            time.sleep(0.5)
+    for lock in (wd / ".snakemake" / "locks").glob("*"):
+        lock.unlink()
+
+
 def test_the_tiny_pipeline_runs_through_sbatch_with_two_training_ranks(slurm_pipeline, tiny_config):
     tmp_path = slurm_pipeline.workdir
     done = json.loads((tmp_path / "results/runs/tiny/DONE.json").read_text())
@@ -281,12 +317,13 @@ def sacct_records(job: str) -> list[str]:
 def test_usr1_saves_and_the_job_requeues_itself_and_resumes(slurm_pipeline, tiny_config):
     """What a time limit does (the profile sends USR1 before it): the ranks save, rank 0 puts
     the job back in the queue (`scontrol requeue`: same job id) and it exits 75; the job runs
-    again, resumes from the saved step and finishes -- one Slurm job, no Snakemake retry. Three
-    times here, more than the test profile's `retries: 2` would allow as failures."""
+    again, resumes from the saved step and finishes -- one Slurm job, no Snakemake retry. Twice
+    here: a retry would show as another job id (asserted), so a second requeue is what shows
+    that a requeued run can itself requeue."""
     wd = slurm_pipeline.workdir
-    signalled = usr1_mid_training(wd, tiny_config, "requeue.yaml", seed=11, times=3)
+    signalled = usr1_mid_training(wd, tiny_config, "requeue.yaml", seed=11, times=2)
     saved = saved_steps(signalled, f"requeued Slurm job {signalled.job} to resume")
-    assert saved == sorted(saved) and len(set(saved)) == 3, saved
+    assert saved == sorted(saved) and len(set(saved)) == 2, saved
     records = sacct_records(signalled.job)
     job = signalled.job
     # Slurm's account first: when a run of the job did not end as REQUEUED (or the last as
@@ -297,7 +334,6 @@ def test_usr1_saves_and_the_job_requeues_itself_and_resumes(slurm_pipeline, tiny
     assert [r for r in records if r.startswith(f"{job}|")] == [
         f"{job}|REQUEUED|0:0",
         f"{job}|REQUEUED|0:0",
-        f"{job}|REQUEUED|0:0",
         f"{job}|COMPLETED|0:0",
     ], (records, why[-3000:])
     # requeued, not resubmitted
@@ -306,9 +342,9 @@ def test_usr1_saves_and_the_job_requeues_itself_and_resumes(slurm_pipeline, tiny
     # each requeued run's training step (srun, JOBID.0) ended with EXIT_PREEMPTED -- or, when
     # one rank exited 75 a moment before the other, srun's --kill-on-bad-exit ended it
     steps = [r for r in records if r.startswith(f"{job}.0|")]
-    for step in steps[:3]:
+    for step in steps[:2]:
         assert step in (f"{job}.0|FAILED|75:0", f"{job}.0|CANCELLED|0:15"), records
-    assert steps[3:] == [f"{job}.0|COMPLETED|0:0"], records
+    assert steps[2:] == [f"{job}.0|COMPLETED|0:0"], records
 
 
 def test_usr1_when_the_requeue_is_refused_exits_75_and_snakemakes_retry_resumes(
