@@ -21,15 +21,16 @@ rule evaluate:
         mem_mb=get_eval_mem_mb,
         gres=get_eval_gres,
         runtime=get_eval_runtime,
-        gpu=get_local_gpus,
+        gpu=get_job_gpu,
     params:
+        launcher=get_eval_launcher,
         prompts=verbatim(prompt_args(PLAN.config["eval"]["prompts"])),
         extra=verbatim(extra_args(PLAN.config["eval"]["extra"])),
         new_tokens=PLAN.config["eval"]["new_tokens"],
         max_windows=PLAN.config["eval"]["max_windows"],
     shell:
-        "gptflow evaluate --config {input.config:q} --out {output:q} {params.prompts:q}"
-        " {params.extra:q} --new-tokens {params.new_tokens:q}"
+        "{params.launcher:q} gptflow evaluate --config {input.config:q} --out {output:q}"
+        " {params.prompts:q} {params.extra:q} --new-tokens {params.new_tokens:q}"
         " --max-windows {params.max_windows:q} > {log:q} 2>&1"
 
 
@@ -68,19 +69,20 @@ rule harness:
         mem_mb=get_harness_mem_mb,
         gres=get_harness_gres,
         runtime=get_harness_runtime,
-        gpu=get_local_gpus,
+        gpu=get_job_gpu,
         slurm_partition=get_harness_partition,
         pbs_queue=get_harness_pbs_queue,
         pbs_select=get_harness_pbs_select,
     params:
+        launcher=get_harness_launcher,
         tasks=verbatim(harness.task_args(PLAN.harness)),
         include=verbatim(harness.include_args(PLAN.harness)),
         num_fewshot=PLAN.harness["num_fewshot"],
         batch_size=PLAN.harness["batch_size"],
         limit=verbatim(harness.limit_args(PLAN.harness)),
     shell:
-        "gptflow harness --config {input.config:q} --hf {input.hf:q} --out {output:q}"
-        " {params.tasks:q} {params.include:q}"
+        "{params.launcher:q} gptflow harness --config {input.config:q} --hf {input.hf:q}"
+        " --out {output:q} {params.tasks:q} {params.include:q}"
         " --num-fewshot {params.num_fewshot:q} --batch-size {params.batch_size:q}"
         " {params.limit:q} > {log:q} 2>&1"
 
@@ -105,19 +107,20 @@ rule harness_step:
         mem_mb=get_harness_step_mem_mb,
         gres=get_harness_gres,
         runtime=get_harness_step_runtime,
-        gpu=get_local_gpus,
+        gpu=get_job_gpu,
         slurm_partition=get_harness_partition,
         pbs_queue=get_harness_pbs_queue,
         pbs_select=get_harness_pbs_select,
     params:
+        launcher=get_harness_step_launcher,
         tasks=verbatim(harness.task_args(PLAN.harness)),
         include=verbatim(harness.include_args(PLAN.harness)),
         num_fewshot=PLAN.harness["num_fewshot"],
         batch_size=PLAN.harness["batch_size"],
         limit=verbatim(harness.limit_args(PLAN.harness)),
     shell:
-        "gptflow harness --config {input.config:q} --step {wildcards.step:q} --out {output:q}"
-        " {params.tasks:q} {params.include:q}"
+        "{params.launcher:q} gptflow harness --config {input.config:q}"
+        " --step {wildcards.step:q} --out {output:q} {params.tasks:q} {params.include:q}"
         " --num-fewshot {params.num_fewshot:q} --batch-size {params.batch_size:q}"
         " {params.limit:q} > {log:q} 2>&1"
 

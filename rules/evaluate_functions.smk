@@ -1,6 +1,19 @@
 """Input functions of the rules after training (rules/evaluate.smk, which includes this file): the
 evaluate, export_hf and harness jobs' resources, sized by the package from the run's model, and
-their inputs."""
+their inputs; on profiles/kubernetes the GPU jobs' launcher (each its own JobSet of one pod)."""
+
+
+def on_kubernetes():
+    """profiles/kubernetes: evaluate, harness and harness_step run as JobSets of one pod."""
+    return kube_sizing.on_kubernetes(PLAN.placement)
+
+
+def eval_on_gpu():
+    """Whether the GPU jobs run on a GPU: a batch system's GPU nodes, this machine's GPUs, or on
+    Kubernetes a pod with one (gptflow.kubernetes.sizing.job_gpus)."""
+    if on_kubernetes():
+        return bool(kube_sizing.job_gpus(PLAN.config["kubernetes"]))
+    return PLAN.placement.on_cluster or bool(PLAN.local_gpus)
 
 
 def eval_resources(config_file):
@@ -10,13 +23,38 @@ def eval_resources(config_file):
     return run_eval_resources(
         config_file,
         PLAN.placement.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
-        PLAN.placement.on_cluster or bool(PLAN.local_gpus),
+        eval_on_gpu(),
         PLAN.config["eval"],
     )
 
 
+def driver_mem_mb(mem_mb):
+    """A GPU job's memory in this Snakemake: its own, or on Kubernetes the submitter's (the
+    job's memory is its pod's, not the driver's)."""
+    return kube_sizing.SUBMITTER_MEM_MB if on_kubernetes() else mem_mb
+
+
+def get_job_gpu(wildcards):
+    """A GPU job's `gpu` resource here: get_local_gpus, none on Kubernetes (its pod's GPU)."""
+    return None if on_kubernetes() else get_local_gpus(wildcards)
+
+
+def job_launcher(run, job, done, mem_mb):
+    """Argv words before `gptflow evaluate` / `gptflow harness` on Kubernetes: the submitter of
+    the job's JobSet (gptflow.kubernetes.sizing.job_pod_set); off it the rules give none."""
+    section = PLAN.config["kubernetes"]
+    return kube_sizing.submit_launcher(kube_sizing.job_pod_set(section, run, job, done, mem_mb))
+
+
+def get_eval_launcher(wildcards, input, output):
+    if not on_kubernetes():
+        return []
+    mem_mb = eval_resources(input.config)["mem_mb"]
+    return job_launcher(wildcards.run, "evaluate", output[0], mem_mb)
+
+
 def get_eval_mem_mb(wildcards, input):
-    return eval_resources(input.config)["mem_mb"]
+    return driver_mem_mb(eval_resources(input.config)["mem_mb"])
 
 
 def get_eval_gres(wildcards, input):
@@ -50,14 +88,21 @@ def harness_resources(config_file):
     return run_harness_resources(
         config_file,
         PLAN.placement.gpu_mem_mb or gpu_memory.DEFAULT_GPU_MEMORY_MB,
-        PLAN.placement.on_cluster or bool(PLAN.local_gpus),
+        eval_on_gpu(),
         PLAN.harness,
         harness_work(),
     )
 
 
 def get_harness_mem_mb(wildcards, input):
-    return harness_resources(input.config)["mem_mb"]
+    return driver_mem_mb(harness_resources(input.config)["mem_mb"])
+
+
+def get_harness_launcher(wildcards, input, output):
+    if not on_kubernetes():
+        return []
+    mem_mb = harness_resources(input.config)["mem_mb"]
+    return job_launcher(wildcards.run, "harness", output[0], mem_mb)
 
 
 def get_harness_gres(wildcards, input):
@@ -68,9 +113,21 @@ def get_harness_runtime(wildcards, input):
     return harness_resources(input.config)["runtime"]
 
 
-def get_harness_step_mem_mb(wildcards, input):
+def harness_step_mem_mb(config_file):
     """The export of the checkpoint, then the harness: the larger of the two jobs' memory."""
-    return max(get_harness_mem_mb(wildcards, input), run_export_resources(input.config)["mem_mb"])
+    harness_mb = harness_resources(config_file)["mem_mb"]
+    return max(harness_mb, run_export_resources(config_file)["mem_mb"])
+
+
+def get_harness_step_mem_mb(wildcards, input):
+    return driver_mem_mb(harness_step_mem_mb(input.config))
+
+
+def get_harness_step_launcher(wildcards, input, output):
+    if not on_kubernetes():
+        return []
+    job = f"harness-step-{wildcards.step}"
+    return job_launcher(wildcards.run, job, output[0], harness_step_mem_mb(input.config))
 
 
 def get_harness_step_runtime(wildcards, input):

@@ -179,6 +179,27 @@ onsuccess:
     ]
 
 
+def test_the_gpu_jobs_commands_start_with_their_launcher_which_is_nothing_off_kubernetes():
+    """evaluate, harness and harness_step: `{params.launcher:q}` first, as train_gpt's; off
+    Kubernetes it is [] (tests/unit/kubernetes/test_rule_jobs.py), which Snakemake renders as
+    nothing: the command the shell runs is the one it ran before the launcher."""
+    from snakemake.utils import format as render
+
+    commands = dict(shell_commands(REPO / "rules" / "evaluate.smk"))
+    text = (REPO / "rules" / "evaluate.smk").read_text().splitlines()
+    launched = {}
+    for line, command in commands.items():
+        rule = next(t for t in reversed(text[:line]) if t.startswith("rule "))[5:-1]
+        launched[rule] = command.startswith("{params.launcher:q} gptflow ")
+    assert launched == {"evaluate": True, "export_hf": False, "harness": True,
+                        "harness_step": True}, launched  # fmt: skip
+    off = render("{launcher:q} gptflow evaluate --config {c:q}", launcher=[], c="r.yaml")
+    assert off == " gptflow evaluate --config r.yaml"  # the shell's words as without it
+    words = ["gptflow", "kubernetes", "submit", "--spec", '{"a": "b c"}', "--"]
+    on = render("{launcher:q} gptflow x", launcher=words)
+    assert on == 'gptflow kubernetes submit --spec \'{"a": "b c"}\' -- gptflow x'
+
+
 def test_parameter_functions_hand_argv_words_not_command_text():
     """`shlex.quote(...)` or `" ".join(...)` in a rule helper is command text built by hand:
     the rule's `:q` would quote it as one word (or it would be spliced unquoted). The helpers
@@ -192,7 +213,8 @@ def test_parameter_functions_hand_argv_words_not_command_text():
         assert '" ".join(' not in text, path.name
     rules = "".join(p.read_text() for p in RULE_FILES)
     for call in ("prompt_args(", "extra_args(", "build_arg_args(", "squash_options_arg(",
-                 "train_launcher(", "rank_options(", ".mirror_args()", ".token_origin_args()"):  # fmt: skip
+                 "train_launcher(", "rank_options(", ".mirror_args()", ".token_origin_args()",
+                 "submit_launcher(", "job_pod_set("):  # fmt: skip
         assert call in rules, f"the rules no longer call {call}: update the builders' test"
 
 

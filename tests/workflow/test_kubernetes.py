@@ -2,8 +2,8 @@
 `kubernetes` client over HTTP, a JobSet and a Job controller, pods run as local processes with
 the completion index, their hostnames and the headless Service's names resolving to
 127.0.0.1): the tiny workflow trains through the JobSet path to DONE.json on 1 pod and on 2
-pods x gloo; then the faults, on that run's data: a pod exiting 75 (a restart not counted), a
-pod killed (counted), Kueue suspending and resuming the JobSet, in one training whose losses
+pods x gloo, and its evaluate job as a JobSet of one pod; then the faults, on that run's
+data: a pod exiting 75 (a restart not counted), a pod killed (counted), Kueue suspending and resuming the JobSet, in one training whose losses
 equal the uninterrupted 2-pod run's at every step; a JobSet failing after its restarts; a
 fast pod exiting 75 seen though the submitter's pod watch starts late; a
 second submission of a running run refused and the JobSet deleted by someone else; the driver
@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from gptflow.kubernetes import sizing
-from gptflow.kubernetes.spec import PodSet
+from gptflow.kubernetes.spec import PodSet, jobset_name
 from gptflow.plan.build import build_plan
 from gptflow.plan.profile import Profile
 from tests.support.crds import problems
@@ -129,6 +129,54 @@ def test_the_workflow_trains_through_a_jobset_on_one_pod_then_two(trained, clust
     done = json.loads((cluster.work / "results/runs/tiny/DONE.json").read_text())
     assert done["final_step"] == 40
     assert cluster.jobsets()[0]["status"]["terminalState"] == "Completed"
+
+
+def test_evaluate_runs_as_its_own_one_pod_jobset_after_training(trained, cluster):
+    """The trained run's evaluate job (profiles/kubernetes): the rule's command is the
+    submitter's before `gptflow evaluate`; its JobSet (its own name, one pod, no GPU here: a
+    CPU section) completes with the rule's output, in the rule's log. Off Kubernetes
+    (profiles/local) the same job's command is `gptflow evaluate` alone. harness and
+    harness_step take the same path (tests/unit/kubernetes/test_rule_jobs.py): the tiny config
+    has no harness tasks."""
+    target = "results/runs/tiny/eval.json"
+    plan = snakemake(cluster, "-n", "-p", target, timeout=120)
+    assert plan.returncode == 0, plan.out[-4000:]
+    assert re.search(r"gptflow kubernetes submit --spec '\{[^']*' -- gptflow evaluate --config",
+                     plan.out), plan.out[-4000:]  # fmt: skip
+    assert "train_gpt" not in plan.out.split("Job stats:")[-1]  # training is not redone
+    # (the training's changed launcher would rerun it here: only evaluate's command is shown)
+    cmd = [str(BIN / "snakemake"), "--profile", "profiles/local", "--configfile", "config.yaml",
+           "--cores", "1", "--rerun-triggers", "mtime", "-n", "-p", "-f", target]  # fmt: skip
+    local = subprocess.run(cmd, cwd=cluster.work, env=cluster.env, capture_output=True, text=True)
+    said = local.stdout + local.stderr
+    assert local.returncode == 0, said[-4000:]
+    assert "kubernetes submit" not in said, said[-4000:]
+    command = r"Shell command: +gptflow evaluate --config results/runs/tiny/run.yaml"
+    assert re.search(command, said), said
+    start = time.monotonic()
+    run = snakemake(cluster, target, timeout=300)
+    assert run.returncode == 0, run.out[-6000:]
+    print(f"evaluate as a JobSet: {time.monotonic() - start:.1f} s")
+    record = json.loads((cluster.work / target).read_text())
+    assert record, record
+    (js,) = [j for j in cluster.jobsets() if "-evaluate-" in j["metadata"]["name"]]
+    name = js["metadata"]["name"]
+    assert name.startswith("gptflow-tiny-evaluate-") and name != jobset_name(
+        "tiny", "default", str(cluster.work)
+    )
+    (replicated,) = js["spec"]["replicatedJobs"]
+    assert replicated["replicas"] == 1 and replicated["template"]["spec"]["parallelism"] == 1
+    pod = replicated["template"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"][:2] == ["gptflow", "evaluate"]
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]  # a CPU section
+    assert js["status"]["terminalState"] == "Completed"
+    assert len(cluster.pod_objects(jobset=name)) == 1
+    log = (cluster.work / "logs/evaluate/tiny.log").read_text()
+    assert f"JobSet {name} completed: {target}" in log and "[node 0 attempt 0]" in log, log[-3000:]
+    assert (cluster.work / "results/runs/tiny/kubernetes/evaluate/jobset.yaml").is_file()
+    # the tests below read the training's JobSet as the cluster's only one
+    cluster.delete(("jobset.x-k8s.io", "v1alpha2", "jobsets", "default", name), "Background")
+    cluster.wait(lambda: not cluster.pod_objects(jobset=name), 60, f"JobSet {name}'s pod gone")
 
 
 def pod_running(cluster, name: str, attempt: int, index: int) -> str | None:

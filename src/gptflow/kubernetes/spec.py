@@ -40,7 +40,8 @@ class PodSet:
     cpus: int  # per pod
     memory_mb: int  # per pod: request and limit
     shm_mb: int
-    done: str  # the run's DONE.json, relative to the working directory: the truth of success
+    done: str  # the job's output (training: DONE.json), relative to the working directory: the
+    # truth of success
     manifests_dir: str  # where the submitting job writes the rendered manifests
     gpu_resource: str = "nvidia.com/gpu"
     image_pull_secret: str = ""
@@ -81,13 +82,22 @@ class PodSet:
             raise GptflowError(f"--spec is not a gptflow kubernetes spec ({e})") from None
 
 
-def jobset_name(run: str, namespace: str, mount_path: str) -> str:
+def jobset_name(run: str, namespace: str, mount_path: str, job: str = "") -> str:
     """A deterministic, RFC 1035 name for run `run` of the working directory at `mount_path` in
-    `namespace`: the same on every attempt (a second submission finds the first), another for
-    another checkout or namespace."""
-    digest = hashlib.sha256(f"{namespace}\0{mount_path}\0{run}".encode()).hexdigest()[:8]
-    stem = re.sub(r"[^a-z0-9-]+", "-", run.lower()).strip("-")[: NAME_MAX - len("gptflow--") - 8]
-    return f"gptflow-{stem.rstrip('-')}-{digest}" if stem else f"gptflow-{digest}"
+    `namespace` (its training; `job`: another of its jobs, e.g. ``evaluate``, named after it):
+    the same on every attempt (a second submission finds the first), another for another
+    checkout, namespace or job."""
+    key = f"{namespace}\0{mount_path}\0{run}" + (f"\0{job}" if job else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    room = NAME_MAX - len("gptflow--") - 8
+
+    def clean(text: str) -> str:
+        return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+    tail = clean(job)[:room]
+    stem = clean(run)[: max(0, room - len(tail) - 1) if tail else room].rstrip("-")
+    stem = "-".join(part for part in (stem, tail) if part).rstrip("-")
+    return f"gptflow-{stem}-{digest}" if stem else f"gptflow-{digest}"
 
 
 def check_ready(section: dict, where: str = "kubernetes") -> None:

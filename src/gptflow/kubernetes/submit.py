@@ -1,5 +1,6 @@
-"""``gptflow kubernetes submit``: one train_gpt job's JobSet, created, watched and mapped to an
-exit code -- the Kubernetes twin of srun in the Slurm profile's rule.
+"""``gptflow kubernetes submit``: one train_gpt job's JobSet (or one evaluate, harness or
+harness_step job's, of one pod: gptflow.kubernetes.sizing.job_pod_set), created, watched and
+mapped to an exit code -- the Kubernetes twin of srun in the Slurm profile's rule.
 
 Through the official ``kubernetes`` Python client (the Kubernetes project's own; in-cluster
 ServiceAccount tokens and every kubeconfig auth plugin; its generic CustomObjectsApi for JobSet
@@ -11,10 +12,11 @@ and its watch helper; gptflow's own loop does the waiting, the client has no wai
 - the JobSet is watched through the watch API (resumed from its resourceVersion when the
   stream ends), every pod of every attempt has its log followed into this process's standard
   output (the rule's log), each line prefixed with its node and attempt;
-- ``Completed`` with the run's DONE.json is exit 0; ``Failed`` is exit 1 with the condition's
-  message and the last lines of each failed pod; ``Suspended`` (Kueue's preemption, or not yet
-  admitted) is waited out and said; a restart is said with whether it counted (exit code 75:
-  not); the JobSet deleted by someone else is exit 1 and says so;
+- ``Completed`` with the spec's ``done`` file (the run's DONE.json; the job's output) is exit 0;
+  ``Failed`` is exit 1 with the condition's message and the last lines of each failed pod;
+  ``Suspended`` (Kueue's preemption, or not yet admitted) is waited out and said; a restart is
+  said with whether it counted (exit code 75: not); the JobSet deleted by someone else is
+  exit 1 and says so;
 - SIGTERM/SIGINT (Snakemake stopped) deletes the JobSet (foreground: its pods get SIGTERM,
   save and exit) before this process exits 128 + the signal: no orphan trains on.
 """
@@ -407,7 +409,7 @@ def submit(p: PodSet, command: list[str], out: TextIO | None = None) -> int:
         )
         return 1
     if not Path(p.done).is_file():
-        job.say(f"JobSet {p.name} completed, but {p.done} is missing: the trainer did not finish")
+        job.say(f"JobSet {p.name} completed, but {p.done} is missing: the job did not write it")
         return 1
     job.say(f"JobSet {p.name} completed: {p.done}")
     return 0

@@ -9,6 +9,7 @@ config's errors, one line naming the key; a pod's rendezvous (node rank = comple
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import os
 import re
@@ -18,7 +19,7 @@ import yaml
 
 from gptflow.cli import main
 from gptflow.errors import GptflowError
-from gptflow.kubernetes import sizing
+from gptflow.kubernetes import manifests, sizing
 from gptflow.kubernetes.spec import NAME_MAX, jobset_name
 from gptflow.plan.build import build_plan
 from gptflow.plan.host_memory import snapshot_fit
@@ -350,3 +351,63 @@ def test_a_pods_rendezvous_is_its_completion_index_at_node_0():
         pod_rendezvous(2, env)
     with pytest.raises(GptflowError, match="not a node rank"):
         pod_rendezvous(4, {**env, "PET_NODE_RANK": "4"})
+
+
+def test_a_job_after_training_is_one_pod_of_one_gpu_or_a_cpu_pod(repo, tiny_config):
+    """evaluate, harness and harness_step on profiles/kubernetes (sizing.job_pod_set): one pod,
+    one GPU of a GPU section (not its gpus_per_node), none of a CPU section; cpus_per_rank
+    CPUs; the rule's own memory plus /dev/shm; success is the rule's output; its own JobSet
+    name per run, job and step (none the training's), its manifests apart from the training's;
+    the training's image, claim and scheduling, no RDMA."""
+    cfg = copy.deepcopy(tiny_config)
+    cfg["kubernetes"] = {**BASE, "nodes": 4, "gpus_per_node": 8, "cpus_per_rank": 6,
+                         "shm_mb": 2048, "rdma": {"enabled": True}, **SITUATIONS[
+                             "queue-and-placement"][0], "max_restarts": 5}  # fmt: skip
+    cfg["train"].update(WIDE)
+    profile = Profile(resources={"train_gpt": {"mpi": "kubernetes"}})
+    plan = build_plan(cfg, repo=repo, profile=profile, config_files=[], main_process=False)
+    section = plan.config["kubernetes"]
+    train = sizing.plan_pod_set(plan, "tiny")
+    done = "results/runs/tiny/eval.json"
+    p = sizing.job_pod_set(section, "tiny", "evaluate", done, 3000)
+    assert (p.nodes, p.gpus_per_node, p.ranks_per_node, p.cpus) == (1, 1, 1, 6)
+    assert p.memory_mb == 3000 + 2048 and p.shm_mb == 2048
+    assert p.done == done and p.run == "tiny" and p.rdma == {}
+    assert p.manifests_dir == "results/runs/tiny/kubernetes/evaluate" != train.manifests_dir
+    for key in ("namespace", "image", "image_pull_secret", "volume_claim", "mount_path",
+                "gpu_resource", "env", "node_selector", "tolerations", "queue", "priority_class",
+                "max_restarts", "grace_seconds"):  # fmt: skip
+        assert getattr(p, key) == getattr(train, key), key
+    assert (p.max_restarts, p.queue, p.namespace) == (5, "team-a", "llm")
+    names = {sizing.job_pod_set(section, run, job, done, 1).name
+             for run in ("tiny", "other") for job in ("evaluate", "harness", "harness-step-30",
+                                                      "harness-step-40")}  # fmt: skip
+    assert len(names) == 8 and train.name not in names
+    for name in (*names, p.name):
+        assert len(name) <= NAME_MAX and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+    assert p.name.startswith("gptflow-tiny-evaluate-")
+    assert p.name == sizing.job_pod_set(section, "tiny", "evaluate", done, 99).name  # per attempt
+    cpu = sizing.job_pod_set({**section, "gpus_per_node": 0}, "tiny", "harness", done, 500)
+    assert (cpu.gpus_per_node, cpu.ranks_per_node, cpu.memory_mb) == (0, 1, 500 + 2048)
+    assert sizing.job_gpus(section) == 1 and sizing.job_gpus({"gpus_per_node": 0}) == 0
+    # a pod asks the cluster for one GPU, not the training node's eight
+    pod = manifests.jobset(p, ["gptflow", "evaluate"])["spec"]["replicatedJobs"][0]
+    assert pod["replicas"] == 1
+    limits = pod["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"memory": "5048Mi", "nvidia.com/gpu": 1}, limits
+    assert problems(manifests.jobset(p, ["gptflow", "evaluate"])) == []
+
+
+def test_a_jobs_name_keeps_the_job_and_the_training_name_is_unchanged():
+    # the training's name as before jobs had names: a running JobSet is still found
+    digest = hashlib.sha256(b"default\0/workspace\0tiny").hexdigest()[:8]
+    assert jobset_name("tiny", "default", "/workspace") == f"gptflow-tiny-{digest}"
+    long_run = "A_Very.Long-Run_Name_" * 5
+    for run in ("tiny", long_run, "---"):
+        train = jobset_name(run, "default", "/workspace")
+        assert train == jobset_name(run, "default", "/workspace", "")
+        for job in ("evaluate", "harness-step-123456789", "x" * 80):
+            name = jobset_name(run, "default", "/workspace", job)
+            assert name != train and len(name) <= NAME_MAX, name
+            assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+    assert "-evaluate-" in jobset_name(long_run, "default", "/workspace", "evaluate")
