@@ -252,9 +252,14 @@ def usr1_mid_training(
             deadline = time.monotonic() + 600
             while True:  # attempt k is training: its own ranks, past the step saved before
                 assert proc.poll() is None, proc.communicate()[0][-5000:]
-                assert time.monotonic() < deadline, f"attempt {k} never got going"
                 new = set(train_job_ids(wd)) - before
                 log = history.read_text()[start:]
+                assert time.monotonic() < deadline, (
+                    f"attempt {k} never got going",
+                    sorted(new),
+                    trainer_pids(wd),
+                    log[-3000:],
+                )
                 saved = [int(n) for n in re.findall(r"received signal 10: saved step (\d+);", log)]
                 steps = new_train_steps(metrics, old_series)
                 if (
@@ -274,9 +279,11 @@ def usr1_mid_training(
             assert frozen[-1] < 300, frozen
             if while_frozen:
                 while_frozen(job)
-            subprocess.run(["scancel", "--signal=USR1", job], check=True)
+            sent = subprocess.run(["scancel", "--signal=USR1", job], capture_output=True, text=True)
+            assert sent.returncode == 0, (sent.stderr, squeue_line(job))
             while not all(signal_pending(pid, signal.SIGUSR1) for pid in ranks):
-                assert time.monotonic() < deadline, "USR1 never reached the frozen ranks"
+                assert time.monotonic() < deadline, ("USR1 never reached the frozen ranks",
+                                                     ranks, squeue_line(job))  # fmt: skip
                 time.sleep(0.1)
             for pid in ranks:
                 os.kill(pid, signal.SIGCONT)
@@ -290,6 +297,12 @@ def usr1_mid_training(
     assert json.loads(done.read_text())["final_step"] == 300
     jobs = sorted(set(train_job_ids(wd)) - before, key=int)
     return Signalled(jobs[0], frozen, history.read_text()[start:], jobs, out)
+
+
+def squeue_line(job: str) -> str:
+    """Slurm's view of `job` now (its state and reason), for a failure's message."""
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%i %T %r %M"], capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
 
 
 def saved_steps(signalled: Signalled, how: str) -> list[int]:
