@@ -38,6 +38,10 @@ CASES = {
         edited("data.quality", {"steps": [{"step": "filters"}]}),
         "data.quality.steps[0].rules: a filters step needs its rules",
     ),
+    "filters step with empty rules": (
+        edited("data.quality", {"steps": [{"step": "filters", "rules": {}}]}),
+        "'data.quality.steps[0].rules' must not be empty",
+    ),
     "wrong type": (
         edited("tokenizer.train.vocab_size", "big"),
         "'tokenizer.train.vocab_size' is 'big' (a string); expected an integer",

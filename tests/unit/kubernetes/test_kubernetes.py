@@ -411,3 +411,11 @@ def test_a_jobs_name_keeps_the_job_and_the_training_name_is_unchanged():
             assert name != train and len(name) <= NAME_MAX, name
             assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
     assert "-evaluate-" in jobset_name(long_run, "default", "/workspace", "evaluate")
+    # read as written, lower-cased (not its capitals dropped), and a job its own digest too:
+    # two jobs whose names clean alike are still two JobSets
+    assert jobset_name("Tiny", "default", "/workspace", "Evaluate").startswith(
+        "gptflow-tiny-evaluate-"
+    )
+    assert jobset_name("tiny", "default", "/workspace", "a_b") != jobset_name(
+        "tiny", "default", "/workspace", "a-b"
+    )
