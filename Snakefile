@@ -26,6 +26,7 @@ include: "rules/train.smk"
 include: "rules/container.smk"
 include: "rules/evaluate.smk"
 include: "rules/study.smk"
+include: "rules/autotune.smk"
 
 
 onstart:

@@ -91,6 +91,15 @@ def get_final_outputs():
     return expand(outputs, run=PLAN.runs) + get_study_outputs() + get_quality_page()
 
 
+def get_autotune_outputs():
+    """`snakemake autotune`: the run's ranking, page and best.yaml (a config without autotune:
+    nothing, said at -n by the rule's empty input)."""
+    if not PLAN.candidates:
+        return []
+    return expand([paths.AUTOTUNE_JSON, paths.AUTOTUNE_PAGE, paths.AUTOTUNE_BEST],
+                  run=PLAN.config["run"])  # fmt: skip
+
+
 def get_quality_page():
     """The report's "Data quality" page (rule report_data_quality), which every target that
     runs a data.quality recipe makes (all, data, train, study); nothing without a recipe."""

@@ -41,6 +41,7 @@ from gptflow.results.evaluate import harness_resources as run_harness_resources
 from gptflow.results.evaluate import run_resources as run_eval_resources
 from gptflow.train import init_from
 from gptflow.train.distributed import rank_options, train_launcher
+from gptflow.train.trial import trial_command
 
 REPO = Path(workflow.basedir)
 put_interpreter_bin_first()  # jobs run the `gptflow` installed beside this Snakemake
@@ -109,7 +110,7 @@ APPEND_EOD = ["--append-eod"] if PLAN.config["tokenize"]["append_eod"] else []
 
 def get_run_settings(wildcards):
     """What run.yaml is rendered from: a change here re-renders it (and so reruns training)."""
-    run = PLAN.runs[wildcards.run].config
+    run = PLAN.every_run[wildcards.run].config
     return {
         "run": run["run"],
         **({"study": PLAN.study} if PLAN.study else {}),
@@ -122,7 +123,7 @@ def get_run_settings(wildcards):
 
 def get_train_settings(wildcards):
     """Model and optimisation settings: Snakemake reruns training when one changes."""
-    run = PLAN.runs[wildcards.run].config
+    run = PLAN.every_run[wildcards.run].config
     return {"model": run["model"], "train": run["train"], "data": run["data"]}
 
 
@@ -174,7 +175,7 @@ wildcard_constraints:
     dataset=dataset_choice(PLAN.datasets),
     shard=r"\d{5}",
     part=r"\d{4}",
-    run=dataset_choice(PLAN.runs),
+    run=dataset_choice(PLAN.every_run),
     index=dataset_choice(PLAN.indexes),
     study=re.escape(PLAN.study or "-"),
     tokenizer=re.escape(PLAN.tokenizer),

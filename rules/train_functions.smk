@@ -60,7 +60,7 @@ def get_index_settings(wildcards):
 
 def get_init_from_files(wildcards):
     """model.init_from's files: run.yaml records them, so a changed file re-renders it."""
-    path = PLAN.runs[wildcards.run].config["model"].get("init_from")
+    path = PLAN.every_run[wildcards.run].config["model"].get("init_from")
     return init_from.input_files(path) if path else []
 
 
@@ -84,7 +84,7 @@ def get_local_ranks(wildcards):
 
 def get_elastic(wildcards):
     """The run's train.elastic (None: a fixed number of ranks)."""
-    return PLAN.runs[wildcards.run].config["train"].get("elastic")
+    return PLAN.every_run[wildcards.run].config["train"].get("elastic")
 
 
 def get_rank_options(wildcards, resources, threads):
@@ -95,7 +95,15 @@ def get_rank_options(wildcards, resources, threads):
 
 
 def get_train_launcher(wildcards, resources, threads):
-    """Argv words before `gptflow train` (srun, the container's): distributed.train_launcher."""
+    """Argv words before `gptflow train` (srun, the container's): distributed.train_launcher;
+    an autotune trial's behind `gptflow autotune-trial` (gptflow.train.trial.trial_command)."""
+    launcher = run_launcher(wildcards, resources, threads)
+    if wildcards.run in PLAN.trials:
+        return trial_command(paths.RUN_DIR.format(run=wildcards.run), PLAN.autotune, launcher)
+    return launcher
+
+
+def run_launcher(wildcards, resources, threads):
     if kube_sizing.on_kubernetes(PLAN.placement):  # a JobSet of pods running the command
         return kube_sizing.submit_launcher(kube_sizing.plan_pod_set(PLAN, wildcards.run))
     section = PLAN.container_config if PLAN.container_config["enabled"] else None

@@ -85,6 +85,14 @@ HARNESS_CURVE = "results/runs/{run}/report/harness_curve.svg"
 REPORT_DIR = "results/runs/{run}/report"
 REPORT_CARD = "results/runs/{run}/report/card.html"
 
+OUT_OF_MEMORY_DIR = "results/runs/{run}/out_of_memory"  # an autotune trial's ranks that ran out
+
+# autotune (workflow config `autotune`): its trials are results/runs/{run}.tune.*/, its ranking
+AUTOTUNE_DIR = "results/autotune/{run}"
+AUTOTUNE_JSON = "results/autotune/{run}/autotune.json"
+AUTOTUNE_PAGE = "results/autotune/{run}/autotune.html"
+AUTOTUNE_BEST = "results/autotune/{run}/best.yaml"
+
 # a study (workflow config `study`): its runs are results/runs/{run}/, its comparison here
 STUDY_DIR = "results/studies/{study}"
 

@@ -10,7 +10,7 @@ module                 subcommands
                        train-tokenizer, tokenize, count-documents, merge, import-megatron,
                        inspect
 ``cli.quality``        quality-* (data.quality's jobs)
-``cli.train``          build-index, train
+``cli.train``          build-index, train, autotune-trial
 ``cli.results``        evaluate, export-hf, harness
 ``cli.watch``          status, summary, why
 ``cli.container``      build-image, squash-image
@@ -122,6 +122,8 @@ COMMANDS = (
             "build (or find) a run's cached doc/sample/shuffle indices, before training"),
     Command("train", train.add_train_arguments, train.cmd_train,
             "train or resume the run described by a run.yaml"),
+    Command("autotune-trial", train.add_autotune_trial_arguments, train.cmd_autotune_trial,
+            "run an autotune trial's job; a candidate out of memory is recorded, not a failure"),
     Command("kubernetes", kubernetes.add_kubernetes_arguments, kubernetes.cmd_kubernetes,
             "the Kubernetes profile: render a run's JobSet, print the driver, submit (the rule's)"),
     Command("build-image", container.add_build_image_arguments, container.cmd_build_image,

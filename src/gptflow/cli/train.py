@@ -144,3 +144,28 @@ def cmd_build_index(a: argparse.Namespace) -> int:
     write_json(a.out, summary)
     print(f"{a.out}: samples {summary['samples']}, {seconds:.2f} s, cache {cfg.index_cache_dir}")
     return 0
+
+
+def add_autotune_trial_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--run-dir", required=True, help="the trial's results/runs/{run}.tune.*")
+    s.add_argument(
+        "--memory-limit-mb",
+        type=int,
+        default=None,
+        help="limit each process's data segment (RLIMIT_DATA) to this: autotune.memory_limit_mb",
+    )
+    s.add_argument(
+        "trial_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND",
+        help="the trial's launcher and gptflow train (the train_gpt job's command)",
+    )
+
+
+def cmd_autotune_trial(a: argparse.Namespace) -> int:
+    from gptflow.train.trial import run_trial
+
+    command = a.trial_command[1:] if a.trial_command[:1] == ["--"] else a.trial_command
+    if not command:
+        raise GptflowError("no command after --: give the trial's launcher and gptflow train")
+    return run_trial(a.run_dir, command, a.memory_limit_mb)

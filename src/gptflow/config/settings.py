@@ -220,6 +220,7 @@ class TrainConfig:
     muon: MuonConfig = field(default_factory=MuonConfig)
     elastic: ElasticConfig | None = None  # torchrun --nnodes=MIN:MAX; None = fixed ranks
     log_samples: bool = False  # each rank's sample indices per step to samples.jsonl
+    autotune_trial: bool = False  # set by autotune: timed steps, no evaluation, no checkpoint
 
     def __post_init__(self) -> None:
         if isinstance(self.elastic, dict):

@@ -131,7 +131,7 @@ def _pod_set(section: dict, run: str, **counts) -> PodSet:
 
 def plan_pod_set(plan, run: str) -> PodSet:
     """Run `run`'s submission as the plan (gptflow.plan.build.Plan) has it."""
-    return pod_set(plan.runs[run], plan.placement, plan.config["kubernetes"])
+    return pod_set(plan.every_run[run], plan.placement, plan.config["kubernetes"])
 
 
 def rank_options(p: Placement) -> list[str]:

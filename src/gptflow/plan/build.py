@@ -58,6 +58,8 @@ class Plan:
     source: str  # the config files (or --config), as every message names them
     config: dict  # validated, defaults filled, the model preset resolved
     runs: dict[str, RunPlan]  # one without a study, the study's runs otherwise
+    trials: dict[str, RunPlan]  # autotune's admitted candidates, each trained as a run ({})
+    candidates: list  # autotune's search space (gptflow.plan.autotune.Candidate; [] without)
     harness_steps: dict[str, list[int]]  # each run's checkpoints eval.harness.every evaluates
     datasets: dict  # name -> gptflow.data.sources.Dataset
     quality: dict  # the base config's recipe: dataset -> its steps ({} when off)
@@ -78,6 +80,16 @@ class Plan:
     warnings: list[str] = field(default_factory=list)  # printed at -n, not refusals
 
     # derived names the rules read -------------------------------------------------------
+    @functools.cached_property
+    def every_run(self) -> dict[str, RunPlan]:
+        """What a {run} wildcard names: the runs and autotune's trials."""
+        return {**self.runs, **self.trials}
+
+    @property
+    def autotune(self) -> dict | None:
+        """The config's autotune section (None: no search)."""
+        return self.config.get("autotune")
+
     @property
     def study(self) -> str | None:
         return self.config["run"] if self.config.get("study") is not None else None
@@ -198,6 +210,12 @@ def build_plan(
     tokenizer_json = Path(paths.tokenizer_json(cfg["tokenizer"]["name"]))
     with stage("gptflow config: "):
         runs = {name: run_plan(name, c, tokenizer_json) for name, c in run_configs(cfg).items()}
+    where = placement(profile, visible_gpus or hardware.visible_gpus,
+                      gpu_memory_mib or hardware.gpu_memory_mib)  # fmt: skip
+    if kube_sizing.on_kubernetes(where):  # profiles/kubernetes: the config's nodes and GPUs
+        where = kube_sizing.placement(where, cfg["kubernetes"])
+    candidates, trials = search_space(cfg, runs, where, source)
+    every = {**runs, **trials}  # the jobs' runs: a trial is trained as a run is
     harness_cfg, blended = cfg["eval"]["harness"], [b["dataset"] for b in cfg["data"]["blend"]]
     with stage("gptflow config: "):
         steps = {name: harness.check_steps(r.train, harness_cfg["every"], name, source)
@@ -210,11 +228,11 @@ def build_plan(
                                             schema=load_yaml(schema), source=source)  # fmt: skip
     imported = [name for name, d in datasets.items() if d.kind == "megatron"]
 
-    quality = recipes(cfg, runs, blended, imported, source)
+    quality = recipes(cfg, every, blended, imported, source)
     # the data index each run reads: runs reading the same samples of the same shards share one
     settings = {name: data_index_settings(r.config, quality["run_variants"][name],
                                           quality["base_variants"], r.train)
-                for name, r in runs.items()}  # fmt: skip
+                for name, r in every.items()}  # fmt: skip
     index_of = {name: data_index_name(s) for name, s in settings.items()}
     # model.init_from's tokenizer against the run's, when the run's is on disk already
     with stage(f"gptflow config ({source}): "):
@@ -223,12 +241,9 @@ def build_plan(
                 r.config, paths.tokenizer_json(cfg["tokenizer"]["name"])
             )
 
-    where = placement(profile, visible_gpus or hardware.visible_gpus,
-                      gpu_memory_mib or hardware.gpu_memory_mib)  # fmt: skip
-    if kube_sizing.on_kubernetes(where):  # profiles/kubernetes: the config's nodes and GPUs
-        where = kube_sizing.placement(where, cfg["kubernetes"])
     plan = Plan(
-        repo=repo, source=source, config=cfg, runs=runs, harness_steps=steps,
+        repo=repo, source=source, config=cfg, runs=runs, trials=trials,
+        candidates=candidates, harness_steps=steps,
         datasets=datasets, **quality,
         index_of=index_of, indexes={index_of[name]: s for name, s in settings.items()},
         index_run={index: name for name, index in reversed(index_of.items())},
@@ -237,6 +252,33 @@ def build_plan(
     if not main_process:
         return plan
     return checked(plan, sinfo=sinfo, accounts=accounts)
+
+
+def search_space(cfg: dict, runs: dict[str, RunPlan], where: Placement, source: str):
+    """autotune's candidates on `where` and its trials' runs ([] and {} without autotune)."""
+    from gptflow.plan import autotune
+
+    spec = cfg.get("autotune")
+    if spec is None:
+        return [], {}
+    with stage("gptflow config: "):
+        if cfg.get("study") is not None:
+            raise GptflowError(
+                f"{source}: autotune searches the layout of one run, and this config is a study "
+                f"of {len(runs)}: search with the run's config without its study section (or a "
+                f"study run's settings as the base), then add the best.yaml it writes to the study"
+            )
+        autotune.check_spec(spec, source)
+    (run,) = runs.values()
+    candidates = autotune.candidates(run, where, spec)
+    if not any(c.admitted for c in candidates):
+        with stage(f"gptflow autotune ({source} and the profile): "):
+            first = candidates[0]
+            raise GptflowError(
+                f"the preflight refuses all {len(candidates)} candidate(s) of autotune, e.g. "
+                f"{first.name}: {first.refused}. Widen autotune's lists or change the run"
+            )
+    return candidates, autotune.trials(run, candidates, spec)
 
 
 def recipes(cfg: dict, runs: dict[str, RunPlan], blended: list[str], imported: list[str],
@@ -314,6 +356,13 @@ def checked(plan: Plan, *, sinfo: Callable | None, accounts: Callable | None) ->
         )  # fmt: skip
         if kube_sizing.on_kubernetes(p):  # the JobSet a train_gpt job submits
             report.lines.append(kube_manifests.summary(kube_sizing.plan_pod_set(plan, largest)))
+        if plan.candidates:
+            from gptflow.plan import autotune
+
+            report.lines += autotune.plan_lines(
+                plan.candidates, plan.autotune,
+                {name for name in plan.trials if Path(paths.DONE.format(run=name)).is_file()},
+            )  # fmt: skip
         if plan.study:
             report.lines += preflight.study(
                 runs, p, indexes=len(plan.indexes),

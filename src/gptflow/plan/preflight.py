@@ -31,6 +31,7 @@ from gptflow.hardware import background_saves
 from gptflow.plan.cluster import check_cluster, read_accounts, read_sinfo
 from gptflow.plan.eval_size import after_training
 from gptflow.plan.gpu_memory import (
+    MemoryFit,
     check_memory,
     human,
     margin_text,
@@ -170,6 +171,23 @@ def run(
     return rep
 
 
+def check_run(run: RunPlan, p: Placement) -> tuple[int, MemoryFit | None]:
+    """What refuses a run placed by `p` in one line, as :func:`run` checks it, without the
+    report: its layout over the ranks (and every node count train.elastic admits), the
+    trainer's own refusals, the memory per GPU where it trains on GPUs, ZeRO-3 Muon's traffic.
+    Returns (gradient accumulation, the memory fit or None). A study's runs and autotune's
+    candidates (gptflow.plan.autotune) are admitted by it."""
+    train, m = run.train, run.model
+    gas = check_layout(train, p.ranks)
+    check_elastic(train, p.ranks_per_node, p.executor)
+    planned_train(train, p)
+    fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
+    if fit is not None:
+        check_memory(fit)
+    check_traffic(m, train, p.ranks, planned_precision(train, p)[0])
+    return gas, fit
+
+
 def elastic_line(accumulations: dict[int, int], ranks_per_node: int, train) -> str:
     """The elastic range at -n: each node count's gradient accumulation, one global batch."""
     each = ", ".join(
@@ -198,13 +216,7 @@ def study(
     for name, run in runs.items():
         train, m = run.train, run.model
         try:
-            gas = check_layout(train, p.ranks)
-            check_elastic(train, p.ranks_per_node, p.executor)
-            planned_train(train, p)
-            fit = memory_per_gpu(m, train, p.ranks, p) if p.trains_on_gpus else None
-            if fit is not None:
-                check_memory(fit)
-            check_traffic(m, train, p.ranks, planned_precision(train, p)[0])
+            gas, fit = check_run(run, p)
         except GptflowError as e:
             raise GptflowError(f"study run '{name}': {e}") from None
         s = size(m, train, 0, 0, peak_tflops, mfu)

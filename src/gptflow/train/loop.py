@@ -106,16 +106,17 @@ def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: in
     t = cfg.train
     tr = build(cfg, dev, rank, launcher, exit_interval)
     prog = resume(tr)
-    if prog.step == 0:
+    trial = t.autotune_trial  # timed steps only: no evaluation, no checkpoint (gptflow.train.trial)
+    if prog.step == 0 and not trial:
         evaluate_and_log(tr, prog)
     while prog.step < t.train_iters:
         timed_step(tr, prog)
         stop = stop_reason(tr, prog.step)
         if prog.step % t.log_interval == 0 or prog.step == t.train_iters:
             log_progress(tr, prog)
-        if prog.step % t.eval_interval == 0 or prog.step == t.train_iters:
+        if (prog.step % t.eval_interval == 0 or prog.step == t.train_iters) and not trial:
             evaluate_and_log(tr, prog)
-        if stop or prog.step % t.save_interval == 0 or prog.step == t.train_iters:
+        if (stop or prog.step % t.save_interval == 0 or prog.step == t.train_iters) and not trial:
             save(tr, prog)
         if stop:
             tr.saves.settle()  # the save is on disk and complete before the exit
@@ -671,13 +672,13 @@ def finish(tr: Trainer, step: int) -> None:
     evals = [r for r in records if r.get("kind") == "eval"]
     trains = [r for r in records if r.get("kind") == "train"]
     saves = [r for r in records if r.get("kind") == "save"]
-    ckpt = tr.series.dir / tag_for(step)
+    ckpt = None if cfg.train.autotune_trial else tr.series.dir / tag_for(step)
     done = {
         "run": cfg.run,
         "series": cfg.series,
         "final_step": step,
-        "checkpoint": str(ckpt),
-        "checkpoint_sha256": checkpoint_digest(ckpt),
+        "checkpoint": str(ckpt) if ckpt else None,
+        "checkpoint_sha256": checkpoint_digest(ckpt) if ckpt else None,
         "train_loss": trains[-1]["loss"] if trains else None,
         "initial_val_loss": evals[0]["val_loss"] if evals else None,
         "final_val_loss": evals[-1]["val_loss"] if evals else None,
@@ -685,6 +686,7 @@ def finish(tr: Trainer, step: int) -> None:
         "saves": save_summary(saves, save_mode(tr)),
         "metrics": str(cfg.metrics_path),
         "run_config": str(cfg.run_yaml_path),
+        **({"trial": {"status": "measured"}} if cfg.train.autotune_trial else {}),
         "versions": versions(),  # what trained it, for the run card
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -20,7 +20,7 @@ from gptflow.data.indexed import idx_path
 from gptflow.errors import GptflowError
 from gptflow.fsutil import sha256_file
 from gptflow.hardware import background_saves, training_precision
-from gptflow.train import device, distributed
+from gptflow.train import device, distributed, trial
 from gptflow.train.checkpoint import RunLock
 from gptflow.train.loop import run, signals_received
 from gptflow.train.run_config import RunConfig
@@ -70,6 +70,12 @@ def train(
         code = run(cfg, dev, env.rank, env.launcher, exit_interval)
         dev.shutdown()
         return code
+    except Exception as e:
+        if not (cfg.train.autotune_trial and trial.is_out_of_memory(e)):
+            raise
+        # an autotune trial's candidate that does not fit: recorded for `gptflow
+        # autotune-trial`, which ends the trial with it (its peers are stopped by the launcher)
+        raise GptflowError(trial.record_out_of_memory(cfg.run_dir, env.rank, e)) from None
     finally:
         if env.rank == 0:
             lock.release()
