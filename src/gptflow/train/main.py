@@ -43,6 +43,18 @@ def train(
     compile_each_shape_alone()
     cfg = RunConfig.load(config_path)
     env = distributed.resolve()
+    try:
+        return _train(cfg, env, threads, exit_interval, wait_for_lock)
+    except Exception as e:
+        if not (cfg.train.autotune_trial and trial.is_out_of_memory(e)):
+            raise
+        # an autotune trial's candidate that does not fit: recorded for `gptflow
+        # autotune-trial`, which ends the trial with it (its peers are stopped by the launcher)
+        raise GptflowError(trial.record_out_of_memory(cfg.run_dir, env.rank, e)) from None
+
+
+def _train(cfg: RunConfig, env, threads, exit_interval, wait_for_lock) -> int:
+    """:func:`train` once the run config is read and the rank known."""
     distributed.export(env)
     setup_logging(env.rank, cfg.train_log_path)
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
@@ -70,12 +82,6 @@ def train(
         code = run(cfg, dev, env.rank, env.launcher, exit_interval)
         dev.shutdown()
         return code
-    except Exception as e:
-        if not (cfg.train.autotune_trial and trial.is_out_of_memory(e)):
-            raise
-        # an autotune trial's candidate that does not fit: recorded for `gptflow
-        # autotune-trial`, which ends the trial with it (its peers are stopped by the launcher)
-        raise GptflowError(trial.record_out_of_memory(cfg.run_dir, env.rank, e)) from None
     finally:
         if env.rank == 0:
             lock.release()
