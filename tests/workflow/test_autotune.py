@@ -116,8 +116,12 @@ def test_a_killed_search_reruns_only_the_trials_that_had_not_finished(search):
     log = read(wd / "results" / "runs" / training / "train.log")
     if training in MEASURED:
         assert log.count("starting at step 0") == 2, log[-2000:]
-        steps = [json.loads(line)["step"] for line in
-                 (wd / "results" / "runs" / training / "metrics.jsonl").read_text().splitlines()]
+        steps = [
+            json.loads(line)["step"]
+            for line in (wd / "results" / "runs" / training / "metrics.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         assert steps == [1, 2, 3, 4, 5]
 
 
@@ -183,8 +187,8 @@ def test_the_fastest_layout_is_a_config_file_the_run_plans_with(search, snakemak
     wd, config = search[0], search[1]
     best = yaml.safe_load((wd / "results/autotune/tiny/best.yaml").read_text())
     plan = subprocess.run(
-        snakemake_cmd(wd, config, "-n", "train") + [
-            "--configfile", str(config), str(wd / "results/autotune/tiny/best.yaml")],
+        [*snakemake_cmd(wd, config, "-n", "train"),
+         "--configfile", str(config), str(wd / "results/autotune/tiny/best.yaml")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
     )  # fmt: skip
     assert plan.returncode == 0, plan.stdout[-3000:]

@@ -80,7 +80,7 @@ def run_trial(run_dir: Path, command: list[str], memory_limit_mb: int | None = N
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
     sys.stdout.flush()
-    child = subprocess.Popen(command, preexec_fn=limited)  # noqa: PLW1509 (setrlimit only)
+    child = subprocess.Popen(command, preexec_fn=limited)  # this process runs no thread
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
     code = child.wait()
