@@ -83,6 +83,7 @@ bench: setup
 	python bench/minhash_scale.py
 	python bench/parallel.py
 	python bench/import_megatron.py
+	python bench/autotune.py
 
 # The documentation site (docs/, README.md, config/README.md, profiles/README.md), built
 # strictly: a broken link or a page in no table of contents fails (docs/conf.py,

@@ -259,3 +259,16 @@ def test_minhash_scale(tmp_path):
         today = row["buckets_today"]
         assert row["band_bytes"] <= today["rchar"] < row["band_bytes"] + 16 * (1 << 22)
         assert today["rchar"] < row["buckets_former"]["read_bytes"]
+
+
+def test_autotune(tmp_path):
+    out = run_bench("autotune", tmp_path)
+    got = rows(out, rf"  (tiny\.tune\.mb[48]\.z0\.ac0)\s+{NUM}\s+{RATIO}\s+{NUM}\s+{NUM}")
+    assert sorted(r[0] for r in got) == ["tiny.tune.mb4.z0.ac0", "tiny.tune.mb8.z0.ac0"]
+    own = next(r for r in got if r[0] == "tiny.tune.mb4.z0.ac0")
+    assert own[2] == "1.00"  # the baseline: the run's own layout
+    assert rows(out, rf"  search: {NUM} s wall for 2 trial\(s\) \({NUM} s a trial\), of which "
+                rf"timed steps {NUM} s \((\d+)%\)")  # fmt: skip
+    assert rows(out, rf"  fastest: tiny\.tune\.mb[48]\.z0\.ac0 {NUM} tokens/s = {RATIO} the run's "
+                rf"own layout \(tiny\.tune\.mb4\.z0\.ac0, {NUM} tokens/s\)")  # fmt: skip
+    assert rows(out, rf"  a second invocation: {NUM} s, nothing run")
