@@ -8,9 +8,8 @@ and rank of a layout. The workflow config is read and validated by
 :mod:`gptflow.train.run_config`.
 
 Over 500 lines: the two dataclasses, their cross-field checks and every number derived from
-them (FLOPs per token with K-FAC's and Muon's, the optimizers' states, Muon's buckets) in one
-place, the one the trainer, the preflight and the report all read; split, a derived number
-would have two homes or a circle of imports.
+them (FLOPs per token with K-FAC's and Muon's, the optimizers' states, Muon's buckets), read by
+the trainer, the preflight and the report; split, one would have two homes or an import circle.
 """
 
 from __future__ import annotations

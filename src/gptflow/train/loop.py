@@ -106,7 +106,7 @@ def run(cfg: RunConfig, dev: Device, rank: int, launcher: str, exit_interval: in
     t = cfg.train
     tr = build(cfg, dev, rank, launcher, exit_interval)
     prog = resume(tr)
-    trial = t.autotune_trial  # timed steps only: no evaluation, no checkpoint (gptflow.train.trial)
+    trial = t.autotune_trial  # timed steps only, no evaluation, no save (gptflow.train.trial)
     if prog.step == 0 and not trial:
         evaluate_and_log(tr, prog)
     while prog.step < t.train_iters:
@@ -692,10 +692,5 @@ def finish(tr: Trainer, step: int) -> None:
     }
     tr.metrics.close()
     write_json(cfg.done_path, done)
-    log.info(
-        "done: step %d, final validation loss %s (from %s); checkpoint %s",
-        step,
-        done["final_val_loss"],
-        done["initial_val_loss"],
-        ckpt,
-    )
+    log.info("done: step %d, final validation loss %s (from %s); checkpoint %s", step,
+             done["final_val_loss"], done["initial_val_loss"], ckpt or "none (a trial)")  # fmt: skip
