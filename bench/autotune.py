@@ -6,7 +6,8 @@ The default config (config/config.yaml: the `small` model, 256-token sequences, 
 directory (the data stage first, outside the timing):
 
 - each trial: its layout, tokens/s over its timed steps, the ratio to the run's own layout
-  (the baseline, measured in the same search: it is one of the candidates), its share of the
+  (the baseline, measured in the same search: it is one of the candidates), the spread of its
+  per-step tokens/s (relative standard deviation: the noise a lead must beat), its share of the
   search's wall time (the trials run one at a time here: from the previous trial's DONE.json
   to its own) and its timed steps' seconds;
 - the search: wall time, a trial's average, the share the timed steps are of it (the rest:
@@ -15,7 +16,8 @@ directory (the data stage first, outside the timing):
 - a second invocation: its wall time (nothing runs).
 
 DeepSpeed's own autotuner is not run here: it needs its launcher (pdsh) and a GPU's memory to
-size its micro-batch search. Usage: python bench/autotune.py [--steps 10] [--smoke]
+size its micro-batch search. Usage: python bench/autotune.py [--steps 10] [--micro-batch-sizes 1 2 4 8 16] [--zero-stages 0 1 2]
+       [--checkpointing both|off] [--smoke]
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def timed_seconds(wd: Path, trial: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--zero-stages", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--checkpointing", choices=["both", "off"], default="both")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args()
     if a.smoke:
@@ -66,8 +71,9 @@ def main() -> None:
                 "steps": 4, "warmup_steps": 2}  # fmt: skip
     else:
         cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
-        spec = {"micro_batch_sizes": [1, 2, 4, 8, 16], "zero_stages": [0, 1, 2],
-                "activation_checkpointing": [False, True], "steps": a.steps, "warmup_steps": 3}  # fmt: skip
+        spec = {"micro_batch_sizes": a.micro_batch_sizes, "zero_stages": a.zero_stages,
+                "activation_checkpointing": [False, True] if a.checkpointing == "both" else [False],
+                "steps": a.steps, "warmup_steps": 3}  # fmt: skip
     cfg["autotune"] = spec
     own = (cfg["train"]["micro_batch_size"], cfg["train"]["zero_stage"],
            bool(cfg["model"].get("activation_checkpointing", False)))  # fmt: skip
@@ -94,13 +100,16 @@ def main() -> None:
         previous, share = started, {}
         for trial in sorted(ended, key=ended.get):
             share[trial], previous = ended[trial] - previous, ended[trial]
-        print(f"  {'trial':34} {'tokens/s':>10} {'vs own':>7} {'search s':>9} {'timed s':>8}")
+        print(
+            f"  {'trial':34} {'tokens/s':>10} {'vs own':>7} {'spread':>7} {'search s':>9} {'timed s':>8}"
+        )
         timed = 0.0
         for r in rows:
             steps = timed_seconds(wd, r["trial"])
             timed += steps
             print(f"  {r['trial']:34} {r['tokens_per_s']:>10,.0f} "
-                  f"{r['tokens_per_s'] / base['tokens_per_s']:>6.2f}x {share[r['trial']]:>9.1f} {steps:>8.2f}")  # fmt: skip
+                  f"{r['tokens_per_s'] / base['tokens_per_s']:>6.2f}x {r['spread']:>7.1%} "
+                  f"{share[r['trial']]:>9.1f} {steps:>8.2f}")  # fmt: skip
         print(f"  search: {search:.1f} s wall for {len(rows)} trial(s) ({search / len(rows):.1f} s a "
               f"trial), of which timed steps {timed:.1f} s ({timed / search:.0%})")  # fmt: skip
         best = rows[0]

@@ -263,7 +263,7 @@ def test_minhash_scale(tmp_path):
 
 def test_autotune(tmp_path):
     out = run_bench("autotune", tmp_path)
-    got = rows(out, rf"  (tiny\.tune\.mb[48]\.z0\.ac0)\s+{NUM}\s+{RATIO}\s+{NUM}\s+{NUM}")
+    got = rows(out, rf"  (tiny\.tune\.mb[48]\.z0\.ac0)\s+{NUM}\s+{RATIO}\s+{NUM}%\s+{NUM}\s+{NUM}")
     assert sorted(r[0] for r in got) == ["tiny.tune.mb4.z0.ac0", "tiny.tune.mb8.z0.ac0"]
     own = next(r for r in got if r[0] == "tiny.tune.mb4.z0.ac0")
     assert own[2] == "1.00"  # the baseline: the run's own layout

@@ -144,9 +144,13 @@ def test_a_candidate_out_of_memory_is_recorded_and_the_search_goes_on(search):
         log = read(wd / "logs" / "train_gpt" / f"{trial}.log")
         assert "gptflow train: error: rank 0 ran out of memory (" in log, log[-2000:]
         assert "the search goes on without it" in log and "Traceback" not in log
-    for trial in MEASURED:
-        assert json.loads(trial_done(wd, trial).read_text())["trial"] == {"status": "measured"}
+    for trial in MEASURED:  # a trial neither evaluates nor saves
+        done = json.loads(trial_done(wd, trial).read_text())
+        assert done["trial"] == {"status": "measured"} and done["checkpoint"] is None
+        assert done["initial_val_loss"] is None and done["final_step"] == 5
         assert not list((wd / "results" / "runs" / trial).glob("checkpoints/*/global_step*"))
+        metrics = (wd / "results" / "runs" / trial / "metrics.jsonl").read_text().splitlines()
+        assert {json.loads(line)["kind"] for line in metrics} == {"train"}
 
 
 def tokens_per_s(metrics: Path) -> float:

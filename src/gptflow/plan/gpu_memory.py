@@ -13,7 +13,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gptflow.config.settings import ModelConfig, TrainConfig, kfac_floats, muon_state_floats
+from gptflow.config.settings import (
+    DEEPSPEED_REDUCE_BUCKET_SIZE,
+    ModelConfig,
+    TrainConfig,
+    kfac_floats,
+    muon_state_floats,
+)
 from gptflow.errors import GptflowError
 from gptflow.hardware import (
     FRAGMENTATION_SHARE,
@@ -53,7 +59,8 @@ def stage_parameters(
 
 
 # the terms that exist only between a backward pass and the update (not kept across steps)
-TRANSIENT = ("gradients", "fp32 gradient partition", "Newton-Schulz", "Muon update")
+TRANSIENT = ("gradients", "fp32 gradient partition", "gradient bucket", "Newton-Schulz",
+             "Muon update")
 
 
 def model_state_bytes(
@@ -77,6 +84,7 @@ def model_state_bytes(
       estimate_zero2_model_states_mem_needs (2 + 18/N bytes a parameter) and estimate_zero3_...
       (18/N, plus the largest layer gathered: `largest` parameters, 4 bytes each, 8 in fp32);
     - ZeRO 3 partitions the weights too; offloaded optimizer state lives in host memory;
+    - ZeRO 1/2's gradient bucket, the same size whatever the model (:func:`gradient_bucket_bytes`);
     - `muon` of the parameters stepped by Muon (train.optimizer muon) keep no Adam moments
       (8 bytes less each, partitioned alike); what Muon holds instead is
       :func:`gptflow.plan.muon.muon_memory`'s.
@@ -99,12 +107,28 @@ def model_state_bytes(
         parts["fp32 gradient accumulation"] = 4 * params
     if zero >= 3:
         parts["gathered layer"] = (4 if half else 8) * largest
+    if bucket := gradient_bucket_bytes(zero, precision):
+        parts["gradient bucket"] = bucket
     if offload != "none":
         parts["optimizer states"] = 0
         parts.pop("fp32 gradient partition", None)
         if offload == "optimizer_and_params":
             parts["weights"] = 0
     return parts
+
+
+def gradient_bucket_bytes(zero: int, precision: str) -> int:
+    """ZeRO 1 and 2's gradient bucket: DeepSpeed 0.19.8 (stage_1_and_2.py, setup_buckets)
+    allocates it whole at each backward, reduce_bucket_size elements (5e8 by default: 2 GB in
+    fp32) whatever the model's size, in the dtype it reduces in: fp32 for fp32 runs and for
+    fp16 at ZeRO 1 (whose gradients accumulate in fp32 beside the fp16 ones), the 16-bit dtype
+    at ZeRO 2; bf16 at ZeRO 1 runs BF16_Optimizer, which has none. Freed after the update (a
+    TRANSIENT term). Found by an autotune trial running out of memory on the CPU (2,000,000,000
+    bytes asked for a 165k-parameter model at ZeRO 1)."""
+    if zero not in (1, 2) or (precision == "bf16" and zero == 1):
+        return 0
+    width = 4 if precision == "fp32" or zero == 1 else 2
+    return width * DEEPSPEED_REDUCE_BUCKET_SIZE
 
 
 LAYER_NORM_STATS = 2 * 4  # a LayerNorm keeps each token's mean and 1/std in fp32 (on CUDA also
@@ -302,6 +326,8 @@ FIXES = {
     "fp32 gradient partition": "use more data-parallel ranks, or raise train.tensor_parallel",
     "fp32 gradient accumulation": "raise train.zero_stage to 2, or train.tensor_parallel",
     "gathered layer": "raise train.tensor_parallel",
+    "gradient bucket": "use train.zero_stage 0 or 3, or GPUs with more memory: DeepSpeed's ZeRO "
+    "1/2 reduce gradients through a bucket of 5e8 elements allocated whole, whatever the model",
     "optimizer states": "raise train.zero_stage (1 partitions them over the data-parallel "
     "ranks), or train.offload optimizer",
     "activations": "set model.activation_checkpointing true, or lower train.micro_batch_size",

@@ -288,8 +288,19 @@ def test_a_batch_the_ranks_cannot_split_names_the_fixes():
 # ----------------------------------------------------------------------------- memory
 
 
+def bucket_bytes(engine) -> int:
+    """Bytes of DeepSpeed's ZeRO 1/2 gradient buckets now (each bucket's buffer: a list of
+    tensors, or one tensor)."""
+    total = 0
+    for bucket in getattr(engine.optimizer, "ipg_buckets", {}).values():
+        held = bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer]
+        total += sum(b.numel() * b.element_size() for b in held)
+    return total
+
+
 def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, monkeypatch, request):
-    """One rank on the CPU, after a forward, backward and update: the bytes DeepSpeed keeps
+    """One rank on the CPU, after a forward, backward and update (and during the backward, ZeRO
+    1/2's gradient bucket, which the update frees): the bytes DeepSpeed keeps
     (weights, optimizer states, its fp32 partition and accumulation buffers) equal the
     formula's terms that outlive a step, for fp32 at ZeRO 0-2 and bf16 at ZeRO 1-2 (measured:
     12, 16, 16, 18 and 14 bytes a parameter), but for scalars: Adam's step counter of each
@@ -312,7 +323,7 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
     dev = device.setup(env, timeout_minutes=5)
     request.addfinalizer(dev.shutdown)
     m = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256)
-    measured, snapshots, held = {}, {}, {}
+    measured, snapshots, held, buckets = {}, {}, {}, {}
     settings = [(0, "fp32"), (1, "fp32"), (2, "fp32"), (1, "bf16"), (2, "bf16"), (3, "bf16")]
     for zero, precision in settings:
         t = TrainConfig(train_iters=2, global_batch_size=2, micro_batch_size=2, seq_length=16,
@@ -320,7 +331,11 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
         model = ds.build_model(m, t, 1, dev.device)
         engine = ds.build_engine(model, decay_groups(model, 0.1), t, 1)
         x = torch.randint(0, 256, (2, 16))
+        # ZeRO 1/2's gradient bucket lives from the backward to the update: read it there
+        look = next(engine.module.parameters()).register_post_accumulate_grad_hook(
+            lambda _p, e=engine: buckets.__setitem__((zero, precision), bucket_bytes(e)))
         engine.backward(engine(x, x))
+        look.remove()
         engine.step()
         if zero < 3:
             terms = gpu_memory.model_state_bytes(m.num_parameters(), 1, zero, precision)
@@ -334,6 +349,12 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
         buffers = sum(len(s.storages) for s in taken)
         held[(zero, precision)] = (pool.held_bytes(), want, buffers)
     assert all(0 <= got - want <= 512 for got, want in measured.values()), measured
+    # ZeRO 1/2's bucket during the backward: 5e8 elements, fp32 (or bf16 at ZeRO 2), none
+    # under bf16's BF16_Optimizer at ZeRO 1; the formula's, byte for byte
+    assert {k: v for k, v in buckets.items() if k[0] < 3} == {
+        k: gpu_memory.gradient_bucket_bytes(*k) for k in buckets if k[0] < 3}  # fmt: skip
+    assert [buckets[k] for k in ((1, "fp32"), (2, "fp32"), (1, "bf16"), (2, "bf16"))] == [
+        2 * 10**9, 2 * 10**9, 0, 10**9]  # fmt: skip
     # the estimate is the tensors' bytes; the pickles (DeepSpeed's config, shapes) add < 32 KiB
     assert all(0 <= got - want <= 32 * 1024 for got, want in snapshots.values()), snapshots
     assert all(0 <= got - want <= 2 * n * PAGE for got, want, n in held.values()), held
@@ -604,10 +625,10 @@ def test_half_precision_zero_2_and_3_agree_with_deepspeeds_estimators(gpus):
     _, zero2 = estimate_zero2_model_states_mem_needs(params, gpus, 1, cpu_offload=False)
     _, zero3, _ = estimate_zero3_model_states_mem_needs(params, largest, gpus, 1, cpu_offload=False)
     for zero, want in ((2, zero2), (3, zero3)):
-        got = sum(
-            gpu_memory.model_state_bytes(params, gpus, zero, "fp16", largest=largest).values()
-        )
-        assert got == want, (zero, got, want)
+        terms = gpu_memory.model_state_bytes(params, gpus, zero, "fp16", largest=largest)
+        # the estimators count the model's states, not ZeRO 2's gradient bucket (1 GB in fp16)
+        assert terms.pop("gradient bucket", 0) == (10**9 if zero == 2 else 0)
+        assert sum(terms.values()) == want, (zero, terms, want)
 
 
 def test_stage_parameters_are_the_split_models_own_count():
