@@ -649,3 +649,40 @@ def test_a_submission_sbatch_refuses_is_explained_in_the_jobs_own_log(
         "4 time(s) with\n  SLURM sbatch failed. The error message was 'sbatch: error: Batch job "
         "submission failed: Invalid feature specification'."
     ), log
+
+
+# Last in the module: its trials are train_gpt jobs in the shared working directory, which the
+# tests above count.
+def test_autotune_trials_are_slurm_jobs_and_one_out_of_memory_is_recorded(
+    slurm_pipeline, tiny_config
+):
+    """`snakemake autotune` through the Slurm profile, on the pipeline's data: each admitted
+    candidate is a train_gpt job of its own (sbatch, then srun's two ranks: the profile's);
+    micro batch 8 is refused (4 sequences a rank of the global batch 8); ZeRO 1 runs out of
+    memory under autotune.memory_limit_mb (DeepSpeed's gradient bucket, 2 GB whatever the model,
+    against a 1,000 MB data segment that srun gives both ranks): a rank's record, srun's
+    --kill-on-bad-exit ending the step, the trial recorded as out of memory and the search
+    going on to its ranking. ZeRO 0 is measured."""
+    wd = slurm_pipeline.workdir
+    cfg = {**tiny_config, "autotune": {"micro_batch_sizes": [4, 8], "zero_stages": [0, 1],
+           "activation_checkpointing": [False], "steps": 4, "warmup_steps": 2,
+           "memory_limit_mb": 1000}}  # fmt: skip
+    config = wd / "autotune.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    before = set(train_job_ids(wd))
+    run = slurm_snakemake(wd, config, "autotune")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-5000:]
+    assert "tiny.tune.mb8.z0.ac0: refused: train.global_batch_size 8 is not a multiple" in out
+    trials = [job for job in train_job_ids(wd) if job not in before]
+    assert len(trials) == 2, trials  # the two admitted, each its own Slurm job
+    assert set(sacct_job_states(trials).values()) == {"COMPLETED"}
+    measured = json.loads((wd / "results/runs/tiny.tune.mb4.z0.ac0/DONE.json").read_text())
+    assert measured["trial"] == {"status": "measured"}
+    log = (wd / "logs/train_gpt/tiny.tune.mb4.z0.ac0.log").read_text()
+    assert "2 ranks (slurm)" in log
+    oom = json.loads((wd / "results/runs/tiny.tune.mb4.z1.ac0/DONE.json").read_text())["trial"]
+    assert oom["status"] == "out_of_memory" and set(oom["ranks"]) <= {0, 1}, oom
+    assert "2000000000 bytes" in oom["message"], oom  # the bucket, 5e8 fp32 elements
+    ranking = json.loads((wd / "results/autotune/tiny/autotune.json").read_text())
+    assert ranking["best"] == "tiny.tune.mb4.z0.ac0"
