@@ -59,8 +59,13 @@ def stage_parameters(
 
 
 # the terms that exist only between a backward pass and the update (not kept across steps)
-TRANSIENT = ("gradients", "fp32 gradient partition", "gradient bucket", "Newton-Schulz",
-             "Muon update")
+TRANSIENT = (
+    "gradients",
+    "fp32 gradient partition",
+    "gradient bucket",
+    "Newton-Schulz",
+    "Muon update",
+)
 
 
 def model_state_bytes(

@@ -333,7 +333,8 @@ def test_the_kept_model_state_is_what_deepspeed_holds_after_a_step(tmp_path, mon
         x = torch.randint(0, 256, (2, 16))
         # ZeRO 1/2's gradient bucket lives from the backward to the update: read it there
         look = next(engine.module.parameters()).register_post_accumulate_grad_hook(
-            lambda _p, e=engine, k=(zero, precision): buckets.__setitem__(k, bucket_bytes(e)))
+            lambda _p, e=engine, k=(zero, precision): buckets.__setitem__(k, bucket_bytes(e))
+        )
         engine.backward(engine(x, x))
         look.remove()
         engine.step()
