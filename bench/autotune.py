@@ -85,7 +85,7 @@ def main() -> None:
         started = time.time()
         search = snakemake(wd, config, "autotune")
         again = snakemake(wd, config, "autotune")
-        ranking = json.loads((wd / f"results/autotune/{cfg['run']}/autotune.json").read_text())
+        ranking = json.loads((wd / f"results/runs/{cfg['run']}/autotune/autotune.json").read_text())
         rows = [r for r in ranking["candidates"] if r["status"] == "measured"]
         base = next(r for r in rows if (r["micro_batch_size"], r["zero_stage"],
                                         r["activation_checkpointing"]) == own)  # fmt: skip

@@ -88,10 +88,11 @@ REPORT_CARD = "results/runs/{run}/report/card.html"
 OUT_OF_MEMORY_DIR = "results/runs/{run}/out_of_memory"  # an autotune trial's ranks that ran out
 
 # autotune (workflow config `autotune`): its trials are results/runs/{run}.tune.*/, its ranking
-AUTOTUNE_DIR = "results/autotune/{run}"
-AUTOTUNE_JSON = "results/autotune/{run}/autotune.json"
-AUTOTUNE_PAGE = "results/autotune/{run}/autotune.html"
-AUTOTUNE_BEST = "results/autotune/{run}/best.yaml"
+# the run's own (the run trains after it, with best.yaml)
+AUTOTUNE_DIR = "results/runs/{run}/autotune"
+AUTOTUNE_JSON = "results/runs/{run}/autotune/autotune.json"
+AUTOTUNE_PAGE = "results/runs/{run}/autotune/autotune.html"
+AUTOTUNE_BEST = "results/runs/{run}/autotune/best.yaml"
 
 # a study (workflow config `study`): its runs are results/runs/{run}/, its comparison here
 STUDY_DIR = "results/studies/{study}"

@@ -134,7 +134,7 @@ def test_a_second_invocation_runs_nothing(search, snakemake):
 
 def test_a_candidate_out_of_memory_is_recorded_and_the_search_goes_on(search):
     wd = search[0]
-    ranking = json.loads((wd / "results/autotune/tiny/autotune.json").read_text())
+    ranking = json.loads((wd / "results/runs/tiny/autotune/autotune.json").read_text())
     rows = {r["trial"]: r for r in ranking["candidates"]}
     for trial in OUT_OF_MEMORY:
         done = json.loads(trial_done(wd, trial).read_text())
@@ -164,7 +164,7 @@ def tokens_per_s(metrics: Path) -> float:
 
 def test_the_ranked_table_holds_the_admitted_candidates_and_the_fastest_is_chosen(search):
     wd = search[0]
-    ranking = json.loads((wd / "results/autotune/tiny/autotune.json").read_text())
+    ranking = json.loads((wd / "results/runs/tiny/autotune/autotune.json").read_text())
     rows = {r["trial"]: r for r in ranking["candidates"]}
     assert set(rows) == set(TRIALS + REFUSED)
     speeds = {t: tokens_per_s(wd / "results/runs" / t / "metrics.jsonl") for t in MEASURED}
@@ -176,11 +176,11 @@ def test_the_ranked_table_holds_the_admitted_candidates_and_the_fastest_is_chose
     assert ranking["candidates"][0]["trial"] == fastest
     for trial in REFUSED:
         assert rows[trial]["status"] == "refused" and "not a multiple of" in rows[trial]["refused"]
-    page = (wd / "results/autotune/tiny/autotune.html").read_text()
+    page = (wd / "results/runs/tiny/autotune/autotune.html").read_text()
     ranked = page.split("<h2>")[0]  # the ranked table, before the other sections
     assert all(t in ranked for t in MEASURED)
     assert not any(t in ranked for t in OUT_OF_MEMORY + REFUSED)
-    best = yaml.safe_load((wd / "results/autotune/tiny/best.yaml").read_text())
+    best = yaml.safe_load((wd / "results/runs/tiny/autotune/best.yaml").read_text())
     z = int(re.search(r"\.z(\d)\.", fastest).group(1))
     micro = int(re.search(r"\.mb(\d+)\.", fastest).group(1))
     assert best == {"model": {"activation_checkpointing": False},
@@ -189,10 +189,10 @@ def test_the_ranked_table_holds_the_admitted_candidates_and_the_fastest_is_chose
 
 def test_the_fastest_layout_is_a_config_file_the_run_plans_with(search, snakemake, write_config):
     wd, config = search[0], search[1]
-    best = yaml.safe_load((wd / "results/autotune/tiny/best.yaml").read_text())
+    best = yaml.safe_load((wd / "results/runs/tiny/autotune/best.yaml").read_text())
     plan = subprocess.run(
         [*snakemake_cmd(wd, config, "-n", "train"),
-         "--configfile", str(config), str(wd / "results/autotune/tiny/best.yaml")],
+         "--configfile", str(config), str(wd / "results/runs/tiny/autotune/best.yaml")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
     )  # fmt: skip
     assert plan.returncode == 0, plan.stdout[-3000:]

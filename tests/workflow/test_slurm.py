@@ -684,5 +684,5 @@ def test_autotune_trials_are_slurm_jobs_and_one_out_of_memory_is_recorded(
     oom = json.loads((wd / "results/runs/tiny.tune.mb4.z1.ac0/DONE.json").read_text())["trial"]
     assert oom["status"] == "out_of_memory" and set(oom["ranks"]) <= {0, 1}, oom
     assert "2000000000 bytes" in oom["message"], oom  # the bucket, 5e8 fp32 elements
-    ranking = json.loads((wd / "results/autotune/tiny/autotune.json").read_text())
+    ranking = json.loads((wd / "results/runs/tiny/autotune/autotune.json").read_text())
     assert ranking["best"] == "tiny.tune.mb4.z0.ac0"

@@ -1,6 +1,6 @@
 """Autotune's ranking (rule autotune_report): each trial's throughput measured from its
 iteration log (metrics.jsonl, one record a step), the candidates ranked, and the fastest
-layout written as a config file to include (best.yaml). Written to results/autotune/{run}/:
+layout written as a config file to include (best.yaml). Written to results/runs/{run}/autotune/:
 autotune.json (every candidate: measured, out of memory, or refused by the preflight, and
 why), autotune.html (the ranked table, in ``snakemake --report``) and best.yaml.
 
@@ -101,7 +101,7 @@ def best_yaml(run: str, best: dict, rows: list[dict]) -> str:
         f"# gptflow autotune of run {run}: the fastest of {sum('rank' in r for r in rows)} "
         f"measured layout(s), {best['tokens_per_s']:,.0f} tokens/s{lead}.\n"
         f"# Add it after the run's config: snakemake --configfile CONFIG.yaml "
-        f"results/autotune/{run}/best.yaml\n" + yaml.safe_dump(settings, sort_keys=False)
+        f"results/runs/{run}/autotune/best.yaml\n" + yaml.safe_dump(settings, sort_keys=False)
     )
 
 

@@ -181,6 +181,16 @@ def kitchen_sink() -> dict:
         "grid": {"train.lr": [1.0e-3, 2.0e-3]},
         "budgets": [1.0e21],
     }
+    # with study, refused when the plan is built (gptflow.plan.build), not by the schema
+    cfg["autotune"] = {
+        "micro_batch_sizes": [1, 2, 4],
+        "zero_stages": [0, 1],
+        "activation_checkpointing": [False, True],
+        "steps": 8,
+        "warmup_steps": 2,
+        "memory_limit_mb": 4000,
+    }
+    cfg["train"]["autotune_trial"] = False  # what autotune sets on its trials' configs
     cfg["container"] = {
         "enabled": False,
         "format": "sqsh",
