@@ -126,33 +126,27 @@ def check_spec(spec: dict, source: str) -> None:
         )
 
 
-def candidates(run: RunPlan, p: Placement, spec: dict) -> list[Candidate]:
+def search(run: RunPlan, p: Placement, spec: dict) -> tuple[list[Candidate], dict[str, RunPlan]]:
     """Every layout of the search space (micro-batch size x ZeRO stage x activation
-    checkpointing, in that order), each admitted or refused by the preflight's checks on `p`."""
+    checkpointing, in that order), each admitted or refused by the preflight's checks on `p`,
+    and the admitted ones' runs by trial name (the plan's ``trials``), each built once."""
     micros = spec.get("micro_batch_sizes") or micro_batch_choices(run, p.ranks)
-    found = []
+    found, admitted = [], {}
     for micro, zero, checkpointing in itertools.product(
         sorted(set(micros)), sorted(set(spec["zero_stages"])),
         sorted(set(spec["activation_checkpointing"])),
     ):  # fmt: skip
         name = trial_name(run.name, micro, zero, checkpointing)
         try:
-            gas, fit = check_run(trial_run(run, spec, micro, zero, checkpointing), p)
+            trial = trial_run(run, spec, micro, zero, checkpointing)
+            gas, fit = check_run(trial, p)
         except GptflowError as e:
             found.append(Candidate(name, micro, zero, checkpointing, refused=str(e)))
             continue
         memory = f"{human(fit.total)} of {human(fit.gpu_bytes)}" if fit else "-"
         found.append(Candidate(name, micro, zero, checkpointing, gas, memory))
-    return found
-
-
-def trials(run: RunPlan, cands: list[Candidate], spec: dict) -> dict[str, RunPlan]:
-    """The admitted candidates' runs, by trial name (the plan's ``trials``)."""
-    return {
-        c.name: trial_run(run, spec, c.micro_batch_size, c.zero_stage, c.activation_checkpointing)
-        for c in cands
-        if c.admitted
-    }
+        admitted[name] = trial
+    return found, admitted
 
 
 def plan_lines(cands: list[Candidate], spec: dict, measured: set[str]) -> list[str]:

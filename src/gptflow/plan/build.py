@@ -270,7 +270,7 @@ def search_space(cfg: dict, runs: dict[str, RunPlan], where: Placement, source: 
             )
         autotune.check_spec(spec, source)
     (run,) = runs.values()
-    candidates = autotune.candidates(run, where, spec)
+    candidates, trials = autotune.search(run, where, spec)
     if not any(c.admitted for c in candidates):
         with stage(f"gptflow autotune ({source} and the profile): "):
             first = candidates[0]
@@ -278,7 +278,7 @@ def search_space(cfg: dict, runs: dict[str, RunPlan], where: Placement, source: 
                 f"the preflight refuses all {len(candidates)} candidate(s) of autotune, e.g. "
                 f"{first.name}: {first.refused}. Widen autotune's lists or change the run"
             )
-    return candidates, autotune.trials(run, candidates, spec)
+    return candidates, trials
 
 
 def recipes(cfg: dict, runs: dict[str, RunPlan], blended: list[str], imported: list[str],
