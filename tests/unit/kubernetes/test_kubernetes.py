@@ -419,3 +419,22 @@ def test_a_jobs_name_keeps_the_job_and_the_training_name_is_unchanged():
     assert jobset_name("tiny", "default", "/workspace", "a_b") != jobset_name(
         "tiny", "default", "/workspace", "a-b"
     )
+
+
+def test_an_autotune_trial_is_a_jobset_of_its_own_layout(repo, tiny_config):
+    """On profiles/kubernetes each autotune trial is submitted as a run is: its pod set is
+    sized from the trial's own layout, not the run's (a trial is planned, not run, here)."""
+    cfg = copy.deepcopy(tiny_config)
+    cfg["kubernetes"] = {**BASE, "nodes": 1, "gpus_per_node": 2}
+    cfg["train"].update(global_batch_size=16, micro_batch_size=2)
+    cfg["autotune"] = {"micro_batch_sizes": [2, 8], "zero_stages": [1],
+                       "activation_checkpointing": [False]}  # fmt: skip
+    profile = Profile(resources={"train_gpt": {"mpi": "kubernetes"}})
+    plan = build_plan(cfg, repo=repo, profile=profile, config_files=[], main_process=False)
+    assert set(plan.trials) == {"tiny.tune.mb2.z1.ac0", "tiny.tune.mb8.z1.ac0"}
+    run, trial = (
+        sizing.plan_pod_set(plan, "tiny"),
+        sizing.plan_pod_set(plan, "tiny.tune.mb8.z1.ac0"),
+    )
+    assert trial.name != run.name and "tune" in trial.name
+    assert (trial.nodes, trial.ranks_per_node) == (run.nodes, run.ranks_per_node) == (1, 2)

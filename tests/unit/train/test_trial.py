@@ -122,3 +122,17 @@ def test_pytorchs_cpu_allocator_refusing_is_out_of_memory():
     assert trial.is_out_of_memory(MemoryError())
     assert not trial.is_out_of_memory(RuntimeError("shape mismatch"))
     assert not trial.is_out_of_memory(ValueError("DefaultCPUAllocator: not enough memory"))
+
+
+def test_the_command_line_takes_the_command_after_double_dash(tmp_path, capsys):
+    from gptflow.cli import main
+
+    assert main(["autotune-trial", "--run-dir", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err == (
+        "gptflow autotune-trial: error: no command after --: give the trial's launcher and "
+        "gptflow train\n"
+    )
+    out = tmp_path / "ran"
+    code = ["autotune-trial", "--run-dir", str(tmp_path / "r"), "--memory-limit-mb", "3000",
+            "--", PY, "-c", f"open({str(out)!r}, 'w').write('yes')"]  # fmt: skip
+    assert main(code) == 0 and out.read_text() == "yes"
