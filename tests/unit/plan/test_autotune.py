@@ -45,6 +45,7 @@ def test_the_default_search_is_every_split_of_the_batch_by_stage_and_checkpointi
     trial = plan.trials["tiny.tune.mb2.z3.ac1"]
     assert (trial.train.micro_batch_size, trial.train.zero_stage) == (2, 3)
     assert trial.model.activation_checkpointing and trial.train.autotune_trial
+    assert not plan.runs["tiny"].train.autotune_trial  # the run itself evaluates and saves
     assert trial.model.num_parameters() == plan.runs["tiny"].model.num_parameters()
     # the trials read the same samples: one data index, not the run's (fewer steps)
     assert len({plan.index_of[t] for t in names}) == 1
@@ -159,3 +160,11 @@ def test_a_trials_job_runs_its_launcher_behind_autotune_trial():
         "900",
         "--",
     ]
+
+
+def test_a_run_config_written_before_autotune_trains_as_a_run():
+    """run.yaml files rendered before train.autotune_trial existed lack the key: the dataclass's
+    default must be a run's (evaluate, save), not a trial's."""
+    from gptflow.config.settings import TrainConfig
+
+    assert TrainConfig(train_iters=10).autotune_trial is False

@@ -134,5 +134,6 @@ def test_the_command_line_takes_the_command_after_double_dash(tmp_path, capsys):
     )
     out = tmp_path / "ran"
     code = ["autotune-trial", "--run-dir", str(tmp_path / "r"), "--memory-limit-mb", "3000",
-            "--", PY, "-c", f"open({str(out)!r}, 'w').write('yes')"]  # fmt: skip
-    assert main(code) == 0 and out.read_text() == "yes"
+            "--", PY, "-c", f"import resource; open({str(out)!r}, 'w').write("
+            "str(resource.getrlimit(resource.RLIMIT_DATA)[0]))"]  # fmt: skip
+    assert main(code) == 0 and out.read_text() == str(3000 * 2**20)  # the limit reached it
